@@ -1,0 +1,1 @@
+"""One collector per data source; see ``base.Collector`` for the contract."""
