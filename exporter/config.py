@@ -32,7 +32,9 @@ class ListenAddress:
 
 def parse_listen_address(text: str) -> ListenAddress:
     """``host:port``, ``[v6]:port`` or ``:port`` (all interfaces)."""
-    match = re.fullmatch(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^:\[\]]*)):(?P<port>\d{1,5})", text)
+    match = re.fullmatch(
+        r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^:\[\]]*)):(?P<port>\d{1,5})", text
+    )
     if match is None:
         raise ValueError(f"expected host:port, [ipv6]:port or :port, got {text!r}")
     port = int(match.group("port"))
@@ -136,7 +138,7 @@ class CollectorsConfig:
 
 @dataclass(frozen=True)
 class Config:
-    listen: ListenAddress = parse_listen_address(DEFAULT_LISTEN)
+    listen: ListenAddress = ListenAddress("0.0.0.0", 19400)
     web_config_file: Path | None = None
     http: HTTPConfig = HTTPConfig()
     paths: PathsConfig = PathsConfig()

@@ -88,9 +88,7 @@ class Section:
         unknown = sorted(set(self._data) - self._read)
         if unknown:
             known = ", ".join(sorted(self._read)) or "none"
-            raise ConfigError(
-                self.key_path(unknown[0]), f"unknown key (known keys here: {known})"
-            )
+            raise ConfigError(self.key_path(unknown[0]), f"unknown key (known keys here: {known})")
 
     # -- accessors ------------------------------------------------------------
 
@@ -116,7 +114,7 @@ class Section:
 
     def optional_path(self, key: str, default: str | None = None) -> Path | None:
         value = self.optional_string(key, default)
-        return None if value in (None, "") else Path(value)  # type: ignore[arg-type]
+        return Path(value) if value else None
 
     def boolean(self, key: str, default: bool) -> bool:
         value = self.raw(key, default)
@@ -127,8 +125,10 @@ class Section:
     def enabled(self, key: str, default: bool | Auto) -> bool | Auto:
         """``true``, ``false`` or ``auto`` (on when the source is present)."""
         value = self.raw(key, default)
-        if value == "auto" or isinstance(value, bool):
-            return value  # type: ignore[return-value]
+        if value == "auto":
+            return "auto"
+        if isinstance(value, bool):
+            return value
         raise ConfigError(self.key_path(key), f"expected true, false or auto, got {value!r}")
 
     def integer(

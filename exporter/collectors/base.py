@@ -15,6 +15,8 @@ from collections.abc import Iterable, Mapping
 
 from prometheus_client.core import Metric
 
+from exporter.push import PushHandler
+
 
 class CollectorUnavailable(Exception):
     """The source is absent on this machine (no NVML, no InfiniBand...).
@@ -44,4 +46,8 @@ class Collector(abc.ABC):
 
     def health(self) -> Mapping[str, object]:
         """Extra, JSON-serialisable state for ``/healthz`` (never secrets)."""
+        return {}
+
+    def push_routes(self) -> Mapping[str, PushHandler]:
+        """HTTP routes (path → handler) through which this collector receives pushes."""
         return {}

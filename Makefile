@@ -1,0 +1,55 @@
+# trainmon — every target does its own set-up in a local virtualenv.
+#   make run     install and start the node daemon with its built-in defaults
+#   make demo    the same over a simulated 8-GPU node with two training jobs
+#   make test    install everything the suite needs (pip + Debian packages) and run it
+#   make lint    ruff and mypy
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+ARGS ?=
+DEBIAN_PACKAGES := prometheus prometheus-alertmanager prometheus-node-exporter \
+	prometheus-pushgateway gcc libc6-dev
+PYTEST_ARGS ?=
+
+.PHONY: run demo test lint bench clean debian-packages
+
+$(BIN)/trainmon: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(VENV)/.test-installed: $(BIN)/trainmon pyproject.toml
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+run: $(BIN)/trainmon
+	exec $(BIN)/trainmon serve $(ARGS)
+
+demo: $(BIN)/trainmon
+	exec $(BIN)/trainmon serve --demo $(ARGS)
+
+debian-packages:
+	@missing=""; for p in $(DEBIAN_PACKAGES); do \
+		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages:$$missing"; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+test: debian-packages $(VENV)/.test-installed
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+lint: $(VENV)/.test-installed
+	$(BIN)/ruff check exporter tests bench
+	$(BIN)/mypy
+
+bench: $(VENV)/.test-installed debian-packages
+	@for script in bench/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,233 @@
+"""Command line: argument parsing, wiring and exit codes.
+
+This is the only module that assembles parts. Every ``serve`` option can also
+come from a ``TRAINMON_*`` environment variable (the flag wins).
+
+Exit codes: 0 success, 1 runtime failure (e.g. the port is taken),
+2 invalid configuration or usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import FrameType
+
+from exporter import __version__
+from exporter.collectors.base import Collector
+from exporter.config import Config, ListenAddress, load_config, parse_listen_address
+from exporter.push import PushHandler
+from exporter.registry import CollectorRegistry
+from exporter.settings import ConfigError
+from exporter.webconfig import WebConfig, load_web_config
+
+log = logging.getLogger("exporter")
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_CONFIG = 2
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def build_collectors(config: Config, *, demo: bool) -> list[Collector]:
+    """Instantiate the enabled collectors, each with its injected boundaries."""
+    collectors: list[Collector] = []
+    paths = config.paths
+    settings = config.collectors
+
+    # -- node: network, infiniband, disk ---------------------------------------
+    from exporter.collectors.disk import DiskCollector
+    from exporter.collectors.infiniband import InfinibandCollector
+    from exporter.collectors.network import NetworkCollector
+
+    if settings.network.enabled:
+        collectors.append(NetworkCollector(settings.network, paths.proc, paths.sys))
+    if settings.infiniband.enabled is not False:
+        collectors.append(InfinibandCollector(paths.sys))
+    if settings.disk.enabled:
+        collectors.append(DiskCollector(settings.disk, paths.proc, paths.sys))
+
+    return collectors
+
+
+def push_routes(collectors: Sequence[Collector]) -> dict[str, PushHandler]:
+    routes: dict[str, PushHandler] = {}
+    for collector in collectors:
+        for path, handler in collector.push_routes().items():
+            if path in routes:
+                raise ValueError(f"two collectors claim the route {path}")
+            routes[path] = handler
+    return routes
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    environ = os.environ if environ is None else environ
+    parser = _parser(environ)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_CONFIG
+    level = getattr(args, "log_level", "info")
+    if level not in LOG_LEVELS:  # a bad TRAINMON_LOG_LEVEL bypasses argparse's choices
+        parser.error(f"--log-level: expected one of {', '.join(LOG_LEVELS)}, got {level!r}")
+    _setup_logging(level)
+    if args.command == "version":
+        print(f"trainmon {__version__} (python {sys.version.split()[0]})")
+        return EXIT_OK
+    if args.command == "check-config":
+        return _check_config(Path(args.file), environ)
+    return _serve(args, environ)
+
+
+def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    def env(name: str, default: str = "") -> str:
+        return environ.get(f"TRAINMON_{name}", default)
+
+    parser = argparse.ArgumentParser(
+        prog="trainmon",
+        description="GPU-training monitoring: a Prometheus exporter that names the bottleneck.",
+    )
+    parser.add_argument("--version", action="version", version=f"trainmon {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="run the daemon (node collectors, puller, push)")
+    serve.add_argument(
+        "--config",
+        default=env("CONFIG"),
+        metavar="FILE",
+        help="YAML configuration file; built-in defaults without one [TRAINMON_CONFIG]",
+    )
+    serve.add_argument(
+        "--listen",
+        default=env("LISTEN"),
+        metavar="ADDR",
+        help="host:port to serve on, overrides the file's `listen` [TRAINMON_LISTEN]",
+    )
+    serve.add_argument(
+        "--web-config-file",
+        default=env("WEB_CONFIG_FILE"),
+        metavar="FILE",
+        help="exporter-toolkit web config (TLS, basic auth) [TRAINMON_WEB_CONFIG_FILE]",
+    )
+    serve.add_argument(
+        "--demo",
+        action="store_true",
+        default=env("DEMO", "").lower() in ("1", "true", "yes"),
+        help="serve a simulated 8-GPU node with two training jobs [TRAINMON_DEMO]",
+    )
+    _add_log_level(serve, env("LOG_LEVEL", "info"))
+
+    check = commands.add_parser("check-config", help="validate a configuration file (exit 0/2)")
+    check.add_argument("file", metavar="FILE")
+    _add_log_level(check, env("LOG_LEVEL", "info"))
+
+    commands.add_parser("version", help="print the version")
+    return parser
+
+
+def _add_log_level(parser: argparse.ArgumentParser, default: str | None) -> None:
+    parser.add_argument(
+        "--log-level",
+        default=(default or "info").lower(),
+        choices=LOG_LEVELS,
+        help="log verbosity [TRAINMON_LOG_LEVEL]",
+    )
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _load(
+    config_path: str | None,
+    web_config_path: str | None,
+    listen: str | None,
+    environ: Mapping[str, str],
+) -> tuple[Config, WebConfig | None]:
+    config = load_config(Path(config_path) if config_path else None, environ)
+    if listen:
+        try:
+            config = _with_listen(config, listen)
+        except ValueError as error:
+            raise ConfigError("--listen", str(error)) from None
+    web_path = Path(web_config_path) if web_config_path else config.web_config_file
+    web = load_web_config(web_path) if web_path else None
+    return config, web
+
+
+def _with_listen(config: Config, listen: str) -> Config:
+    return dataclasses.replace(config, listen=parse_listen_address(listen))
+
+
+def _check_config(path: Path, environ: Mapping[str, str]) -> int:
+    try:
+        config, _ = _load(str(path), None, None, environ)
+    except ConfigError as error:
+        print(f"{path}: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    enabled = [collector.name for collector in build_collectors(config, demo=False)]
+    print(f"{path}: OK (collectors: {', '.join(enabled) or 'none'}; listen {config.listen})")
+    return EXIT_OK
+
+
+def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    from exporter.server import ExporterHTTPServer
+
+    try:
+        config, web = _load(args.config, args.web_config_file, args.listen, environ)
+        collectors = build_collectors(config, demo=args.demo)
+    except ConfigError as error:
+        print(f"trainmon: invalid configuration: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+
+    registry = CollectorRegistry(collectors, mode="demo" if args.demo else "real")
+    try:
+        server = ExporterHTTPServer(
+            config.listen, registry, config.http, web, post_routes=push_routes(collectors)
+        )
+    except OSError as error:
+        print(f"trainmon: cannot listen on {config.listen}: {error.strerror}", file=sys.stderr)
+        return EXIT_FAILURE
+
+    stopping = threading.Event()
+
+    def request_stop(signum: int, _frame: FrameType | None) -> None:
+        if not stopping.is_set():
+            log.info("received %s, shutting down", signal.Signals(signum).name)
+            stopping.set()
+            threading.Thread(target=server.shutdown, name="shutdown", daemon=True).start()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    registry.start()
+    scheme = "https" if web is not None and web.tls is not None else "http"
+    log.info(
+        "trainmon %s serving on %s://%s/metrics with collectors: %s%s",
+        __version__,
+        scheme,
+        ListenAddress(config.listen.host, server.port),
+        ", ".join(c.name for c in collectors) or "none",
+        " (demo mode)" if args.demo else "",
+    )
+    try:
+        server.serve_forever(poll_interval=0.5)
+    finally:
+        server.server_close()
+        registry.stop()
+    log.info("stopped")
+    return EXIT_OK
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""The interface between the HTTP server and collectors that accept pushes.
+
+A collector that takes data over HTTP (the training receiver's
+``POST /api/v1/steps``) returns its routes from ``Collector.push_routes()``;
+the server reads and size-checks the body and hands it over as a
+``PushRequest``. The handler applies its own access rule and answers with a
+``PushResponse`` that the server sends as JSON.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class PushRequest:
+    """A POST to a push route, already size-checked by the server."""
+
+    body: bytes
+    client_host: str
+    is_loopback: bool
+    authorization: str | None
+    content_type: str | None
+    #: The body exceeded ``http.max_request_body_bytes`` and was not read.
+    too_large: bool = False
+
+
+@dataclass(frozen=True)
+class PushResponse:
+    status: int
+    payload: dict[str, object] = field(default_factory=dict)
+
+
+PushHandler = Callable[[PushRequest], PushResponse]

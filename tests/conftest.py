@@ -1,0 +1,67 @@
+"""Fixtures shared by every test folder: running a real ``trainmon serve``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+
+import pytest
+import yaml
+from support.daemon import Daemon, free_port, trainmon_command, wait_ready
+
+__all__ = ["Daemon", "free_port", "trainmon_command", "wait_ready"]
+
+
+@pytest.fixture
+def start_daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
+    """Start ``trainmon serve`` with an optional config mapping; waits until /healthz answers.
+
+    ``start_daemon(config={...}, args=[...], env={...})``. The listen address is
+    always a free loopback port; the training socket defaults into tmp_path.
+    """
+    daemons: list[Daemon] = []
+
+    def start(
+        config: Mapping[str, object] | None = None,
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        wait: bool = True,
+    ) -> Daemon:
+        port = free_port()
+        index = len(daemons)
+        settings: dict[str, object] = dict(config or {})
+        collectors = dict(settings.get("collectors", {}))  # type: ignore[call-overload]
+        training = dict(collectors.get("training", {}))
+        training.setdefault("socket", str(tmp_path / f"steps-{index}.sock"))
+        collectors["training"] = training
+        settings["collectors"] = collectors
+        config_path = tmp_path / f"trainmon-{index}.yml"
+        config_path.write_text(yaml.safe_dump(settings))
+        log_path = tmp_path / f"trainmon-{index}.log"
+        command = [
+            *trainmon_command(),
+            "serve",
+            "--config",
+            str(config_path),
+            "--listen",
+            f"127.0.0.1:{port}",
+            *args,
+        ]
+        process = subprocess.Popen(
+            command,
+            stdout=log_path.open("w"),
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
+        daemon = Daemon(process, port, log_path, config_path)
+        daemons.append(daemon)
+        if wait:
+            wait_ready(daemon)
+        return daemon
+
+    yield start
+    for daemon in daemons:
+        daemon.stop()

@@ -1,0 +1,138 @@
+"""The command line, run as a user runs it: a real process, its output and exit code."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from support.daemon import Daemon, free_port, trainmon_command, wait_ready
+
+from exporter import __version__
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*trainmon_command(), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_version() -> None:
+    result = run("version")
+    assert result.returncode == 0
+    assert result.stdout.startswith(f"trainmon {__version__} ")
+
+
+def test_no_command_prints_usage_and_exits_2() -> None:
+    result = run()
+    assert result.returncode == 2 and "serve" in result.stderr
+
+
+def test_check_config_accepts_a_good_file(tmp_path: Path) -> None:
+    path = tmp_path / "good.yml"
+    path.write_text("listen: '127.0.0.1:19999'\ncollectors: {disk: {include: '^nvme'}}\n")
+    result = run("check-config", str(path))
+    assert result.returncode == 0, result.stderr
+    assert f"{path}: OK" in result.stdout and "listen 127.0.0.1:19999" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "collectors: {disk: {exclude: 'sd('}}",
+            "collectors.disk.exclude: not a valid regular expression",
+        ),
+        ("collectors: {gpu: {enabeld: true}}", "collectors.gpu.enabeld: unknown key"),
+        ("listen: [", "is not valid YAML"),
+    ],
+)
+def test_check_config_rejects_a_bad_file(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "bad.yml"
+    path.write_text(text)
+    result = run("check-config", str(path))
+    assert result.returncode == 2
+    assert message in result.stderr
+
+
+def test_check_config_on_a_missing_file(tmp_path: Path) -> None:
+    result = run("check-config", str(tmp_path / "nope.yml"))
+    assert result.returncode == 2 and "No such file" in result.stderr
+
+
+def test_serve_rejects_a_bad_config_before_binding(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yml"
+    path.write_text("collectors: {network: {include: '('}}\n")
+    port = free_port()
+    result = run("serve", "--config", str(path), "--listen", f"127.0.0.1:{port}")
+    assert result.returncode == 2
+    assert "invalid configuration: collectors.network.include" in result.stderr
+    with socket.socket() as sock:  # nothing was left bound
+        sock.bind(("127.0.0.1", port))
+
+
+def test_serve_rejects_a_bad_listen_flag_and_web_config(tmp_path: Path) -> None:
+    result = run("serve", "--listen", "nowhere")
+    assert result.returncode == 2 and "--listen: expected host:port" in result.stderr
+    web = tmp_path / "web.yml"
+    web.write_text("basic_auth_users: {admin: hunter2}\n")
+    result = run("serve", "--listen", f"127.0.0.1:{free_port()}", "--web-config-file", str(web))
+    assert result.returncode == 2 and "basic_auth_users.admin" in result.stderr
+    assert "hunter2" not in result.stderr
+
+
+def test_serve_reports_a_taken_port(start_daemon: Callable[..., Daemon]) -> None:
+    daemon = start_daemon()
+    result = run(
+        "serve",
+        "--listen",
+        f"127.0.0.1:{daemon.port}",
+        env={"TRAINMON_CONFIG": str(daemon.config_path)},
+    )
+    assert result.returncode == 1 and "cannot listen on" in result.stderr
+
+
+def test_serve_with_built_in_defaults(tmp_path: Path) -> None:
+    """No config file at all: NIC and disk metrics of this machine, with correct types."""
+    port = free_port()
+    log_path = tmp_path / "serve.log"
+    env = {key: value for key, value in os.environ.items() if not key.startswith("TRAINMON_")}
+    env["TRAINMON_LISTEN"] = f"127.0.0.1:{port}"  # options also come from the environment
+    process = subprocess.Popen(
+        [*trainmon_command(), "serve"],
+        stdout=log_path.open("w"),
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    daemon = Daemon(process, port, log_path)
+    try:
+        wait_ready(daemon)
+        families = {f.name: f for f in text_string_to_metric_families(daemon.metrics())}
+        assert families["trainmon_network_receive_bytes"].type == "counter"
+        assert families["trainmon_disk_reads_completed"].type == "counter"
+        assert families["trainmon_network_receive_bytes"].samples
+        assert families["trainmon_build_info"].samples[0].labels["mode"] == "real"
+        status, body = daemon.get("/healthz")
+        assert status == 200 and '"network": {' in body
+    finally:
+        assert daemon.stop(signal.SIGTERM) == 0, daemon.log()
+    assert "stopped" in daemon.log()
+
+
+def test_sigint_is_a_clean_shutdown(start_daemon: Callable[..., Daemon]) -> None:
+    daemon = start_daemon()
+    started = time.monotonic()
+    assert daemon.stop(signal.SIGINT) == 0
+    assert time.monotonic() - started < 5
+    assert "Traceback" not in daemon.log()

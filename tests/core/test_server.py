@@ -1,0 +1,283 @@
+"""The HTTP server: routes, content negotiation, push routes, auth, TLS and limits."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import socket
+import ssl
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import bcrypt
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+from support.sources import AbsentSource, BrokenSource, SteadySource
+
+from exporter.config import HTTPConfig
+from exporter.push import PushRequest, PushResponse
+from exporter.server import ExporterHTTPServer
+from exporter.webconfig import TLSSettings, WebConfig
+
+
+def url(server: object, path: str = "/", scheme: str = "http") -> str:
+    return f"{scheme}://127.0.0.1:{server.port}{path}"  # type: ignore[attr-defined]
+
+
+def test_landing_page_links_the_routes(serve: Callable[..., ExporterHTTPServer]) -> None:
+    response = requests.get(url(serve()), timeout=5)
+    assert response.status_code == 200
+    assert response.headers["Content-Type"] == "text/html; charset=utf-8"
+    assert 'href="/metrics"' in response.text and 'href="/healthz"' in response.text
+
+
+def test_metrics_in_text_format(serve: Callable[..., ExporterHTTPServer]) -> None:
+    response = requests.get(url(serve(), "/metrics"), timeout=5)
+    assert response.status_code == 200
+    assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    families = {f.name: f for f in text_string_to_metric_families(response.text)}
+    assert families["example_value"].samples[0].value == 1.0
+    assert families["example_events"].type == "counter"
+    assert 'example_events_total{device="a"} 3.0' in response.text
+    success = families["trainmon_collector_success"].samples
+    assert [(s.labels["collector"], s.value) for s in success] == [("steady", 1.0)]
+    assert families["trainmon_build_info"].samples[0].labels["mode"] == "real"
+
+
+def test_openmetrics_when_asked(serve: Callable[..., ExporterHTTPServer]) -> None:
+    response = requests.get(
+        url(serve(), "/metrics"),
+        headers={"Accept": "application/openmetrics-text; version=1.0.0"},
+        timeout=5,
+    )
+    assert response.headers["Content-Type"].startswith("application/openmetrics-text")
+    assert response.text.endswith("# EOF\n")
+
+
+def test_gzip_when_accepted(serve: Callable[..., ExporterHTTPServer]) -> None:
+    server = serve()
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(
+            b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept-Encoding: gzip\r\n"
+            b"Connection: close\r\n\r\n"
+        )
+        raw = b""
+        while chunk := sock.recv(65536):
+            raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert b"Content-Encoding: gzip" in head
+    assert b"example_value" in gzip.decompress(body)
+
+
+def test_fresh_values_every_scrape(serve: Callable[..., ExporterHTTPServer]) -> None:
+    source = SteadySource()
+    server = serve([source])
+    source.value = 42.0
+    assert 'example_value{device="a"} 42.0' in requests.get(url(server, "/metrics"), timeout=5).text
+
+
+def test_a_failing_collector_does_not_fail_the_scrape(
+    serve: Callable[..., ExporterHTTPServer],
+) -> None:
+    server = serve([BrokenSource(), SteadySource(), AbsentSource()])
+    response = requests.get(url(server, "/metrics"), timeout=5)
+    assert response.status_code == 200
+    families = {f.name: f for f in text_string_to_metric_families(response.text)}
+    success = {
+        s.labels["collector"]: s.value for s in families["trainmon_collector_success"].samples
+    }
+    assert success == {"broken": 0.0, "steady": 1.0, "absent": 0.0}
+    durations = families["trainmon_collector_duration_seconds"].samples
+    assert {s.labels["collector"] for s in durations} == {"broken", "steady", "absent"}
+    assert "example_value" in families
+
+    health = requests.get(url(server, "/healthz"), timeout=5)
+    assert health.status_code == 200 and health.headers["Content-Type"] == "application/json"
+    collectors = health.json()["collectors"]
+    assert collectors["broken"]["state"] == "failed"
+    assert collectors["broken"]["error"] == "OSError: the device went away"
+    assert collectors["steady"]["state"] == "ok"
+    assert collectors["absent"] == {
+        "state": "unavailable",
+        "error": "no such hardware on this machine",
+        "duration_seconds": pytest.approx(0, abs=0.1),
+        "last_success_timestamp": None,
+    }
+
+
+def test_unknown_paths_and_methods(serve: Callable[..., ExporterHTTPServer]) -> None:
+    server = serve(post_routes={"/api/v1/steps": lambda request: PushResponse(202)})
+    assert requests.get(url(server, "/nope"), timeout=5).status_code == 404
+    wrong = requests.post(url(server, "/metrics"), data=b"x", timeout=5)
+    assert wrong.status_code == 405 and wrong.headers["Allow"] == "GET, HEAD"
+    get_push = requests.get(url(server, "/api/v1/steps"), timeout=5)
+    assert get_push.status_code == 405 and get_push.headers["Allow"] == "POST"
+    head = requests.head(url(server, "/metrics"), timeout=5)
+    assert head.status_code == 200 and head.content == b""
+
+
+def test_push_routes_get_the_body_and_its_origin(serve: Callable[..., ExporterHTTPServer]) -> None:
+    received: list[PushRequest] = []
+
+    def handler(request: PushRequest) -> PushResponse:
+        received.append(request)
+        if request.too_large:
+            return PushResponse(413, {"error": "too large"})
+        return PushResponse(202, {"accepted": request.body.count(b"\n")})
+
+    server = serve(
+        http=HTTPConfig(max_request_body_bytes=1024), post_routes={"/api/v1/steps": handler}
+    )
+    ok = requests.post(
+        url(server, "/api/v1/steps"),
+        data=b'{"v":1}\n{"v":1}\n',
+        headers={"Authorization": "Bearer t", "Content-Type": "application/x-ndjson"},
+        timeout=5,
+    )
+    assert ok.status_code == 202 and ok.json() == {"accepted": 2}
+    first = received[0]
+    assert first.body == b'{"v":1}\n{"v":1}\n'
+    assert first.is_loopback and first.client_host == "127.0.0.1"
+    assert first.authorization == "Bearer t"
+    assert first.content_type == "application/x-ndjson"
+
+    big = requests.post(url(server, "/api/v1/steps"), data=b"x" * 2048, timeout=5)
+    assert big.status_code == 413
+    assert received[1].too_large and received[1].body == b""
+
+
+def test_push_without_length_is_refused(serve: Callable[..., ExporterHTTPServer]) -> None:
+    server = serve(post_routes={"/api/v1/steps": lambda request: PushResponse(202)})
+
+    def chunks():  # type: ignore[no-untyped-def]
+        yield b"{}"
+
+    response = requests.post(url(server, "/api/v1/steps"), data=chunks(), timeout=5)
+    assert response.status_code == 411
+
+
+def test_a_crashing_push_handler_answers_500(serve: Callable[..., ExporterHTTPServer]) -> None:
+    def handler(request: PushRequest) -> PushResponse:
+        raise RuntimeError("bug")
+
+    server = serve(post_routes={"/api/v1/steps": handler})
+    response = requests.post(url(server, "/api/v1/steps"), data=b"{}", timeout=5)
+    assert response.status_code == 500 and response.json() == {"error": "internal error"}
+    assert requests.get(url(server, "/metrics"), timeout=5).status_code == 200
+
+
+def test_basic_auth_guards_scrapes_but_not_pushes(serve: Callable[..., ExporterHTTPServer]) -> None:
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4))
+    web = WebConfig(basic_auth_users={"prometheus": hashed}, headers={"X-Frame-Options": "deny"})
+    server = serve(web=web, post_routes={"/api/v1/steps": lambda request: PushResponse(202)})
+    denied = requests.get(url(server, "/metrics"), timeout=5)
+    assert denied.status_code == 401
+    assert denied.headers["WWW-Authenticate"] == 'Basic realm="trainmon"'
+    assert (
+        requests.get(url(server, "/metrics"), auth=("prometheus", "wrong"), timeout=5).status_code
+        == 401
+    )
+    assert (
+        requests.get(url(server, "/metrics"), auth=("nobody", "s3cret"), timeout=5).status_code
+        == 401
+    )
+    for _ in range(2):  # the second check comes from the verified-credential cache
+        allowed = requests.get(url(server, "/metrics"), auth=("prometheus", "s3cret"), timeout=5)
+        assert allowed.status_code == 200 and "example_value" in allowed.text
+        assert allowed.headers["X-Frame-Options"] == "deny"
+    assert requests.post(url(server, "/api/v1/steps"), data=b"{}", timeout=5).status_code == 202
+
+
+def test_tls_with_client_certificates(
+    serve: Callable[..., ExporterHTTPServer], tls_files: dict[str, Path]
+) -> None:
+    web = WebConfig(
+        tls=TLSSettings(
+            cert_file=tls_files["server.crt"],
+            key_file=tls_files["server.key"],
+            client_auth_type="RequireAndVerifyClientCert",
+            client_ca_file=tls_files["ca.crt"],
+        )
+    )
+    server = serve(web=web)
+    response = requests.get(
+        url(server, "/metrics", "https"),
+        verify=str(tls_files["ca.crt"]),
+        cert=(str(tls_files["client.crt"]), str(tls_files["client.key"])),
+        timeout=5,
+    )
+    assert response.status_code == 200 and "example_value" in response.text
+    with pytest.raises(requests.exceptions.SSLError):
+        requests.get(url(server, "/metrics", "https"), verify=str(tls_files["ca.crt"]), timeout=5)
+    with pytest.raises(requests.exceptions.ConnectionError):
+        requests.get(url(server, "/metrics"), timeout=5)
+
+
+def test_a_stalled_tls_handshake_does_not_block_others(
+    serve: Callable[..., ExporterHTTPServer], tls_files: dict[str, Path]
+) -> None:
+    web = WebConfig(
+        tls=TLSSettings(cert_file=tls_files["server.crt"], key_file=tls_files["server.key"])
+    )
+    server = serve(web=web, http=HTTPConfig(read_timeout_seconds=2))
+    silent = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(5)]
+    try:
+        context = ssl.create_default_context(cafile=str(tls_files["ca.crt"]))
+        started = time.monotonic()
+        with (
+            socket.create_connection(("127.0.0.1", server.port), timeout=5) as raw,
+            context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+        ):
+            tls.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert tls.recv(12) == b"HTTP/1.1 200"
+        assert time.monotonic() - started < 1.5
+    finally:
+        for sock in silent:
+            sock.close()
+
+
+def test_connections_beyond_the_cap_get_503(serve: Callable[..., ExporterHTTPServer]) -> None:
+    server = serve(http=HTTPConfig(max_connections=2, read_timeout_seconds=5))
+    held = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(2)]
+    try:
+        time.sleep(0.2)
+        refused = requests.get(url(server, "/metrics"), timeout=5)
+        assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
+    finally:
+        for sock in held:
+            sock.close()
+    time.sleep(0.2)
+    assert requests.get(url(server, "/metrics"), timeout=5).status_code == 200
+
+
+def test_a_trickling_client_is_cut_off_at_the_deadline(
+    serve: Callable[..., ExporterHTTPServer],
+) -> None:
+    server = serve(http=HTTPConfig(read_timeout_seconds=1))
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+        request = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100
+        try:
+            for byte in request:  # one byte every 50 ms: each read is quick, the whole is not
+                sock.sendall(bytes([byte]))
+                time.sleep(0.05)
+        except OSError:
+            pass
+        assert sock.recv(100) in (b"",)  # closed without an answer
+    assert time.monotonic() - started < 4
+
+
+def test_web_config_headers_are_sent(serve: Callable[..., ExporterHTTPServer]) -> None:
+    server = serve(web=WebConfig(headers={"Strict-Transport-Security": "max-age=1"}))
+    assert (
+        requests.get(url(server, "/healthz"), timeout=5).headers["Strict-Transport-Security"]
+        == "max-age=1"
+    )
+
+
+def test_healthz_reports_version_and_mode(serve: Callable[..., ExporterHTTPServer]) -> None:
+    body = json.loads(requests.get(url(serve(), "/healthz"), timeout=5).text)
+    assert body["mode"] == "real" and body["version"]
+    assert body["collectors"]["steady"]["state"] == "ok"

@@ -1,0 +1,1 @@
+"""Code shared by the test folders (importable because pytest puts tests/ on sys.path)."""
