@@ -22,7 +22,7 @@ from types import FrameType
 
 from exporter import __version__
 from exporter.collectors.base import Collector
-from exporter.config import Config, ListenAddress, load_config, parse_listen_address
+from exporter.config import Config, ListenAddress, PathsConfig, load_config, parse_listen_address
 from exporter.push import PushHandler
 from exporter.registry import CollectorRegistry
 from exporter.settings import ConfigError
@@ -182,16 +182,41 @@ def _check_config(path: Path, environ: Mapping[str, str]) -> int:
 
 
 def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    from exporter.server import ExporterHTTPServer
-
     try:
         config, web = _load(args.config, args.web_config_file, args.listen, environ)
-        collectors = build_collectors(config, demo=args.demo)
     except ConfigError as error:
         print(f"trainmon: invalid configuration: {error}", file=sys.stderr)
         return EXIT_CONFIG
+    demo_node = None
+    if args.demo:
+        from exporter.demo.node import SimulatedNodeFiles
 
-    registry = CollectorRegistry(collectors, mode="demo" if args.demo else "real")
+        demo_node = SimulatedNodeFiles()
+        config = _demo_config(config, demo_node.root)
+        demo_node.start()
+    try:
+        return _run_server(config, web, demo=args.demo)
+    finally:
+        if demo_node is not None:
+            demo_node.stop()
+
+
+def _demo_config(config: Config, root: Path) -> Config:
+    """The configuration with every node source pointed into the simulated tree."""
+    training = dataclasses.replace(config.collectors.training, socket=root / "steps.sock")
+    return dataclasses.replace(
+        config,
+        paths=PathsConfig(proc=root / "proc", sys=root / "sys"),
+        collectors=dataclasses.replace(config.collectors, training=training),
+    )
+
+
+def _run_server(config: Config, web: WebConfig | None, *, demo: bool) -> int:
+    from exporter.server import ExporterHTTPServer
+
+    collectors = build_collectors(config, demo=demo)
+
+    registry = CollectorRegistry(collectors, mode="demo" if demo else "real")
     try:
         server = ExporterHTTPServer(
             config.listen, registry, config.http, web, post_routes=push_routes(collectors)
@@ -218,7 +243,7 @@ def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         scheme,
         ListenAddress(config.listen.host, server.port),
         ", ".join(c.name for c in collectors) or "none",
-        " (demo mode)" if args.demo else "",
+        " (demo mode)" if demo else "",
     )
     try:
         server.serve_forever(poll_interval=0.5)

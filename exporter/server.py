@@ -74,6 +74,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = f"trainmon/{__version__}"
     sys_version = ""
+    disable_nagle_algorithm = True  # headers and body go out without a delayed-ACK stall
 
     def setup(self) -> None:
         super().setup()
