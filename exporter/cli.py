@@ -50,9 +50,16 @@ def build_collectors(config: Config, *, demo: bool) -> list[Collector]:
     if settings.network.enabled:
         collectors.append(NetworkCollector(settings.network, paths.proc, paths.sys))
     if settings.infiniband.enabled is not False:
-        collectors.append(InfinibandCollector(paths.sys))
+        required = settings.infiniband.enabled is True
+        collectors.append(InfinibandCollector(paths.sys, required=required))
     if settings.disk.enabled:
         collectors.append(DiskCollector(settings.disk, paths.proc, paths.sys))
+
+    # -- training: step reports pushed by training processes ---------------------
+    from exporter.collectors.training import TrainingCollector
+
+    if settings.training.enabled:
+        collectors.append(TrainingCollector(settings.training))
 
     return collectors
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from exporter.collectors.base import Collector
+from exporter.collectors.base import Collector, CollectorUnavailable
 from exporter.collectors.kernelfiles import KernelFileReader
 
 log = logging.getLogger(__name__)
@@ -121,8 +121,11 @@ class InfinibandCollector(Collector):
 
     name = "infiniband"
 
-    def __init__(self, sys_root: Path) -> None:
+    def __init__(self, sys_root: Path, *, required: bool = False) -> None:
+        """``required`` (``enabled: true`` rather than ``auto``): a host without
+        InfiniBand/RoCE ports is reported as unavailable instead of as normal."""
         self._class_infiniband = sys_root / "class" / "infiniband"
+        self._required = required
         self._files = KernelFileReader(log)
         self._port_count = 0
 
@@ -175,6 +178,8 @@ class InfinibandCollector(Collector):
             if link_layer:
                 info.add_metric([device, port, link_layer], 1)
         self._port_count = port_count
+        if self._required and port_count == 0:
+            raise CollectorUnavailable(f"no InfiniBand/RoCE ports under {self._class_infiniband}")
         families: list[Metric] = [*traffic.values(), errors, rate, up, info]
         return [family for family in families if family.samples]
 

@@ -171,3 +171,12 @@ def test_rate_text_to_bytes_per_second(writable_tree, scrape, rate, expected) ->
 
     assert rates.get(ROCE) == expected
     assert rates[PORT1] == 12_500_000_000
+
+
+def test_required_infiniband_without_ports_is_unavailable(tmp_path: Path) -> None:
+    """``enabled: true`` says the node should have HCAs: their absence is reported."""
+    from exporter.collectors.base import CollectorUnavailable
+
+    collector = InfinibandCollector(tmp_path, required=True)
+    with pytest.raises(CollectorUnavailable, match="no InfiniBand/RoCE ports"):
+        list(collector.collect())
