@@ -1,0 +1,56 @@
+"""Fixtures for the Tencent Cloud puller: a fake API on loopback and a shared clock."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from fake_tencent_api import FakeClock, FakeTencentCloud
+from tencent_support import SECRET_ID, SECRET_KEY, START, tencent_config
+
+from exporter.collectors.tencent import TencentCollector
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(START)
+
+
+@pytest.fixture
+def cloud(clock: FakeClock) -> Iterator[FakeTencentCloud]:
+    with FakeTencentCloud(clock) as fake:
+        fake.add_account(SECRET_ID, SECRET_KEY)
+        yield fake
+
+
+@pytest.fixture
+def make_collector(
+    cloud: FakeTencentCloud, clock: FakeClock
+) -> Iterator[Callable[..., TencentCollector]]:
+    """``make_collector(environ=..., refresh_interval=..., **config keys)``."""
+    made: list[TencentCollector] = []
+
+    def make(
+        environ: Mapping[str, str] | None = None,
+        refresh_interval: float | None = None,
+        **keys: Any,
+    ) -> TencentCollector:
+        collector = TencentCollector(
+            tencent_config(cloud, environ, **keys),
+            environ=dict(environ or {}),
+            clock=clock,
+            refresh_interval=refresh_interval,
+            align=refresh_interval is None,
+        )
+        made.append(collector)
+        return collector
+
+    yield make
+    for collector in made:
+        collector.stop()
