@@ -1,0 +1,147 @@
+"""A saw-toothing GPU pages someone: the demo daemon → Prometheus → Alertmanager → webhook.
+
+Everything is real and shipped: ``trainmon serve --demo`` (GPUs 0–3 saw-tooth,
+4–7 run steady), Prometheus loading ``alerts/dcgm/trainmon.rules.yml`` with
+every duration × 0.05 (``alerts/generate.py scale``, so ``for: 5m`` becomes
+15 s), and Alertmanager with ``deploy/alertmanager/alertmanager.yml`` whose
+receivers ``alerts/retarget_receivers.py`` pointed at a loopback sink. The
+sink plays the on-call webhook and 企业微信 (WeCom)'s API.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from alert_bundle import rules_path, run_script
+from alerting_stack import Alertmanager, Prometheus, WebhookSink, wait_until
+from support.daemon import Daemon
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+TIME_SCALE = "0.05"
+SAWTOOTH_GPUS = {"0", "1", "2", "3"}
+STEADY_GPUS = {"4", "5", "6", "7"}
+#: The whole chain must deliver within this (rule `for` 15 s + group_wait 10 s + scrapes).
+PAGE_DEADLINE_SECONDS = 120.0
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path) -> Iterator[Prometheus]:
+    server = Prometheus(tmp_path)
+    yield server
+    server.stop()
+
+
+def _paged_alerts(sink: WebhookSink) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(notification payload, alert) for every alert the pager webhook received."""
+    return [
+        (notification.body, alert)
+        for notification in sink.received("/pager/")
+        for alert in notification.body["alerts"]
+    ]
+
+
+def test_sawtooth_gpus_page_and_steady_gpus_never_do(
+    tmp_path: Path,
+    start_daemon: Callable[..., Daemon],
+    sink: WebhookSink,
+    alertmanager: Alertmanager,
+    prometheus: Prometheus,
+) -> None:
+    started = time.monotonic()
+    daemon = start_daemon(args=["--demo"])
+    instance = f"127.0.0.1:{daemon.port}"
+
+    scaled_rules = tmp_path / "trainmon.rules.yml"
+    scaled = run_script(
+        "alerts/generate.py", "scale", "--factor", TIME_SCALE, str(rules_path("dcgm")),
+        str(scaled_rules),
+    )
+    assert scaled.returncode == 0, scaled.stderr
+    prometheus.start({
+        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(scaled_rules)],
+        "alerting": {"alertmanagers": [
+            {"static_configs": [{"targets": [f"127.0.0.1:{alertmanager.port}"]}]},
+        ]},
+        # honor_labels: the training series keep their own job (docs/alerts.md)
+        "scrape_configs": [{
+            "job_name": "trainmon",
+            "honor_labels": True,
+            "static_configs": [{"targets": [instance], "labels": {"node": "demo-node"}}],
+        }],
+    })
+
+    def paged_gpus() -> set[str]:
+        return {
+            alert["labels"].get("gpu", "")
+            for _, alert in _paged_alerts(sink)
+            if alert["labels"]["alertname"] == "TrainmonGPUSawtooth"
+        }
+
+    remaining = PAGE_DEADLINE_SECONDS - (time.monotonic() - started)
+    wait_until(
+        lambda: paged_gpus() >= SAWTOOTH_GPUS, remaining,
+        f"pages for GPUs 0-3 (paged so far: {sorted(paged_gpus())}); "
+        f"prometheus log:\n{prometheus.log()}\nalertmanager log:\n{alertmanager.log()}",
+    )
+
+    # Which training rank holds each GPU, as Prometheus sees it (empty if no
+    # client reports): the page must name that job and rank.
+    ranks = {
+        sample["metric"]["gpu"]: sample["metric"]
+        for sample in prometheus.query('trainmon_training_rank_info{gpu!=""}')
+    }
+    for payload, alert in _paged_alerts(sink):
+        labels, annotations = alert["labels"], alert["annotations"]
+        assert payload["receiver"] == "pager"
+        assert labels["alertname"] == "TrainmonGPUSawtooth", labels
+        gpu = labels["gpu"]
+        assert gpu in SAWTOOTH_GPUS, f"a steady GPU paged: {labels}"
+        assert labels["severity"] == "critical"
+        assert labels["instance"] == instance and labels["node"] == "demo-node"
+        if gpu in ranks:
+            assert (labels["job"], labels["rank"]) == (ranks[gpu]["job"], ranks[gpu]["rank"])
+        else:
+            assert labels["job"] == "trainmon" and "rank" not in labels
+        assert annotations["summary"] == (
+            f"GPU {gpu} on {instance} alternates between busy and idle."
+        )
+        assert f"The utilization of GPU {gpu} on {instance} saw-tooths" in annotations["description"]
+        assert "busy in " in annotations["description"]
+        assert annotations["runbook_url"].endswith("/docs/runbooks/TrainmonGPUSawtooth.md")
+        assert alert["status"] == "firing"
+
+    # The chat channel gets the page too, through the native WeCom integration
+    # rendered with the shipped template.
+    def wecom_messages() -> list[str]:
+        return [
+            notification.body["text"]["content"]
+            for notification in sink.received("/chat/wechat/message/send")
+        ]
+
+    wait_until(
+        lambda: any("TrainmonGPUSawtooth" in text for text in wecom_messages()),
+        max(5.0, PAGE_DEADLINE_SECONDS + 30 - (time.monotonic() - started)),
+        "the WeCom copy of the page",
+    )
+    message = next(text for text in wecom_messages() if "TrainmonGPUSawtooth" in text)
+    assert "[FIRING:" in message and "Runbook: https://" in message
+
+    # Steady GPUs never even went pending, although their series were there.
+    steady = prometheus.query('trainmon_gpu_sawtooth_ratio{gpu=~"4|5|6|7"}')
+    assert {sample["metric"]["gpu"] for sample in steady} == STEADY_GPUS
+    assert prometheus.query(
+        'max_over_time(ALERTS{alertname="TrainmonGPUSawtooth",gpu=~"4|5|6|7"}[10m])'
+    ) == []
+    assert all(
+        alert["labels"].get("gpu") not in STEADY_GPUS
+        for notification in sink.notifications
+        if isinstance(notification.body, dict) and "alerts" in notification.body
+        for alert in notification.body["alerts"]
+        if alert["labels"]["alertname"].startswith("TrainmonGPUSawtooth")
+    )
