@@ -105,6 +105,13 @@ class CollectorRegistry:
                 "source is unavailable (see /healthz for the reason).",
                 labels=["collector"],
             )
+            available = GaugeMetricFamily(
+                "trainmon_collector_available",
+                "0 if the collector's data source is absent on this machine (no NVML, no "
+                "InfiniBand ports under enabled: true...), else 1. Alert on failures with "
+                "trainmon_collector_success == 0 and trainmon_collector_available == 1.",
+                labels=["collector"],
+            )
             duration = GaugeMetricFamily(
                 "trainmon_collector_duration_seconds",
                 "Wall time of the collector's last collection, in seconds.",
@@ -114,6 +121,9 @@ class CollectorRegistry:
                 families.extend(self._collect_one(collector))
                 state = self._states[collector.name]
                 success.add_metric([collector.name], 1.0 if state.state == "ok" else 0.0)
+                available.add_metric(
+                    [collector.name], 0.0 if state.state == "unavailable" else 1.0
+                )
                 duration.add_metric([collector.name], state.duration_seconds)
             build_info = GaugeMetricFamily(
                 "trainmon_build_info",
@@ -121,7 +131,7 @@ class CollectorRegistry:
                 labels=["version", "mode"],
             )
             build_info.add_metric([__version__, self._mode], 1.0)
-            families.extend([success, duration, build_info])
+            families.extend([success, available, duration, build_info])
         yield from families
 
     def health(self) -> dict[str, object]:

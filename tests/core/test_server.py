@@ -89,6 +89,10 @@ def test_a_failing_collector_does_not_fail_the_scrape(
         s.labels["collector"]: s.value for s in families["trainmon_collector_success"].samples
     }
     assert success == {"broken": 0.0, "steady": 1.0, "absent": 0.0}
+    available = {
+        s.labels["collector"]: s.value for s in families["trainmon_collector_available"].samples
+    }
+    assert available == {"broken": 1.0, "steady": 1.0, "absent": 0.0}
     durations = families["trainmon_collector_duration_seconds"].samples
     assert {s.labels["collector"] for s in durations} == {"broken", "steady", "absent"}
     assert "example_value" in families
