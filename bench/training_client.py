@@ -1,0 +1,168 @@
+"""Cost of instrumenting one training step: trainmon's ``Reporter.step()`` vs the alternatives.
+
+Side by side, in one process, on loopback:
+
+- **bare loop**: the loop with nothing in it (what the timer itself costs);
+- **Reporter.step()**: trainmon's client, with its sender thread delivering to a
+  real ``trainmon serve`` over the unix socket once a second;
+- **Histogram.observe()**: a ``prometheus_client`` histogram, timing the step
+  with ``perf_counter`` first (``Reporter.step`` measures the step itself);
+- **statsd UDP send**: one ``sendto`` of a statsd timing line per step to a
+  loopback UDP socket (what a statsd/DogStatsD client does per call).
+
+Each call is timed alone with ``perf_counter_ns``; the timer's own cost (the
+bare loop's median) is subtracted. Rounds alternate between the variants so all
+see the same machine load.
+
+    .venv/bin/python bench/training_client.py            # 200 000 calls per variant
+    .venv/bin/python bench/training_client.py --calls 50000
+
+Prints a markdown table for docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Histogram
+
+from exporter.client import Reporter
+from exporter.training.protocol import STEP_SECONDS_BOUNDS
+
+ROUNDS = 10
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_daemon(folder: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """A real ``trainmon serve`` with only the training collector; returns it and its socket."""
+    sock = folder / "steps.sock"
+    config = folder / "trainmon.yml"
+    config.write_text(
+        "collectors:\n"
+        "  network: {enabled: false}\n  disk: {enabled: false}\n"
+        "  infiniband: {enabled: false}\n  gpu: {enabled: false}\n"
+        f"  training: {{socket: '{sock}'}}\n"
+    )
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "exporter", "serve", "--config", str(config),
+         "--listen", f"127.0.0.1:{port}", "--log-level", "warning"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
+                return process, f"unix://{sock}"
+        except OSError:
+            time.sleep(0.1)
+    process.kill()
+    raise RuntimeError("trainmon serve did not start")
+
+
+def measure(call: Callable[[], None], count: int) -> list[int]:
+    """Nanoseconds of each of ``count`` calls, timed one by one."""
+    clock = time.perf_counter_ns
+    samples = [0] * count
+    for index in range(count):
+        started = clock()
+        call()
+        samples[index] = clock() - started
+    return samples
+
+
+def variants(reporter: Reporter, udp_target: tuple[str, int]) -> dict[str, Callable[[], None]]:
+    histogram = Histogram(
+        "bench_step_seconds", "step time", buckets=STEP_SECONDS_BOUNDS,
+        registry=CollectorRegistry(),
+    )
+    perf_counter = time.perf_counter
+    last = [perf_counter()]
+
+    def observe() -> None:
+        now = perf_counter()
+        histogram.observe(now - last[0])
+        last[0] = now
+
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.setblocking(False)
+    line = b"train.step_seconds:12.5|ms|#job:resnet50,rank:0"
+
+    def statsd() -> None:
+        try:  # noqa: SIM105 - contextlib.suppress would add its own cost to the measurement
+            udp.sendto(line, udp_target)
+        except BlockingIOError:
+            pass
+
+    step = reporter.step
+
+    def report_step() -> None:
+        step(32)
+
+    return {
+        "bare loop": lambda: None,
+        "Reporter.step() (trainmon)": report_step,
+        "prometheus_client Histogram.observe()": observe,
+        "statsd-style UDP sendto()": statsd,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--calls", type=int, default=200_000, help="calls per variant")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as folder:
+        daemon, endpoint = start_daemon(Path(folder))
+        sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sink.bind(("127.0.0.1", 0))  # a statsd "server" that never reads: the kernel drops
+        try:
+            reporter = Reporter("bench", endpoint=endpoint, environ={})
+            calls = variants(reporter, sink.getsockname())
+            results: dict[str, list[int]] = {name: [] for name in calls}
+            per_round = max(1, args.calls // ROUNDS)
+            gc.disable()
+            for _ in range(ROUNDS):
+                for name, call in calls.items():
+                    results[name].extend(measure(call, per_round))
+            gc.enable()
+            reporter.close()
+            delivered = reporter.dropped_reports == 0
+        finally:
+            daemon.terminate()
+            daemon.wait(10)
+            sink.close()
+
+    timer = statistics.median(results["bare loop"])
+    print(f"{per_round * ROUNDS} calls per variant, Python {sys.version.split()[0]}, "
+          f"{os.cpu_count()} CPUs; timer overhead {timer} ns subtracted; "
+          f"Reporter delivered every report: {delivered}\n")
+    print("| per step | median (µs) | p99 (µs) | median vs Reporter.step() |")
+    print("| --- | ---: | ---: | ---: |")
+    step_median = max(statistics.median(results["Reporter.step() (trainmon)"]) - timer, 1)
+    for name, samples in results.items():
+        samples.sort()
+        median = max(statistics.median(samples) - timer, 0)
+        p99 = max(samples[int(len(samples) * 0.99)] - timer, 0)
+        ratio = "—" if name == "bare loop" else f"{median / step_median:.2f}×"
+        print(f"| {name} | {median / 1000:.2f} | {p99 / 1000:.2f} | {ratio} |")
+
+
+if __name__ == "__main__":
+    main()

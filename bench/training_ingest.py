@@ -1,0 +1,330 @@
+"""Step-report ingest: trainmon's receiver vs Debian's ``prometheus-pushgateway``.
+
+Eight sender processes push the same per-rank step data (steps, samples,
+step-time histogram, data wait, one phase; 128 ranks per sender) on loopback:
+
+- to ``trainmon serve`` as protocol v1 reports over the unix datagram socket
+  (what ``exporter.client.Reporter`` does) and over ``POST /api/v1/steps``;
+- to ``prometheus-pushgateway`` as the equivalent Prometheus text, one
+  ``PUT /metrics/job/<job>/rank/<rank>`` per report (keep-alive connections).
+
+**Capacity**: every sender pushes as fast as the transport accepts (blocking
+sockets, so nothing can be lost) and the rate counts reports the daemon has
+*applied* (trainmon's ``trainmon_training_reports_total``; a Pushgateway PUT
+is applied when it answers). **Realistic rate**: the senders then pace
+themselves at a fixed rate with non-blocking sends, as the client does, and
+the table shows how many reports were lost.
+
+    .venv/bin/python bench/training_ingest.py
+    .venv/bin/python bench/training_ingest.py --reports 5000 --pushgateway-reports 300
+
+Prints a markdown table for docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import multiprocessing
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from exporter.client.transport import UnixDatagramSender
+from exporter.training.protocol import STEP_BUCKET_COUNT, STEP_SECONDS_BOUNDS
+
+SENDERS = 8
+RANKS_PER_SENDER = 128
+PUSHGATEWAY = "/usr/bin/prometheus-pushgateway"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_http(url: str) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{url} did not answer")
+
+
+# -- the step data, in both formats ------------------------------------------------
+
+
+def step_data(sender: int, index: int) -> dict[str, Any]:
+    """The cumulative totals of rank ``sender*128 + index%128`` after ``index`` reports."""
+    steps = 100 + index
+    buckets = [0] * STEP_BUCKET_COUNT
+    buckets[4], buckets[5] = steps - steps // 4, steps // 4
+    return {
+        "v": 1, "job": "bench", "rank": sender * RANKS_PER_SENDER + index % RANKS_PER_SENDER,
+        "local_rank": sender, "world_size": SENDERS * RANKS_PER_SENDER, "gpu": str(sender),
+        "pid": 1000 + sender, "reporter_id": f"bench{sender:02d}{index % RANKS_PER_SENDER:04d}",
+        "steps": steps, "samples": steps * 32, "step_seconds": steps * 0.3,
+        "data_wait_seconds": steps * 0.1, "phase_seconds": {"comm": steps * 0.05},
+        "step_buckets": buckets, "dropped_reports": 0, "last_step_time": time.time(),
+    }
+
+
+def trainmon_line(sender: int, index: int) -> bytes:
+    return json.dumps(step_data(sender, index), separators=(",", ":")).encode() + b"\n"
+
+
+def pushgateway_text(sender: int, index: int) -> tuple[str, bytes]:
+    data = step_data(sender, index)
+    rows = [
+        "# TYPE trainmon_training_steps_total counter",
+        f"trainmon_training_steps_total {data['steps']}",
+        "# TYPE trainmon_training_samples_total counter",
+        f"trainmon_training_samples_total {data['samples']}",
+        "# TYPE trainmon_training_data_wait_seconds_total counter",
+        f"trainmon_training_data_wait_seconds_total {data['data_wait_seconds']}",
+        "# TYPE trainmon_training_phase_seconds_total counter",
+        f'trainmon_training_phase_seconds_total{{phase="comm"}} {data["phase_seconds"]["comm"]}',
+        "# TYPE trainmon_training_step_seconds histogram",
+    ]
+    cumulative = 0
+    for bound, count in zip([*map(repr, STEP_SECONDS_BOUNDS), "+Inf"], data["step_buckets"],
+                            strict=True):
+        cumulative += count
+        rows.append(f'trainmon_training_step_seconds_bucket{{le="{bound}"}} {cumulative}')
+    rows += [f"trainmon_training_step_seconds_sum {data['step_seconds']}",
+             f"trainmon_training_step_seconds_count {data['steps']}"]
+    return f"/metrics/job/bench/rank/{data['rank']}", ("\n".join(rows) + "\n").encode()
+
+
+# -- senders (run in their own processes) ---------------------------------------------
+
+
+def send_unix(path: str, sender: int, count: int) -> tuple[int, int]:
+    """Send ``count`` reports as fast as a blocking socket allows (nothing is refused)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        for index in range(count):
+            sock.sendto(trainmon_line(sender, index), path)
+    return count, 0
+
+
+def send_client_paced(path: str, sender: int, count: int, rate: float) -> tuple[int, int]:
+    """Send ``count`` reports at ``rate``/s through the client's own non-blocking transport."""
+    transport = UnixDatagramSender(path)
+    delivered = refused = 0
+    started = time.perf_counter()
+    for index in range(count):
+        delay = started + index / rate - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        if transport.send(trainmon_line(sender, index)):
+            delivered += 1
+        else:
+            refused += 1
+    transport.close()
+    return delivered, refused
+
+
+class KeepAlive:
+    """One persistent HTTP/1.1 connection that reconnects when the server closes it."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+
+    def request(self, method: str, path: str, body: bytes) -> int:
+        for attempt in (1, 2):
+            try:
+                self.connection.request(method, path, body=body)
+                response = self.connection.getresponse()
+                response.read()
+                return response.status
+            except (http.client.HTTPException, ConnectionError):
+                self.connection.close()
+                self.connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+
+def send_trainmon_http(port: int, sender: int, count: int) -> tuple[int, int]:
+    client = KeepAlive(port)
+    failed = sum(client.request("POST", "/api/v1/steps", trainmon_line(sender, index)) != 200
+                 for index in range(count))
+    return count - failed, failed
+
+
+def send_pushgateway(port: int, sender: int, count: int) -> tuple[int, int]:
+    client = KeepAlive(port)
+    failed = 0
+    for index in range(count):
+        path, body = pushgateway_text(sender, index)
+        failed += client.request("PUT", path, body) != 200
+    return count - failed, failed
+
+
+def _worker(job: Callable[..., tuple[int, int]], args: tuple[Any, ...], start: Any,
+            results: Any) -> None:
+    start.wait()
+    results.put(job(*args))
+
+
+def run_senders(
+    job: Callable[..., tuple[int, int]], args_of: Callable[[int], tuple[Any, ...]],
+    applied: Callable[[], int] | None = None, baseline: int = 0,
+) -> tuple[float, int, int]:
+    """Run SENDERS processes at once; returns (seconds until all applied, sent, lost).
+
+    With ``applied``, waits until the daemon has applied every sent report
+    (``applied() - baseline``) or 60 s have passed.
+    """
+    context = multiprocessing.get_context("fork")
+    start, results = context.Event(), context.Queue()
+    workers = [context.Process(target=_worker, args=(job, args_of(sender), start, results))
+               for sender in range(SENDERS)]
+    for worker in workers:
+        worker.start()
+    began = time.perf_counter()
+    start.set()
+    outcomes = [results.get(timeout=600) for _ in workers]
+    for worker in workers:
+        worker.join()
+    sent = sum(count for count, _ in outcomes)
+    if applied is not None:
+        deadline = time.monotonic() + 60
+        while applied() - baseline < sent and time.monotonic() < deadline:
+            time.sleep(0.02)
+    seconds = time.perf_counter() - began
+    return seconds, sent, sum(lost for _, lost in outcomes)
+
+
+# -- the daemons -----------------------------------------------------------------------
+
+
+@dataclass
+class Trainmon:
+    process: subprocess.Popen[bytes]
+    port: int
+    socket_path: str
+
+    def accepted(self) -> int:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as reply:
+            text = reply.read().decode()
+        return sum(int(float(row.rsplit(" ", 1)[1])) for row in text.splitlines()
+                   if row.startswith("trainmon_training_reports_total{"))
+
+
+def start_trainmon(folder: Path) -> Trainmon:
+    sock = folder / "steps.sock"
+    config = folder / "trainmon.yml"
+    config.write_text(
+        "collectors:\n"
+        "  network: {enabled: false}\n  disk: {enabled: false}\n"
+        "  infiniband: {enabled: false}\n  gpu: {enabled: false}\n"
+        f"  training: {{socket: '{sock}'}}\n"
+    )
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "exporter", "serve", "--config", str(config),
+         "--listen", f"127.0.0.1:{port}", "--log-level", "warning"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    wait_http(f"http://127.0.0.1:{port}/healthz")
+    return Trainmon(process, port, str(sock))
+
+
+def start_pushgateway() -> tuple[subprocess.Popen[bytes], int]:
+    port = free_port()
+    process = subprocess.Popen(
+        [PUSHGATEWAY, f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    wait_http(f"http://127.0.0.1:{port}/-/ready")
+    return process, port
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--reports", type=int, default=20_000,
+                        help="reports per sender over the unix socket (capacity run)")
+    parser.add_argument("--http-reports", type=int, default=500,
+                        help="reports per sender over trainmon's HTTP route")
+    parser.add_argument("--pushgateway-reports", type=int, default=250,
+                        help="PUTs per sender to the Pushgateway")
+    parser.add_argument("--rate", type=float, default=32.0,
+                        help="reports/s per sender in the realistic-rate run (8×32: a node "
+                             "with 256 ranks, each reporting once a second)")
+    parser.add_argument("--stress-rate", type=float, default=250.0,
+                        help="reports/s per sender in the stress run")
+    parser.add_argument("--rate-seconds", type=float, default=5.0)
+    args = parser.parse_args()
+    if not shutil.which(PUSHGATEWAY):
+        sys.exit(f"{PUSHGATEWAY} is missing: apt-get install prometheus-pushgateway")
+
+    rows: list[tuple[str, float, int, int]] = []
+    with tempfile.TemporaryDirectory() as folder:
+        trainmon = start_trainmon(Path(folder))
+        gateway, gateway_port = start_pushgateway()
+        try:
+            baseline = trainmon.accepted()
+            seconds, sent, lost = run_senders(
+                send_unix, lambda s: (trainmon.socket_path, s, args.reports),
+                trainmon.accepted, baseline,
+            )
+            applied = trainmon.accepted() - baseline
+            rows.append(("trainmon, unix datagram (capacity)", applied / seconds, sent,
+                         sent - applied))
+            baseline = trainmon.accepted()
+            seconds, sent, lost = run_senders(
+                send_trainmon_http, lambda s: (trainmon.port, s, args.http_reports),
+            )
+            applied = trainmon.accepted() - baseline
+            rows.append(("trainmon, HTTP POST /api/v1/steps (capacity)", applied / seconds,
+                         sent, sent - applied))
+            seconds, sent, lost = run_senders(
+                send_pushgateway, lambda s: (gateway_port, s, args.pushgateway_reports),
+            )
+            rows.append(("Pushgateway, HTTP PUT (capacity)", sent / seconds, sent, lost))
+            for rate in (args.rate, args.stress_rate):
+                count = int(rate * args.rate_seconds)
+                baseline = trainmon.accepted()
+                seconds, sent, lost = run_senders(
+                    send_client_paced, lambda s: (trainmon.socket_path, s, count, rate),  # noqa: B023
+                    trainmon.accepted, baseline,
+                )
+                applied = trainmon.accepted() - baseline
+                rows.append((f"trainmon, client transport paced at {SENDERS}×{rate:.0f}/s",
+                             applied / seconds, SENDERS * count, SENDERS * count - applied))
+        finally:
+            trainmon.process.terminate()
+            gateway.terminate()
+            trainmon.process.wait(10)
+            gateway.wait(10)
+
+    gateway_rate = rows[2][1]
+    qlen = Path("/proc/sys/net/unix/max_dgram_qlen").read_text().strip()
+    print(f"{SENDERS} sender processes, {SENDERS * RANKS_PER_SENDER} ranks, "
+          f"Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, loopback, "
+          f"net.unix.max_dgram_qlen={qlen}\n")
+    print("| ingest path | reports/s applied | reports sent | lost | vs Pushgateway |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for name, rate, sent, lost in rows:
+        ratio = f"{rate / gateway_rate:.1f}×" if "capacity" in name else "— (paced)"
+        print(f"| {name} | {rate:,.0f} | {sent:,} | {lost:,} | {ratio} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""Intake: HTTP access rules and the unix datagram socket's life cycle."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from training_support import line, push, scrape, send_datagram
+
+from exporter.collectors.training import TrainingCollector
+from exporter.training.protocol import MAX_DATAGRAM_BYTES
+
+Make = Callable[..., TrainingCollector]
+TOKEN = "s3cret-token-value"
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def token_file(tmp_path: Path) -> Path:
+    path = tmp_path / "token"
+    path.write_text(TOKEN + "\n")
+    return path
+
+
+# -- HTTP access ---------------------------------------------------------------
+
+
+def test_loopback_push_needs_no_token(make_collector: Make, token_file: Path) -> None:
+    collector = make_collector(token_file=token_file)
+    assert collector.handle_push(push(line())).status == 200
+
+
+def test_remote_push_without_configured_token_is_forbidden(make_collector: Make) -> None:
+    collector = make_collector()
+    response = collector.handle_push(push(line(), loopback=False))
+    assert (response.status, response.payload["error"]) == (403, "unauthorized")
+    result = scrape(collector)
+    assert result.value("trainmon_training_rejected_reports_total", reason="unauthorized") == 1
+    assert result.labelsets("trainmon_training_steps_total") == []
+
+
+@pytest.mark.parametrize(
+    ("authorization", "status"),
+    [
+        (None, 401),
+        ("Bearer wrong", 401),
+        (f"Bearer {TOKEN}x", 401),
+        (f"Basic {TOKEN}", 401),
+        (f"Bearer {TOKEN}", 200),
+    ],
+)
+def test_remote_push_needs_the_bearer_token(
+    make_collector: Make, token_file: Path, authorization: str | None, status: int
+) -> None:
+    collector = make_collector(token_file=token_file)
+    response = collector.handle_push(push(line(), loopback=False, authorization=authorization))
+    assert response.status == status, response.payload
+    steps = scrape(collector).value("trainmon_training_steps_total", job="resnet50", rank="0")
+    assert steps == (10 if status == 200 else None)
+
+
+def test_wrong_token_from_loopback_is_refused(make_collector: Make, token_file: Path) -> None:
+    collector = make_collector(token_file=token_file)
+    assert collector.handle_push(push(line(), authorization="Bearer nope")).status == 401
+
+
+def test_unreadable_token_file_leaves_loopback_only(make_collector: Make, tmp_path: Path) -> None:
+    collector = make_collector(token_file=tmp_path / "missing")
+    assert "token_error" in collector.health()
+    assert collector.handle_push(push(line())).status == 200
+    remote = collector.handle_push(push(line(), loopback=False, authorization="Bearer x"))
+    assert remote.status == 403
+
+
+def test_oversized_body_answers_413_and_is_counted(make_collector: Make) -> None:
+    collector = make_collector()
+    response = collector.handle_push(push(b"", too_large=True))
+    assert (response.status, response.payload["error"]) == (413, "too_large")
+    assert scrape(collector).value(
+        "trainmon_training_rejected_reports_total", reason="too_large"
+    ) == 1
+
+
+# -- unix datagram socket ------------------------------------------------------
+
+
+def test_socket_receives_reports(make_collector: Make, socket_path: Path) -> None:
+    collector = make_collector(socket=socket_path)
+    assert socket_path.exists()
+    send_datagram(socket_path, line(rank=0) + line(rank=1))
+    wait_for(lambda: scrape(collector).value(
+        "trainmon_training_reports_total", transport="unix") == 2)
+    result = scrape(collector)
+    assert result.value("trainmon_training_steps_total", job="resnet50", rank="1") == 10
+    assert result.value("trainmon_training_socket_up") == 1
+    assert collector.socket_endpoint == f"unix://{socket_path}"
+
+
+def test_socket_folder_created_with_mode_and_buffer(
+    make_collector: Make, socket_path: Path
+) -> None:
+    collector = make_collector(socket=socket_path, socket_mode=0o660,
+                               receive_buffer_bytes=1 << 20)
+    assert socket_path.parent.is_dir()
+    mode = os.lstat(socket_path).st_mode
+    assert stat.S_ISSOCK(mode)
+    assert stat.S_IMODE(mode) == 0o660
+    health = collector.health()
+    assert health["socket_listening"] is True
+    assert int(health["receive_buffer_bytes"]) >= 1 << 20  # type: ignore[call-overload]
+
+
+def test_stale_socket_is_replaced(make_collector: Make, socket_path: Path) -> None:
+    socket_path.parent.mkdir(parents=True)
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    stale.bind(str(socket_path))
+    stale.close()  # the file stays, nobody listens: what a killed daemon leaves
+    collector = make_collector(socket=socket_path)
+    send_datagram(socket_path, line())
+    wait_for(lambda: scrape(collector).value(
+        "trainmon_training_steps_total", job="resnet50", rank="0") == 10)
+
+
+def test_live_socket_of_another_daemon_is_not_stolen(
+    make_collector: Make, socket_path: Path
+) -> None:
+    first = make_collector(socket=socket_path)
+    second = make_collector(socket=socket_path)
+    assert first.health()["socket_listening"] is True
+    assert second.health()["socket_listening"] is False
+    assert "in use" in str(second.health()["socket_error"])
+    assert scrape(second).value("trainmon_training_socket_up") == 0
+    assert second.handle_push(push(line())).status == 200  # HTTP still works
+
+
+def test_regular_file_in_the_way_is_left_alone(make_collector: Make, socket_path: Path) -> None:
+    socket_path.parent.mkdir(parents=True)
+    socket_path.write_text("precious")
+    collector = make_collector(socket=socket_path)
+    assert collector.health()["socket_listening"] is False
+    assert socket_path.read_text() == "precious"
+
+
+def test_stop_removes_the_socket_promptly(make_collector: Make, socket_path: Path) -> None:
+    collector = make_collector(socket=socket_path)
+    started = time.monotonic()
+    collector.stop()
+    assert time.monotonic() - started < 1.0
+    assert not socket_path.exists()
+    collector.stop()  # twice is fine
+
+
+def test_oversized_datagram_is_rejected_whole(make_collector: Make, socket_path: Path) -> None:
+    collector = make_collector(socket=socket_path)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
+        sender.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * MAX_DATAGRAM_BYTES)
+        sender.sendto(line() * (MAX_DATAGRAM_BYTES // len(line()) + 5), str(socket_path))
+    wait_for(lambda: scrape(collector).value(
+        "trainmon_training_rejected_reports_total", reason="too_large") == 1)
+    assert scrape(collector).labelsets("trainmon_training_steps_total") == []

@@ -1,0 +1,127 @@
+"""Helpers for the training telemetry tests (imported by the test modules).
+
+``scrape(collector)`` renders the collector with ``prometheus_client`` and
+parses the text back (``text_string_to_metric_families``), so assertions are on
+exactly what Prometheus would read. ``report(**changes)`` builds a valid
+protocol v1 report as a dict. ``FakeClock`` is the injected monotonic clock.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.collectors.base import Collector
+from exporter.push import PushRequest
+from exporter.training.protocol import STEP_BUCKET_COUNT
+
+Labels = tuple[tuple[str, str], ...]
+
+
+class FakeClock:
+    """A monotonic clock the test advances by hand (seconds)."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@dataclass(frozen=True)
+class Scrape:
+    text: str
+    samples: dict[str, dict[Labels, float]]
+
+    def value(self, name: str, **labels: str) -> float | None:
+        """The sample of ``name`` whose labels include ``labels`` (exactly one), or None."""
+        matches = [
+            value
+            for sample_labels, value in self.samples.get(name, {}).items()
+            if labels.items() <= dict(sample_labels).items()
+        ]
+        assert len(matches) <= 1, f"{name}{labels} is ambiguous: {matches}"
+        return matches[0] if matches else None
+
+    def labelsets(self, name: str) -> list[dict[str, str]]:
+        return [dict(labels) for labels in self.samples.get(name, {})]
+
+
+def parse_exposition(text: str) -> Scrape:
+    samples: dict[str, dict[Labels, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = tuple(sorted(sample.labels.items()))
+            samples.setdefault(sample.name, {})[key] = sample.value
+    return Scrape(text, samples)
+
+
+def scrape(collector: Collector) -> Scrape:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    try:
+        return parse_exposition(generate_latest(registry).decode())
+    finally:
+        registry.unregister(collector)
+
+
+def report(**changes: object) -> dict[str, object]:
+    """A valid report: 10 steps of 0.2 s each (bucket le=0.25), a third of it data wait."""
+    buckets = [0] * STEP_BUCKET_COUNT
+    buckets[4] = 10
+    base: dict[str, object] = {
+        "v": 1,
+        "job": "resnet50",
+        "rank": 0,
+        "local_rank": 0,
+        "world_size": 8,
+        "gpu": "0",
+        "pid": 4242,
+        "reporter_id": "a1b2c3d4e5f60718",
+        "steps": 10,
+        "samples": 320,
+        "step_seconds": 2.0,
+        "data_wait_seconds": 0.5,
+        "phase_seconds": {"comm": 0.25},
+        "step_buckets": buckets,
+        "dropped_reports": 0,
+        "last_step_time": 1_700_000_000.0,
+    }
+    base.update(changes)
+    return base
+
+
+def line(**changes: object) -> bytes:
+    return json.dumps(report(**changes)).encode() + b"\n"
+
+
+def push(
+    body: bytes,
+    *,
+    loopback: bool = True,
+    authorization: str | None = None,
+    too_large: bool = False,
+) -> PushRequest:
+    return PushRequest(
+        body=body,
+        client_host="127.0.0.1" if loopback else "192.0.2.7",
+        is_loopback=loopback,
+        authorization=authorization,
+        content_type="application/x-ndjson",
+        too_large=too_large,
+    )
+
+
+
+
+def send_datagram(path: Path, payload: bytes) -> None:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.sendto(payload, str(path))
