@@ -1,0 +1,163 @@
+"""Pod UID → pod name, namespace and container names, from the kubelet's pod list.
+
+Source: ``GET <kubelet_url>/pods`` — the kubelet's own ``PodList`` of the pods
+bound to this node (``metadata.uid/name/namespace`` and
+``status.containerStatuses[].{name,containerID}``, the latter as
+``containerd://<64 hex>``). Two ways to reach it:
+
+- the authenticated port, ``https://$(NODE_IP):10250``, with the pod's service
+  account token (``token_file``, re-read on every request because projected
+  tokens rotate) and RBAC ``get`` on ``nodes/proxy`` (``nodes/pods`` from
+  Kubernetes 1.32); kubelet serving certificates are often self-signed, hence
+  ``ca_file`` or ``insecure_skip_verify``;
+- the read-only port, ``http://$(NODE_IP):10255``, where a cluster still
+  enables it.
+
+The kubelet's pod-resources socket speaks only gRPC, which is not a
+dependency of trainmon, so it is not used.
+
+A pod UID never changes its name, and a restarted container gets a new id, so
+the list is fetched only when a UID or container id is not known yet, at most
+once per ``refresh_seconds``; each fetch replaces the whole map (pods that left
+the node are forgotten, memory stays bounded). Failures are logged once per
+distinct error and leave names empty; attribution goes on with pod UIDs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+log = logging.getLogger(__name__)
+
+#: Prefixes of ``containerID`` in pod status (``<runtime>://<id>``).
+_RUNTIME_SEPARATOR = "://"
+
+
+@dataclass(frozen=True)
+class PodNames:
+    """What the kubelet knows about one pod."""
+
+    name: str
+    namespace: str
+    #: Container id (64 hex digits, no runtime prefix) → container name.
+    containers: Mapping[str, str]
+
+
+class KubeletPodDirectory:
+    """A cached, rate-limited view of the kubelet's ``/pods`` list."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token_file: Path | None = None,
+        ca_file: Path | None = None,
+        insecure_skip_verify: bool = False,
+        refresh_seconds: float = 30.0,
+        timeout_seconds: float = 5.0,
+        session: requests.Session | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self._token_file = token_file
+        self._verify: bool | str = (
+            False if insecure_skip_verify else (str(ca_file) if ca_file else True)
+        )
+        self._refresh_seconds = refresh_seconds
+        self._timeout = timeout_seconds
+        self._session = session if session is not None else requests.Session()
+        self._clock = clock
+        self._pods: dict[str, PodNames] = {}
+        self._next_fetch = float("-inf")
+        self._last_error: str | None = None
+        self.fetches = {"ok": 0, "error": 0}
+
+    @property
+    def last_error(self) -> str | None:
+        """The error of the latest failed fetch, ``None`` after a success."""
+        return self._last_error
+
+    @property
+    def pod_count(self) -> int:
+        return len(self._pods)
+
+    def lookup(self, pod_uid: str, container_id: str = "") -> PodNames | None:
+        """Names of the pod with ``pod_uid``; fetches the list when it (or the container) is new."""
+        known = self._pods.get(pod_uid)
+        if known is not None and (not container_id or container_id in known.containers):
+            return known
+        now = self._clock()
+        if now >= self._next_fetch:
+            self._next_fetch = now + self._refresh_seconds
+            self._fetch()
+        return self._pods.get(pod_uid)
+
+    def _fetch(self) -> None:
+        headers = {"Accept": "application/json"}
+        try:
+            if self._token_file is not None:
+                token = self._token_file.read_text(encoding="utf-8").strip()
+                headers["Authorization"] = f"Bearer {token}"
+            response = self._session.get(
+                f"{self.url}/pods", headers=headers, timeout=self._timeout, verify=self._verify
+            )
+            response.raise_for_status()
+            pods = parse_pod_list(response.json())
+        except (OSError, requests.RequestException, ValueError) as error:
+            self.fetches["error"] += 1
+            message = f"cannot list pods from the kubelet at {self.url}/pods: {error}"
+            if message != self._last_error:
+                log.warning("%s; pod and container names stay empty", message)
+            self._last_error = message
+            return
+        self.fetches["ok"] += 1
+        if self._last_error is not None:
+            log.info("kubelet pod list at %s/pods readable again", self.url)
+        self._last_error = None
+        self._pods = pods
+
+
+def parse_pod_list(document: object) -> dict[str, PodNames]:
+    """Pod UID → names, from a kubelet ``PodList`` JSON document.
+
+    Raises ``ValueError`` when the document is not a ``PodList``-shaped mapping;
+    individual malformed pods are skipped.
+    """
+    if not isinstance(document, Mapping) or not isinstance(document.get("items"), list):
+        raise ValueError("the response is not a PodList (no items list)")
+    pods: dict[str, PodNames] = {}
+    for item in document["items"]:
+        if not isinstance(item, Mapping):
+            continue
+        metadata = item.get("metadata")
+        if not isinstance(metadata, Mapping):
+            continue
+        uid, name, namespace = (metadata.get(key) for key in ("uid", "name", "namespace"))
+        if not (isinstance(uid, str) and isinstance(name, str) and isinstance(namespace, str)):
+            continue
+        pods[uid] = PodNames(name, namespace, _containers(item.get("status")))
+    return pods
+
+
+def _containers(status: object) -> dict[str, str]:
+    """Container id → name over regular, init and ephemeral container statuses."""
+    containers: dict[str, str] = {}
+    if not isinstance(status, Mapping):
+        return containers
+    for key in ("containerStatuses", "initContainerStatuses", "ephemeralContainerStatuses"):
+        statuses = status.get(key)
+        if not isinstance(statuses, list):
+            continue
+        for entry in statuses:
+            if not isinstance(entry, Mapping):
+                continue
+            name, container_id = entry.get("name"), entry.get("containerID")
+            if isinstance(name, str) and isinstance(container_id, str) and container_id:
+                containers[container_id.rpartition(_RUNTIME_SEPARATOR)[2]] = name
+    return containers

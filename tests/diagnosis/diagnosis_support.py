@@ -1,0 +1,141 @@
+"""Helpers for the diagnosis tests (imported by the test modules and the conftest).
+
+``scrape(collector)`` renders a collector with prometheus_client and parses the
+text back, so assertions are on what Prometheus reads. ``ProcTree`` and
+``SysTree`` write miniature ``/proc`` and ``/sys`` trees. ``ContractSource`` is a
+data source that emits metric-contract samples the test sets (a stand-in for
+the GPU, training and node collectors below the diagnosis collector).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.collectors.base import Collector
+
+Labels = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class Scrape:
+    text: str
+    samples: dict[str, dict[Labels, float]]
+
+    def value(self, name: str, **labels: str) -> float | None:
+        matches = [v for k, v in self.samples.get(name, {}).items()
+                   if labels.items() <= dict(k).items()]
+        assert len(matches) <= 1, f"{name}{labels} is ambiguous: {matches}"
+        return matches[0] if matches else None
+
+    def labelsets(self, name: str) -> list[dict[str, str]]:
+        return [dict(k) for k in self.samples.get(name, {})]
+
+    def verdicts(self) -> dict[str, str]:
+        """job → the kind whose trainmon_bottleneck is 1."""
+        return {dict(k)["job"]: dict(k)["kind"]
+                for k, v in self.samples.get("trainmon_bottleneck", {}).items() if v == 1}
+
+
+def parse(text: str) -> Scrape:
+    samples: dict[str, dict[Labels, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = (
+                sample.value)
+    return Scrape(text, samples)
+
+
+def scrape(collector: Collector) -> Scrape:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    try:
+        return parse(generate_latest(registry).decode())
+    finally:
+        registry.unregister(collector)
+
+
+class ProcTree:
+    """A miniature ``/proc``: ``add(pid, cgroup=..., environ={...}, interfaces=[...])``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+
+    def add(
+        self,
+        pid: int,
+        cgroup: str = "0::/\n",
+        environ: Mapping[str, str] | None = None,
+        interfaces: Iterable[str] | None = None,
+    ) -> Path:
+        directory = self.root / str(pid)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "cgroup").write_text(cgroup)
+        if environ is not None:
+            (directory / "environ").write_bytes(
+                b"".join(f"{k}={v}".encode() + b"\0" for k, v in environ.items()))
+        if interfaces is not None:
+            (directory / "net").mkdir(exist_ok=True)
+            header = ("Inter-|   Receive                            |  Transmit\n"
+                      " face |bytes    packets errs drop fifo frame compressed multicast|"
+                      "bytes    packets errs drop fifo colls carrier compressed\n")
+            rows = "".join(f"{name:>6}: 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n" for name in interfaces)
+            (directory / "net" / "dev").write_text(header + rows)
+        return directory
+
+
+class SysTree:
+    """A miniature ``/sys``: RDMA ports and network interfaces."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        (root / "class" / "net").mkdir(parents=True, exist_ok=True)
+
+    def hca(self, device: str, port: int = 1, state: str = "4: ACTIVE",
+            link_layer: str = "InfiniBand") -> None:
+        directory = self.root / "class" / "infiniband" / device / "ports" / str(port)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "state").write_text(state + "\n")
+        (directory / "link_layer").write_text(link_layer + "\n")
+
+    def interface(self, name: str) -> None:
+        (self.root / "class" / "net" / name).mkdir(parents=True, exist_ok=True)
+
+
+@dataclass(eq=False)
+class ContractSource(Collector):
+    """Emits metric-contract samples whose exact sample names and values the test sets.
+
+    ``source.samples["trainmon_training_steps_total"][labels(job="a", rank="0")] = 10``
+    (counters by their ``_total`` name, histograms by ``_sum``/``_count``).
+    """
+
+    name: str = "contract"
+    samples: dict[str, dict[Labels, float]] = field(default_factory=dict)
+
+    def set(self, sample: str, value: float, /, **label_values: str) -> None:
+        self.samples.setdefault(sample, {})[labels(**label_values)] = value
+
+    def add(self, sample: str, increase: float, /, **label_values: str) -> None:
+        series = self.samples.setdefault(sample, {})
+        key = labels(**label_values)
+        series[key] = series.get(key, 0.0) + increase
+
+    def collect(self) -> Iterable[Metric]:
+        families: list[Metric] = []
+        for name, series in self.samples.items():
+            family = Metric(name, "test samples", "untyped")
+            for label_set, value in series.items():
+                family.add_sample(name, dict(label_set), value)
+            families.append(family)
+        return families
+
+
+def labels(**values: str) -> Labels:
+    return tuple(sorted(values.items()))

@@ -1,0 +1,384 @@
+"""Each verdict rule through the diagnosis collector, fed by a contract-metric source.
+
+The source stands in for the GPU, training, network and attribution
+collectors: it emits the DESIGN §3 samples with values set here, and an
+injected clock moves time, so each rule is shown to fire and not to fire.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+from diagnosis_support import ContractSource, Scrape, scrape
+
+from exporter.collectors.diagnosis import DiagnosisCollector
+from exporter.config import DiagnosisConfig, parse_config
+from exporter.settings import ConfigError
+
+WALL = 1_700_000_000.0
+
+
+@dataclass
+class Rank:
+    """Per-step seconds of one simulated rank."""
+
+    wait: float = 0.01
+    work: float = 0.2
+    comm: float = 0.02
+    gpu: str = ""
+    pid: str = ""
+    stepping: bool = True
+    comm_phase: bool = True
+
+
+@dataclass
+class Node:
+    """A simulated node: ranks, GPU utilization, links; ``tick`` advances 5 s."""
+
+    ranks: dict[tuple[str, str], Rank] = field(default_factory=dict)
+    gpus: dict[str, float] = field(default_factory=dict)
+    sawtooth: dict[str, float] = field(default_factory=dict)
+    now: float = 1000.0
+    source: ContractSource = field(default_factory=ContractSource)
+
+    def clock(self) -> float:
+        return self.now
+
+    def wall(self) -> float:
+        return WALL + self.now
+
+    def tick(self, seconds: float = 5.0) -> None:
+        self.now += seconds
+        s = self.source
+        for (job, rank), r in self.ranks.items():
+            key = {"job": job, "rank": rank}
+            s.set("trainmon_training_rank_info", 1, **key, gpu=r.gpu, pid=r.pid)
+            step = r.wait + r.work + r.comm
+            steps = seconds / step if r.stepping else 0.0
+            s.add("trainmon_training_step_seconds_count", steps, **key)
+            s.add("trainmon_training_step_seconds_sum", steps * step, **key)
+            s.add("trainmon_training_data_wait_seconds_total", steps * r.wait, **key)
+            if r.comm_phase:
+                s.add("trainmon_training_phase_seconds_total", steps * r.comm, **key,
+                      phase="comm")
+            if r.stepping or ("trainmon_training_last_step_timestamp_seconds" not in s.samples):
+                s.set("trainmon_training_last_step_timestamp_seconds", self.wall(), **key)
+        for gpu, utilization in self.gpus.items():
+            s.set("trainmon_gpu_utilization_ratio", utilization, gpu=gpu)
+            s.set("trainmon_gpu_sawtooth_ratio", self.sawtooth.get(gpu, 0.0), gpu=gpu)
+
+    def run(self, config: DiagnosisConfig | None = None, ticks: int = 6) -> Scrape:
+        collector = DiagnosisCollector(config or DiagnosisConfig(), [self.source],
+                                       clock=self.clock, wall_clock=self.wall)
+        result = scrape(collector)
+        for _ in range(ticks):
+            self.tick()
+            result = scrape(collector)
+        return result
+
+
+def findings(result: Scrape, job: str) -> set[str]:
+    return {row["finding"] for row in result.labelsets("trainmon_diagnosis_finding_info")
+            if row["job"] == job}
+
+
+def healthy_job(node: Node, job: str = "llm", ranks: int = 4, first_gpu: int = 0) -> None:
+    for index in range(ranks):
+        gpu = str(first_gpu + index)
+        node.ranks[(job, str(index))] = Rank(gpu=gpu, pid=str(5000 + first_gpu + index))
+        node.gpus[gpu] = 0.95
+
+
+def test_compute_when_gpus_are_busy_and_nothing_waits() -> None:
+    node = Node()
+    healthy_job(node)
+    result = node.run()
+    assert result.verdicts() == {"llm": "compute"}
+    assert findings(result, "llm") == {"gpu_bound"}
+    assert result.value("trainmon_bottleneck", job="llm", kind="storage") == 0
+    assert result.value("trainmon_diagnosis_data_wait_ratio", job="llm") == pytest.approx(
+        0.01 / 0.23, rel=1e-6)
+    assert result.value("trainmon_diagnosis_comm_ratio", job="llm") == pytest.approx(
+        0.02 / 0.23, rel=1e-6)
+    assert result.value("trainmon_diagnosis_gpu_utilization_ratio", job="llm") == pytest.approx(
+        0.95)
+    assert result.value("trainmon_diagnosis_step_seconds", job="llm") == pytest.approx(0.23)
+    assert result.value("trainmon_diagnosis_window_seconds") == 30
+
+
+def test_storage_when_one_rank_waits_for_data() -> None:
+    node = Node()
+    healthy_job(node)
+    node.ranks[("llm", "2")].wait = 0.08  # 0.08 / 0.30 = 27 % on one rank
+    result = node.run()
+    assert result.verdicts() == {"llm": "storage"}
+    assert result.value("trainmon_diagnosis_data_wait_ratio", job="llm") == pytest.approx(
+        0.08 / 0.30, rel=1e-6)
+
+
+def test_data_wait_just_below_the_threshold_is_not_storage() -> None:
+    node = Node()
+    healthy_job(node)
+    node.ranks[("llm", "2")].wait = 0.05  # 0.05 / 0.27 = 18.5 %
+    assert node.run().verdicts() == {"llm": "compute"}
+
+
+def test_storage_from_a_sawtooth_gpu_with_a_rising_data_wait() -> None:
+    node = Node()
+    healthy_job(node, ranks=1)
+    node.sawtooth["0"] = 0.8
+    node.ranks[("llm", "0")].wait = 0.02
+    collector = DiagnosisCollector(DiagnosisConfig(), [node.source], clock=node.clock,
+                                   wall_clock=node.wall)
+    for wait in (0.02, 0.02, 0.02, 0.05, 0.06, 0.07):  # 8 % → 24 % of a growing step
+        node.ranks[("llm", "0")].wait = wait
+        node.tick()
+        result = scrape(collector)
+    assert result.verdicts() == {"llm": "storage"}
+    assert "sawtooth_data_wait" in findings(result, "llm")
+    # the same waits, falling: no storage verdict
+    falling = Node()
+    healthy_job(falling, ranks=1)
+    falling.sawtooth["0"] = 0.8
+    collector = DiagnosisCollector(DiagnosisConfig(), [falling.source], clock=falling.clock,
+                                   wall_clock=falling.wall)
+    for wait in (0.07, 0.06, 0.05, 0.03, 0.03, 0.03):
+        falling.ranks[("llm", "0")].wait = wait
+        falling.tick()
+        result = scrape(collector)
+    assert result.verdicts() == {"llm": "compute"}
+
+
+def test_communication_when_the_comm_phase_takes_40_percent() -> None:
+    node = Node()
+    healthy_job(node)
+    for rank in node.ranks.values():
+        rank.work, rank.comm = 0.12, 0.087  # 0.087 / 0.217 = 40 %
+    result = node.run()
+    assert result.verdicts() == {"llm": "communication"}
+    assert result.value("trainmon_diagnosis_comm_ratio", job="llm") == pytest.approx(0.4, abs=0.01)
+
+
+def test_synchronised_straggler_is_scheduling_not_communication() -> None:
+    # In synchronous data parallelism every rank's step lasts as long as the
+    # slowest rank's: the fast ranks wait inside the allreduce (their comm).
+    node = Node()
+    healthy_job(node)
+    for name, rank in node.ranks.items():
+        slow = name[1] == "3"
+        rank.work = 0.3 if slow else 0.2
+        rank.comm = 0.02 if slow else 0.12  # 0.1 s of waiting for rank 3
+    result = node.run()
+    assert result.verdicts() == {"llm": "scheduling"}
+    assert {"straggler", "comm_phase"} <= findings(result, "llm")
+    assert result.value("trainmon_diagnosis_straggler_ratio", job="llm") == pytest.approx(1.5)
+
+
+def test_two_rank_job_with_a_straggler() -> None:
+    node = Node()
+    healthy_job(node, ranks=2)
+    node.ranks[("llm", "1")].work = 0.3
+    assert node.run().verdicts() == {"llm": "scheduling"}
+
+
+def test_ranks_within_the_straggler_factor_are_fine() -> None:
+    node = Node()
+    healthy_job(node)
+    node.ranks[("llm", "3")].work = 0.25  # 1.25x
+    assert node.run().verdicts() == {"llm": "compute"}
+
+
+def test_link_near_its_rate_is_communication_when_no_comm_phase_is_reported() -> None:
+    node = Node()
+    healthy_job(node)
+    for rank in node.ranks.values():
+        rank.comm_phase = False
+    node.source.set("trainmon_infiniband_rate_bytes", 25e9, device="mlx5_0", port="1")
+    collector = DiagnosisCollector(DiagnosisConfig(), [node.source], clock=node.clock,
+                                   wall_clock=node.wall)
+    for _ in range(4):
+        node.source.add("trainmon_infiniband_transmit_bytes_total", 5 * 22e9,
+                        device="mlx5_0", port="1")
+        node.source.add("trainmon_infiniband_receive_bytes_total", 5 * 1e9,
+                        device="mlx5_0", port="1")
+        node.tick()
+        result = scrape(collector)
+    assert result.verdicts() == {"llm": "communication"}
+    assert "link_saturated" in findings(result, "llm")
+
+
+def test_idle_gpu_of_a_stepping_job_is_scheduling() -> None:
+    node = Node()
+    healthy_job(node, ranks=2)
+    node.gpus["1"] = 0.0
+    result = node.run()
+    assert result.verdicts() == {"llm": "scheduling"}
+    assert result.value("trainmon_diagnosis_idle_gpus", job="llm") == 1
+
+
+def test_host_bound_job_is_compute_with_its_own_finding() -> None:
+    node = Node()
+    healthy_job(node, ranks=2)
+    node.gpus.update({"0": 0.3, "1": 0.35})
+    result = node.run()
+    assert result.verdicts() == {"llm": "compute"}
+    assert findings(result, "llm") == {"host_bound"}
+
+
+def test_stalled_job_is_scheduling() -> None:
+    node = Node()
+    healthy_job(node, ranks=2)
+    collector = DiagnosisCollector(DiagnosisConfig(stall_seconds=60), [node.source],
+                                   clock=node.clock, wall_clock=node.wall)
+    node.tick()
+    for rank in node.ranks.values():
+        rank.stepping = False
+    for _ in range(14):  # 70 s without a step
+        node.tick()
+        result = scrape(collector)
+    assert result.verdicts() == {"llm": "scheduling"}
+    assert findings(result, "llm") == {"stalled", "insufficient_data"}
+    assert result.value("trainmon_diagnosis_stalled_ranks", job="llm") == 2
+
+
+def test_a_new_job_has_no_verdict_yet() -> None:
+    node = Node()
+    healthy_job(node, ranks=1)
+    node.ranks[("llm", "0")].work = 10.0  # one step per 10 s
+    result = node.run(ticks=1)
+    assert result.verdicts() == {"llm": "none"}
+    assert findings(result, "llm") == {"insufficient_data"}
+
+
+def test_gpu_held_by_a_process_that_does_no_work() -> None:
+    node = Node()
+    healthy_job(node, ranks=2)
+    node.gpus.update({"6": 0.0, "7": 0.9})
+    node.source.set("trainmon_gpu_process_info", 1, gpu="6", pid="777", pod="notebook-x",
+                    namespace="research", container="jupyter", slurm_job="", pod_uid="u1",
+                    container_id="")
+    node.source.set("trainmon_gpu_process_info", 1, gpu="7", pid="888", pod="", namespace="",
+                    container="", slurm_job="4242", pod_uid="", container_id="")
+    node.source.set("trainmon_gpu_process_info", 1, gpu="0", pid="5000", pod="", namespace="",
+                    container="", slurm_job="", pod_uid="", container_id="")
+    result = node.run()
+    assert result.verdicts() == {
+        "llm": "compute",  # pid 5000 is its rank 0
+        "pod:research/notebook-x": "scheduling",
+        "slurm:4242": "none",  # busy, but without step telemetry nothing can be said
+    }
+    assert findings(result, "pod:research/notebook-x") == {"idle_held"}
+
+
+def test_process_claimed_by_its_gpu_when_pids_differ_across_namespaces() -> None:
+    node = Node()
+    healthy_job(node, ranks=2)
+    node.source.set("trainmon_gpu_process_info", 1, gpu="1", pid="424242", pod="", namespace="",
+                    container="", slurm_job="", pod_uid="", container_id="")
+    assert node.run().verdicts() == {"llm": "compute"}
+
+
+def test_verdicts_follow_the_config_thresholds() -> None:
+    node = Node()
+    healthy_job(node)
+    for rank in node.ranks.values():
+        rank.work, rank.comm = 0.12, 0.087
+    config = parse_config({"collectors": {"diagnosis": {"comm_ratio": 0.5}}})
+    assert node.run(config.collectors.diagnosis).verdicts() == {"llm": "compute"}
+
+
+def test_a_failing_source_does_not_stop_the_verdict(caplog: pytest.LogCaptureFixture) -> None:
+    class Broken(ContractSource):
+        def collect(self):  # type: ignore[no-untyped-def]
+            raise OSError("device vanished")
+
+    node = Node()
+    healthy_job(node)
+    collector = DiagnosisCollector(DiagnosisConfig(), [Broken(name="broken"), node.source],
+                                   clock=node.clock, wall_clock=node.wall)
+    for _ in range(3):
+        node.tick()
+        result = scrape(collector)
+    assert result.verdicts() == {"llm": "compute"}
+    assert caplog.text.count("diagnosis goes on without broken") == 1
+
+
+def test_old_snapshots_leave_the_window() -> None:
+    node = Node()
+    healthy_job(node, ranks=1)
+    node.ranks[("llm", "0")].wait = 0.2  # starved at first ...
+    collector = DiagnosisCollector(DiagnosisConfig(window_seconds=20), [node.source],
+                                   clock=node.clock, wall_clock=node.wall)
+    for _ in range(4):
+        node.tick()
+        scrape(collector)
+    node.ranks[("llm", "0")].wait = 0.01  # ... then fixed: the verdict follows within a window
+    for _ in range(5):
+        node.tick()
+        result = scrape(collector)
+    assert result.verdicts() == {"llm": "compute"}
+    assert result.value("trainmon_diagnosis_window_seconds") == 20
+
+
+@pytest.mark.parametrize(
+    ("settings", "key"),
+    [
+        ({"data_wait_ratio": 1.5}, "data_wait_ratio"),
+        ({"straggler_factor": 0.9}, "straggler_factor"),
+        ({"idle_utilization_ratio": 0.7}, "idle_utilization_ratio"),
+        ({"comm_phases": []}, "comm_phases"),
+        ({"stall_seconds": "soon"}, "stall_seconds"),
+    ],
+)
+def test_diagnosis_config_is_validated(settings: dict[str, object], key: str) -> None:
+    with pytest.raises(ConfigError, match=rf"collectors\.diagnosis\.{key}"):
+        parse_config({"collectors": {"diagnosis": settings}})
+
+
+def test_scrapes_closer_than_a_twentieth_of_the_window_reuse_the_verdict() -> None:
+    class Counting(ContractSource):
+        collections = 0
+
+        def collect(self):  # type: ignore[no-untyped-def]
+            Counting.collections += 1
+            return super().collect()
+
+    node = Node(source=Counting())
+    healthy_job(node)
+    collector = DiagnosisCollector(DiagnosisConfig(window_seconds=60), [node.source],
+                                   clock=node.clock, wall_clock=node.wall)
+    for _ in range(3):
+        node.tick()
+        scrape(collector)
+    assert Counting.collections == 3
+    node.now += 2.9  # under 60 / 20 s: no new evaluation
+    again = scrape(collector)
+    assert Counting.collections == 3
+    assert again.verdicts() == {"llm": "compute"}
+    node.now += 0.2
+    scrape(collector)
+    assert Counting.collections == 4
+
+
+@pytest.mark.parametrize(("reporting", "verdict"), [(True, "scheduling"), (False, "none")])
+def test_a_stall_needs_a_live_reporter_when_heartbeats_are_exported(
+    reporting: bool, verdict: str
+) -> None:
+    # trainmon_training_last_report_timestamp_seconds tells a hung job (its
+    # reporter still sends) from one that finished (silent until its TTL).
+    node = Node()
+    healthy_job(node, ranks=2)
+    collector = DiagnosisCollector(DiagnosisConfig(stall_seconds=60), [node.source],
+                                   clock=node.clock, wall_clock=node.wall)
+    node.tick()
+    for rank in node.ranks.values():
+        rank.stepping = False
+    for _ in range(14):
+        node.tick()
+        for job, rank_name in node.ranks:
+            if reporting or node.now < 1020:  # finished: silent after the first 20 s
+                node.source.set("trainmon_training_last_report_timestamp_seconds", node.wall(),
+                                job=job, rank=rank_name)
+        result = scrape(collector)
+    assert result.verdicts() == {"llm": verdict}
