@@ -3,16 +3,18 @@
 #   make demo    the same over a simulated 8-GPU node with two training jobs
 #   make test    install everything the suite needs (pip + Debian packages) and run it
 #   make lint    ruff and mypy
+#   make dashboards  regenerate the Grafana dashboards (dashboards/*/*.json) from dashboards/*.py
+#   make stack   trainmon --demo, Prometheus and Alertmanager on loopback (docs/deploy.md)
 
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager prometheus-node-exporter \
-	prometheus-pushgateway gcc libc6-dev
+	prometheus-pushgateway gcc libc6-dev systemd docker-compose
 PYTEST_ARGS ?=
 
-.PHONY: run demo test lint bench clean debian-packages
+.PHONY: run demo test lint bench clean debian-packages dashboards stack
 
 $(BIN)/trainmon: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +46,9 @@ debian-packages:
 test: debian-packages $(VENV)/.test-installed
 	$(BIN)/pytest $(PYTEST_ARGS)
 
+dashboards: $(VENV)/.test-installed
+	$(BIN)/python -m dashboards
+
 lint: $(VENV)/.test-installed
 	$(BIN)/ruff check exporter tests bench
 	$(BIN)/mypy
@@ -53,3 +58,7 @@ bench: $(VENV)/.test-installed debian-packages
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+
+stack: $(BIN)/trainmon
+	@$(MAKE) --no-print-directory debian-packages DEBIAN_PACKAGES="prometheus prometheus-alertmanager"
+	exec $(BIN)/python -m deploy.stack $(ARGS)

@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
@@ -55,11 +55,47 @@ def build_collectors(config: Config, *, demo: bool) -> list[Collector]:
     if settings.disk.enabled:
         collectors.append(DiskCollector(settings.disk, paths.proc, paths.sys))
 
+    # -- gpu: NVML (the simulated 8-GPU node in demo mode) ----------------------------
+    from exporter.collectors.gpu import GPUCollector
+    from exporter.nvml import NVML
+
+    if settings.gpu.enabled is not False:
+        library = None
+        if demo:
+            from exporter.demo.gpus import SimulatedNVML
+
+            library = SimulatedNVML()
+        nvml = NVML(library, retry_seconds=settings.gpu.retry_seconds)
+        collectors.append(GPUCollector(nvml, settings.gpu))
+
     # -- training: step reports pushed by training processes ---------------------
     from exporter.collectors.training import TrainingCollector
 
     if settings.training.enabled:
         collectors.append(TrainingCollector(settings.training))
+
+    # -- cloud: Tencent Cloud Monitor puller (one per account, real data only) -----
+    from exporter.collectors.tencent import TencentCollector
+
+    if settings.tencent.enabled and demo:
+        log.info("demo mode: the tencent collector is off (its data would be real)")
+    elif settings.tencent.enabled:
+        collectors.append(TencentCollector(settings.tencent))
+
+    # -- attribution and diagnosis: read the collectors above, so they come last ---
+    from exporter.collectors.attribution import AttributionCollector
+    from exporter.collectors.diagnosis import DiagnosisCollector
+
+    gpu = next((c for c in collectors if isinstance(c, GPUCollector)), None)
+    if settings.attribution.enabled and gpu is not None:
+        collectors.append(
+            AttributionCollector.from_config(
+                settings.attribution, paths.proc, paths.sys, gpu.processes
+            )
+        )
+    if settings.diagnosis.enabled:
+        node_sources = [c for c in collectors if c.name != "tencent"]
+        collectors.append(DiagnosisCollector(settings.diagnosis, node_sources))
 
     return collectors
 
@@ -90,6 +126,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         return EXIT_OK
     if args.command == "check-config":
         return _check_config(Path(args.file), environ)
+    if args.command == "doctor":
+        return _doctor(args, environ)
     return _serve(args, environ)
 
 
@@ -134,6 +172,23 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     check = commands.add_parser("check-config", help="validate a configuration file (exit 0/2)")
     check.add_argument("file", metavar="FILE")
     _add_log_level(check, env("LOG_LEVEL", "info"))
+
+    doctor = commands.add_parser(
+        "doctor", help="one-shot bottleneck report: GPU, storage, network, verdict (exit 0/1/2)"
+    )
+    doctor.add_argument(
+        "--url", default=env("DOCTOR_URL"), metavar="URL",
+        help="read a running daemon (host:port or URL); without it, sample this node "
+        "[TRAINMON_DOCTOR_URL]",
+    )
+    doctor.add_argument("--seconds", type=float, default=10.0, help="how long to measure (10)")
+    doctor.add_argument("--lang", choices=("en", "zh"), default="en", help="report language")
+    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    doctor.add_argument(
+        "--config", default=env("CONFIG"), metavar="FILE",
+        help="configuration (diagnosis thresholds, local collectors) [TRAINMON_CONFIG]",
+    )
+    _add_log_level(doctor, env("LOG_LEVEL", "warning"))
 
     commands.add_parser("version", help="print the version")
     return parser
@@ -186,6 +241,28 @@ def _check_config(path: Path, environ: Mapping[str, str]) -> int:
     enabled = [collector.name for collector in build_collectors(config, demo=False)]
     print(f"{path}: OK (collectors: {', '.join(enabled) or 'none'}; listen {config.listen})")
     return EXIT_OK
+
+
+def _doctor(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    from exporter.doctor import DoctorOptions, run_doctor
+
+    if not 1 <= args.seconds <= 3600:
+        print("trainmon doctor: --seconds must be between 1 and 3600", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        config = load_config(Path(args.config) if args.config else None, environ)
+    except ConfigError as error:
+        print(f"trainmon: invalid configuration: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    options = DoctorOptions(
+        url=args.url or None, seconds=args.seconds, lang=args.lang, json=args.json
+    )
+    return run_doctor(
+        options,
+        config.collectors.diagnosis,
+        lambda: build_collectors(config, demo=False),
+        sys.stdout,
+    )
 
 
 def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
@@ -252,13 +329,28 @@ def _run_server(config: Config, web: WebConfig | None, *, demo: bool) -> int:
         ", ".join(c.name for c in collectors) or "none",
         " (demo mode)" if demo else "",
     )
+    stop_demo_jobs = _start_demo_jobs(collectors, server.port) if demo else None
     try:
         server.serve_forever(poll_interval=0.5)
     finally:
+        if stop_demo_jobs is not None:
+            stop_demo_jobs()
         server.server_close()
         registry.stop()
     log.info("stopped")
     return EXIT_OK
+
+
+def _start_demo_jobs(collectors: Sequence[Collector], port: int) -> Callable[[], None] | None:
+    """The demo's two simulated jobs report through the real client to our receiver."""
+    from exporter.collectors.training import TrainingCollector
+    from exporter.demo.jobs import start_demo_jobs
+
+    training = next((c for c in collectors if isinstance(c, TrainingCollector)), None)
+    if training is None:
+        log.info("demo mode: the training collector is off, so no simulated jobs run")
+        return None
+    return start_demo_jobs(training.socket_endpoint or f"http://127.0.0.1:{port}")
 
 
 if __name__ == "__main__":  # pragma: no cover

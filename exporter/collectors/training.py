@@ -210,6 +210,12 @@ def _rank_families(snapshot: StoreSnapshot) -> Iterable[Metric]:
         "Unix time at which the rank's last step ended.",
         labels=_RANK,
     )
+    last_report = GaugeMetricFamily(
+        "trainmon_training_last_report_timestamp_seconds",
+        "Unix time of the rank's latest accepted report; clients report about once a "
+        "second while alive, stepping or not, so this tells a stalled job from a dead one.",
+        labels=_RANK,
+    )
     info = GaugeMetricFamily(
         "trainmon_training_rank_info",
         "Joins a rank to the GPU (NVML index, empty if unknown) and process it runs on; always 1.",
@@ -251,6 +257,7 @@ def _rank_families(snapshot: StoreSnapshot) -> Iterable[Metric]:
             ratio.add_metric(labels, view.data_wait_ratio)
         if view.last_step_time is not None:
             last_step.add_metric(labels, view.last_step_time)
+        last_report.add_metric(labels, view.last_report_time)
         pid = "" if view.pid is None else str(view.pid)
         info.add_metric([*labels, view.gpu or "", pid], 1.0)
         dropped.add_metric(labels, totals.dropped_reports)
@@ -259,5 +266,5 @@ def _rank_families(snapshot: StoreSnapshot) -> Iterable[Metric]:
             world_sizes[view.job] = max(world_sizes.get(view.job, 0), view.world_size)
     for job, size in world_sizes.items():
         world_size.add_metric([job], size)
-    return [steps, samples, step_seconds, data_wait, phases, ratio, last_step, info,
+    return [steps, samples, step_seconds, data_wait, phases, ratio, last_step, last_report, info,
             world_size, dropped, resets]

@@ -21,6 +21,7 @@ import errno
 import hmac
 import logging
 import os
+import select
 import socket
 import stat
 import threading
@@ -155,6 +156,7 @@ class SocketReceiver:
         self._wanted_buffer = receive_buffer_bytes
         self._max_label_length = max_label_length
         self._socket: socket.socket | None = None
+        self._inode = -1
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self.receive_buffer_bytes = 0
@@ -174,7 +176,11 @@ class SocketReceiver:
             sock.bind(str(self.path))
             os.chmod(self.path, self._mode)
             self.receive_buffer_bytes = _enlarge_receive_buffer(sock, self._wanted_buffer)
-            sock.settimeout(POLL_SECONDS)
+            # Non-blocking, waited on with poll(): on a socket with a timeout Python
+            # waits out the timeout even for MSG_DONTWAIT, which would hold a
+            # drained batch back until it filled up.
+            sock.setblocking(False)
+            self._inode = os.lstat(self.path).st_ino
         except OSError:
             sock.close()
             raise
@@ -202,7 +208,9 @@ class SocketReceiver:
             self._thread = None
         if self._socket is not None:
             with contextlib.suppress(OSError):
-                if stat.S_ISSOCK(os.lstat(self.path).st_mode):
+                found = os.lstat(self.path)
+                # Only our own socket: a newer daemon may have bound the path since.
+                if stat.S_ISSOCK(found.st_mode) and found.st_ino == self._inode:
                     os.unlink(self.path)
             self._socket.close()
             self._socket = None
@@ -210,15 +218,18 @@ class SocketReceiver:
     def _run(self) -> None:
         sock = self._socket
         assert sock is not None
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
         while not self._stopping.is_set():
+            if not poller.poll(POLL_SECONDS * 1000):
+                continue
             batch: list[tuple[bytes, list[tuple[int, int, bytes]], int, object]] = []
             try:
-                batch.append(sock.recvmsg(MAX_DATAGRAM_BYTES))
                 # Empty the kernel queue first (it may hold as few as 10 datagrams),
                 # then parse: senders are refused only while the queue is full.
                 while len(batch) < DRAIN_BATCH:
-                    batch.append(sock.recvmsg(MAX_DATAGRAM_BYTES, 0, socket.MSG_DONTWAIT))
-            except (TimeoutError, BlockingIOError):
+                    batch.append(sock.recvmsg(MAX_DATAGRAM_BYTES))
+            except BlockingIOError:
                 pass
             except OSError as error:
                 if self._stopping.is_set():

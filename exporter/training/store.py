@@ -113,6 +113,8 @@ class _Rank:
     latest: StepReport
     last_seen: float
     last_step_time: float | None
+    #: Unix time of the rank's latest accepted report (a heartbeat: sent ~1/s).
+    last_report_time: float
     reporters: OrderedDict[str, Totals] = field(default_factory=OrderedDict)
     resets: int = 0
     #: (monotonic time, exported step seconds, exported data-wait seconds)
@@ -131,6 +133,7 @@ class RankView:
     totals: Totals
     counter_resets: int
     last_step_time: float | None
+    last_report_time: float
     #: Data wait / step time over the last window; None before any step time.
     data_wait_ratio: float | None
 
@@ -210,6 +213,7 @@ class TrainingStore:
                     totals=state.totals.copy(),
                     counter_resets=state.resets,
                     last_step_time=state.last_step_time,
+                    last_report_time=state.last_report_time,
                     data_wait_ratio=self._ratio(state),
                 )
                 for job, ranks in self._jobs.items()
@@ -247,6 +251,7 @@ class TrainingStore:
             latest=report,
             last_seen=now,
             last_step_time=self._step_time(report, None),
+            last_report_time=self._wall_clock(),
         )
         state.reporters[report.reporter_id] = Totals.of(report)
         # The reporter started from zero about step_seconds ago: seed the window
@@ -275,6 +280,7 @@ class TrainingStore:
             state.last_step_time = self._step_time(report, state.last_step_time)
         state.latest = report
         state.last_seen = now
+        state.last_report_time = self._wall_clock()
         self._record_window(state, now)
 
     def _record_window(self, state: _Rank, now: float) -> None:

@@ -1,0 +1,87 @@
+"""Fixtures for the GPU tests: the fake ``libnvidia-ml.so.1`` and its scenarios.
+
+The fake (``fakenvml/``) is compiled once per session. Subprocess tests load it
+the way a user's machine would, through ``LD_LIBRARY_PATH`` (``gpu_env``).
+In-process tests cannot change ``LD_LIBRARY_PATH`` after start-up, so
+``fake_nvml`` loads the compiled file by path first; the dynamic loader then
+answers pynvml's ``CDLL("libnvidia-ml.so.1")`` with it (same soname). Without
+``FAKENVML_SCENARIO`` the fake reports "driver not loaded", so other test
+folders in the same session still see a machine without a usable GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pynvml
+import pytest
+from gpu.harness import FakeNVML, Scrape, load_builder, render
+
+from exporter.collectors.base import Collector
+
+
+def _build(directory: Path, old_driver: bool = False) -> Path:
+    builder = load_builder()
+    if builder.compiler() is None:
+        pytest.skip("no C compiler to build the fake NVML library")
+    return Path(builder.build(directory, old_driver=old_driver)).parent
+
+
+@pytest.fixture(scope="session")
+def fake_nvml_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding the compiled fake ``libnvidia-ml.so.1``."""
+    return _build(tmp_path_factory.mktemp("fakenvml"))
+
+
+@pytest.fixture(scope="session")
+def old_driver_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fake built as an old driver (no field values, energy, event wait v2...)."""
+    return _build(tmp_path_factory.mktemp("fakenvml-old"), old_driver=True)
+
+
+@pytest.fixture(scope="session")
+def fake_nvml(fake_nvml_dir: Path) -> FakeNVML:
+    loaded = pynvml.nvmlLib
+    path = fake_nvml_dir / "libnvidia-ml.so.1"
+    if loaded is not None and getattr(loaded, "_name", None) != str(path):
+        pytest.skip("a real NVML library is already loaded in this process")
+    return FakeNVML(ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL))
+
+
+@pytest.fixture
+def scenario(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_nvml: FakeNVML
+) -> Iterator[Callable[[str], Path]]:
+    """``scenario(text)`` makes the in-process fake follow ``text`` (fake time 0)."""
+
+    def use(text: str) -> Path:
+        path = tmp_path / f"scenario-{len(list(tmp_path.glob('scenario-*')))}.txt"
+        path.write_text(text)
+        monkeypatch.setenv("FAKENVML_SCENARIO", str(path))
+        fake_nvml.set_time(0.0)
+        return path
+
+    yield use
+    fake_nvml.set_time(-1.0)
+
+
+@pytest.fixture
+def gpu_env(fake_nvml_dir: Path, tmp_path: Path) -> Callable[..., dict[str, str]]:
+    """``gpu_env(text, library_dir=None)``: environment for a subprocess on the fake."""
+
+    def environment(text: str, library_dir: Path | None = None) -> dict[str, str]:
+        path = tmp_path / "scenario.txt"
+        path.write_text(text)
+        return {
+            "LD_LIBRARY_PATH": str(library_dir or fake_nvml_dir),
+            "FAKENVML_SCENARIO": str(path),
+        }
+
+    return environment
+
+
+@pytest.fixture
+def scrape() -> Callable[[Collector], Scrape]:
+    return render

@@ -1,0 +1,467 @@
+/*
+ * fakenvml: a stand-in for libnvidia-ml.so.1 so that trainmon's real pynvml
+ * code path (ctypes structs, return codes, versioned symbols) runs without a GPU.
+ *
+ * Struct layouts follow nvml.h as mirrored by pynvml's ctypes definitions.
+ * Behaviour comes from the scenario file named by $FAKENVML_SCENARIO, read at
+ * nvmlInit when that variable changed; without it nvmlInit answers
+ * NVML_ERROR_DRIVER_NOT_LOADED (a machine with the library but no driver).
+ * The scenario format is documented in README.md beside this file.
+ *
+ * Time t is seconds since the library was loaded, or the value last given to
+ * fakenvml_set_time() (tests that need determinism).
+ *
+ * Build with -DFAKENVML_OLD_DRIVER to leave out the symbols an old driver
+ * lacks (field values, energy, event wait v2, process list v3).
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define EXPORT __attribute__((visibility("default")))
+#define MAX_GPUS 64
+#define MAX_RULES 128
+#define SAMPLE_BUFFER 100
+#define NVLINKS 18
+
+enum {
+    OK = 0, UNINITIALIZED = 1, INVALID_ARGUMENT = 2, NOT_SUPPORTED = 3,
+    NOT_FOUND = 6, INSUFFICIENT_SIZE = 7, DRIVER_NOT_LOADED = 9, TIMEOUT = 10,
+    GPU_IS_LOST = 15, UNKNOWN = 999
+};
+
+typedef struct nvmlDevice_st { unsigned int index; } *nvmlDevice_t;
+typedef struct nvmlEventSet_st *nvmlEventSet_t;
+typedef union { double dVal; unsigned int uiVal; unsigned long ulVal;
+                unsigned long long ullVal; long long sllVal; int siVal;
+                unsigned short usVal; } nvmlValue_t;
+typedef struct { unsigned long long timeStamp; nvmlValue_t sampleValue; } nvmlSample_t;
+typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
+typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
+typedef struct { char busIdLegacy[16]; unsigned int domain, bus, device, pciDeviceId,
+                 pciSubSystemId; char busId[32]; } nvmlPciInfo_t;
+typedef struct { unsigned long long referenceTime, violationTime; } nvmlViolationTime_t;
+typedef struct { unsigned int fieldId, scopeId; long long timestamp, latencyUsec;
+                 unsigned int valueType; int nvmlReturn; nvmlValue_t value; } nvmlFieldValue_t;
+typedef struct { nvmlDevice_t device; unsigned long long eventType, eventData;
+                 unsigned int gpuInstanceId, computeInstanceId; } nvmlEventData_t;
+typedef struct { unsigned int pid; unsigned long long usedGpuMemory;
+                 unsigned int gpuInstanceId, computeInstanceId; } nvmlProcessInfo_t;
+
+enum pattern { STEADY, SQUARE, SAW };
+typedef struct { enum pattern kind; double a, b, c, d; } util_t; /* see util_at() */
+typedef struct { int gpu; double at; unsigned long long code; } xid_t;
+typedef struct { int gpu; char name[64]; } unsupported_t;       /* gpu -1 = every GPU */
+typedef struct { int gpu; unsigned int pid; unsigned long long bytes; } process_t;
+
+static struct {
+    char path[4096];
+    int count, sparse_idle[MAX_GPUS], no_samples[MAX_GPUS], no_aggregate[MAX_GPUS];
+    double lost_at[MAX_GPUS], unloaded_from, unloaded_to, sample_period;
+    char name[96], driver[80];
+    util_t util[MAX_GPUS];
+    xid_t xids[MAX_RULES]; int nxids;
+    unsupported_t unsupported[MAX_RULES]; int nunsupported;
+    unsupported_t unsupported_fields[MAX_RULES]; int nunsupported_fields;
+    process_t processes[MAX_RULES]; int nprocesses;
+} sc;
+
+struct nvmlEventSet_st { unsigned long long mask[MAX_GPUS]; double since[MAX_GPUS];
+                         unsigned char delivered[MAX_RULES]; };
+
+static struct nvmlDevice_st devices[MAX_GPUS];
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static int refcount;
+static double session_start, origin, manual_time = -1;
+static unsigned long long origin_epoch_us, calls;
+
+static double monotonic(void) {
+    struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+__attribute__((constructor)) static void loaded(void) {
+    struct timespec ts; clock_gettime(CLOCK_REALTIME, &ts);
+    origin = monotonic();
+    origin_epoch_us = ts.tv_sec * 1000000ULL + ts.tv_nsec / 1000;
+    for (int i = 0; i < MAX_GPUS; i++) devices[i].index = i;
+}
+
+static double now(void) {
+    double manual;
+    __atomic_load(&manual_time, &manual, __ATOMIC_RELAXED);
+    return manual >= 0 ? manual : monotonic() - origin;
+}
+
+/* -- test controls (not NVML) ---------------------------------------------- */
+EXPORT void fakenvml_set_time(double seconds) { __atomic_store(&manual_time, &seconds, __ATOMIC_RELAXED); }
+EXPORT unsigned long long fakenvml_calls(void) { return __atomic_load_n(&calls, __ATOMIC_RELAXED); }
+
+/* -- scenario ---------------------------------------------------------------- */
+static int gpu_arg(const char *word) { return strcmp(word, "*") == 0 ? -1 : atoi(word); }
+
+static void set_util(const char *target, util_t util) {
+    int gpu = gpu_arg(target);
+    for (int i = 0; i < MAX_GPUS; i++) if (gpu < 0 || gpu == i) sc.util[i] = util;
+}
+
+static void set_flag(int *flags, const char *target) {
+    int gpu = gpu_arg(target);
+    for (int i = 0; i < MAX_GPUS; i++) if (gpu < 0 || gpu == i) flags[i] = 1;
+}
+
+static int load_scenario(const char *path) {
+    FILE *file = fopen(path, "r");
+    if (!file) { fprintf(stderr, "fakenvml: cannot open scenario %s\n", path); return UNKNOWN; }
+    memset(&sc, 0, sizeof sc);
+    snprintf(sc.path, sizeof sc.path, "%s", path);
+    sc.count = 1; sc.sample_period = 1.0 / 6; sc.unloaded_from = sc.unloaded_to = -1;
+    strcpy(sc.name, "NVIDIA H100 80GB HBM3"); strcpy(sc.driver, "550.54.15");
+    for (int i = 0; i < MAX_GPUS; i++) { sc.lost_at[i] = -1; sc.util[i] = (util_t){STEADY, 0, 0, 0, 0}; }
+    char line[512], word[64], target[16], text[96];
+    double a, b, c, d; unsigned long long code; int n;
+    while (fgets(line, sizeof line, file)) {
+        char *hash = strchr(line, '#'); if (hash) *hash = 0;
+        if (sscanf(line, "%63s", word) != 1) continue;
+        if (!strcmp(word, "gpus")) sscanf(line, "%*s %d", &sc.count);
+        else if (!strcmp(word, "name")) { if (sscanf(line, "%*s %95[^\n]", text) == 1) strcpy(sc.name, text); }
+        else if (!strcmp(word, "driver")) sscanf(line, "%*s %79s", sc.driver);
+        else if (!strcmp(word, "sample_period")) sscanf(line, "%*s %lf", &sc.sample_period);
+        else if (sscanf(line, "steady %15s %lf %lf", target, &a, &b) == 3) set_util(target, (util_t){STEADY, a, b, 0, 0});
+        else if (sscanf(line, "square %15s %lf %lf %lf %lf", target, &a, &b, &c, &d) == 5) set_util(target, (util_t){SQUARE, a, b, c, d});
+        else if (sscanf(line, "saw %15s %lf %lf %lf %lf", target, &a, &b, &c, &d) == 5) set_util(target, (util_t){SAW, a, b, c, d});
+        else if (sscanf(line, "lost %d %lf", &n, &a) == 2 && n >= 0 && n < MAX_GPUS) sc.lost_at[n] = a;
+        else if (sscanf(line, "xid %d %lf %llu", &n, &a, &code) == 3 && sc.nxids < MAX_RULES)
+            sc.xids[sc.nxids++] = (xid_t){n, a, code};
+        else if (sscanf(line, "unsupported_field %15s %63s", target, text) == 2 && sc.nunsupported_fields < MAX_RULES) {
+            sc.unsupported_fields[sc.nunsupported_fields].gpu = gpu_arg(target);
+            snprintf(sc.unsupported_fields[sc.nunsupported_fields++].name, 64, "%.63s", text);
+        } else if (sscanf(line, "unsupported %15s %63s", target, text) == 2 && sc.nunsupported < MAX_RULES) {
+            sc.unsupported[sc.nunsupported].gpu = gpu_arg(target);
+            snprintf(sc.unsupported[sc.nunsupported++].name, 64, "%.63s", text);
+        } else if (sscanf(line, "process %d %u %llu", &n, &sc.processes[sc.nprocesses].pid, &code) == 3 && sc.nprocesses < MAX_RULES) {
+            sc.processes[sc.nprocesses].gpu = n; sc.processes[sc.nprocesses++].bytes = code;
+        } else if (sscanf(line, "sparse_idle %15s", target) == 1) set_flag(sc.sparse_idle, target);
+        else if (sscanf(line, "no_samples %15s", target) == 1) set_flag(sc.no_samples, target);
+        else if (sscanf(line, "no_nvlink_aggregate %15s", target) == 1) set_flag(sc.no_aggregate, target);
+        else if (sscanf(line, "driver_unloaded %lf %lf", &a, &b) == 2) { sc.unloaded_from = a; sc.unloaded_to = b; }
+        else fprintf(stderr, "fakenvml: ignoring scenario line: %s", line);
+    }
+    fclose(file);
+    if (sc.count < 0 || sc.count > MAX_GPUS) sc.count = MAX_GPUS;
+    return OK;
+}
+
+/* Utilization percent at time t.  steady LEVEL NOISE: LEVEL ± NOISE (a fixed
+ * pseudo-random sequence); square PERIOD DUTY BUSY IDLE: BUSY for the first
+ * DUTY share of each period, else IDLE; saw PERIOD DUTY BUSY IDLE: a ramp from
+ * IDLE up to BUSY over the first DUTY share, then IDLE. */
+static unsigned int util_at(int gpu, double t) {
+    util_t u = sc.util[gpu];
+    double value = u.a;
+    if (u.kind == STEADY) {
+        unsigned long long k = (unsigned long long)(t / sc.sample_period) * 2654435761ULL + gpu * 97;
+        value = u.a + u.b * (((k >> 7) % 2001) / 1000.0 - 1.0);
+    } else {
+        double phase = fmod(t, u.a) / u.a;
+        if (phase >= u.b) value = u.d;
+        else value = u.kind == SQUARE ? u.c : u.d + (u.c - u.d) * phase / u.b;
+    }
+    return value < 0 ? 0 : value > 100 ? 100 : (unsigned int)lround(value);
+}
+
+static int named(const unsupported_t *rules, int n, int gpu, const char *name) {
+    for (int i = 0; i < n; i++)
+        if ((rules[i].gpu < 0 || rules[i].gpu == gpu) && !strcmp(rules[i].name, name)) return 1;
+    return 0;
+}
+
+static int unloaded(double t) { return sc.unloaded_from >= 0 && t >= sc.unloaded_from && t < sc.unloaded_to; }
+
+/* The state a call meets: session, driver, device, lost, unsupported. */
+static int check(nvmlDevice_t dev, const char *function) {
+    double t = now();
+    if (refcount <= 0) return UNINITIALIZED;
+    if (unloaded(t)) return DRIVER_NOT_LOADED;
+    if (sc.unloaded_from >= 0 && session_start < sc.unloaded_from && t >= sc.unloaded_to) return UNINITIALIZED;
+    if (dev == NULL) return OK;
+    if (dev < devices || dev >= devices + sc.count) return INVALID_ARGUMENT;
+    if (sc.lost_at[dev->index] >= 0 && t >= sc.lost_at[dev->index]) return GPU_IS_LOST;
+    if (named(sc.unsupported, sc.nunsupported, dev->index, function)) return NOT_SUPPORTED;
+    return OK;
+}
+
+/* Every exported call starts here (and is counted once). */
+static int enter(nvmlDevice_t dev, const char *function) {
+    __atomic_fetch_add(&calls, 1, __ATOMIC_RELAXED);
+    return check(dev, function);
+}
+#define ENTER(dev) do { int rc_ = enter(dev, __func__); if (rc_) return rc_; } while (0)
+
+/* -- init, system ------------------------------------------------------------- */
+EXPORT int nvmlInitWithFlags(unsigned int flags) {
+    (void)flags;
+    __atomic_fetch_add(&calls, 1, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&lock);
+    const char *path = getenv("FAKENVML_SCENARIO");
+    int rc = OK;
+    if (!path || !*path) rc = DRIVER_NOT_LOADED;
+    else if (strcmp(path, sc.path) != 0) rc = load_scenario(path);
+    if (rc == OK && unloaded(now())) rc = DRIVER_NOT_LOADED;
+    if (rc == OK) { if (refcount++ == 0) session_start = now(); }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+EXPORT int nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
+EXPORT int nvmlInit(void) { return nvmlInitWithFlags(0); }
+
+EXPORT int nvmlShutdown(void) {
+    pthread_mutex_lock(&lock);
+    int rc = refcount > 0 ? (refcount--, OK) : UNINITIALIZED;
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+EXPORT const char *nvmlErrorString(int result) {
+    switch (result) {
+    case OK: return "Success";
+    case UNINITIALIZED: return "Uninitialized";
+    case NOT_SUPPORTED: return "Not Supported";
+    case DRIVER_NOT_LOADED: return "Driver Not Loaded";
+    case GPU_IS_LOST: return "GPU is lost";
+    default: return "Unknown Error";
+    }
+}
+
+EXPORT int nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    ENTER(NULL);
+    snprintf(version, length, "%s", sc.driver);
+    return OK;
+}
+
+EXPORT int nvmlDeviceGetCount_v2(unsigned int *count) { ENTER(NULL); *count = sc.count; return OK; }
+
+EXPORT int nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
+    int rc = enter(NULL, __func__);
+    if (rc) return rc;
+    if ((int)index >= sc.count) return INVALID_ARGUMENT;
+    if ((rc = check(&devices[index], __func__))) return rc;
+    *device = &devices[index];
+    return OK;
+}
+
+/* -- identity ----------------------------------------------------------------- */
+EXPORT int nvmlDeviceGetName(nvmlDevice_t dev, char *name, unsigned int length) {
+    ENTER(dev); snprintf(name, length, "%s", sc.name); return OK;
+}
+
+EXPORT int nvmlDeviceGetUUID(nvmlDevice_t dev, char *uuid, unsigned int length) {
+    ENTER(dev); snprintf(uuid, length, "GPU-%08x-fake-4000-8000-%012x", dev->index, dev->index); return OK;
+}
+
+EXPORT int nvmlDeviceGetPciInfo_v3(nvmlDevice_t dev, nvmlPciInfo_t *pci) {
+    ENTER(dev);
+    memset(pci, 0, sizeof *pci);
+    pci->bus = 0x18 + dev->index; pci->pciDeviceId = 0x233010de;
+    snprintf(pci->busId, sizeof pci->busId, "00000000:%02X:00.0", pci->bus);
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "0000:%02X:00.0", pci->bus);
+    return OK;
+}
+
+/* -- readings: fixed formulas of the index i and time t (see README.md) -------- */
+static unsigned int power_mw(unsigned int i) { return 250000 + 1000 * i; }
+
+EXPORT int nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *memory) {
+    ENTER(dev);
+    memory->total = 80ULL << 30; memory->used = (dev->index + 1ULL) << 30;
+    memory->free = memory->total - memory->used;
+    return OK;
+}
+
+EXPORT int nvmlDeviceGetPowerUsage(nvmlDevice_t dev, unsigned int *mw) { ENTER(dev); *mw = power_mw(dev->index); return OK; }
+EXPORT int nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t dev, unsigned int *mw) { ENTER(dev); *mw = 700000; return OK; }
+EXPORT int nvmlDeviceGetTemperature(nvmlDevice_t dev, int sensor, unsigned int *c) {
+    ENTER(dev); if (sensor != 0) return INVALID_ARGUMENT; *c = 40 + dev->index; return OK;
+}
+EXPORT int nvmlDeviceGetClockInfo(nvmlDevice_t dev, int type, unsigned int *mhz) {
+    ENTER(dev); *mhz = type == 1 ? 1980 : 1000; return OK;
+}
+
+#ifndef FAKENVML_OLD_DRIVER
+EXPORT int nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t dev, unsigned long long *mj) {
+    ENTER(dev);
+    *mj = 1000000ULL * (dev->index + 1) + (unsigned long long)(now() * power_mw(dev->index));
+    return OK;
+}
+#endif
+
+EXPORT int nvmlDeviceGetViolationStatus(nvmlDevice_t dev, int policy, nvmlViolationTime_t *v) {
+    ENTER(dev);
+    if (policy < 0 || policy > 11) return INVALID_ARGUMENT;
+    v->referenceTime = origin_epoch_us;
+    v->violationTime = 1000000000ULL * (dev->index + 1) * (policy + 1);
+    return OK;
+}
+
+EXPORT int nvmlDeviceGetTotalEccErrors(nvmlDevice_t dev, int error_type, int counter_type, unsigned long long *count) {
+    ENTER(dev);
+    *count = (error_type == 0 ? 10ULL * dev->index : dev->index) + (counter_type == 1 ? 1000 : 0);
+    return OK;
+}
+
+#ifndef FAKENVML_OLD_DRIVER
+/* PCIe counters in bytes; NVLink data counters in KiB per link, scopeId = link
+ * or UINT_MAX for the sum over all links. */
+EXPORT int nvmlDeviceGetFieldValues(nvmlDevice_t dev, int count, nvmlFieldValue_t *values) {
+    ENTER(dev);
+    unsigned int i = dev->index;
+    for (int k = 0; k < count; k++) {
+        nvmlFieldValue_t *f = &values[k];
+        char id[16]; snprintf(id, sizeof id, "%u", f->fieldId);
+        int all = f->scopeId == 0xFFFFFFFFu, links = all ? NVLINKS : 1;
+        f->timestamp = (long long)(origin_epoch_us + now() * 1e6); f->latencyUsec = 0;
+        f->valueType = 3; f->nvmlReturn = OK; f->value.ullVal = 0;
+        if (named(sc.unsupported_fields, sc.nunsupported_fields, i, id)) { f->nvmlReturn = NOT_SUPPORTED; continue; }
+        switch (f->fieldId) {
+        case 91: f->valueType = 1; f->value.uiVal = NVLINKS; break;                  /* link count */
+        case 197: f->value.ullVal = 1000000000ULL * (i + 1); break;                  /* PCIe TX */
+        case 198: f->value.ullVal = 2000000000ULL * (i + 1); break;                  /* PCIe RX */
+        case 138: case 139:                                                          /* NVLink TX, RX */
+            if ((all && sc.no_aggregate[i]) || (!all && f->scopeId >= NVLINKS)) { f->nvmlReturn = INVALID_ARGUMENT; break; }
+            f->value.ullVal = (f->fieldId == 138 ? 1000ULL : 2000ULL) * (i + 1) * links;
+            break;
+        default: f->nvmlReturn = NOT_SUPPORTED;
+        }
+    }
+    return OK;
+}
+#endif
+
+/* Like the real call, a byte count over a 20 ms interval: it blocks for 20 ms
+ * (KiB/s; trainmon never calls it, the benchmark's baseline exporter does). */
+EXPORT int nvmlDeviceGetPcieThroughput(nvmlDevice_t dev, int counter, unsigned int *kib_per_second) {
+    ENTER(dev);
+    struct timespec pause = {0, 20000000};
+    nanosleep(&pause, NULL);
+    *kib_per_second = (counter == 0 ? 1000 : 2000) * (dev->index + 1);
+    return OK;
+}
+
+/* -- utilization -------------------------------------------------------------- */
+EXPORT int nvmlDeviceGetUtilizationRates(nvmlDevice_t dev, nvmlUtilization_t *u) {
+    ENTER(dev); u->gpu = util_at(dev->index, now()); u->memory = u->gpu / 2; return OK;
+}
+
+/* The driver's ring buffer: a sample every sample_period seconds, the last
+ * SAMPLE_BUFFER kept; with sparse_idle only every sixth sample under 5 % exists. */
+EXPORT int nvmlDeviceGetSamples(nvmlDevice_t dev, int type, unsigned long long last_seen,
+                                int *value_type, unsigned int *count, nvmlSample_t *samples) {
+    ENTER(dev);
+    if (type != 1) return NOT_SUPPORTED;
+    unsigned int i = dev->index, n = 0;
+    if (sc.no_samples[i]) return NOT_FOUND;
+    long long newest = (long long)(now() / sc.sample_period);
+    long long first = newest - SAMPLE_BUFFER + 1 < 0 ? 0 : newest - SAMPLE_BUFFER + 1;
+    unsigned int capacity = samples ? *count : SAMPLE_BUFFER;
+    for (long long k = first; k <= newest && n < capacity; k++) {
+        unsigned long long ts = origin_epoch_us + (unsigned long long)llround(k * sc.sample_period * 1e6);
+        unsigned int value = util_at(i, k * sc.sample_period);
+        if (ts <= last_seen || (sc.sparse_idle[i] && value < 5 && k % 6)) continue;
+        if (samples) { samples[n].timeStamp = ts; samples[n].sampleValue.uiVal = value; }
+        n++;
+    }
+    *value_type = 1;
+    if (n == 0) return NOT_FOUND;
+    if (!samples) { *count = SAMPLE_BUFFER; return OK; }
+    *count = n;
+    return OK;
+}
+
+/* -- processes ------------------------------------------------------------------ */
+#ifndef FAKENVML_OLD_DRIVER
+EXPORT int nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t dev, unsigned int *count, nvmlProcessInfo_t *infos) {
+    ENTER(dev);
+    unsigned int n = 0;
+    for (int k = 0; k < sc.nprocesses; k++) {
+        if (sc.processes[k].gpu != (int)dev->index) continue;
+        if (infos && n < *count)
+            infos[n] = (nvmlProcessInfo_t){sc.processes[k].pid, sc.processes[k].bytes, 0xFFFFFFFFu, 0xFFFFFFFFu};
+        n++;
+    }
+    if (n > *count || (!infos && n > 0)) { *count = n; return INSUFFICIENT_SIZE; }
+    *count = n;
+    return OK;
+}
+#endif
+
+/* -- events: XIDs scheduled by the scenario, delivered once per event set to
+ * devices registered before they happen -------------------------------------- */
+EXPORT int nvmlEventSetCreate(nvmlEventSet_t *set) {
+    ENTER(NULL);
+    *set = calloc(1, sizeof **set);
+    return *set ? OK : UNKNOWN;
+}
+
+EXPORT int nvmlDeviceRegisterEvents(nvmlDevice_t dev, unsigned long long types, nvmlEventSet_t set) {
+    ENTER(dev);
+    pthread_mutex_lock(&lock);
+    set->mask[dev->index] |= types; set->since[dev->index] = now();
+    pthread_mutex_unlock(&lock);
+    return OK;
+}
+
+__attribute__((unused)) static int next_event(nvmlEventSet_t set, nvmlEventData_t *data) {
+    int best = -1; double t = now();
+    for (int k = 0; k < sc.nxids; k++) {
+        xid_t *x = &sc.xids[k];
+        if (set->delivered[k] || x->gpu < 0 || x->gpu >= sc.count || !(set->mask[x->gpu] & 8)) continue;
+        if (x->at < set->since[x->gpu] || x->at > t) continue;
+        if (best < 0 || x->at < sc.xids[best].at) best = k;
+    }
+    if (best < 0) return TIMEOUT;
+    set->delivered[best] = 1;
+    *data = (nvmlEventData_t){&devices[sc.xids[best].gpu], 8, sc.xids[best].code, 0xFFFFFFFFu, 0xFFFFFFFFu};
+    return OK;
+}
+
+/* Time of the earliest undelivered XID for this set that is due after t. */
+__attribute__((unused)) static double next_xid_after(nvmlEventSet_t set, double t) {
+    double next = 1e300;
+    for (int k = 0; k < sc.nxids; k++) {
+        xid_t *x = &sc.xids[k];
+        if (set->delivered[k] || x->gpu < 0 || x->gpu >= sc.count || !(set->mask[x->gpu] & 8)) continue;
+        if (x->at >= t && x->at < next) next = x->at;
+    }
+    return next;
+}
+
+#ifndef FAKENVML_OLD_DRIVER
+EXPORT int nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeout_ms) {
+    ENTER(NULL);
+    double deadline = monotonic() + timeout_ms / 1000.0;
+    for (;;) {
+        pthread_mutex_lock(&lock);
+        int rc = next_event(set, data);
+        pthread_mutex_unlock(&lock);
+        if (rc != TIMEOUT || monotonic() >= deadline) return rc;
+        /* Real NVML blocks in the driver; on the real clock sleep until the next
+         * scheduled XID or the deadline, on a frozen clock poll every 25 ms. */
+        double nap = 0.025, left = deadline - monotonic();
+        if (manual_time < 0) {
+            pthread_mutex_lock(&lock);
+            nap = next_xid_after(set, now()) - now();
+            pthread_mutex_unlock(&lock);
+        }
+        if (nap > left) nap = left;
+        if (nap < 0.001) nap = 0.001;
+        struct timespec pause = {(time_t)nap, (long)((nap - (time_t)nap) * 1e9)};
+        nanosleep(&pause, NULL);
+        if ((rc = check(NULL, __func__))) return rc;
+    }
+}
+#endif
+
+EXPORT int nvmlEventSetFree(nvmlEventSet_t set) { ENTER(NULL); free(set); return OK; }
