@@ -1,0 +1,158 @@
+"""Dashboards as ``grafana-foundation-sdk`` builds them, with the bundle's conventions.
+
+``Board`` is one dashboard under construction: it carries the ``$datasource``
+variable, numbers every row and panel with a dashboard-unique id, lays panels
+out with the SDK's grid placement (24 columns) and renders stable JSON. The
+variable and link helpers here are shared by every dashboard; the panel
+factories are in ``dashboards.panels``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Protocol, Self, cast
+
+from grafana_foundation_sdk.builders import dashboard as dashboard_builders
+from grafana_foundation_sdk.cog.builder import Builder
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models.dashboard import (
+    DashboardCursorSync,
+    DashboardLinkType,
+    DataSourceRef,
+    Panel,
+    VariableModel,
+    VariableRefresh,
+    VariableSort,
+)
+from grafana_foundation_sdk.models.dashboard import DashboardLink as DashboardLinkModel
+
+DATASOURCE_VARIABLE = "datasource"
+#: The only datasource reference any panel, query or variable carries.
+DATASOURCE = DataSourceRef(type_val="prometheus", uid=f"${{{DATASOURCE_VARIABLE}}}")
+#: Grafana's rate window that adapts to the datasource's scrape interval.
+RATE = "$__rate_interval"
+
+VariableBuilder = Builder[VariableModel]
+LinkBuilder = Builder[DashboardLinkModel]
+
+
+class PanelBuilder(Protocol):
+    """What every SDK panel builder (timeseries, stat, table…) offers for placement."""
+
+    def span(self, w: int) -> Self: ...
+
+    def height(self, h: int) -> Self: ...
+
+    def id(self, id_val: int) -> Self: ...
+
+    def build(self) -> Panel: ...
+
+
+def link(title: str, url: str) -> LinkBuilder:
+    """A data link (on a field) or a dashboard link that opens ``url``."""
+    return dashboard_builders.DashboardLink(title).type(DashboardLinkType.LINK).url(url)
+
+
+def dashboard_url(uid: str, **variables: str) -> str:
+    """A link to another dashboard keeping the datasource and the time range.
+
+    ``variables`` maps a variable name to its value, usually a field label such
+    as ``${__field.labels.node}`` or ``${__data.fields.job}``.
+    """
+    params = "".join(f"&var-{name}={value}" for name, value in variables.items())
+    return f"/d/{uid}?${{{DATASOURCE_VARIABLE}:queryparam}}&${{__url_time_range}}{params}"
+
+
+def datasource_variable() -> dashboard_builders.DatasourceVariable:
+    """The ``$datasource`` picker every panel queries (Prometheus datasources only)."""
+    return (
+        dashboard_builders.DatasourceVariable(DATASOURCE_VARIABLE)
+        .label("Data source")
+        .type("prometheus")
+        .description("The Prometheus that scrapes trainmon (and dcgm-exporter).")
+    )
+
+
+def query_variable(
+    name: str,
+    label: str,
+    query: str,
+    description: str,
+    *,
+    multi: bool = False,
+    numeric: bool = False,
+) -> dashboard_builders.QueryVariable:
+    """A ``label_values(...)`` variable; ``multi`` adds "All" (matching any value)."""
+    variable = (
+        dashboard_builders.QueryVariable(name)
+        .label(label)
+        .description(description)
+        .datasource(DATASOURCE)
+        .query(query)
+        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(VariableSort.NUMERICAL_ASC if numeric
+              else VariableSort.ALPHABETICAL_CASE_INSENSITIVE_ASC)
+    )
+    if multi:
+        variable = variable.multi(True).include_all(True).all_value(".+")
+    return variable
+
+
+class Board:
+    """One dashboard being built: numbers its panels and renders the JSON.
+
+    Panels are placed left to right, top to bottom (24 grid columns);
+    ``row()`` starts a titled row.
+    """
+
+    def __init__(
+        self,
+        *,
+        uid: str,
+        title: str,
+        description: str,
+        tags: Sequence[str],
+        links: Sequence[LinkBuilder],
+    ) -> None:
+        self._next_id = 1
+        self._dashboard = (
+            dashboard_builders.Dashboard(title)
+            .uid(uid)
+            .description(description)
+            .tags(list(tags))
+            .editable()
+            .tooltip(DashboardCursorSync.CROSSHAIR)
+            .time("now-1h", "now")
+            .refresh("30s")
+            .timezone("browser")
+            .links(list(links))
+            .with_variable(datasource_variable())
+        )
+
+    def variable(self, variable: VariableBuilder) -> Board:
+        self._dashboard = self._dashboard.with_variable(variable)
+        return self
+
+    def row(self, title: str) -> Board:
+        self._dashboard = self._dashboard.with_row(
+            dashboard_builders.Row(title).id(self._take_id())
+        )
+        return self
+
+    def add(self, panel: PanelBuilder, *, width: int = 12, height: int = 8) -> Board:
+        """Place ``panel`` (any SDK panel builder) ``width`` of 24 columns wide."""
+        placed = panel.span(width).height(height).id(self._take_id())
+        # Every SDK panel builder subclasses Builder[Panel]; the protocol only adds placement.
+        self._dashboard = self._dashboard.with_panel(cast(Builder[Panel], placed))
+        return self
+
+    def to_json(self) -> str:
+        """The dashboard as Grafana JSON (UTF-8 text, two-space indent, final newline)."""
+        model = self._dashboard.build()
+        return json.dumps(model, cls=JSONEncoder, indent=2, ensure_ascii=False) + "\n"
+
+    def _take_id(self) -> int:
+        panel_id = self._next_id
+        self._next_id += 1
+        return panel_id

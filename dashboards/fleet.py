@@ -1,0 +1,226 @@
+"""Fleet: every node and GPU at once — idle and sawtooth GPUs, exporters, XIDs, jobs.
+
+Ranked panels link to the Node detail of a node and the Training overview of
+a job, so the fleet view is where an investigation starts.
+"""
+
+from __future__ import annotations
+
+from dashboards import promql
+from dashboards.builder import RATE, Board, dashboard_url, link, query_variable
+from dashboards.panels import (
+    Query,
+    Step,
+    bar_gauge,
+    stat_panel,
+    state_timeline,
+    table_panel,
+    timeseries,
+    value_mappings,
+)
+from dashboards.promql import FLEET
+from dashboards.variant import FLEET as FLEET_KIND
+from dashboards.variant import NODE, TRAINING, Variant
+
+GPU_LEGEND = "{{node}} GPU {{gpu}}"
+UP_DOWN = value_mappings({"1": ("up", "green"), "0": ("down", "red")})
+#: trainmon_collector_success + trainmon_collector_available.
+COLLECTOR_STATES = value_mappings(
+    {"2": ("ok", "green"), "1": ("failing", "red"), "0": ("no source", "blue")}
+)
+TRAINMON_ALERTS = 'ALERTS{alertname=~"Trainmon.*"}'
+TRAINMON_ALERTS_FIRING = 'ALERTS{alertname=~"Trainmon.*", alertstate="firing"}'
+
+
+def build(variant: Variant) -> Board:
+    """The Fleet dashboard of ``variant``."""
+    board = Board(
+        uid=variant.uid(FLEET_KIND),
+        title=f"trainmon / Fleet ({variant.name})",
+        description=(
+            "All nodes and GPUs: idle and sawtooth GPUs, exporters up, XID events, jobs "
+            "ranked by data wait. " + variant.summary
+        ),
+        tags=variant.tags,
+        links=variant.links(),
+    )
+    board.variable(query_variable(
+        "node", "Nodes", promql.NODE_VARIABLE,
+        "Restrict the fleet to some nodes (All: every node running trainmon).", multi=True,
+    ))
+    _glance_row(board)
+    _gpu_row(board, variant)
+    _jobs_row(board, variant)
+    variant.fleet_rows(board, variant)
+    _health_row(board, variant)
+    return board
+
+
+def _glance_row(board: Board) -> None:
+    board.row("At a glance")
+    red_from_one = (Step(None, "green"), Step(1, "red"))
+    board.add(stat_panel(
+        "Nodes", "short", "Nodes with a trainmon daemon Prometheus scrapes. Good: all of them.",
+        [Query(f"count(trainmon_build_info{{{FLEET}}})")],
+    ), width=3, height=4)
+    board.add(stat_panel(
+        "GPUs up", "short",
+        "GPUs readable through NVML across the fleet, of those found. Good: equal.",
+        [Query(f"sum(trainmon_gpu_up{{{FLEET}}})", "up"),
+         Query(f"count(trainmon_gpu_up{{{FLEET}}})", "found")],
+        show_name=True,
+    ), width=3, height=4)
+    board.add(stat_panel(
+        "Idle GPUs", "short",
+        f"GPUs idle in more than {promql.IDLE_FRACTION:.0%} of the high-rate samples. Good: "
+        "as many as are free on purpose; idle GPUs held by a job are wasted (调).",
+        [Query(f"count(({promql.idle_fraction(FLEET)}) > {promql.IDLE_FRACTION})"
+               " or vector(0)")],
+        steps=(Step(None, "green"), Step(1, "yellow")),
+    ), width=3, height=4)
+    board.add(stat_panel(
+        "Sawtooth GPUs", "short",
+        f"GPUs whose sawtooth ratio is {promql.SAWTOOTH_FLAG} or more: busy/idle cycles, "
+        "usually a data-starved job. Good: 0.",
+        [Query(f"count(trainmon_gpu_sawtooth_ratio{{{FLEET}}} >= {promql.SAWTOOTH_FLAG})"
+               " or vector(0)")],
+        steps=red_from_one,
+    ), width=3, height=4)
+    board.add(stat_panel(
+        "Scrape targets down", "short",
+        "Prometheus targets on these nodes whose last scrape failed (up == 0): trainmon, "
+        "dcgm-exporter or anything else scraped there. Good: 0.",
+        [Query(f"count(up{{{FLEET}}} == 0) or vector(0)")],
+        steps=red_from_one,
+    ), width=3, height=4)
+    board.add(stat_panel(
+        "XID events in range", "short",
+        "NVIDIA driver XID errors across the fleet in the selected range. Good: 0.",
+        [Query(f"sum(increase(trainmon_gpu_xid_errors_total{{{FLEET}}}[$__range]))"
+               " or vector(0)")],
+        steps=red_from_one,
+    ), width=3, height=4)
+    board.add(stat_panel(
+        "Training jobs", "short",
+        "Jobs with at least one rank reporting to a daemon on these nodes.",
+        [Query(f"count(count by (job) (trainmon_training_rank_info{{{FLEET}}})) or vector(0)")],
+    ), width=3, height=4)
+    board.add(stat_panel(
+        "Alerts firing", "short",
+        "Trainmon alerts firing now (pending ones are in the Alerts table below). Good: 0.",
+        [Query(f"count({TRAINMON_ALERTS_FIRING}) or vector(0)")],
+        steps=red_from_one,
+    ), width=3, height=4)
+
+
+def _gpu_row(board: Board, variant: Variant) -> None:
+    board.row("GPUs")
+    to_node = [link("Node detail of ${__field.labels.node}",
+                    dashboard_url(variant.uid(NODE), node="${__field.labels.node}"))]
+    board.add(state_timeline(
+        "GPU utilization, every GPU", "percentunit",
+        "Every GPU's utilization (red idle → green busy). Good: solid green where jobs run; "
+        "red/green stripes are sawtooth GPUs, solid red rows idle ones.",
+        [Query(f"trainmon_gpu_utilization_ratio{{{FLEET}}}", GPU_LEGEND)],
+    ).data_links(to_node), width=24, height=10)
+    board.add(bar_gauge(
+        "Most idle GPUs", "percentunit",
+        "The ten GPUs with the largest idle share of the high-rate samples over the selected "
+        "range. Good: only GPUs nobody holds; click a bar for its node.",
+        [Query(
+            "topk(10, rate(trainmon_gpu_util_idle_samples_total"
+            f"{{{FLEET}}}[$__range]) / rate(trainmon_gpu_util_samples_total{{{FLEET}}}"
+            "[$__range]))",
+            GPU_LEGEND, instant=True,
+        )],
+        maximum=1, steps=(Step(None, "green"), Step(0.3, "yellow"),
+                          Step(promql.IDLE_FRACTION, "red")),
+        links=to_node,
+    ))
+    board.add(bar_gauge(
+        "Strongest sawtooth", "percentunit",
+        "The ten GPUs with the highest sawtooth ratio now. Good: all 0; at 0.5 and above "
+        "the GPU is flagged (see the Training overview of the job on it).",
+        [Query(f"topk(10, trainmon_gpu_sawtooth_ratio{{{FLEET}}})", GPU_LEGEND, instant=True)],
+        maximum=1, steps=(Step(None, "green"), Step(promql.SAWTOOTH_FLAG, "red")),
+        links=to_node,
+    ))
+
+
+def _jobs_row(board: Board, variant: Variant) -> None:
+    board.row("Jobs")
+    to_job = [link("Training overview of ${__field.labels.job}",
+                   dashboard_url(variant.uid(TRAINING), job="${__field.labels.job}"))]
+    board.add(bar_gauge(
+        "Top jobs by data wait", "percentunit",
+        "Jobs ranked by data wait over step time in the selected range. Good: all below "
+        "10 %; above 20 % the job is storage-bound. Click a bar for the job.",
+        [Query(
+            "topk(10, sum by (job) (rate(trainmon_training_data_wait_seconds_total"
+            f"{{{FLEET}}}[$__range])) / sum by (job) (rate(trainmon_training_step_seconds_sum"
+            f"{{{FLEET}}}[$__range])))",
+            "{{job}}", instant=True,
+        )],
+        maximum=1,
+        steps=(Step(None, "green"), Step(0.1, "yellow"), Step(promql.DATA_WAIT_LIMIT, "red")),
+        links=to_job,
+    ), width=8)
+    board.add(table_panel(
+        "Bottleneck verdict by job", "none",
+        "Each job's current verdict from the daemon's diagnosis. Good: compute (the GPU is "
+        "the limit) or none while a job starts.",
+        [Query(f"max by (job, kind) (trainmon_bottleneck{{{FLEET}}} == 1)")],
+        hidden=("Value",),
+        links=[link("Training overview",
+                    dashboard_url(variant.uid(TRAINING), job="${__data.fields.job}"))],
+    ), width=8)
+    board.add(timeseries(
+        "Samples/s by job", "short",
+        "Training throughput of every job. Good: flat lines; a dip shared by several jobs "
+        "points at shared storage or network.",
+        [Query(f"sum by (job) (rate(trainmon_training_samples_total{{{FLEET}}}[{RATE}]))",
+               "{{job}}")],
+        minimum=0,
+    ).data_links(to_job), width=8)
+
+
+def _health_row(board: Board, variant: Variant) -> None:
+    board.row("Exporters, XIDs and alerts")
+    to_node = [link("Node detail", dashboard_url(variant.uid(NODE), node="${__data.fields.node}"))]
+    board.add(table_panel(
+        "Scrape targets", "none",
+        "Every Prometheus target on these nodes (job here is the scrape job) and whether its "
+        "last scrape worked. Good: all up.",
+        [Query(f"up{{{FLEET}}}")],
+        mappings=UP_DOWN, steps=(Step(None, "red"), Step(1, "green")), links=to_node,
+    ), width=8)
+    board.add(table_panel(
+        "trainmon collectors", "none",
+        "Each node's collectors: ok, failing (the source exists but the last collection "
+        "failed; /healthz says why) or no source (e.g. no InfiniBand on this node). Good: "
+        "no failing row.",
+        [Query(f"min by (node, collector) (trainmon_collector_success{{{FLEET}}}"
+               f" + trainmon_collector_available{{{FLEET}}})")],
+        mappings=COLLECTOR_STATES, steps=(Step(None, "blue"), Step(1, "red"), Step(2, "green")),
+        links=to_node,
+    ), width=8)
+    board.add(table_panel(
+        "XID events", "short",
+        "GPUs that have had an XID since their daemon started: count in the selected range "
+        "and when the last one happened. Good: no count above 0.",
+        [Query(f"sum by (node, gpu, xid) (increase(trainmon_gpu_xid_errors_total{{{FLEET}}}"
+               "[$__range]))"),
+         Query(f"max by (node, gpu, xid) (trainmon_gpu_xid_last_timestamp_seconds{{{FLEET}}})"
+               " * 1000")],
+        steps=(Step(None, "green"), Step(1, "red")),
+        renames={"Value #A": "XIDs in range", "Value #B": "last XID at"},
+        column_units={"last XID at": "dateTimeAsIso"},
+        links=to_node,
+    ), width=8)
+    board.add(table_panel(
+        "Trainmon alerts", "none",
+        "Every Trainmon alert that is pending or firing, with its labels. Good: empty; "
+        "each alert's runbook_url has the next step.",
+        [Query(TRAINMON_ALERTS)],
+        hidden=("Value",),
+    ), width=24, height=7)

@@ -1,0 +1,88 @@
+"""PromQL pieces shared by several dashboards.
+
+Label conventions (docs/dashboards.md, "Labels the queries rely on"):
+
+* ``node`` is added to every series by Prometheus relabelling (the node the
+  target runs on), so trainmon, dcgm-exporter and node_exporter series join on it;
+* ``gpu`` is the NVML index as a decimal string, in trainmon and dcgm-exporter alike;
+* ``job`` on ``trainmon_training_*`` series is the training job's name: trainmon
+  is scraped with ``honor_labels: true`` so the pushed label wins over the
+  scrape job's. On every other series ``job`` is the scrape job.
+
+Thresholds named here are the ones ``trainmon doctor`` and the alert rules use
+(DESIGN §6 and ``exporter/sampler.py``).
+"""
+
+from __future__ import annotations
+
+from dashboards.builder import RATE
+
+#: Data loading should never take more than a fifth of a step (DESIGN §6).
+DATA_WAIT_LIMIT = 0.2
+#: Gradient sync above ~0.3 of the step makes the job communication-bound.
+COMM_LIMIT = 0.3
+#: ``trainmon_gpu_sawtooth_ratio`` at or above this is flagged (one full cycle).
+SAWTOOTH_FLAG = 0.5
+#: A GPU idle for more than this fraction of the high-rate samples is "idle".
+IDLE_FRACTION = 0.9
+
+#: Nodes running the node daemon: its node collectors report, a cloud puller's do not.
+NODE_VARIABLE = 'label_values(trainmon_collector_success{collector=~"gpu|network|disk"}, node)'
+#: Training series of the selected job (and node filter) in the Training overview.
+JOB = 'job="$job", node=~"$node"'
+#: One row per (node, gpu) used by a rank of the selected job: ``X and on(node, gpu) JOB_GPUS``.
+JOB_GPUS = f"trainmon_training_rank_info{{{JOB}}}"
+#: GPUs of the selected node in the Node detail.
+NODE_GPUS = 'node="$node", gpu=~"$gpu"'
+#: Every node picked in the Fleet dashboard.
+FLEET = 'node=~"$node"'
+
+
+def job_gpus(expr: str) -> str:
+    """``expr`` (per node and gpu) restricted to the GPUs the selected job's ranks run on.
+
+    A set operation, so several ranks on one GPU or a job on many nodes never
+    makes the query fail the way a ``group_left`` join would.
+    """
+    return f"{expr} and on(node, gpu) {JOB_GPUS}"
+
+
+def idle_fraction(selector: str) -> str:
+    """Share of the daemon's high-rate utilization samples that were idle (0–1).
+
+    ``selector`` is a label matcher list such as ``NODE_GPUS``, or "" for every GPU.
+    """
+    matchers = f"{{{selector}}}" if selector else ""
+    return (
+        f"rate(trainmon_gpu_util_idle_samples_total{matchers}[{RATE}])"
+        f" / rate(trainmon_gpu_util_samples_total{matchers}[{RATE}])"
+    )
+
+
+def per_rank_ratio(numerator: str, selector: str, *, window: str = RATE) -> str:
+    """``numerator`` seconds per second of step time, per rank (0–1)."""
+    return (
+        f"sum by (node, rank) (rate({numerator}[{window}]))"
+        f" / sum by (node, rank) (rate(trainmon_training_step_seconds_sum{{{selector}}}[{window}]))"
+    )
+
+
+def job_ratio(numerator: str, selector: str, *, window: str = RATE) -> str:
+    """``numerator`` seconds per second of step time over all ranks (0–1)."""
+    return (
+        f"sum(rate({numerator}[{window}]))"
+        f" / sum(rate(trainmon_training_step_seconds_sum{{{selector}}}[{window}]))"
+    )
+
+
+def phase_shares(selector: str, *, window: str = RATE) -> str:
+    """Each phase's seconds per second of step time over all ranks (0–1), by ``phase``.
+
+    The step-time sum has no ``phase`` label, so it divides every phase
+    (``ignoring(phase) group_left``).
+    """
+    return (
+        f"sum by (phase) (rate(trainmon_training_phase_seconds_total{{{selector}}}[{window}]))"
+        " / ignoring(phase) group_left()"
+        f" sum(rate(trainmon_training_step_seconds_sum{{{selector}}}[{window}]))"
+    )

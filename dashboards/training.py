@@ -1,0 +1,293 @@
+"""Training overview: one job, read the way an engineer checks it — 算 通 存 调.
+
+Top row: the daemon's bottleneck verdict and the headline numbers. Then one row
+per question: step time and stragglers (调), data loading (存), gradient sync
+(通), the job's GPUs and their sawtooth (算), and the alerts that concern it.
+"""
+
+from __future__ import annotations
+
+from dashboards import promql
+from dashboards.builder import RATE, Board, dashboard_url, link, query_variable
+from dashboards.panels import (
+    Query,
+    Step,
+    stat_panel,
+    state_timeline,
+    table_panel,
+    timeseries,
+    value_mappings,
+)
+from dashboards.promql import JOB, JOB_GPUS, job_gpus, job_ratio, per_rank_ratio, phase_shares
+from dashboards.variant import FLEET, NODE, TRAINING, Variant
+
+#: ``trainmon_bottleneck`` kinds and the number each is drawn as (DESIGN §3, §6).
+VERDICTS = (
+    ("none", 0, "none — not enough data yet", "text"),
+    ("compute", 1, "compute 算 — the GPU is the limit", "green"),
+    ("communication", 2, "communication 通 — gradient sync", "orange"),
+    ("storage", 3, "storage 存 — data loading", "red"),
+    ("scheduling", 4, "scheduling 调 — idle GPUs, stragglers, stalls", "purple"),
+)
+VERDICT = "max(\n  " + "\n  or ".join(
+    f'(trainmon_bottleneck{{job="$job", kind="{kind}"}} == 1) * {code}'
+    for kind, code, _, _ in VERDICTS
+) + "\n)"
+VERDICT_MAPPINGS = value_mappings({str(code): (text, color) for _, code, text, color in VERDICTS})
+
+STEP_BUCKETS = f"trainmon_training_step_seconds_bucket{{{JOB}}}"
+STEP_SUM = f"trainmon_training_step_seconds_sum{{{JOB}}}"
+STEP_COUNT = f"trainmon_training_step_seconds_count{{{JOB}}}"
+DATA_WAIT = f"trainmon_training_data_wait_seconds_total{{{JOB}}}"
+COMM = f'trainmon_training_phase_seconds_total{{{JOB}, phase="comm"}}'
+RANK_MEAN_STEP = (
+    f"sum by (node, rank) (rate({STEP_SUM}[{RATE}]))"
+    f" / sum by (node, rank) (rate({STEP_COUNT}[{RATE}]))"
+)
+RANK_LEGEND = "rank {{rank}} ({{node}})"
+GPU_LEGEND = "{{node}} GPU {{gpu}}"
+
+
+def build(variant: Variant) -> Board:
+    """The Training overview dashboard of ``variant``."""
+    board = Board(
+        uid=variant.uid(TRAINING),
+        title=f"trainmon / Training overview ({variant.name})",
+        description=(
+            "Per training job: is it held back by compute (算), communication (通), "
+            "storage (存) or scheduling (调)? " + variant.summary
+        ),
+        tags=variant.tags,
+        links=variant.links(),
+    )
+    board.variable(query_variable(
+        "job", "Training job", "label_values(trainmon_training_steps_total, job)",
+        "The job name the training processes report (Reporter(job=...)).",
+    ))
+    board.variable(query_variable(
+        "node", "Node", 'label_values(trainmon_training_rank_info{job="$job"}, node)',
+        "Nodes the job's ranks run on; narrow it to look at one node's ranks.", multi=True,
+    ))
+    _verdict_row(board)
+    _step_row(board)
+    _data_row(board)
+    _comm_row(board, variant)
+    _gpu_row(board)
+    variant.training_rows(board, variant)
+    _alerts_row(board, variant)
+    return board
+
+
+def _verdict_row(board: Board) -> None:
+    board.row("Verdict — 算 compute · 通 communication · 存 storage · 调 scheduling")
+    board.add(stat_panel(
+        "Bottleneck verdict", "none",
+        "What the daemon's diagnosis (trainmon_bottleneck) names as the job's limit, in the "
+        "order an engineer checks: GPU first, then storage, then network. Good: compute "
+        "(the GPU is the limit, so kernels, AMP and batch size are the levers). storage: "
+        "data wait above 20 % of step time; communication: comm above ~30 %; scheduling: idle "
+        "GPUs, stragglers or a stalled job. `trainmon doctor` prints the evidence.",
+        [Query(VERDICT, instant=True)],
+        mappings=VERDICT_MAPPINGS,
+    ), width=6, height=5)
+    board.add(state_timeline(
+        "Verdict over time", "none",
+        "The verdict through the selected time range. Good: one steady color, compute; "
+        "a verdict that flips between storage and compute means data loading is marginal.",
+        [Query(VERDICT, legend="verdict")],
+        minimum=0, maximum=4, mappings=VERDICT_MAPPINGS,
+    ), width=18, height=5)
+    board.add(stat_panel(
+        "Samples/s", "short",
+        "Training throughput: samples per second over all ranks. Good: flat at the rate "
+        "this model reaches on this hardware; dips line up with data wait or comm spikes.",
+        [Query(f"sum(rate(trainmon_training_samples_total{{{JOB}}}[{RATE}]))")],
+    ), width=3, height=4)
+    board.add(stat_panel(
+        "Step time p50", "s",
+        "Median step duration over all ranks (histogram trainmon_training_step_seconds). "
+        "Good: stable, and close to p95.",
+        [Query(f"histogram_quantile(0.5, sum by (le) (rate({STEP_BUCKETS}[{RATE}])))")],
+    ), width=3, height=4)
+    board.add(stat_panel(
+        "Step time p95", "s",
+        "95th percentile step duration. Good: within ~20 % of p50; a long tail points at "
+        "stragglers, data stalls or checkpoints.",
+        [Query(f"histogram_quantile(0.95, sum by (le) (rate({STEP_BUCKETS}[{RATE}])))")],
+    ), width=3, height=4)
+    board.add(stat_panel(
+        "Data-wait ratio", "percentunit",
+        "Seconds blocked waiting for the next batch per second of step time, all ranks. "
+        "Good: below 10 %; above 20 % the job is storage-bound (raise num_workers, "
+        "prefetch, move data to local NVMe).",
+        [Query(job_ratio(DATA_WAIT, JOB))],
+        steps=(Step(None, "green"), Step(0.1, "yellow"), Step(promql.DATA_WAIT_LIMIT, "red")),
+    ), width=3, height=4)
+    board.add(stat_panel(
+        "Comm ratio", "percentunit",
+        "Time in the `comm` phase (gradient sync, reported with reporter.phase(\"comm\")) "
+        "per second of step time. Good: below 20 %; above 30 % the job is "
+        "communication-bound (check NCCL_IB_*, NVLink/IB link rates).",
+        [Query(job_ratio(COMM, JOB))],
+        steps=(Step(None, "green"), Step(0.2, "yellow"), Step(promql.COMM_LIMIT, "red")),
+    ), width=3, height=4)
+    board.add(stat_panel(
+        "Straggler ratio", "none",
+        "Slowest rank's mean step time over the median rank's. Good: below 1.1; above 1.2 one "
+        "rank holds every collective back (look at Mean step time per rank).",
+        [Query(f"max({RANK_MEAN_STEP}) / quantile(0.5, {RANK_MEAN_STEP})")],
+        steps=(Step(None, "green"), Step(1.1, "yellow"), Step(1.2, "red")),
+        decimals=2,
+    ), width=3, height=4)
+    board.add(stat_panel(
+        "Ranks reporting", "short",
+        "Ranks of this job whose reports the daemons currently hold (series expire after "
+        "the TTL, 5 minutes by default). Good: equals the job's world size.",
+        [Query(f"count({JOB_GPUS})")],
+    ), width=3, height=4)
+    board.add(stat_panel(
+        "Since last step", "s",
+        "Seconds since the most recent step of any rank. Good: about one step time; "
+        "minutes mean the job stalled or finished.",
+        [Query(f"time() - max(trainmon_training_last_step_timestamp_seconds{{{JOB}}})")],
+        steps=(Step(None, "green"), Step(60, "yellow"), Step(300, "red")),
+    ), width=3, height=4)
+
+
+def _step_row(board: Board) -> None:
+    board.row("Step time and stragglers (调)")
+    board.add(timeseries(
+        "Step time p50 / p95", "s",
+        "Step duration percentiles over all ranks. Good: two flat lines close together; "
+        "p95 spikes that repeat every N steps are usually checkpoints or evaluation.",
+        [
+            Query(f"histogram_quantile(0.5, sum by (le) (rate({STEP_BUCKETS}[{RATE}])))", "p50"),
+            Query(f"histogram_quantile(0.95, sum by (le) (rate({STEP_BUCKETS}[{RATE}])))", "p95"),
+        ],
+        minimum=0,
+    ))
+    board.add(timeseries(
+        "Mean step time per rank", "s",
+        "Each rank's mean step duration. Good: all ranks on one line (synchronous training "
+        "waits for the slowest); one rank above the rest is a straggler — check its node's "
+        "GPU clocks, throttling and data wait.",
+        [Query(RANK_MEAN_STEP, RANK_LEGEND)],
+        minimum=0,
+    ))
+    board.add(timeseries(
+        "Throughput", "short",
+        "Samples and steps per second over all ranks. Good: flat; a drop that coincides "
+        "with data wait is storage, with comm is communication.",
+        [
+            Query(f"sum(rate(trainmon_training_samples_total{{{JOB}}}[{RATE}]))", "samples/s"),
+            Query(f"sum(rate(trainmon_training_steps_total{{{JOB}}}[{RATE}]))", "steps/s"),
+        ],
+        minimum=0,
+    ), width=24, height=7)
+
+
+def _data_row(board: Board) -> None:
+    board.row("Data loading (存)")
+    board.add(timeseries(
+        "Data-wait ratio per rank", "percentunit",
+        "Share of each rank's step time spent blocked in the data loader (counters). "
+        "Good: below 10 % on every rank; the dashed line is the 20 % storage verdict.",
+        [Query(per_rank_ratio(DATA_WAIT, JOB), RANK_LEGEND)],
+        minimum=0, steps=(Step(None, "green"), Step(promql.DATA_WAIT_LIMIT, "red")),
+    ))
+    board.add(timeseries(
+        "Data wait per step", "s",
+        "Mean seconds each step waited for its batch, per rank. Good: near zero; compare "
+        "with the step time to see how much of the step it costs.",
+        [Query(
+            f"sum by (node, rank) (rate({DATA_WAIT}[{RATE}]))"
+            f" / sum by (node, rank) (rate({STEP_COUNT}[{RATE}]))",
+            RANK_LEGEND,
+        )],
+        minimum=0,
+    ))
+
+
+def _comm_row(board: Board, variant: Variant) -> None:
+    board.row("Communication (通)")
+    board.add(timeseries(
+        "Comm ratio per rank", "percentunit",
+        "Share of each rank's step time in the `comm` phase. Good: below 20 %; the dashed "
+        "line is the 30 % communication verdict. Ranks that report no comm phase are absent.",
+        [Query(per_rank_ratio(COMM, JOB), RANK_LEGEND)],
+        minimum=0, steps=(Step(None, "green"), Step(promql.COMM_LIMIT, "red")),
+    ), width=8)
+    board.add(timeseries(
+        "Step time by phase", "percentunit",
+        "Every named phase (comm, checkpoint, …) as a share of step time. Good: comm well "
+        "below 30 %, checkpoint a small, periodic share.",
+        [Query(phase_shares(JOB), "{{phase}}")],
+        minimum=0,
+    ), width=8)
+    board.add(timeseries(
+        "Network throughput of the job's nodes", "Bps",
+        "InfiniBand/RoCE and Ethernet bytes per second (receive + transmit) on the nodes "
+        "running this job. Good: well below the link rate (Node detail shows the rate); "
+        "flat at the link rate while comm is high means the network is the limit.",
+        [
+            Query(
+                f"sum by (node) (rate(trainmon_infiniband_receive_bytes_total[{RATE}])"
+                f" + rate(trainmon_infiniband_transmit_bytes_total[{RATE}]))"
+                f" and on(node) {JOB_GPUS}",
+                "{{node}} InfiniBand",
+            ),
+            Query(
+                f"sum by (node) (rate(trainmon_network_receive_bytes_total[{RATE}])"
+                f" + rate(trainmon_network_transmit_bytes_total[{RATE}]))"
+                f" and on(node) {JOB_GPUS}",
+                "{{node}} Ethernet",
+            ),
+        ],
+        minimum=0,
+        # Open the node behind a series in Node detail.
+    ).data_links([link("Node detail of ${__field.labels.node}",
+                       dashboard_url(variant.uid(NODE), node="${__field.labels.node}"))]),
+        width=8)
+
+
+def _gpu_row(board: Board) -> None:
+    board.row("The job's GPUs (算) — sawtooth")
+    board.add(state_timeline(
+        "GPU utilization (job's GPUs)", "percentunit",
+        "Each GPU the job's ranks run on, colored by utilization (red idle → green busy). "
+        "Good: solid green. Stripes that alternate red and green are the sawtooth of a "
+        "data-starved job: the GPU finishes a batch, then waits for the next one.",
+        [Query(job_gpus("trainmon_gpu_utilization_ratio"), GPU_LEGEND)],
+    ), width=24, height=9)
+    board.add(timeseries(
+        "Sawtooth ratio", "percentunit",
+        "Strength of the busy/idle oscillation seen by the daemon's high-rate sampler "
+        "(~6 samples/s, which a 15–30 s scrape cannot see): 0 steady, 0.5 one full "
+        "busy→idle→busy cycle, 1 two or more in the last two windows. Good: 0; at or "
+        "above 0.5 (dashed) the GPU is flagged.",
+        [Query(job_gpus("trainmon_gpu_sawtooth_ratio"), GPU_LEGEND)],
+        minimum=0, maximum=1,
+        steps=(Step(None, "green"), Step(promql.SAWTOOTH_FLAG, "red")),
+    ))
+    board.add(timeseries(
+        "GPU idle fraction (high-rate sampler)", "percentunit",
+        "Share of the driver's utilization samples below the idle threshold. Good: near 0 "
+        "while the job runs; a GPU idle 30 % of the time wastes 30 % of what it costs.",
+        [Query(job_gpus(f"({promql.idle_fraction('')})"), GPU_LEGEND)],
+        minimum=0, maximum=1,
+    ))
+
+
+def _alerts_row(board: Board, variant: Variant) -> None:
+    board.row("Alerts")
+    board.add(table_panel(
+        "Trainmon alerts for this job", "none",
+        "Trainmon alerts (pending and firing) whose job is this one or whose node runs one of "
+        "its ranks. Good: empty. Each alert's runbook_url gives the next step.",
+        [Query(
+            f'ALERTS{{alertname=~"Trainmon.*", job="$job"}}'
+            f' or (ALERTS{{alertname=~"Trainmon.*"}} and on(node) {JOB_GPUS})',
+        )],
+        hidden=("Value",),
+        links=[link("Fleet", dashboard_url(variant.uid(FLEET)))],
+    ), width=24, height=7)

@@ -1,0 +1,69 @@
+"""What distinguishes the two bundle variants (DESIGN §5): names, UIDs, extra rows.
+
+Both variants share the Training overview, Node detail and Fleet dashboards;
+a variant adds rows (``dcgm``: dcgm-exporter's ``DCGM_FI_*`` series;
+``tencent-cloud``: Cloud Monitor series pulled by trainmon) and variables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from grafana_foundation_sdk.builders.dashboard import DashboardLink
+from grafana_foundation_sdk.models.dashboard import DashboardLinkType
+
+from dashboards.builder import Board, LinkBuilder, VariableBuilder
+
+TRAINING = "training"
+NODE = "node"
+FLEET = "fleet"
+
+
+def _no_rows(board: Board, variant: Variant) -> None:
+    """A variant that adds nothing to this dashboard."""
+
+
+def _no_variables() -> Sequence[VariableBuilder]:
+    return ()
+
+
+RowsHook = Callable[[Board, "Variant"], None]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One bundle variant: the folder its JSON goes to and what it adds."""
+
+    #: Folder under ``dashboards/`` and tag suffix: ``dcgm`` or ``tencent-cloud``.
+    slug: str
+    #: Shown in dashboard titles.
+    name: str
+    #: Prefix of the stable dashboard UIDs (``<prefix>-training`` …); ≤ 30 characters.
+    uid_prefix: str
+    #: One sentence on where this variant's GPU device view comes from.
+    summary: str
+    training_rows: RowsHook = _no_rows
+    node_rows: RowsHook = _no_rows
+    fleet_rows: RowsHook = _no_rows
+    node_variables: Callable[[], Sequence[VariableBuilder]] = field(default=_no_variables)
+
+    def uid(self, kind: str) -> str:
+        """The stable UID of this variant's ``training``, ``node`` or ``fleet`` dashboard."""
+        return f"{self.uid_prefix}-{kind}"
+
+    @property
+    def tags(self) -> list[str]:
+        return ["trainmon", f"trainmon-{self.slug}"]
+
+    def links(self) -> list[LinkBuilder]:
+        """The dashboard links: a dropdown of this variant's dashboards, keeping time and vars."""
+        return [
+            DashboardLink(f"trainmon ({self.name})")
+            .type(DashboardLinkType.DASHBOARDS)
+            .tags([f"trainmon-{self.slug}"])
+            .as_dropdown(True)
+            .include_vars(True)
+            .keep_time(True)
+            .tooltip("The other trainmon dashboards of this bundle")
+        ]

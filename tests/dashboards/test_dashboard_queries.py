@@ -1,0 +1,285 @@
+"""Every panel query of every dashboard, against a real Prometheus scraping real sources.
+
+The stack, all on loopback:
+
+* ``trainmon serve --demo``: the simulated 8-GPU node with its two training jobs;
+* a fake dcgm-exporter (``fake_dcgm_exporter.py``) for the ``dcgm`` variant;
+* ``trainmon serve`` with only the ``tencent`` collector, pulling from the fake
+  Tencent Cloud API of ``tests/tencent/fake_tencent_api.py`` (TC3 signatures,
+  rate limit, per-GPU answers), for the ``tencent-cloud`` variant;
+* one Prometheus per variant, configured from the bundle's own
+  ``deploy/prometheus/prometheus-<variant>.yml`` (``honor_labels``, ``node``
+  relabelling) and loaded with ``alerts/<variant>/*.yml``; only the scrape and
+  evaluation intervals (1 s, per-job overrides dropped), the target lists, the
+  rule path and the Alertmanager section (removed) are changed.
+
+Every query variable is resolved the way Grafana does it, every panel query is
+sent with the variables expanded, and a parse error or an empty result fails,
+except for queries over the metrics in ``EXPECTED_EMPTY``, which nothing in the
+stack produces yet; those must stay empty (``test_expected_empty_metrics_are_still_empty``)
+so the list gets tightened when a producer lands.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from dashboard_files import REPO, VARIANTS, Dashboard, PanelQuery, panel_queries
+from fake_dcgm_exporter import FakeDCGMExporter
+from grafana_templating import Selection, Window, interpolate, selections
+from metric_contract import metric_names
+from prometheus_server import PROMETHEUS, Prometheus, QueryError
+from support.daemon import Daemon, free_port, trainmon_command, wait_ready
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(not Path(PROMETHEUS).exists(), reason="needs /usr/bin/prometheus"),
+]
+
+tencent_fake = pytest.importorskip("tencent.fake_tencent_api",
+                                   reason="needs tests/tencent and tencentcloud-sdk-python")
+
+#: Metrics of the contract that no source in this stack produces; queries over
+#: them may come back empty. Each must really be absent (see the test below).
+EXPECTED_EMPTY: dict[str, str] = {
+    "trainmon_gpu_xid_errors_total": "the demo node simulates no XID errors (exporter/demo/gpus.py)",
+    "trainmon_gpu_xid_last_timestamp_seconds": "the demo node simulates no XID errors",
+}
+SCRAPE_SECONDS = 1.0
+#: After every target is up: enough scrapes for rate() over $__rate_interval (4 s).
+SETTLE_SECONDS = 8.0
+#: How long sources may take to produce their first samples (Cloud Monitor pull, jobs).
+DEADLINE_SECONDS = 60.0
+NODE = "gpu-node-1"
+PULLER_NODE = "cloud-puller"
+SECRET_ID = "AKIDdashboardtest0001"
+SECRET_KEY = "dashboard-test-secret-key-0123456789"
+
+
+@dataclass
+class Stack:
+    prometheus: dict[str, Prometheus]
+    started: float
+
+
+def _start_trainmon(tmp: Path, name: str, config: dict[str, object], args: list[str],
+                    env: dict[str, str]) -> Daemon:
+    port = free_port()
+    config_path = tmp / f"{name}.yml"
+    config_path.write_text(yaml.safe_dump(config))
+    log_path = tmp / f"{name}.log"
+    process = subprocess.Popen(
+        [*trainmon_command(), "serve", "--config", str(config_path),
+         "--listen", f"127.0.0.1:{port}", *args],
+        stdout=log_path.open("w"), stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, **env},
+    )
+    daemon = Daemon(process, port, log_path, config_path)
+    wait_ready(daemon)
+    return daemon
+
+
+def _prometheus_config(
+    variant: str, tmp: Path, targets: dict[str, tuple[str, str]]
+) -> dict[str, Any]:
+    """The bundle's Prometheus config for ``variant`` aimed at this stack's targets.
+
+    ``targets`` maps a scrape job of the shipped config to (address, node label).
+    """
+    shipped = REPO / "deploy" / "prometheus" / f"prometheus-{variant}.yml"
+    config: dict[str, Any] = yaml.safe_load(shipped.read_text())
+    config["global"].update(scrape_interval=f"{SCRAPE_SECONDS:g}s",
+                            scrape_timeout=f"{SCRAPE_SECONDS:g}s",
+                            evaluation_interval=f"{SCRAPE_SECONDS:g}s")
+    config.pop("alerting", None)
+    rules = tmp / f"rules-{variant}"
+    rules.mkdir()
+    for rule_file in sorted((REPO / "alerts" / variant).glob("*.yml")):
+        shutil.copy(rule_file, rules / rule_file.name)
+    config["rule_files"] = [str(rules / "*.yml")]
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    assert set(jobs) == set(targets), f"{shipped.name} scrapes {sorted(jobs)}"
+    for name, (address, node) in targets.items():
+        job = jobs[name]
+        target_file = tmp / f"targets-{variant}-{name}.yml"
+        target_file.write_text(yaml.safe_dump([{"targets": [address], "labels": {"node": node}}]))
+        job["file_sd_configs"] = [{"files": [str(target_file)]}]
+        job.pop("scrape_interval", None)  # the puller's 60 s would make the test wait minutes
+        job.pop("scrape_timeout", None)
+    return config
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    tmp = tmp_path_factory.mktemp("dashboard-stack")
+    daemons: list[Daemon] = []
+    servers: list[Prometheus] = []
+    cloud = tencent_fake.FakeTencentCloud()
+    cloud.add_account(SECRET_ID, SECRET_KEY)
+    cloud.add_fleet("ap-shanghai", 2, disks_per_instance=2, gpus=8)
+    try:
+        with cloud, FakeDCGMExporter(opt_in=["DCGM_FI_PROF_SM_ACTIVE"]) as dcgm:
+            node = _start_trainmon(
+                tmp, "node", {"collectors": {"training": {"socket": str(tmp / "steps.sock")}}},
+                ["--demo"], {})
+            daemons.append(node)
+            off = {"enabled": False}
+            puller = _start_trainmon(tmp, "puller", {
+                "collectors": {
+                    "network": off, "infiniband": off, "disk": off, "gpu": off,
+                    "training": off, "attribution": off, "diagnosis": off,
+                    "tencent": {
+                        "enabled": True, "endpoint": cloud.url, "region": "ap-shanghai",
+                        "secret_id": SECRET_ID, "secret_key": "${DASHBOARD_TEST_SECRET_KEY}",
+                        "metadata_url": "http://127.0.0.1:9",
+                    },
+                },
+            }, [], {"DASHBOARD_TEST_SECRET_KEY": SECRET_KEY})
+            daemons.append(puller)
+            node_address = f"127.0.0.1:{node.port}"
+            targets = {
+                "dcgm": {"trainmon": (node_address, NODE),
+                         "dcgm-exporter": (dcgm.address, NODE)},
+                "tencent-cloud": {"trainmon": (node_address, NODE),
+                                  "trainmon-tencent": (f"127.0.0.1:{puller.port}", PULLER_NODE)},
+            }
+            started = time.time()
+            for variant in VARIANTS:
+                workdir = tmp / f"prometheus-{variant}"
+                workdir.mkdir()
+                servers.append(
+                    Prometheus(workdir, _prometheus_config(variant, tmp, targets[variant])).start()
+                )
+            stack = Stack(dict(zip(VARIANTS, servers, strict=True)), started)
+            _wait_for_targets(stack)
+            yield stack
+    finally:
+        for server in servers:
+            server.stop()
+        for daemon in daemons:
+            daemon.stop()
+
+
+def _wait_for_targets(stack: Stack) -> None:
+    deadline = time.monotonic() + 30
+    health: dict[str, dict[str, str]] = {}
+    while time.monotonic() < deadline:
+        health = {v: p.target_health() for v, p in stack.prometheus.items()}
+        if all(h and set(h.values()) == {"up"} for h in health.values()):
+            time.sleep(SETTLE_SECONDS)
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"targets not up: {health}")
+
+
+@dataclass
+class Outcome:
+    planned: int
+    verified: list[str]
+    expected_empty: list[str]
+    empty: list[str]
+    errors: list[str]
+
+
+def _expected_empty(expr: str) -> bool:
+    return bool(metric_names(expr) & EXPECTED_EMPTY.keys())
+
+
+def _run_panel_query(query: PanelQuery, selection: Selection, prometheus: Prometheus,
+                     window: Window, outcome: Outcome) -> None:
+    chosen = ", ".join(f"{k}={v}" for k, v in selection.values.items() if not k.startswith("__"))
+    where = f"{query.where} [{chosen}]"
+    try:
+        expr = interpolate(query.expr, selection.values)
+        if query.instant:
+            result = prometheus.query(expr, window.end)
+        else:
+            result = prometheus.query_range(expr, window.start, window.end, window.step)
+    except (KeyError, QueryError) as error:
+        outcome.errors.append(f"{where}: {error}\n    {query.expr}")
+        return
+    if result:
+        outcome.verified.append(where)
+    elif _expected_empty(query.expr):
+        outcome.expected_empty.append(where)
+    else:
+        outcome.empty.append(f"{where}\n    {expr}")
+
+
+def _run_dashboard(dashboard: Dashboard, prometheus: Prometheus, window: Window,
+                   outcome: Outcome) -> None:
+    """Resolve the variables (each value of the first), then run every panel query."""
+    queries = panel_queries(dashboard)
+    for selection in selections(dashboard.variables(), prometheus, window):
+        outcome.planned += len(selection.variable_queries) + len(queries)
+        unset = []
+        for name, variable_query, options in selection.variable_queries:
+            where = f"{dashboard.name} · ${name} · {variable_query}"
+            if options:
+                outcome.verified.append(where)
+            else:
+                unset.append(f"{where}: no values, so {len(queries)} panel queries were not run")
+        if unset:
+            outcome.empty += unset
+            continue
+        for query in queries:
+            _run_panel_query(query, selection, prometheus, window, outcome)
+
+
+def _run_all(stack: Stack, dashboards: list[Dashboard]) -> Outcome:
+    outcome = Outcome(0, [], [], [], [])
+    end = time.time()
+    window = Window(start=stack.started, end=end, step=SCRAPE_SECONDS,
+                    scrape_interval=SCRAPE_SECONDS)
+    for dashboard in dashboards:
+        _run_dashboard(dashboard, stack.prometheus[dashboard.variant], window, outcome)
+    return outcome
+
+
+def test_every_panel_query_of_every_dashboard_returns_data(
+    stack: Stack, dashboards: list[Dashboard],
+) -> None:
+    deadline = stack.started + DEADLINE_SECONDS
+    outcome = _run_all(stack, dashboards)
+    while outcome.empty and not outcome.errors and time.time() < deadline:
+        time.sleep(2)  # a source may still be warming up (first Cloud Monitor pull, demo jobs)
+        outcome = _run_all(stack, dashboards)
+    print(f"\nverified {len(outcome.verified)} dashboard queries against Prometheus "
+          f"({len(outcome.expected_empty)} expected empty: {', '.join(sorted(EXPECTED_EMPTY))})",
+          file=sys.stderr)
+    assert not outcome.errors, "queries Prometheus refused:\n" + "\n".join(outcome.errors)
+    assert not outcome.empty, "queries without data:\n" + "\n".join(outcome.empty)
+    assert len(outcome.verified) + len(outcome.expected_empty) == outcome.planned
+
+
+def test_expected_empty_metrics_are_still_empty(stack: Stack) -> None:
+    """Fails once a source produces one of them: remove it from EXPECTED_EMPTY then."""
+    appeared = {
+        name: variant
+        for variant, prometheus in stack.prometheus.items()
+        for name in EXPECTED_EMPTY
+        if prometheus.query(f'count({{__name__="{name}"}})', time.time())
+    }
+    assert not appeared, f"now produced, tighten EXPECTED_EMPTY: {appeared}"
+
+
+def test_training_job_label_survives_the_scrape(stack: Stack) -> None:
+    """honor_labels keeps the pushed training job; other series get the scrape job."""
+    prometheus = stack.prometheus["dcgm"]
+    now = time.time()
+    jobs = prometheus.label_values("job", "trainmon_training_steps_total", now - 60, now)
+    assert jobs and "trainmon" not in jobs, jobs
+    scrape_jobs = prometheus.label_values("job", "trainmon_gpu_up", now - 60, now)
+    assert scrape_jobs == ["trainmon"]
+    nodes = prometheus.label_values("node", "DCGM_FI_DEV_GPU_UTIL", now - 60, now)
+    assert nodes == [NODE]
