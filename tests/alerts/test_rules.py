@@ -23,6 +23,7 @@ TESTS_DIR = REPO / "alerts" / "tests"
 #: promtool test files and the variants whose rules they test.
 TEST_FILES = {
     "common.test.yml": VARIANTS,
+    "diagnosis.test.yml": VARIANTS,
     "dcgm.test.yml": ("dcgm",),
     "tencent-cloud.test.yml": ("tencent-cloud",),
 }
