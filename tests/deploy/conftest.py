@@ -1,0 +1,19 @@
+"""Fixtures of the deployment tests (helpers live in the ``deploytest`` package here)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from deploytest import kustomize
+from deploytest.common import KUBERNETES, VARIANTS
+
+
+@pytest.fixture(scope="session")
+def overlays() -> dict[str, list[kustomize.Manifest]]:
+    """The objects each Kubernetes overlay produces, assembled as kustomize would."""
+    return {variant: kustomize.build(KUBERNETES / "overlays" / variant) for variant in VARIANTS}
