@@ -50,8 +50,9 @@ dashboards: $(VENV)/.test-installed
 	$(BIN)/python -m dashboards
 
 lint: $(VENV)/.test-installed
-	$(BIN)/ruff check exporter tests bench
+	$(BIN)/ruff check exporter tests bench dashboards deploy alerts
 	$(BIN)/mypy
+	$(BIN)/mypy --python-version 3.11 dashboards deploy alerts/generate.py alerts/retarget_receivers.py
 
 bench: $(VENV)/.test-installed debian-packages
 	@for script in bench/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
