@@ -19,10 +19,8 @@ Prints a markdown table for docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,29 +32,15 @@ from pathlib import Path
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib
+
 JOBS = 4
 RANKS = 4
 
 
-def build_fake(folder: Path) -> Path:
-    spec = importlib.util.spec_from_file_location(
-        "fakenvml_build", ROOT / "tests" / "gpu" / "fakenvml" / "build.py"
-    )
-    assert spec is not None and spec.loader is not None
-    builder = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(builder)
-    return Path(builder.build(folder)).parent
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def start_daemon(folder: Path, name: str, library: Path, scenario: Path, full: bool
-                 ) -> tuple[subprocess.Popen[bytes], str]:
+                 ) -> benchlib.Daemon:
     collectors: dict[str, object] = {
         "gpu": {"enabled": True, "process_interval_seconds": 1},
         "training": {"socket": str(folder / f"{name}.sock")},
@@ -65,21 +49,9 @@ def start_daemon(folder: Path, name: str, library: Path, scenario: Path, full: b
     }
     config = folder / f"{name}.yml"
     config.write_text(json.dumps({"collectors": collectors}))
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "serve", "--config", str(config),
-         "--listen", f"127.0.0.1:{port}", "--log-level", "warning"],
-        env={**os.environ, "LD_LIBRARY_PATH": str(library), "FAKENVML_SCENARIO": str(scenario)},
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if requests.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return process, url
-        except requests.RequestException:
-            time.sleep(0.1)
-    raise RuntimeError(f"daemon {name} did not start")
+    return benchlib.start_trainmon(config, env={
+        **os.environ, "LD_LIBRARY_PATH": str(library), "FAKENVML_SCENARIO": str(scenario),
+    })
 
 
 def run_ranks(urls: list[str], stop: threading.Event) -> list[threading.Thread]:
@@ -125,13 +97,14 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="trainmon-diag-bench-") as tmp:
         folder = Path(tmp)
-        library = build_fake(folder / "lib")
+        library = benchlib.build_fake_nvml(folder / "lib")
         holders = [subprocess.Popen(["sleep", "600"]) for _ in range(8)]
         scenario = folder / "node.txt"
         scenario.write_text("gpus 8\nsteady * 90 3\n" + "".join(
             f"process {gpu} {holder.pid} 4294967296\n" for gpu, holder in enumerate(holders)))
-        plain, plain_url = start_daemon(folder, "plain", library, scenario, full=False)
-        full, full_url = start_daemon(folder, "full", library, scenario, full=True)
+        plain = start_daemon(folder, "plain", library, scenario, full=False)
+        full = start_daemon(folder, "full", library, scenario, full=True)
+        plain_url, full_url = plain.url, full.url
         stop = threading.Event()
         threads = run_ranks([plain_url, full_url], stop)
         try:
@@ -157,12 +130,11 @@ def main() -> None:
             stop.set()
             for thread in threads:
                 thread.join(5)
-            for process in (plain, full, *holders):
-                process.terminate()
-                process.wait(10)
+            for process in (plain.process, full.process, *holders):
+                benchlib.stop(process)
 
     def p(values: list[float], q: float) -> float:
-        return statistics.quantiles(values, n=100)[q - 1] * 1000
+        return benchlib.percentile(values, q / 100) * 1000
 
     print(f"{args.scrapes} scrapes of each daemon, 8 fake GPUs, {JOBS} jobs x {RANKS} ranks\n")
     # The diagnosis evaluates at most every window/20 s (3 s) and re-exports the

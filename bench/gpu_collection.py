@@ -28,10 +28,8 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import importlib.util
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,20 +40,12 @@ from pathlib import Path
 
 import requests
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib
+
+ROOT = benchlib.ROOT
 BASELINE = ROOT / "bench" / "gpu_baseline_exporter.py"
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 SCENARIO = "gpus 8\nsteady * 95 2\n" + "".join(f"square {i} 10 0.65 98 1\n" for i in range(4))
-
-
-def build_fake(folder: Path) -> Path:
-    spec = importlib.util.spec_from_file_location(
-        "fakenvml_build", ROOT / "tests" / "gpu" / "fakenvml" / "build.py"
-    )
-    assert spec is not None and spec.loader is not None
-    builder = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(builder)
-    return Path(builder.build(folder)).parent
 
 
 # -- parts 1 and 2 run in a child that has the fake on LD_LIBRARY_PATH ---------------
@@ -92,7 +82,7 @@ def child_cycles(cycles: int) -> dict[str, object]:
         durations.sort()
         results[name] = {
             "median": statistics.median(durations),
-            "p95": durations[int(0.95 * (len(durations) - 1))],
+            "p95": benchlib.percentile(durations, 0.95),
             "calls": calls,
         }
 
@@ -138,73 +128,26 @@ def child_visibility() -> dict[str, object]:
 # -- part 3: the soak ------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime
-
-
-def memory_kib(pid: int, key: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no {key}")
-
-
-def wait_ready(url: str, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{url}: the exporter exited with {process.returncode}")
-        try:
-            if requests.get(url, timeout=1).status_code == 200:
-                return
-        except requests.ConnectionError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} never answered")
-
-
-def trainmon(
-    env: dict[str, str], folder: Path, *, gpu: bool
-) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    config = folder / f"trainmon-{port}.yml"
+def trainmon(env: dict[str, str], folder: Path, *, gpu: bool) -> benchlib.Daemon:
+    """A ``trainmon serve`` with every node collector, the GPU one only with ``gpu``."""
+    config = folder / f"trainmon-{'gpu' if gpu else 'nogpu'}.yml"
     config.write_text(
         f"collectors:\n  gpu: {{enabled: {'auto' if gpu else 'false'}}}\n"
-        f"  training: {{socket: {folder / f'steps-{port}.sock'}}}\n"
+        f"  training: {{socket: {folder / f'steps-{config.stem}.sock'}}}\n"
     )
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "exporter",
-            "serve",
-            "--config",
-            str(config),
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--log-level",
-            "warning",
-        ],
-        env=env,
-        cwd=ROOT,
-    )
-    return process, f"http://127.0.0.1:{port}/metrics"
+    return benchlib.start_trainmon(config, env=env, wait=False)
 
 
 def soak(
     env: dict[str, str], folder: Path, duration: float, interval: float
 ) -> list[dict[str, object]]:
-    baseline_port = free_port()
+    baseline_port = benchlib.free_port()
+    with_gpu, without_gpu = trainmon(env, folder, gpu=True), trainmon(env, folder, gpu=False)
     processes = {
-        "trainmon serve (all node collectors)": trainmon(env, folder, gpu=True),
-        "trainmon serve without its GPU collector": trainmon(env, folder, gpu=False),
+        "trainmon serve (all node collectors)": (with_gpu.process, f"{with_gpu.url}/metrics"),
+        "trainmon serve without its GPU collector": (
+            without_gpu.process, f"{without_gpu.url}/metrics",
+        ),
         "baseline exporter (GPU only, 1 s refresh)": (
             subprocess.Popen([sys.executable, str(BASELINE), str(baseline_port)], env=env),
             f"http://127.0.0.1:{baseline_port}/metrics",
@@ -212,9 +155,9 @@ def soak(
     }
     try:
         for process, url in processes.values():
-            wait_ready(url, process)
+            benchlib.wait_ready(url, process)
         time.sleep(5)  # warm-up: imports done, threads started, first scrapes served
-        start = {name: cpu_seconds(p.pid) for name, (p, _) in processes.items()}
+        start = {name: benchlib.cpu_seconds(p.pid) for name, (p, _) in processes.items()}
         started = time.monotonic()
         scrapes = 0
         while time.monotonic() - started < duration:
@@ -228,9 +171,9 @@ def soak(
             rows.append(
                 {
                     "name": name,
-                    "cpu_share": (cpu_seconds(process.pid) - start[name]) / elapsed,
-                    "rss_mib": memory_kib(process.pid, "VmRSS") / 1024,
-                    "peak_rss_mib": memory_kib(process.pid, "VmHWM") / 1024,
+                    "cpu_share": (benchlib.cpu_seconds(process.pid) - start[name]) / elapsed,
+                    "rss_mib": benchlib.memory_kib(process.pid, "VmRSS") / 1024,
+                    "peak_rss_mib": benchlib.memory_kib(process.pid, "VmHWM") / 1024,
                     "scrapes": scrapes,
                     "seconds": elapsed,
                 }
@@ -238,8 +181,7 @@ def soak(
         return rows
     finally:
         for process, _ in processes.values():
-            process.terminate()
-            process.wait(timeout=15)
+            benchlib.stop(process)
 
 
 # -- report --------------------------------------------------------------------------
@@ -265,7 +207,7 @@ def main() -> None:
         scenario.write_text(SCENARIO)
         env = {
             **os.environ,
-            "LD_LIBRARY_PATH": str(build_fake(folder / "lib")),
+            "LD_LIBRARY_PATH": str(benchlib.build_fake_nvml(folder / "lib")),
             "FAKENVML_SCENARIO": str(scenario),
             "PYTHONPATH": str(ROOT),
         }

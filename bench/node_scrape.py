@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,7 +26,8 @@ from pathlib import Path
 
 import requests
 
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib
 
 
 @dataclass
@@ -36,36 +36,8 @@ class Exporter:
     process: subprocess.Popen[bytes]
     url: str
 
-    def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime
-
-    def rss_bytes(self) -> int:
-        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-        raise RuntimeError("no VmRSS")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_ready(url: str) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if requests.get(url, timeout=1).status_code == 200:
-                return
-        except requests.ConnectionError:
-            time.sleep(0.1)
-    raise RuntimeError(f"{url} never answered")
-
 
 def start_trainmon(folder: Path) -> Exporter:
-    port = free_port()
     config = folder / "trainmon.yml"
     config.write_text(
         "collectors:\n"
@@ -73,20 +45,15 @@ def start_trainmon(folder: Path) -> Exporter:
         "  infiniband: {enabled: false}\n"
         "  training: {enabled: false}\n"
     )
-    process = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "serve", "--config", str(config),
-         "--listen", f"127.0.0.1:{port}", "--log-level", "warning"],
-    )
-    exporter = Exporter("trainmon (network+disk)", process, f"http://127.0.0.1:{port}/metrics")
-    wait_ready(exporter.url)
-    return exporter
+    daemon = benchlib.start_trainmon(config)
+    return Exporter("trainmon (network+disk)", daemon.process, f"{daemon.url}/metrics")
 
 
 def start_node_exporter() -> Exporter:
     binary = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
     if binary is None:
         raise SystemExit("prometheus-node-exporter is not installed (apt-get install it)")
-    port = free_port()
+    port = benchlib.free_port()
     process = subprocess.Popen(
         [binary, "--collector.disable-defaults", "--collector.netdev", "--collector.diskstats",
          f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
@@ -94,20 +61,15 @@ def start_node_exporter() -> Exporter:
     )
     exporter = Exporter("node_exporter (netdev+diskstats)", process,
                         f"http://127.0.0.1:{port}/metrics")
-    wait_ready(exporter.url)
+    benchlib.wait_ready(exporter.url, process)
     return exporter
-
-
-def percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
 def measure_scrapes(exporters: list[Exporter], scrapes: int) -> dict[str, dict[str, float]]:
     sessions = {e.name: requests.Session() for e in exporters}
     latencies: dict[str, list[float]] = {e.name: [] for e in exporters}
     sizes: dict[str, int] = {}
-    cpu_before = {e.name: e.cpu_seconds() for e in exporters}
+    cpu_before = {e.name: benchlib.cpu_seconds(e.process.pid) for e in exporters}
     for _ in range(scrapes):
         for exporter in exporters:  # alternate: both see the same machine load
             started = time.perf_counter()
@@ -118,12 +80,12 @@ def measure_scrapes(exporters: list[Exporter], scrapes: int) -> dict[str, dict[s
     results = {}
     for exporter in exporters:
         values = latencies[exporter.name]
+        cpu_seconds = benchlib.cpu_seconds(exporter.process.pid) - cpu_before[exporter.name]
         results[exporter.name] = {
-            "p50_ms": percentile(values, 0.5) * 1000,
-            "p99_ms": percentile(values, 0.99) * 1000,
+            "p50_ms": benchlib.percentile(values, 0.5) * 1000,
+            "p99_ms": benchlib.percentile(values, 0.99) * 1000,
             "mean_ms": statistics.fmean(values) * 1000,
-            "cpu_ms_per_scrape": (exporter.cpu_seconds() - cpu_before[exporter.name])
-            / scrapes * 1000,
+            "cpu_ms_per_scrape": cpu_seconds / scrapes * 1000,
             "body_bytes": sizes[exporter.name],
         }
     return results
@@ -138,7 +100,7 @@ def soak(exporters: list[Exporter], seconds: float) -> dict[str, int]:
         for exporter in exporters:
             sessions[exporter.name].get(exporter.url, timeout=10).raise_for_status()
         time.sleep(max(0.0, 1.0 - (time.monotonic() - tick)))
-    return {e.name: e.rss_bytes() for e in exporters}
+    return {e.name: benchlib.memory_kib(e.process.pid, "VmRSS") * 1024 for e in exporters}
 
 
 def main() -> None:
@@ -156,8 +118,7 @@ def main() -> None:
             rss = soak(exporters, args.soak_seconds)
         finally:
             for exporter in exporters:
-                exporter.process.terminate()
-                exporter.process.wait(10)
+                benchlib.stop(exporter.process)
     trainmon, node = (results[e.name] for e in exporters)
     print(f"{args.scrapes} alternating scrapes each, then {args.soak_seconds:.0f} s at 1 scrape/s; "
           f"{os.cpu_count()} CPUs\n")

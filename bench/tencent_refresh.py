@@ -27,7 +27,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib  # also puts tests/ on sys.path (support.loopback for the API fake)
+
+ROOT = benchlib.ROOT
 sys.path.insert(0, str(ROOT / "tests" / "tencent"))
 
 from fake_tencent_api import FakeTencentCloud  # noqa: E402

@@ -27,11 +27,9 @@ import gc
 import os
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -40,40 +38,10 @@ from prometheus_client import CollectorRegistry, Histogram
 from exporter.client import Reporter
 from exporter.training.protocol import STEP_SECONDS_BOUNDS
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib
+
 ROUNDS = 10
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def start_daemon(folder: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """A real ``trainmon serve`` with only the training collector; returns it and its socket."""
-    sock = folder / "steps.sock"
-    config = folder / "trainmon.yml"
-    config.write_text(
-        "collectors:\n"
-        "  network: {enabled: false}\n  disk: {enabled: false}\n"
-        "  infiniband: {enabled: false}\n  gpu: {enabled: false}\n"
-        f"  training: {{socket: '{sock}'}}\n"
-    )
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "serve", "--config", str(config),
-         "--listen", f"127.0.0.1:{port}", "--log-level", "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
-                return process, f"unix://{sock}"
-        except OSError:
-            time.sleep(0.1)
-    process.kill()
-    raise RuntimeError("trainmon serve did not start")
 
 
 def measure(call: Callable[[], None], count: int) -> list[int]:
@@ -129,11 +97,12 @@ def main() -> None:
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as folder:
-        daemon, endpoint = start_daemon(Path(folder))
+        config, sock = benchlib.training_only_config(Path(folder))
+        daemon = benchlib.start_trainmon(config, quiet=True)
         sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         sink.bind(("127.0.0.1", 0))  # a statsd "server" that never reads: the kernel drops
         try:
-            reporter = Reporter("bench", endpoint=endpoint, environ={})
+            reporter = Reporter("bench", endpoint=f"unix://{sock}", environ={})
             calls = variants(reporter, sink.getsockname())
             results: dict[str, list[int]] = {name: [] for name in calls}
             per_round = max(1, args.calls // ROUNDS)
@@ -145,8 +114,7 @@ def main() -> None:
             reporter.close()
             delivered = reporter.dropped_reports == 0
         finally:
-            daemon.terminate()
-            daemon.wait(10)
+            daemon.stop()
             sink.close()
 
     timer = statistics.median(results["bare loop"])
@@ -159,7 +127,7 @@ def main() -> None:
     for name, samples in results.items():
         samples.sort()
         median = max(statistics.median(samples) - timer, 0)
-        p99 = max(samples[int(len(samples) * 0.99)] - timer, 0)
+        p99 = max(benchlib.percentile(samples, 0.99) - timer, 0)
         ratio = "—" if name == "bare loop" else f"{median / step_median:.2f}×"
         print(f"| {name} | {median / 1000:.2f} | {p99 / 1000:.2f} | {ratio} |")
 

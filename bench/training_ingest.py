@@ -43,26 +43,12 @@ from typing import Any
 from exporter.client.transport import UnixDatagramSender
 from exporter.training.protocol import STEP_BUCKET_COUNT, STEP_SECONDS_BOUNDS
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib
+
 SENDERS = 8
 RANKS_PER_SENDER = 128
 PUSHGATEWAY = "/usr/bin/prometheus-pushgateway"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_http(url: str) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=1):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"{url} did not answer")
 
 
 # -- the step data, in both formats ------------------------------------------------
@@ -216,43 +202,32 @@ def run_senders(
 
 @dataclass
 class Trainmon:
-    process: subprocess.Popen[bytes]
-    port: int
+    daemon: benchlib.Daemon
     socket_path: str
 
+    @property
+    def port(self) -> int:
+        return self.daemon.port
+
     def accepted(self) -> int:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as reply:
+        with urllib.request.urlopen(f"{self.daemon.url}/metrics", timeout=10) as reply:
             text = reply.read().decode()
         return sum(int(float(row.rsplit(" ", 1)[1])) for row in text.splitlines()
                    if row.startswith("trainmon_training_reports_total{"))
 
 
 def start_trainmon(folder: Path) -> Trainmon:
-    sock = folder / "steps.sock"
-    config = folder / "trainmon.yml"
-    config.write_text(
-        "collectors:\n"
-        "  network: {enabled: false}\n  disk: {enabled: false}\n"
-        "  infiniband: {enabled: false}\n  gpu: {enabled: false}\n"
-        f"  training: {{socket: '{sock}'}}\n"
-    )
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "serve", "--config", str(config),
-         "--listen", f"127.0.0.1:{port}", "--log-level", "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    wait_http(f"http://127.0.0.1:{port}/healthz")
-    return Trainmon(process, port, str(sock))
+    config, sock = benchlib.training_only_config(folder)
+    return Trainmon(benchlib.start_trainmon(config, quiet=True), str(sock))
 
 
 def start_pushgateway() -> tuple[subprocess.Popen[bytes], int]:
-    port = free_port()
+    port = benchlib.free_port()
     process = subprocess.Popen(
         [PUSHGATEWAY, f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
-    wait_http(f"http://127.0.0.1:{port}/-/ready")
+    benchlib.wait_ready(f"http://127.0.0.1:{port}/-/ready", process)
     return process, port
 
 
@@ -309,10 +284,8 @@ def main() -> None:
                 rows.append((f"trainmon, client transport paced at {SENDERS}×{rate:.0f}/s",
                              applied / seconds, SENDERS * count, SENDERS * count - applied))
         finally:
-            trainmon.process.terminate()
-            gateway.terminate()
-            trainmon.process.wait(10)
-            gateway.wait(10)
+            trainmon.daemon.stop()
+            benchlib.stop(gateway)
 
     gateway_rate = rows[2][1]
     qlen = Path("/proc/sys/net/unix/max_dgram_qlen").read_text().strip()

@@ -14,10 +14,13 @@ that use it say so and stay empty until it is enabled (``OPT_IN_FIELDS``).
 
 from __future__ import annotations
 
-from dashboards.builder import Board, dashboard_url, link
+from dashboards.builder import Board
 from dashboards.panels import (
+    GPU,
+    NODE_GPU,
+    RED_FROM_ONE,
+    TEMPERATURE_STEPS,
     Query,
-    Step,
     stat_panel,
     state_timeline,
     table_panel,
@@ -30,8 +33,6 @@ from dashboards.variant import NODE, Variant
 OPT_IN_FIELDS = ("DCGM_FI_PROF_SM_ACTIVE",)
 MIB = 1048576
 MHZ = 1000000
-GPU = "GPU {{gpu}}"
-GPU_LEGEND = "{{node}} GPU {{gpu}}"
 OPT_IN = (
     " DCGM_FI_PROF_SM_ACTIVE is not in dcgm-exporter's default counters: uncomment it in "
     "default-counters.csv (or use dcp-metrics-included.csv) to fill this panel."
@@ -45,14 +46,14 @@ def _training_rows(board: Board, variant: Variant) -> None:
         "Share of cycles with at least one warp on an SM (DCGM profiling, averaged over the "
         "GPU's SMs). Good: above ~80 % for large models; utilization near 100 % with low SM "
         "activity means small kernels that leave most of the GPU idle." + OPT_IN,
-        [Query(job_gpus("DCGM_FI_PROF_SM_ACTIVE"), GPU_LEGEND)],
+        [Query(job_gpus("DCGM_FI_PROF_SM_ACTIVE"), NODE_GPU)],
     ))
     board.add(state_timeline(
         "Tensor pipe active (job's GPUs)", "percentunit",
         "Share of cycles the tensor (HMMA) pipe is busy. Good: well above 0 for "
         "mixed-precision training; near 0 means the model is not using tensor cores "
         "(check AMP / bf16).",
-        [Query(job_gpus("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"), GPU_LEGEND)],
+        [Query(job_gpus("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"), NODE_GPU)],
     ))
 
 
@@ -103,7 +104,7 @@ def _node_rows(board: Board, variant: Variant) -> None:
         "GPU core and HBM temperature. Good: core below ~80 °C, memory below ~85 °C.",
         [Query(f"DCGM_FI_DEV_GPU_TEMP{{{NODE_GPUS}}}", "GPU {{gpu}} core"),
          Query(f"DCGM_FI_DEV_MEMORY_TEMP{{{NODE_GPUS}}}", "GPU {{gpu}} memory")],
-        steps=(Step(None, "green"), Step(80, "yellow"), Step(87, "red")),
+        steps=TEMPERATURE_STEPS,
     ), width=8)
     board.add(timeseries(
         "Clocks (DCGM)", "hertz",
@@ -136,7 +137,7 @@ def _node_rows(board: Board, variant: Variant) -> None:
          Query(f"max by (gpu) (DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS{{{NODE_GPUS}}})"),
          Query(f"max by (gpu) (DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS{{{NODE_GPUS}}})"),
          Query(f"max by (gpu) (DCGM_FI_DEV_ROW_REMAP_FAILURE{{{NODE_GPUS}}})")],
-        steps=(Step(None, "green"), Step(1, "red")),
+        steps=RED_FROM_ONE,
         renames={"Value #A": "last XID", "Value #B": "correctable remaps",
                  "Value #C": "uncorrectable remaps", "Value #D": "remap failed"},
     ), width=8)
@@ -144,19 +145,18 @@ def _node_rows(board: Board, variant: Variant) -> None:
 
 def _fleet_rows(board: Board, variant: Variant) -> None:
     board.row("DCGM across the fleet")
-    to_node = [link("Node detail of ${__field.labels.node}",
-                    dashboard_url(variant.uid(NODE), node="${__field.labels.node}"))]
+    to_node = [variant.series_link(NODE, "node")]
     board.add(state_timeline(
         "Tensor pipe active, every GPU", "percentunit",
         "Every GPU's tensor-pipe activity (red none → green busy). Good: green where "
         "mixed-precision training runs; red rows under a training job mean no tensor cores.",
-        [Query(f"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{{FLEET}}}", GPU_LEGEND)],
+        [Query(f"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{{FLEET}}}", NODE_GPU)],
     ).data_links(to_node), width=16, height=10)
     board.add(stat_panel(
         "GPUs with an XID (DCGM)", "short",
         "GPUs whose last DCGM XID value is not 0. Good: 0.",
         [Query(f"count(DCGM_FI_DEV_XID_ERRORS{{{FLEET}}} > 0) or vector(0)")],
-        steps=(Step(None, "green"), Step(1, "red")),
+        steps=RED_FROM_ONE,
     ), width=4, height=5)
     board.add(stat_panel(
         "GPUs seen by dcgm-exporter", "short",

@@ -7,8 +7,11 @@ a job, so the fleet view is where an investigation starts.
 from __future__ import annotations
 
 from dashboards import promql
-from dashboards.builder import RATE, Board, dashboard_url, link, query_variable
+from dashboards.builder import RATE, Board, query_variable
 from dashboards.panels import (
+    NODE_GPU,
+    RED_FROM_ONE,
+    UP_DOWN,
     Query,
     Step,
     bar_gauge,
@@ -22,8 +25,6 @@ from dashboards.promql import FLEET
 from dashboards.variant import FLEET as FLEET_KIND
 from dashboards.variant import NODE, TRAINING, Variant
 
-GPU_LEGEND = "{{node}} GPU {{gpu}}"
-UP_DOWN = value_mappings({"1": ("up", "green"), "0": ("down", "red")})
 #: trainmon_collector_success + trainmon_collector_available.
 COLLECTOR_STATES = value_mappings(
     {"2": ("ok", "green"), "1": ("failing", "red"), "0": ("no source", "blue")}
@@ -34,15 +35,10 @@ TRAINMON_ALERTS_FIRING = 'ALERTS{alertname=~"Trainmon.*", alertstate="firing"}'
 
 def build(variant: Variant) -> Board:
     """The Fleet dashboard of ``variant``."""
-    board = Board(
-        uid=variant.uid(FLEET_KIND),
-        title=f"trainmon / Fleet ({variant.name})",
-        description=(
-            "All nodes and GPUs: idle and sawtooth GPUs, exporters up, XID events, jobs "
-            "ranked by data wait. " + variant.summary
-        ),
-        tags=variant.tags,
-        links=variant.links(),
+    board = variant.board(
+        FLEET_KIND,
+        "All nodes and GPUs: idle and sawtooth GPUs, exporters up, XID events, jobs "
+        "ranked by data wait.",
     )
     board.variable(query_variable(
         "node", "Nodes", promql.NODE_VARIABLE,
@@ -58,7 +54,6 @@ def build(variant: Variant) -> Board:
 
 def _glance_row(board: Board) -> None:
     board.row("At a glance")
-    red_from_one = (Step(None, "green"), Step(1, "red"))
     board.add(stat_panel(
         "Nodes", "short", "Nodes with a trainmon daemon Prometheus scrapes. Good: all of them.",
         [Query(f"count(trainmon_build_info{{{FLEET}}})")],
@@ -84,21 +79,21 @@ def _glance_row(board: Board) -> None:
         "usually a data-starved job. Good: 0.",
         [Query(f"count(trainmon_gpu_sawtooth_ratio{{{FLEET}}} >= {promql.SAWTOOTH_FLAG})"
                " or vector(0)")],
-        steps=red_from_one,
+        steps=RED_FROM_ONE,
     ), width=3, height=4)
     board.add(stat_panel(
         "Scrape targets down", "short",
         "Prometheus targets on these nodes whose last scrape failed (up == 0): trainmon, "
         "dcgm-exporter or anything else scraped there. Good: 0.",
         [Query(f"count(up{{{FLEET}}} == 0) or vector(0)")],
-        steps=red_from_one,
+        steps=RED_FROM_ONE,
     ), width=3, height=4)
     board.add(stat_panel(
         "XID events in range", "short",
         "NVIDIA driver XID errors across the fleet in the selected range. Good: 0.",
         [Query(f"sum(increase(trainmon_gpu_xid_errors_total{{{FLEET}}}[$__range]))"
                " or vector(0)")],
-        steps=red_from_one,
+        steps=RED_FROM_ONE,
     ), width=3, height=4)
     board.add(stat_panel(
         "Training jobs", "short",
@@ -109,19 +104,18 @@ def _glance_row(board: Board) -> None:
         "Alerts firing", "short",
         "Trainmon alerts firing now (pending ones are in the Alerts table below). Good: 0.",
         [Query(f"count({TRAINMON_ALERTS_FIRING}) or vector(0)")],
-        steps=red_from_one,
+        steps=RED_FROM_ONE,
     ), width=3, height=4)
 
 
 def _gpu_row(board: Board, variant: Variant) -> None:
     board.row("GPUs")
-    to_node = [link("Node detail of ${__field.labels.node}",
-                    dashboard_url(variant.uid(NODE), node="${__field.labels.node}"))]
+    to_node = [variant.series_link(NODE, "node")]
     board.add(state_timeline(
         "GPU utilization, every GPU", "percentunit",
         "Every GPU's utilization (red idle → green busy). Good: solid green where jobs run; "
         "red/green stripes are sawtooth GPUs, solid red rows idle ones.",
-        [Query(f"trainmon_gpu_utilization_ratio{{{FLEET}}}", GPU_LEGEND)],
+        [Query(f"trainmon_gpu_utilization_ratio{{{FLEET}}}", NODE_GPU)],
     ).data_links(to_node), width=24, height=10)
     board.add(bar_gauge(
         "Most idle GPUs", "percentunit",
@@ -131,7 +125,7 @@ def _gpu_row(board: Board, variant: Variant) -> None:
             "topk(10, rate(trainmon_gpu_util_idle_samples_total"
             f"{{{FLEET}}}[$__range]) / rate(trainmon_gpu_util_samples_total{{{FLEET}}}"
             "[$__range]))",
-            GPU_LEGEND, instant=True,
+            NODE_GPU, instant=True,
         )],
         maximum=1, steps=(Step(None, "green"), Step(0.3, "yellow"),
                           Step(promql.IDLE_FRACTION, "red")),
@@ -141,7 +135,7 @@ def _gpu_row(board: Board, variant: Variant) -> None:
         "Strongest sawtooth", "percentunit",
         "The ten GPUs with the highest sawtooth ratio now. Good: all 0; at 0.5 and above "
         "the GPU is flagged (see the Training overview of the job on it).",
-        [Query(f"topk(10, trainmon_gpu_sawtooth_ratio{{{FLEET}}})", GPU_LEGEND, instant=True)],
+        [Query(f"topk(10, trainmon_gpu_sawtooth_ratio{{{FLEET}}})", NODE_GPU, instant=True)],
         maximum=1, steps=(Step(None, "green"), Step(promql.SAWTOOTH_FLAG, "red")),
         links=to_node,
     ))
@@ -149,8 +143,7 @@ def _gpu_row(board: Board, variant: Variant) -> None:
 
 def _jobs_row(board: Board, variant: Variant) -> None:
     board.row("Jobs")
-    to_job = [link("Training overview of ${__field.labels.job}",
-                   dashboard_url(variant.uid(TRAINING), job="${__field.labels.job}"))]
+    to_job = [variant.series_link(TRAINING, "job")]
     board.add(bar_gauge(
         "Top jobs by data wait", "percentunit",
         "Jobs ranked by data wait over step time in the selected range. Good: all below "
@@ -171,8 +164,7 @@ def _jobs_row(board: Board, variant: Variant) -> None:
         "the limit) or none while a job starts.",
         [Query(f"max by (job, kind) (trainmon_bottleneck{{{FLEET}}} == 1)")],
         hidden=("Value",),
-        links=[link("Training overview",
-                    dashboard_url(variant.uid(TRAINING), job="${__data.fields.job}"))],
+        links=[variant.row_link(TRAINING, "job")],
     ), width=8)
     board.add(timeseries(
         "Samples/s by job", "short",
@@ -186,7 +178,7 @@ def _jobs_row(board: Board, variant: Variant) -> None:
 
 def _health_row(board: Board, variant: Variant) -> None:
     board.row("Exporters, XIDs and alerts")
-    to_node = [link("Node detail", dashboard_url(variant.uid(NODE), node="${__data.fields.node}"))]
+    to_node = [variant.row_link(NODE, "node")]
     board.add(table_panel(
         "Scrape targets", "none",
         "Every Prometheus target on these nodes (job here is the scrape job) and whether its "
@@ -212,7 +204,7 @@ def _health_row(board: Board, variant: Variant) -> None:
                "[$__range]))"),
          Query(f"max by (node, gpu, xid) (trainmon_gpu_xid_last_timestamp_seconds{{{FLEET}}})"
                " * 1000")],
-        steps=(Step(None, "green"), Step(1, "red")),
+        steps=RED_FROM_ONE,
         renames={"Value #A": "XIDs in range", "Value #B": "last XID at"},
         column_units={"last XID at": "dateTimeAsIso"},
         links=to_node,

@@ -18,13 +18,13 @@ from dashboards import fleet, node, reference, training
 from dashboards.builder import Board
 from dashboards.dcgm import DCGM
 from dashboards.tencent import TENCENT
-from dashboards.variant import FLEET, NODE, TRAINING, Variant
+from dashboards.variant import FLEET, NODE, TITLES, TRAINING, Variant
 
 VARIANTS: tuple[Variant, ...] = (DCGM, TENCENT)
-DASHBOARDS: tuple[tuple[str, str, Callable[[Variant], Board]], ...] = (
-    (TRAINING, "Training overview", training.build),
-    (NODE, "Node detail", node.build),
-    (FLEET, "Fleet", fleet.build),
+DASHBOARDS: tuple[tuple[str, Callable[[Variant], Board]], ...] = (
+    (TRAINING, training.build),
+    (NODE, node.build),
+    (FLEET, fleet.build),
 )
 OUTPUT = Path(__file__).resolve().parent
 DOCS = OUTPUT.parent / "docs" / "dashboards.md"
@@ -35,16 +35,16 @@ def render() -> dict[Path, str]:
     return {
         Path(variant.slug) / f"{kind}.json": build(variant).to_json()
         for variant in VARIANTS
-        for kind, _, build in DASHBOARDS
+        for kind, build in DASHBOARDS
     }
 
 
 def render_docs(document: str, dashboards: dict[Path, str]) -> str:
     """``document`` (docs/dashboards.md) with its panel reference regenerated."""
     kinds = [
-        (title, [(variant.slug, json.loads(dashboards[Path(variant.slug) / f"{kind}.json"]))
-                 for variant in VARIANTS])
-        for kind, title, _ in DASHBOARDS
+        (TITLES[kind], [(variant.slug, json.loads(dashboards[Path(variant.slug) / f"{kind}.json"]))
+                        for variant in VARIANTS])
+        for kind, _ in DASHBOARDS
     ]
     return reference.replace_block(document, reference.reference(kinds))
 

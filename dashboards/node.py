@@ -9,35 +9,31 @@ ranks running here.
 from __future__ import annotations
 
 from dashboards import promql
-from dashboards.builder import RATE, Board, dashboard_url, link, query_variable
+from dashboards.builder import RATE, Board, query_variable
 from dashboards.panels import (
+    GPU,
+    RED_FROM_ONE,
+    TEMPERATURE_STEPS,
+    UP_DOWN,
     Query,
     Step,
     stat_panel,
     state_timeline,
     table_panel,
     timeseries,
-    value_mappings,
 )
 from dashboards.promql import NODE_GPUS
 from dashboards.variant import NODE, TRAINING, Variant
 
 N = 'node="$node"'
-GPU = "GPU {{gpu}}"
-UP_DOWN = value_mappings({"1": ("up", "green"), "0": ("down", "red")})
 
 
 def build(variant: Variant) -> Board:
     """The Node detail dashboard of ``variant``."""
-    board = Board(
-        uid=variant.uid(NODE),
-        title=f"trainmon / Node detail ({variant.name})",
-        description=(
-            "One training node: GPUs, NIC/InfiniBand against link rate, disks and the "
-            "ranks running here. " + variant.summary
-        ),
-        tags=variant.tags,
-        links=variant.links(),
+    board = variant.board(
+        NODE,
+        "One training node: GPUs, NIC/InfiniBand against link rate, disks and the "
+        "ranks running here.",
     )
     board.variable(query_variable(
         "node", "Node", promql.NODE_VARIABLE,
@@ -75,7 +71,7 @@ def _summary_row(board: Board) -> None:
         "(an absent source, e.g. no InfiniBand, does not count; /healthz says why). Good: 0.",
         [Query(f"count((trainmon_collector_success{{{N}}} == 0)"
                f" and (trainmon_collector_available{{{N}}} == 1)) or vector(0)")],
-        steps=(Step(None, "green"), Step(1, "red")),
+        steps=RED_FROM_ONE,
     ), width=4, height=4)
     board.add(stat_panel(
         "Sawtooth GPUs", "short",
@@ -83,7 +79,7 @@ def _summary_row(board: Board) -> None:
         "busy→idle→busy cycle). Good: 0.",
         [Query(f"count(trainmon_gpu_sawtooth_ratio{{{NODE_GPUS}}} >= {promql.SAWTOOTH_FLAG})"
                " or vector(0)")],
-        steps=(Step(None, "green"), Step(1, "red")),
+        steps=RED_FROM_ONE,
     ), width=4, height=4)
     board.add(stat_panel(
         "XID events in range", "short",
@@ -91,7 +87,7 @@ def _summary_row(board: Board) -> None:
         "needs a look (13/31/43: application fault; 48/63/64/94/95: memory; 79: GPU lost).",
         [Query(f"sum(increase(trainmon_gpu_xid_errors_total{{{NODE_GPUS}}}[$__range]))"
                " or vector(0)")],
-        steps=(Step(None, "green"), Step(1, "red")),
+        steps=RED_FROM_ONE,
     ), width=4, height=4)
     board.add(stat_panel(
         "trainmon", "none",
@@ -145,7 +141,7 @@ def _gpu_row(board: Board) -> None:
         "Temperature", "celsius",
         "GPU core temperature. Good: below ~80 °C; data-center GPUs slow down from ~85–90 °C.",
         [Query(f"trainmon_gpu_temperature_celsius{{{NODE_GPUS}}}", GPU)],
-        steps=(Step(None, "green"), Step(80, "yellow"), Step(87, "red")),
+        steps=TEMPERATURE_STEPS,
     ), width=8)
     board.add(timeseries(
         "Memory used vs total", "bytes",
@@ -198,7 +194,7 @@ def _gpu_row(board: Board) -> None:
         "had that XID since the daemon started). Good: no row with a count above 0.",
         [Query(f"sum by (gpu, xid) (increase(trainmon_gpu_xid_errors_total{{{NODE_GPUS}}}"
                "[$__range]))")],
-        steps=(Step(None, "green"), Step(1, "red")),
+        steps=RED_FROM_ONE,
     ), width=8)
 
 
@@ -317,8 +313,7 @@ def _ranks_row(board: Board, variant: Variant) -> None:
         "above 20 % (dashed) the rank is starved by its data loader.",
         [Query(f"trainmon_training_data_wait_ratio{{{N}}}", "{{job}} rank {{rank}}")],
         minimum=0, steps=(Step(None, "green"), Step(promql.DATA_WAIT_LIMIT, "red")),
-    ).data_links([link("Training overview of ${__field.labels.job}",
-                       dashboard_url(variant.uid(TRAINING), job="${__field.labels.job}"))]))
+    ).data_links([variant.series_link(TRAINING, "job")]))
     board.add(timeseries(
         "Mean step time per rank", "s",
         "Each rank's mean step duration. Good: equal for all ranks of a job.",
@@ -333,8 +328,7 @@ def _ranks_row(board: Board, variant: Variant) -> None:
         "it. Good: one rank per GPU; an empty gpu means the client could not tell.",
         [Query(f"trainmon_training_rank_info{{{N}}}")],
         hidden=("Value", "instance"),
-        links=[link("Training overview",
-                    dashboard_url(variant.uid(TRAINING), job="${__data.fields.job}"))],
+        links=[variant.row_link(TRAINING, "job")],
     ))
     board.add(table_panel(
         "Processes on the GPUs", "none",

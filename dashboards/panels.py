@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from grafana_foundation_sdk.builders import bargauge, prometheus, stat, statetimeline, table
 from grafana_foundation_sdk.builders import common as common_builders
@@ -52,6 +53,14 @@ class Step:
 
 
 GOOD_LOW = (Step(None, "green"),)
+#: Green at 0, red from 1: counts of things that should not happen (XIDs, failures).
+RED_FROM_ONE = (Step(None, "green"), Step(1, "red"))
+#: GPU core temperature, °C: data-center GPUs slow down from ~85–90 °C.
+TEMPERATURE_STEPS = (Step(None, "green"), Step(80, "yellow"), Step(87, "red"))
+
+#: Legends: one series per GPU of the selected node, or per GPU of every node.
+GPU = "GPU {{gpu}}"
+NODE_GPU = "{{node}} GPU {{gpu}}"
 
 
 def thresholds(*steps: Step) -> dashboard_builders.ThresholdsConfig:
@@ -68,6 +77,42 @@ def value_mappings(texts: dict[str, tuple[str, str]]) -> list[ValueMapping]:
     options = {value: ValueMappingResult(text=text, color=color, index=index)
                for index, (value, (text, color)) in enumerate(texts.items())}
     return [ValueMap(options=options)]
+
+
+#: ``up``-style 1/0 series as text.
+UP_DOWN = value_mappings({"1": ("up", "green"), "0": ("down", "red")})
+
+AnyPanel = TypeVar(
+    "AnyPanel", timeseries_builders.Panel, stat.Panel, statetimeline.Panel, table.Panel,
+    bargauge.Panel,
+)
+
+
+def _panel(
+    panel: AnyPanel,
+    title: str,
+    unit: str,
+    description: str,
+    queries: Sequence[Query],
+    *,
+    table_format: bool = False,
+    mappings: list[ValueMapping] | None = None,
+    links: Sequence[LinkBuilder] = (),
+) -> AnyPanel:
+    """What every panel has: title, description, unit, ``$datasource`` and the queries;
+    value ``mappings`` and data ``links`` where given."""
+    panel = (
+        panel.title(title)
+        .description(description)
+        .unit(unit)
+        .datasource(DATASOURCE)
+        .targets(_targets(queries, table_format=table_format))
+    )
+    if mappings is not None:
+        panel = panel.mappings(mappings)
+    if links:
+        panel = panel.data_links(list(links))
+    return panel
 
 
 def _targets(queries: Sequence[Query], *, table_format: bool = False) -> list[Builder[Dataquery]]:
@@ -105,12 +150,7 @@ def timeseries(
     or a power limit shown against the measured value.
     """
     panel = (
-        timeseries_builders.Panel()
-        .title(title)
-        .description(description)
-        .unit(unit)
-        .datasource(DATASOURCE)
-        .targets(_targets(queries))
+        _panel(timeseries_builders.Panel(), title, unit, description, queries)
         .line_width(1)
         .fill_opacity(10)
         .legend(
@@ -165,20 +205,13 @@ def stat_panel(
     else:
         text_mode = common.BigValueTextMode.VALUE
     panel = (
-        stat.Panel()
-        .title(title)
-        .description(description)
-        .unit(unit)
-        .datasource(DATASOURCE)
-        .targets(_targets(queries))
+        _panel(stat.Panel(), title, unit, description, queries, mappings=mappings)
         .thresholds(thresholds(*steps))
         .color_mode(common.BigValueColorMode.BACKGROUND)
         .graph_mode(common.BigValueGraphMode.NONE)
         .text_mode(text_mode)
         .reduce_options(common_builders.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
     )
-    if mappings is not None:
-        panel = panel.mappings(mappings)
     if decimals is not None:
         panel = panel.decimals(decimals)
     return panel
@@ -201,12 +234,7 @@ def state_timeline(
     green (``maximum``); with ``mappings`` each mapped value has its own color.
     """
     panel = (
-        statetimeline.Panel()
-        .title(title)
-        .description(description)
-        .unit(unit)
-        .datasource(DATASOURCE)
-        .targets(_targets(queries))
+        _panel(statetimeline.Panel(), title, unit, description, queries, mappings=mappings)
         .min(minimum)
         .max(maximum)
         .show_value(common.VisibilityMode.NEVER)
@@ -224,8 +252,6 @@ def state_timeline(
         panel = panel.color_scheme(
             dashboard_builders.FieldColor().mode(FieldColorModeId.CONTINUOUS_RD_YL_GR)
         )
-    if mappings is not None:
-        panel = panel.mappings(mappings)
     return panel
 
 
@@ -255,12 +281,8 @@ def table_panel(
     if renames:
         organize["renameByName"] = dict(renames)
     panel = (
-        table.Panel()
-        .title(title)
-        .description(description)
-        .unit(unit)
-        .datasource(DATASOURCE)
-        .targets(_targets(queries, table_format=True))
+        _panel(table.Panel(), title, unit, description, queries, table_format=True,
+               mappings=mappings, links=links)
         .with_transformation(DataTransformerConfig(id_val="merge", options={}))
         .with_transformation(DataTransformerConfig(id_val="organize", options=organize))
         .thresholds(thresholds(*steps))
@@ -275,10 +297,6 @@ def table_panel(
             DynamicConfigValue(id_val="unit", value=unit_id),
             DynamicConfigValue(id_val="custom.cellOptions", value={"type": "auto"}),
         ])
-    if links:
-        panel = panel.data_links(list(links))
-    if mappings is not None:
-        panel = panel.mappings(mappings)
     return panel
 
 
@@ -294,12 +312,7 @@ def bar_gauge(
 ) -> bargauge.Panel:
     """Horizontal bars for ranked lists (top jobs, most idle GPUs)."""
     panel = (
-        bargauge.Panel()
-        .title(title)
-        .description(description)
-        .unit(unit)
-        .datasource(DATASOURCE)
-        .targets(_targets(queries))
+        _panel(bargauge.Panel(), title, unit, description, queries, links=links)
         .min(0)
         .thresholds(thresholds(*steps))
         .orientation(common.VizOrientation.HORIZONTAL)
@@ -308,6 +321,4 @@ def bar_gauge(
     )
     if maximum is not None:
         panel = panel.max(maximum)
-    if links:
-        panel = panel.data_links(list(links))
     return panel

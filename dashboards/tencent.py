@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from dashboards.builder import Board, VariableBuilder, query_variable
 from dashboards.panels import (
+    TEMPERATURE_STEPS,
     Query,
     Step,
     bar_gauge,
@@ -79,7 +80,7 @@ def _node_rows(board: Board, variant: Variant) -> None:
         "GPU temperature (Cloud Monitor)", "celsius",
         "GpuTemp per GPU. Good: below ~80 °C.",
         [Query(f"trainmon_tencent_cvm_gpu_temperature_celsius{{{CVM}}}", CVM_GPU)],
-        steps=(Step(None, "green"), Step(80, "yellow"), Step(87, "red")),
+        steps=TEMPERATURE_STEPS,
     ), width=8)
     board.add(timeseries(
         "CPU and memory usage (Cloud Monitor)", "percentunit",

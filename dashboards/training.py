@@ -10,6 +10,7 @@ from __future__ import annotations
 from dashboards import promql
 from dashboards.builder import RATE, Board, dashboard_url, link, query_variable
 from dashboards.panels import (
+    NODE_GPU,
     Query,
     Step,
     stat_panel,
@@ -19,7 +20,7 @@ from dashboards.panels import (
     value_mappings,
 )
 from dashboards.promql import JOB, JOB_GPUS, job_gpus, job_ratio, per_rank_ratio, phase_shares
-from dashboards.variant import FLEET, NODE, TRAINING, Variant
+from dashboards.variant import FLEET, NODE, TITLES, TRAINING, Variant
 
 #: ``trainmon_bottleneck`` kinds and the number each is drawn as (DESIGN §3, §6).
 VERDICTS = (
@@ -45,20 +46,14 @@ RANK_MEAN_STEP = (
     f" / sum by (node, rank) (rate({STEP_COUNT}[{RATE}]))"
 )
 RANK_LEGEND = "rank {{rank}} ({{node}})"
-GPU_LEGEND = "{{node}} GPU {{gpu}}"
 
 
 def build(variant: Variant) -> Board:
     """The Training overview dashboard of ``variant``."""
-    board = Board(
-        uid=variant.uid(TRAINING),
-        title=f"trainmon / Training overview ({variant.name})",
-        description=(
-            "Per training job: is it held back by compute (算), communication (通), "
-            "storage (存) or scheduling (调)? " + variant.summary
-        ),
-        tags=variant.tags,
-        links=variant.links(),
+    board = variant.board(
+        TRAINING,
+        "Per training job: is it held back by compute (算), communication (通), "
+        "storage (存) or scheduling (调)?",
     )
     board.variable(query_variable(
         "job", "Training job", "label_values(trainmon_training_steps_total, job)",
@@ -245,8 +240,7 @@ def _comm_row(board: Board, variant: Variant) -> None:
         ],
         minimum=0,
         # Open the node behind a series in Node detail.
-    ).data_links([link("Node detail of ${__field.labels.node}",
-                       dashboard_url(variant.uid(NODE), node="${__field.labels.node}"))]),
+    ).data_links([variant.series_link(NODE, "node")]),
         width=8)
 
 
@@ -257,7 +251,7 @@ def _gpu_row(board: Board) -> None:
         "Each GPU the job's ranks run on, colored by utilization (red idle → green busy). "
         "Good: solid green. Stripes that alternate red and green are the sawtooth of a "
         "data-starved job: the GPU finishes a batch, then waits for the next one.",
-        [Query(job_gpus("trainmon_gpu_utilization_ratio"), GPU_LEGEND)],
+        [Query(job_gpus("trainmon_gpu_utilization_ratio"), NODE_GPU)],
     ), width=24, height=9)
     board.add(timeseries(
         "Sawtooth ratio", "percentunit",
@@ -265,7 +259,7 @@ def _gpu_row(board: Board) -> None:
         "(~6 samples/s, which a 15–30 s scrape cannot see): 0 steady, 0.5 one full "
         "busy→idle→busy cycle, 1 two or more in the last two windows. Good: 0; at or "
         "above 0.5 (dashed) the GPU is flagged.",
-        [Query(job_gpus("trainmon_gpu_sawtooth_ratio"), GPU_LEGEND)],
+        [Query(job_gpus("trainmon_gpu_sawtooth_ratio"), NODE_GPU)],
         minimum=0, maximum=1,
         steps=(Step(None, "green"), Step(promql.SAWTOOTH_FLAG, "red")),
     ))
@@ -273,7 +267,7 @@ def _gpu_row(board: Board) -> None:
         "GPU idle fraction (high-rate sampler)", "percentunit",
         "Share of the driver's utilization samples below the idle threshold. Good: near 0 "
         "while the job runs; a GPU idle 30 % of the time wastes 30 % of what it costs.",
-        [Query(job_gpus(f"({promql.idle_fraction('')})"), GPU_LEGEND)],
+        [Query(job_gpus(f"({promql.idle_fraction('')})"), NODE_GPU)],
         minimum=0, maximum=1,
     ))
 
@@ -289,5 +283,5 @@ def _alerts_row(board: Board, variant: Variant) -> None:
             f' or (ALERTS{{alertname=~"Trainmon.*"}} and on(node) {JOB_GPUS})',
         )],
         hidden=("Value",),
-        links=[link("Fleet", dashboard_url(variant.uid(FLEET)))],
+        links=[link(TITLES[FLEET], dashboard_url(variant.uid(FLEET)))],
     ), width=24, height=7)

@@ -13,11 +13,13 @@ from dataclasses import dataclass, field
 from grafana_foundation_sdk.builders.dashboard import DashboardLink
 from grafana_foundation_sdk.models.dashboard import DashboardLinkType
 
-from dashboards.builder import Board, LinkBuilder, VariableBuilder
+from dashboards.builder import Board, LinkBuilder, VariableBuilder, dashboard_url, link
 
 TRAINING = "training"
 NODE = "node"
 FLEET = "fleet"
+#: Each dashboard's title (``trainmon / <title> (<variant name>)``) and link text.
+TITLES = {TRAINING: "Training overview", NODE: "Node detail", FLEET: "Fleet"}
 
 
 def _no_rows(board: Board, variant: Variant) -> None:
@@ -51,6 +53,27 @@ class Variant:
     def uid(self, kind: str) -> str:
         """The stable UID of this variant's ``training``, ``node`` or ``fleet`` dashboard."""
         return f"{self.uid_prefix}-{kind}"
+
+    def board(self, kind: str, description: str) -> Board:
+        """A new ``kind`` dashboard of this variant; ``description`` is followed by the
+        variant's summary."""
+        return Board(
+            uid=self.uid(kind),
+            title=f"trainmon / {TITLES[kind]} ({self.name})",
+            description=f"{description} {self.summary}",
+            tags=self.tags,
+            links=self.links(),
+        )
+
+    def series_link(self, kind: str, label: str) -> LinkBuilder:
+        """A data link from a series to the ``kind`` dashboard of its ``label`` (node, job)."""
+        value = f"${{__field.labels.{label}}}"
+        return link(f"{TITLES[kind]} of {value}", dashboard_url(self.uid(kind), **{label: value}))
+
+    def row_link(self, kind: str, field: str) -> LinkBuilder:
+        """A data link from a table row to the ``kind`` dashboard of its ``field`` column."""
+        value = f"${{__data.fields.{field}}}"
+        return link(TITLES[kind], dashboard_url(self.uid(kind), **{field: value}))
 
     @property
     def tags(self) -> list[str]:

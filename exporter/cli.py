@@ -142,25 +142,21 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"trainmon {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
+    def env_option(
+        command: argparse.ArgumentParser, flag: str, name: str, metavar: str, help_text: str
+    ) -> None:
+        """``flag`` defaulting to ``$TRAINMON_<name>``, which its help names."""
+        command.add_argument(
+            flag, default=env(name), metavar=metavar, help=f"{help_text} [TRAINMON_{name}]"
+        )
+
     serve = commands.add_parser("serve", help="run the daemon (node collectors, puller, push)")
-    serve.add_argument(
-        "--config",
-        default=env("CONFIG"),
-        metavar="FILE",
-        help="YAML configuration file; built-in defaults without one [TRAINMON_CONFIG]",
-    )
-    serve.add_argument(
-        "--listen",
-        default=env("LISTEN"),
-        metavar="ADDR",
-        help="host:port to serve on, overrides the file's `listen` [TRAINMON_LISTEN]",
-    )
-    serve.add_argument(
-        "--web-config-file",
-        default=env("WEB_CONFIG_FILE"),
-        metavar="FILE",
-        help="exporter-toolkit web config (TLS, basic auth) [TRAINMON_WEB_CONFIG_FILE]",
-    )
+    env_option(serve, "--config", "CONFIG", "FILE",
+               "YAML configuration file; built-in defaults without one")
+    env_option(serve, "--listen", "LISTEN", "ADDR",
+               "host:port to serve on, overrides the file's `listen`")
+    env_option(serve, "--web-config-file", "WEB_CONFIG_FILE", "FILE",
+               "exporter-toolkit web config (TLS, basic auth)")
     serve.add_argument(
         "--demo",
         action="store_true",
@@ -176,18 +172,13 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     doctor = commands.add_parser(
         "doctor", help="one-shot bottleneck report: GPU, storage, network, verdict (exit 0/1/2)"
     )
-    doctor.add_argument(
-        "--url", default=env("DOCTOR_URL"), metavar="URL",
-        help="read a running daemon (host:port or URL); without it, sample this node "
-        "[TRAINMON_DOCTOR_URL]",
-    )
+    env_option(doctor, "--url", "DOCTOR_URL", "URL",
+               "read a running daemon (host:port or URL); without it, sample this node")
     doctor.add_argument("--seconds", type=float, default=10.0, help="how long to measure (10)")
     doctor.add_argument("--lang", choices=("en", "zh"), default="en", help="report language")
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
-    doctor.add_argument(
-        "--config", default=env("CONFIG"), metavar="FILE",
-        help="configuration (diagnosis thresholds, local collectors) [TRAINMON_CONFIG]",
-    )
+    env_option(doctor, "--config", "CONFIG", "FILE",
+               "configuration (diagnosis thresholds, local collectors)")
     _add_log_level(doctor, env("LOG_LEVEL", "warning"))
 
     commands.add_parser("version", help="print the version")

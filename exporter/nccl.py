@@ -43,6 +43,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from exporter.collectors.infiniband import infiniband_ports, port_active
 from exporter.collectors.kernelfiles import KernelFileReader
 
 log = logging.getLogger(__name__)
@@ -119,20 +120,16 @@ def parse_device_list(value: str) -> DeviceList:
 def read_rdma_ports(sys_root: Path, files: KernelFileReader | None = None) -> tuple[RdmaPort, ...]:
     """Every port under ``<sys>/class/infiniband``; empty when the class is absent."""
     files = files or KernelFileReader(log)
-    ports: list[RdmaPort] = []
-    for directory in sorted((sys_root / "class" / "infiniband").glob("*/ports/*")):
-        if not directory.name.isdigit():
-            continue
-        state = files.text(directory / "state") or ""
-        ports.append(
-            RdmaPort(
-                device=directory.parent.parent.name,
-                port=int(directory.name),
-                active=state.split(":")[-1].strip() == "ACTIVE",
-                link_layer=files.text(directory / "link_layer") or "",
-            )
+    return tuple(
+        RdmaPort(
+            device=device,
+            port=int(port),
+            active=port_active(files.text(directory / "state") or ""),
+            link_layer=files.text(directory / "link_layer") or "",
         )
-    return tuple(ports)
+        for device, port, directory in infiniband_ports(sys_root)
+        if port.isdigit()
+    )
 
 
 def read_interfaces(proc_root: Path, pid: int, sys_root: Path) -> frozenset[str]:

@@ -2,7 +2,7 @@
 
 ``NVML`` opens a session lazily, under a lock, on first use, and turns every
 NVML call into a plain Python value in base units through one chokepoint,
-``NVML._query``, which is the only place NVML return codes are interpreted:
+``NVML.query``, which is the only place NVML return codes are interpreted:
 
 - ``NOT_SUPPORTED`` / ``NO_PERMISSION``: the reading is omitted (``None``),
   logged once per function;
@@ -18,23 +18,31 @@ NVML call into a plain Python value in base units through one chokepoint,
 A missing library or driver raises ``NVMLUnavailable`` (a
 ``CollectorUnavailable``) with a hint, never a crash. The library is any object
 with pynvml's function names (``NVMLLibrary``): ``pynvml`` itself, or the
-simulated node of ``exporter.demo.gpus``, so the same code serves both.
+simulated node of ``exporter.demo.gpus``, so the same code serves both. The
+values and errors handed out, and ``NVMLLibrary``, are in ``exporter.nvml_types``;
+XID events (an event set and its listener thread) in ``exporter.nvml_events``.
 Device readings are documented in ``docs/metrics.md`` (GPU section).
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import pynvml
 
-from exporter.collectors.base import CollectorUnavailable
+from exporter.nvml_types import (
+    GPUIdentity,
+    GPULost,
+    GPUProcess,
+    GPUReadings,
+    NVMLLibrary,
+    NVMLUnavailable,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -101,97 +109,6 @@ def error_name(code: int) -> str:
     return str(_ERROR_NAMES.get(code, f"code {code}"))
 
 
-class NVMLLibrary(Protocol):
-    """The NVML calls trainmon makes, with pynvml's names and return shapes.
-
-    Errors are raised as ``NVMLError`` instances carrying the code in ``.value``.
-    """
-
-    @property
-    def NVMLError(self) -> type[Exception]: ...
-
-    def nvmlInit(self) -> None: ...
-    def nvmlShutdown(self) -> None: ...
-    def nvmlSystemGetDriverVersion(self) -> str: ...
-    def nvmlDeviceGetCount(self) -> int: ...
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any: ...
-    def nvmlDeviceGetName(self, handle: Any) -> str: ...
-    def nvmlDeviceGetUUID(self, handle: Any) -> str: ...
-    def nvmlDeviceGetPciInfo(self, handle: Any) -> Any: ...
-    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any: ...
-    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int: ...
-    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int: ...
-    def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int: ...
-    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int: ...
-    def nvmlDeviceGetClockInfo(self, handle: Any, clock: int) -> int: ...
-    def nvmlDeviceGetViolationStatus(self, handle: Any, policy: int) -> Any: ...
-    def nvmlDeviceGetTotalEccErrors(self, handle: Any, error: int, counter: int) -> int: ...
-    def nvmlDeviceGetFieldValues(self, handle: Any, fields: list[tuple[int, int]]) -> Any: ...
-    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any: ...
-    def nvmlDeviceGetSamples(self, handle: Any, kind: int, since: int) -> tuple[int, Any]: ...
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]: ...
-    def nvmlEventSetCreate(self) -> Any: ...
-    def nvmlDeviceRegisterEvents(self, handle: Any, kinds: int, event_set: Any) -> None: ...
-    def nvmlEventSetWait_v2(self, event_set: Any, timeout_ms: int) -> Any: ...
-    def nvmlEventSetFree(self, event_set: Any) -> None: ...
-
-
-class NVMLUnavailable(CollectorUnavailable):
-    """NVML cannot be used right now (no library, no driver, session lost)."""
-
-
-class GPULost(Exception):
-    """The GPU answered ``NVML_ERROR_GPU_IS_LOST`` (fell off the bus, needs a reset)."""
-
-
-@dataclass(frozen=True)
-class GPUIdentity:
-    """Static facts of one GPU; empty strings where NVML would not say."""
-
-    index: int
-    uuid: str
-    name: str
-    pci_bus_id: str
-
-
-@dataclass(frozen=True)
-class GPUReadings:
-    """One GPU's readings in base units; ``None`` or a missing key = not supported.
-
-    Counters (energy, throttle, byte and ECC counters) are cumulative since the
-    driver loaded. ``failed`` names the calls that failed unexpectedly this time.
-    """
-
-    memory_used_bytes: int | None = None
-    memory_total_bytes: int | None = None
-    power_watts: float | None = None
-    power_limit_watts: float | None = None
-    energy_joules: float | None = None
-    temperature_celsius: float | None = None
-    sm_clock_hertz: float | None = None
-    throttle_seconds: Mapping[str, float] = field(default_factory=dict)
-    pcie_transmit_bytes: int | None = None
-    pcie_receive_bytes: int | None = None
-    nvlink_transmit_bytes: int | None = None
-    nvlink_receive_bytes: int | None = None
-    ecc_errors: Mapping[str, int] = field(default_factory=dict)
-    failed: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class GPUProcess:
-    """A compute process on a GPU; ``used_memory_bytes`` is None where hidden."""
-
-    pid: int
-    used_memory_bytes: int | None
-
-
-@dataclass(frozen=True)
-class XidEvent:
-    gpu: int
-    xid: int
-
-
 class _ByteCounters(NamedTuple):
     pcie_transmit: int | None
     pcie_receive: int | None
@@ -200,7 +117,9 @@ class _ByteCounters(NamedTuple):
 
 
 @dataclass
-class _Session:
+class NVMLSession:
+    """One ``nvmlInit`` .. ``nvmlShutdown``: the GPUs, their handles and which are lost."""
+
     generation: int
     driver_version: str
     devices: tuple[GPUIdentity, ...]
@@ -225,7 +144,7 @@ class NVML:
         self._clock = clock
         self._wall_clock = wall_clock
         self._lock = threading.RLock()
-        self._session: _Session | None = None
+        self._session: NVMLSession | None = None
         self._generation = 0
         self._unavailable: str | None = None
         self._retry_at = float("-inf")
@@ -237,20 +156,30 @@ class NVML:
 
     def devices(self) -> tuple[GPUIdentity, ...]:
         """Every GPU NVML enumerates, opening the session if needed."""
-        return self._ensure_session().devices
+        return self.session().devices
 
     @property
     def driver_version(self) -> str:
-        return self._ensure_session().driver_version
+        return self.session().driver_version
 
     @property
     def generation(self) -> int:
         """Bumped whenever a session opens (e.g. after a driver reload)."""
         return self._generation
 
+    @property
+    def library(self) -> NVMLLibrary:
+        """The library every call goes to (pynvml, or the simulated node of the demo)."""
+        return self._library
+
     def is_missing(self, function: str) -> bool:
         """True once ``function`` answered FUNCTION_NOT_FOUND (older driver)."""
         return function in self._missing
+
+    def supports(self, index: int | None, function: str) -> bool:
+        """False once ``function`` (called without a variant) answered NOT_SUPPORTED or
+        NO_PERMISSION for GPU ``index`` in this session, or is missing from the driver."""
+        return function not in self._missing and (index, function, None) not in self._unsupported
 
     def close(self) -> None:
         with self._lock:
@@ -258,7 +187,8 @@ class NVML:
                 self._session = None
                 self._shutdown()
 
-    def _ensure_session(self) -> _Session:
+    def session(self) -> NVMLSession:
+        """The open session (devices, handles), opening it if needed; NVMLUnavailable if not."""
         with self._lock:
             if self._session is not None:
                 return self._session
@@ -267,7 +197,7 @@ class NVML:
             try:
                 self._session = self._open()
             except self._library.NVMLError as error:
-                code = _code(error)
+                code = error_code(error)
                 hint = _UNAVAILABLE_HINTS.get(code, "NVML initialisation failed")
                 self._unavailable = (
                     f"GPU collector disabled: {hint} [NVML_ERROR_{error_name(code)}]"
@@ -277,7 +207,7 @@ class NVML:
             self._unavailable = None
             return self._session
 
-    def _open(self) -> _Session:
+    def _open(self) -> NVMLSession:
         library = self._library
         library.nvmlInit()
         try:
@@ -285,7 +215,7 @@ class NVML:
             count = library.nvmlDeviceGetCount()
             self._generation += 1
             self._unsupported.clear()
-            session = _Session(self._generation, _text(driver), (), [None] * count)
+            session = NVMLSession(self._generation, _text(driver), (), [None] * count)
             session.devices = tuple(self._identify(session, index) for index in range(count))
         except (library.NVMLError, NVMLUnavailable):
             self._shutdown()
@@ -295,17 +225,17 @@ class NVML:
         )
         return session
 
-    def _identify(self, session: _Session, index: int) -> GPUIdentity:
+    def _identify(self, session: NVMLSession, index: int) -> GPUIdentity:
         """Handle and identity of GPU ``index``; empty strings if it is lost."""
         library = self._library
         try:
-            handle = self._query(index, library.nvmlDeviceGetHandleByIndex, index, session=session)
+            handle = self.query(index, library.nvmlDeviceGetHandleByIndex, index, session=session)
             if handle is None:
                 return GPUIdentity(index, "", "", "")
             session.handles[index] = handle
-            uuid = self._query(index, library.nvmlDeviceGetUUID, handle, session=session)
-            name = self._query(index, library.nvmlDeviceGetName, handle, session=session)
-            pci = self._query(index, library.nvmlDeviceGetPciInfo, handle, session=session)
+            uuid = self.query(index, library.nvmlDeviceGetUUID, handle, session=session)
+            name = self.query(index, library.nvmlDeviceGetName, handle, session=session)
+            pci = self.query(index, library.nvmlDeviceGetPciInfo, handle, session=session)
         except GPULost:
             return GPUIdentity(index, "", "", "")
         return GPUIdentity(index, _text(uuid), _text(name), _text(getattr(pci, "busId", "")))
@@ -314,9 +244,9 @@ class NVML:
         try:
             self._library.nvmlShutdown()
         except self._library.NVMLError as error:
-            log.debug("nvmlShutdown: %s", error_name(_code(error)))
+            log.debug("nvmlShutdown: %s", error_name(error_code(error)))
 
-    def _drop_session(self, session: _Session, code: int) -> None:
+    def _drop_session(self, session: NVMLSession, code: int) -> None:
         with self._lock:
             if self._session is session:
                 log.warning(
@@ -331,12 +261,12 @@ class NVML:
 
     # -- the chokepoint -------------------------------------------------------
 
-    def _query(
+    def query(
         self,
         index: int | None,
         call: Callable[..., T],
         *args: Any,
-        session: _Session | None = None,
+        session: NVMLSession | None = None,
         absent: frozenset[int] = frozenset(),
         failed: list[str] | None = None,
         variant: object = None,
@@ -356,7 +286,7 @@ class NVML:
         try:
             return call(*args)
         except self._library.NVMLError as error:
-            code = _code(error)
+            code = error_code(error)
         current = session or self._session
         if code in absent:
             return None
@@ -404,9 +334,9 @@ class NVML:
             self._logged.add(key)
             log.warning(message, *args)
 
-    def _device(self, index: int) -> tuple[_Session, Any]:
+    def _device(self, index: int) -> tuple[NVMLSession, Any]:
         """The session and handle of GPU ``index``; GPULost while it is lost."""
-        session = self._ensure_session()
+        session = self.session()
         if not 0 <= index < len(session.handles):
             raise GPULost(f"GPU {index} is not present")
         lost_since = session.lost_since.get(index)
@@ -415,7 +345,7 @@ class NVML:
         handle = session.handles[index]
         if handle is None or lost_since is not None:
             session.lost_since.pop(index, None)
-            handle = self._query(index, self._library.nvmlDeviceGetHandleByIndex, index)
+            handle = self.query(index, self._library.nvmlDeviceGetHandleByIndex, index)
             if handle is None:
                 raise GPULost(f"GPU {index} has no handle")
             session.handles[index] = handle
@@ -430,7 +360,7 @@ class NVML:
         failed: list[str] = []
 
         def query(call: Callable[..., T], *args: Any) -> T | None:
-            return self._query(
+            return self.query(
                 index, call, handle, *args, session=session, failed=failed, variant=args
             )
 
@@ -470,13 +400,13 @@ class NVML:
         self,
         index: int,
         handle: Any,
-        session: _Session,
+        session: NVMLSession,
         requests: list[tuple[int, int]],
         failed: list[str],
     ) -> dict[tuple[int, int], int] | None:
         """``(field id, scope id)`` → value, in one ``nvmlDeviceGetFieldValues``
         call; fields that answered an error are left out. None if the call is."""
-        values = self._query(
+        values = self.query(
             index,
             self._library.nvmlDeviceGetFieldValues,
             handle,
@@ -493,7 +423,7 @@ class NVML:
         }
 
     def _byte_counters(
-        self, index: int, handle: Any, session: _Session, failed: list[str]
+        self, index: int, handle: Any, session: NVMLSession, failed: list[str]
     ) -> _ByteCounters:
         """PCIe and NVLink data byte counters (all links), in one field-value call."""
         requests = [
@@ -517,7 +447,7 @@ class NVML:
         )
 
     def _nvlink_per_link(
-        self, index: int, handle: Any, session: _Session, failed: list[str]
+        self, index: int, handle: Any, session: NVMLSession, failed: list[str]
     ) -> list[int | None]:
         """NVLink TX/RX KiB summed over the links, for drivers that reject the
         all-links scope. GPUs without NVLink report 0 links and are asked once."""
@@ -546,7 +476,7 @@ class NVML:
         """
         session, handle = self._device(index)
         library = self._library
-        result = self._query(
+        result = self.query(
             index,
             library.nvmlDeviceGetSamples,
             handle,
@@ -564,7 +494,7 @@ class NVML:
             ]
             if fresh:
                 return fresh
-        rates = self._query(index, library.nvmlDeviceGetUtilizationRates, handle, session=session)
+        rates = self.query(index, library.nvmlDeviceGetUtilizationRates, handle, session=session)
         if rates is None:
             return []
         stamp = max(int(self._wall_clock() * 1e6), since_us + 1)
@@ -573,7 +503,7 @@ class NVML:
     def processes(self, index: int) -> tuple[GPUProcess, ...] | None:
         """Compute processes on GPU ``index`` (an expensive call: use sparingly)."""
         session, handle = self._device(index)
-        infos = self._query(
+        infos = self.query(
             index, self._library.nvmlDeviceGetComputeRunningProcesses, handle, session=session
         )
         if infos is None:
@@ -585,88 +515,9 @@ class NVML:
             for info in infos
         )
 
-    # -- XID events ---------------------------------------------------------------
 
-    def subscribe_xid(self) -> XidSubscription | None:
-        """An event set with every reachable GPU registered for XID critical
-        errors, or None when the driver cannot deliver events."""
-        session = self._ensure_session()
-        library = self._library
-        event_set = self._query(None, library.nvmlEventSetCreate, session=session)
-        if event_set is None:
-            return None
-        gpus: dict[object, int] = {}
-        for index, handle in enumerate(session.handles):
-            if handle is None or index in session.lost_since:
-                continue
-            try:
-                self._query(
-                    index,
-                    library.nvmlDeviceRegisterEvents,
-                    handle,
-                    EVENT_XID_CRITICAL_ERROR,
-                    event_set,
-                    session=session,
-                )
-            except GPULost:
-                continue
-            if (index, "nvmlDeviceRegisterEvents", None) not in self._unsupported:
-                gpus[_handle_key(handle)] = index
-        return XidSubscription(self, session, event_set, gpus)
-
-
-class XidSubscription:
-    """XID critical-error events of the GPUs registered in one event set."""
-
-    WAIT = "nvmlEventSetWait_v2"
-
-    def __init__(
-        self, nvml: NVML, session: _Session, event_set: Any, gpus: Mapping[object, int]
-    ) -> None:
-        self._nvml = nvml
-        self._session = session
-        self._event_set = event_set
-        self._gpus = dict(gpus)
-
-    @property
-    def gpus(self) -> tuple[int, ...]:
-        return tuple(sorted(self._gpus.values()))
-
-    @property
-    def usable(self) -> bool:
-        """False when the driver cannot wait for events (too old) or no GPU is registered."""
-        return bool(self._gpus) and not self._nvml.is_missing(self.WAIT)
-
-    def wait(self, timeout_ms: int) -> XidEvent | None:
-        """The next XID event, or None after ``timeout_ms`` without one.
-
-        Raises ``NVMLUnavailable`` when the session is gone (re-subscribe later).
-        """
-        library = self._nvml._library
-        data = self._nvml._query(
-            None,
-            library.nvmlEventSetWait_v2,
-            self._event_set,
-            timeout_ms,
-            session=self._session,
-            absent=frozenset({ERROR_TIMEOUT}),
-        )
-        if data is None:
-            return None
-        gpu = self._gpus.get(_handle_key(data.device))
-        if gpu is None or int(data.eventType) != EVENT_XID_CRITICAL_ERROR:
-            return None
-        return XidEvent(gpu, int(data.eventData))
-
-    def close(self) -> None:
-        library = self._nvml._library
-        try:
-            library.nvmlEventSetFree(self._event_set)
-        except library.NVMLError as error:
-            log.debug("nvmlEventSetFree: %s", error_name(_code(error)))
-
-
-def _code(error: BaseException) -> int:
+def error_code(error: BaseException) -> int:
+    """The NVML return code an ``NVMLError`` carries (``ERROR_UNKNOWN`` if none)."""
     value = getattr(error, "value", ERROR_UNKNOWN)
     return value if isinstance(value, int) else ERROR_UNKNOWN
 
@@ -697,10 +548,3 @@ _VALUE_MEMBERS = {
     pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
     pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
 }
-
-
-def _handle_key(handle: Any) -> object:
-    """A hashable identity of a device handle: ctypes pointers compare by address."""
-    if isinstance(handle, ctypes._Pointer):
-        return ctypes.cast(handle, ctypes.c_void_p).value
-    return handle

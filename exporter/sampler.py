@@ -43,7 +43,9 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from exporter.nvml import NVML, GPULost, NVMLUnavailable
+from exporter.background import BackgroundThread
+from exporter.nvml import NVML
+from exporter.nvml_types import GPULost, NVMLUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -188,23 +190,17 @@ class UtilizationSampler:
         self._hysteresis = hysteresis or Hysteresis()
         self._tracks: dict[int, UtilizationTrack] = {}
         self._lock = threading.Lock()
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = BackgroundThread("gpu-sampler", self._run)
 
     def start(self) -> None:
         """Poll once now (so the first scrape has data), then every interval."""
-        if self._thread is not None:
+        if self._thread.started:
             return
-        self._stopping.clear()
         self._poll_quietly()
-        self._thread = threading.Thread(target=self._run, name="gpu-sampler", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
-        self._stopping.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
+        self._thread.stop()
 
     def poll(self) -> None:
         """Drain the new samples of every reachable GPU once.
@@ -232,7 +228,7 @@ class UtilizationSampler:
             return {index: track.snapshot() for index, track in self._tracks.items()}
 
     def _run(self) -> None:
-        while not self._stopping.wait(self._interval):
+        while not self._thread.stopping.wait(self._interval):
             self._poll_quietly()
 
     def _poll_quietly(self) -> None:

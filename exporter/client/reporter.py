@@ -30,7 +30,6 @@ import time
 import weakref
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Mapping
-from types import TracebackType
 from typing import TypeVar
 
 from exporter.client.identity import detect_gpu, rank_identity
@@ -243,12 +242,7 @@ class Reporter:
     def __enter__(self) -> Reporter:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     # -- internals -------------------------------------------------------------
@@ -304,12 +298,7 @@ class _Phase:
         self._started = _perf_counter()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self._reporter.add_phase(self._name, _perf_counter() - self._started)
 
 

@@ -43,7 +43,7 @@ PROCESS_LABELS = [
 
 
 class GPUProcessLike(Protocol):
-    """What the attribution needs of a GPU process (``exporter.nvml.GPUProcess``)."""
+    """What the attribution needs of a GPU process (``exporter.nvml_types.GPUProcess``)."""
 
     @property
     def pid(self) -> int: ...

@@ -3,10 +3,11 @@
 ``GPUCollector`` reads every GPU through the ``NVML`` facade on each scrape
 (one cycle over 8 GPUs is a few dozen cheap calls, no 20 ms blocking ones) and
 adds what its two background threads keep: the utilization sampler
-(``exporter.sampler``) and ``XidListener``, which waits on an NVML event set so
-that no XID error is lost between scrapes. The ``gpu`` label is the NVML index
-as a decimal string, as in dcgm-exporter. A lost GPU keeps only its ``_info``,
-``trainmon_gpu_up`` (0) and XID series; the other GPUs go on. Process lists are
+(``exporter.sampler``) and the XID listener (``exporter.nvml_events``), which
+waits on an NVML event set so that no XID error is lost between scrapes. The
+``gpu`` label is the NVML index as a decimal string, as in dcgm-exporter. A lost
+GPU keeps only its ``_info``, ``trainmon_gpu_up`` (0) and XID series; the other
+GPUs go on. Process lists are
 expensive and read only on demand, at most every ``process_interval_seconds``.
 Every metric is documented in ``docs/metrics.md`` (GPU section).
 """
@@ -17,114 +18,17 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from exporter.collectors.base import Collector
 from exporter.config import GPUConfig
-from exporter.nvml import (
-    NVML,
-    GPULost,
-    GPUProcess,
-    GPUReadings,
-    NVMLUnavailable,
-    XidSubscription,
-)
+from exporter.nvml import NVML
+from exporter.nvml_events import XidListener
+from exporter.nvml_types import GPULost, GPUProcess, GPUReadings, NVMLUnavailable
 from exporter.sampler import Hysteresis, UtilizationSampler, UtilizationSnapshot
 
 log = logging.getLogger(__name__)
-
-#: How long ``XidListener`` blocks in ``nvmlEventSetWait`` (bounds ``stop()``).
-XID_WAIT_MS = 500
-
-
-@dataclass(frozen=True)
-class XidCount:
-    count: int
-    last_timestamp_seconds: float
-
-
-class XidListener:
-    """Counts XID critical errors per (GPU, XID code) from its own thread."""
-
-    def __init__(
-        self,
-        nvml: NVML,
-        *,
-        wall_clock: Callable[[], float] = time.time,
-        retry_seconds: float = 10.0,
-    ) -> None:
-        self._nvml = nvml
-        self._wall_clock = wall_clock
-        self._retry_seconds = retry_seconds
-        self._counts: dict[tuple[int, int], XidCount] = {}
-        self._lock = threading.Lock()
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.state = "starting"  # listening | unsupported | waiting for NVML
-
-    def start(self) -> None:
-        if self._thread is None:
-            self._stopping.clear()
-            self._thread = threading.Thread(target=self._run, name="gpu-xid", daemon=True)
-            self._thread.start()
-
-    def stop(self) -> None:
-        self._stopping.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
-
-    def counts(self) -> Mapping[tuple[int, int], XidCount]:
-        with self._lock:
-            return dict(self._counts)
-
-    def _record(self, gpu: int, xid: int) -> None:
-        log.warning("XID %d on GPU %d", xid, gpu)
-        with self._lock:
-            previous = self._counts.get((gpu, xid))
-            count = 1 if previous is None else previous.count + 1
-            self._counts[(gpu, xid)] = XidCount(count, self._wall_clock())
-
-    def _run(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                subscription = self._nvml.subscribe_xid()
-            except NVMLUnavailable:
-                self.state = "waiting for NVML"
-                self._stopping.wait(self._retry_seconds)
-                continue
-            if subscription is None or not subscription.usable:
-                self.state = "unsupported"
-                if subscription is not None:
-                    subscription.close()
-                self._stopping.wait(max(60.0, self._retry_seconds))
-                continue
-            self.state = "listening"
-            try:
-                self._listen(subscription)
-            finally:
-                subscription.close()
-
-    def _listen(self, subscription: XidSubscription) -> None:
-        generation = self._nvml.generation
-        while not self._stopping.is_set() and self._nvml.generation == generation:
-            started = time.monotonic()
-            try:
-                event = subscription.wait(XID_WAIT_MS)
-            except NVMLUnavailable:
-                return
-            if event is not None:
-                self._record(event.gpu, event.xid)
-                continue
-            if not subscription.usable:
-                return
-            # An error that returns at once must not turn this loop into a spin.
-            remaining = XID_WAIT_MS / 1000 - (time.monotonic() - started)
-            if remaining > 0.05:
-                self._stopping.wait(remaining)
-
 
 class GPUCollector(Collector):
     """Every GPU metric of DESIGN §3 (GPU block) for the GPUs NVML enumerates."""

@@ -91,10 +91,11 @@ _RATE = re.compile(r"(\d+(?:\.\d+)?)\s*Gb/sec")
 _ACTIVE = "ACTIVE"  # IB_PORT_ACTIVE, "4: ACTIVE" in sysfs
 
 
-def _ports(class_infiniband: Path) -> Iterator[tuple[str, str, Path]]:
-    """``(device, port, port directory)`` in a stable order; nothing if absent."""
+def infiniband_ports(sys_root: Path) -> Iterator[tuple[str, str, Path]]:
+    """``(device, port, port directory)`` of every port under ``<sys>/class/infiniband``:
+    devices by name, ports by number; nothing where the class is absent."""
     try:
-        devices = sorted(class_infiniband.iterdir())
+        devices = sorted((sys_root / "class" / "infiniband").iterdir())
     except (FileNotFoundError, NotADirectoryError):
         return
     for device in devices:
@@ -108,6 +109,11 @@ def _ports(class_infiniband: Path) -> Iterator[tuple[str, str, Path]]:
 
 def _port_order(path: Path) -> tuple[int, str]:
     return (int(path.name), "") if path.name.isdigit() else (1 << 31, path.name)
+
+
+def port_active(state: str) -> bool:
+    """True for the ACTIVE port state (``ports/<port>/state``, e.g. ``"4: ACTIVE"``)."""
+    return state.split(":")[-1].strip() == _ACTIVE
 
 
 def parse_rate(text: str) -> float | None:
@@ -124,7 +130,7 @@ class InfinibandCollector(Collector):
     def __init__(self, sys_root: Path, *, required: bool = False) -> None:
         """``required`` (``enabled: true`` rather than ``auto``): a host without
         InfiniBand/RoCE ports is reported as unavailable instead of as normal."""
-        self._class_infiniband = sys_root / "class" / "infiniband"
+        self._sys_root = sys_root
         self._required = required
         self._files = KernelFileReader(log)
         self._port_count = 0
@@ -159,7 +165,7 @@ class InfinibandCollector(Collector):
             labels=[*labels, "link_layer"],
         )
         port_count = 0
-        for device, port, directory in _ports(self._class_infiniband):
+        for device, port, directory in infiniband_ports(self._sys_root):
             port_count += 1
             for counter, value in self._traffic(directory).items():
                 traffic[counter].add_metric([device, port], value)
@@ -173,13 +179,15 @@ class InfinibandCollector(Collector):
                 rate.add_metric([device, port], rate_bytes)
             state = self._files.text(directory / "state")
             if state is not None:
-                up.add_metric([device, port], 1 if state.split(":")[-1].strip() == _ACTIVE else 0)
+                up.add_metric([device, port], 1 if port_active(state) else 0)
             link_layer = self._files.text(directory / "link_layer")
             if link_layer:
                 info.add_metric([device, port, link_layer], 1)
         self._port_count = port_count
         if self._required and port_count == 0:
-            raise CollectorUnavailable(f"no InfiniBand/RoCE ports under {self._class_infiniband}")
+            raise CollectorUnavailable(
+                f"no InfiniBand/RoCE ports under {self._sys_root / 'class' / 'infiniband'}"
+            )
         families: list[Metric] = [*traffic.values(), errors, rate, up, info]
         return [family for family in families if family.samples]
 

@@ -144,29 +144,22 @@ class TrainingCollector(Collector):
         yield from self._intake_families(snapshot)
 
     def _intake_families(self, snapshot: StoreSnapshot) -> Iterable[Metric]:
-        accepted = CounterMetricFamily(
+        yield _counter_by(
             "trainmon_training_reports",
             "Step reports accepted, by transport (unix socket or http).",
-            labels=["transport"],
+            "transport", snapshot.accepted,
         )
-        for transport, count in snapshot.accepted.items():
-            accepted.add_metric([transport], count)
-        rejected = CounterMetricFamily(
+        yield _counter_by(
             "trainmon_training_rejected_reports",
             "Step reports (lines, datagrams or bodies) refused, by reason; see docs/protocol.md.",
-            labels=["reason"],
+            "reason", snapshot.rejected,
         )
-        for reason, count in snapshot.rejected.items():
-            rejected.add_metric([reason], count)
-        evicted = CounterMetricFamily(
+        yield _counter_by(
             "trainmon_training_evicted_ranks",
             "Ranks dropped with their series: silent past the TTL, or least recently "
             "updated when max_jobs / max_ranks_per_job was reached.",
-            labels=["reason"],
+            "reason", snapshot.evicted,
         )
-        for reason, count in snapshot.evicted.items():
-            evicted.add_metric([reason], count)
-        yield from (accepted, rejected, evicted)
         if self._config.socket is not None:
             up = GaugeMetricFamily(
                 "trainmon_training_socket_up",
@@ -175,6 +168,16 @@ class TrainingCollector(Collector):
             up.add_metric([], 1.0 if self._receiver is not None and self._receiver.listening
                           else 0.0)
             yield up
+
+
+def _counter_by(
+    name: str, documentation: str, label: str, counts: Mapping[str, int]
+) -> CounterMetricFamily:
+    """A counter family with one sample per ``label`` value of ``counts``."""
+    family = CounterMetricFamily(name, documentation, labels=[label])
+    for value, count in counts.items():
+        family.add_metric([value], count)
+    return family
 
 
 def _rank_families(snapshot: StoreSnapshot) -> Iterable[Metric]:

@@ -1,8 +1,8 @@
 """A simulated 8-GPU node behind the NVML facade, for ``trainmon serve --demo``.
 
 ``SimulatedNVML`` has pynvml's function names and return shapes
-(``exporter.nvml.NVMLLibrary``), so the real facade, sampler and collector run
-on it unchanged. GPUs 0–3 carry a data-starved job: busy (~97 %) for 6.5 s of
+(``exporter.nvml_types.NVMLLibrary``), so the real facade, sampler and collector
+run on it unchanged. GPUs 0–3 carry a data-starved job: busy (~97 %) for 6.5 s of
 every 10 s, then idle while the input pipeline catches up — the sawtooth the
 detector exists for. GPUs 4–7 run steady at ~95 %. Utilization samples come
 every 1/6 s like the driver's, with small deterministic noise; power,

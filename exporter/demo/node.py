@@ -15,11 +15,12 @@ import logging
 import os
 import shutil
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from exporter.background import BackgroundThread
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +89,7 @@ class SimulatedNodeFiles:
         self._clock = clock
         self._started = clock()
         self._refresh_seconds = refresh_seconds
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = BackgroundThread("demo-node", self._run)
         self._build_static_tree()
         self.refresh()
 
@@ -102,13 +102,10 @@ class SimulatedNodeFiles:
         return self.root / "sys"
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="demo-node", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self._thread.stop()
         if self._owned:
             shutil.rmtree(self.root, ignore_errors=True)
 
@@ -126,7 +123,7 @@ class SimulatedNodeFiles:
             self._write(counters / "counters_ext" / "port_xmit_packets_64", f"{packets}\n")
 
     def _run(self) -> None:
-        while not self._stop.wait(self._refresh_seconds):
+        while not self._thread.stopping.wait(self._refresh_seconds):
             try:
                 self.refresh()
             except OSError:

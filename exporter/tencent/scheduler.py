@@ -39,6 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
+from exporter.background import BackgroundThread
 from exporter.tencent.catalogue import MetricSpec
 from exporter.tencent.client import MONITOR, APIError, TencentAPI
 from exporter.tencent.credentials import CredentialsUnavailable
@@ -149,33 +150,29 @@ class TencentPuller:
         self._plan: tuple[PlannedMetric, ...] | None = None
         self._validated = False
         self._validated_at = -math.inf
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = BackgroundThread("tencent-puller", self._run)
         self._executor: ThreadPoolExecutor | None = None
         self._logged: dict[tuple[str, str], tuple[float, int]] = {}
 
     # -- lifecycle --------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="tencent-puller", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self._thread.stop(timeout)
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        while not self._thread.stopping.is_set():
             started = self._monotonic()
             try:
                 self.refresh()
             except Exception:  # the thread must survive anything a refresh throws
                 log.exception("Tencent Cloud refresh failed unexpectedly")
-            self._stop.wait(self._pause(self._monotonic() - started))
+            self._thread.stopping.wait(self._pause(self._monotonic() - started))
 
     def _pause(self, elapsed: float) -> float:
         interval = self.status().refresh_interval or float(self.settings.period)
@@ -313,7 +310,7 @@ class TencentPuller:
         reasons: list[str] = []
 
         def run(job: _Job) -> bool:
-            if abort.is_set() or self._stop.is_set():
+            if abort.is_set() or self._thread.stopping.is_set():
                 return False
             try:
                 self._pull_one(connection.api, job, now)

@@ -24,11 +24,11 @@ import os
 import select
 import socket
 import stat
-import threading
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
 
+from exporter.background import BackgroundThread
 from exporter.push import PushRequest, PushResponse
 from exporter.training.protocol import (
     MAX_DATAGRAM_BYTES,
@@ -157,15 +157,14 @@ class SocketReceiver:
         self._max_label_length = max_label_length
         self._socket: socket.socket | None = None
         self._inode = -1
-        self._thread: threading.Thread | None = None
-        self._stopping = threading.Event()
+        self._thread = BackgroundThread("training-socket", self._run)
         self.receive_buffer_bytes = 0
         #: Datagrams Linux queues before refusing more (None if unreadable).
         self.max_queued_datagrams = _read_int(qlen_path)
 
     @property
     def listening(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._thread.alive
 
     def start(self) -> None:
         """Bind the socket (OSError on failure) and start draining it."""
@@ -185,8 +184,6 @@ class SocketReceiver:
             sock.close()
             raise
         self._socket = sock
-        self._stopping.clear()
-        self._thread = threading.Thread(target=self._run, name="training-socket", daemon=True)
         self._thread.start()
         log.info(
             "receiving training steps on unix://%s (mode %o, receive buffer %d bytes)",
@@ -201,11 +198,10 @@ class SocketReceiver:
 
     def stop(self) -> None:
         """Stop the thread, close and remove the socket; safe to call twice."""
-        self._stopping.set()
-        if self._thread is not None:
+        if self._thread.started:
+            self._thread.stopping.set()
             _wake(self.path)
-            self._thread.join(timeout=5 * POLL_SECONDS)
-            self._thread = None
+        self._thread.stop(timeout=5 * POLL_SECONDS)
         if self._socket is not None:
             with contextlib.suppress(OSError):
                 found = os.lstat(self.path)
@@ -220,7 +216,7 @@ class SocketReceiver:
         assert sock is not None
         poller = select.poll()
         poller.register(sock, select.POLLIN)
-        while not self._stopping.is_set():
+        while not self._thread.stopping.is_set():
             if not poller.poll(POLL_SECONDS * 1000):
                 continue
             batch: list[tuple[bytes, list[tuple[int, int, bytes]], int, object]] = []
@@ -232,11 +228,11 @@ class SocketReceiver:
             except BlockingIOError:
                 pass
             except OSError as error:
-                if self._stopping.is_set():
+                if self._thread.stopping.is_set():
                     return
                 log.error("training socket receive failed: %s", error)
                 continue
-            if self._stopping.is_set():
+            if self._thread.stopping.is_set():
                 return
             for data, _, flags, _ in batch:
                 if flags & socket.MSG_TRUNC:

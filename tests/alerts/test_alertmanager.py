@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 from alert_bundle import ALERTMANAGER_CONFIG, VARIANTS, shipped_alerts
-from alerting_stack import AMTOOL, Alertmanager, WebhookSink, require, wait_until
+from alerting_stack import AMTOOL, Alertmanager, WebhookSink
+from support.prometheus import require, wait_until
 
 pytestmark = pytest.mark.integration
 

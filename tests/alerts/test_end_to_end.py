@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 from alert_bundle import rules_path, run_script
-from alerting_stack import Alertmanager, Prometheus, WebhookSink, wait_until
+from alerting_stack import ALERTING_PROMETHEUS_FLAGS, Alertmanager, WebhookSink
 from support.daemon import Daemon
+from support.prometheus import Prometheus, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -74,7 +75,7 @@ def test_sawtooth_gpus_page_and_steady_gpus_never_do(
             "honor_labels": True,
             "static_configs": [{"targets": [instance], "labels": {"node": "demo-node"}}],
         }],
-    })
+    }, flags=ALERTING_PROMETHEUS_FLAGS)
 
     def paged_gpus() -> set[str]:
         return {

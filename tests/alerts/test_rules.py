@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 import yaml
 from alert_bundle import REPO, VARIANTS, rules_path, run_script, shipped_alerts
-from alerting_stack import PROMTOOL, require
+from alerting_stack import PROMTOOL
+from support.prometheus import require
 
 pytestmark = pytest.mark.integration
 

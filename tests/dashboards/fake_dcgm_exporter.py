@@ -13,12 +13,11 @@ and GPUs 4–7 are steadily busy.
 from __future__ import annotations
 
 import math
-import threading
 import time
 from collections.abc import Callable, Iterable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from metric_contract import DCGM_COUNTERS
+from support.loopback import LoopbackHTTPServer, Reply, Request
 
 GPUS = 8
 DRIVER_VERSION = "550.54.15"
@@ -95,50 +94,18 @@ def render(rows: list[tuple[str, str, str]], now: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-class FakeDCGMExporter:
+class FakeDCGMExporter(LoopbackHTTPServer):
     """``with FakeDCGMExporter(opt_in=(...)) as fake: fake.url`` serves /metrics on loopback."""
 
     def __init__(self, opt_in: Iterable[str] = (), clock: Callable[[], float] = time.time) -> None:
         self.rows = counters(opt_in)
         self.clock = clock
         self.scrapes = 0
-        self._server: ThreadingHTTPServer | None = None
+        super().__init__(self._answer)
 
-    @property
-    def url(self) -> str:
-        assert self._server is not None
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    @property
-    def address(self) -> str:
-        assert self._server is not None
-        return f"127.0.0.1:{self._server.server_address[1]}"
-
-    def __enter__(self) -> FakeDCGMExporter:
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                if self.path != "/metrics":
-                    self.send_error(404)
-                    return
-                fake.scrapes += 1
-                body = render(fake.rows, fake.clock()).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+    def _answer(self, request: Request) -> Reply:
+        if request.path != "/metrics":
+            return Reply.text("not found", status=404)
+        self.scrapes += 1
+        return Reply.text(render(self.rows, self.clock()),
+                          "text/plain; version=0.0.4; charset=utf-8")

@@ -38,8 +38,8 @@ from dashboard_files import REPO, VARIANTS, Dashboard, PanelQuery, panel_queries
 from fake_dcgm_exporter import FakeDCGMExporter
 from grafana_templating import Selection, Window, interpolate, selections
 from metric_contract import metric_names
-from prometheus_server import PROMETHEUS, Prometheus, QueryError
 from support.daemon import Daemon, free_port, trainmon_command, wait_ready
+from support.prometheus import PROMETHEUS, Prometheus, QueryError
 
 pytestmark = [
     pytest.mark.integration,
@@ -158,7 +158,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 workdir = tmp / f"prometheus-{variant}"
                 workdir.mkdir()
                 servers.append(
-                    Prometheus(workdir, _prometheus_config(variant, tmp, targets[variant])).start()
+                    Prometheus(workdir).start(_prometheus_config(variant, tmp, targets[variant]))
                 )
             stack = Stack(dict(zip(VARIANTS, servers, strict=True)), started)
             _wait_for_targets(stack)

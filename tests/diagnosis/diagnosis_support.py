@@ -1,8 +1,7 @@
 """Helpers for the diagnosis tests (imported by the test modules and the conftest).
 
-``scrape(collector)`` renders a collector with prometheus_client and parses the
-text back, so assertions are on what Prometheus reads. ``ProcTree`` and
-``SysTree`` write miniature ``/proc`` and ``/sys`` trees. ``ContractSource`` is a
+``job_verdicts(scrape)`` reads the per-job bottleneck from a rendering
+(``support.exposition``). ``ProcTree`` and ``SysTree`` write miniature ``/proc`` and ``/sys`` trees. ``ContractSource`` is a
 data source that emits metric-contract samples the test sets (a stand-in for
 the GPU, training and node collectors below the diagnosis collector).
 """
@@ -13,51 +12,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
-from prometheus_client.parser import text_string_to_metric_families
+from support.exposition import Labels, Scrape, labels
 
 from exporter.collectors.base import Collector
 
-Labels = tuple[tuple[str, str], ...]
 
-
-@dataclass(frozen=True)
-class Scrape:
-    text: str
-    samples: dict[str, dict[Labels, float]]
-
-    def value(self, name: str, **labels: str) -> float | None:
-        matches = [v for k, v in self.samples.get(name, {}).items()
-                   if labels.items() <= dict(k).items()]
-        assert len(matches) <= 1, f"{name}{labels} is ambiguous: {matches}"
-        return matches[0] if matches else None
-
-    def labelsets(self, name: str) -> list[dict[str, str]]:
-        return [dict(k) for k in self.samples.get(name, {})]
-
-    def verdicts(self) -> dict[str, str]:
-        """job → the kind whose trainmon_bottleneck is 1."""
-        return {dict(k)["job"]: dict(k)["kind"]
-                for k, v in self.samples.get("trainmon_bottleneck", {}).items() if v == 1}
-
-
-def parse(text: str) -> Scrape:
-    samples: dict[str, dict[Labels, float]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = (
-                sample.value)
-    return Scrape(text, samples)
-
-
-def scrape(collector: Collector) -> Scrape:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)
-    try:
-        return parse(generate_latest(registry).decode())
-    finally:
-        registry.unregister(collector)
+def job_verdicts(scrape: Scrape) -> dict[str, str]:
+    """job → the kind whose trainmon_bottleneck is 1."""
+    return {dict(k)["job"]: dict(k)["kind"]
+            for k, v in scrape.samples.get("trainmon_bottleneck", {}).items() if v == 1}
 
 
 class ProcTree:
@@ -135,7 +99,3 @@ class ContractSource(Collector):
                 family.add_sample(name, dict(label_set), value)
             families.append(family)
         return families
-
-
-def labels(**values: str) -> Labels:
-    return tuple(sorted(values.items()))

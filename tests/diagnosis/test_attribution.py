@@ -7,16 +7,15 @@ The kubelet is a loopback HTTP server serving a ``PodList``.
 
 from __future__ import annotations
 
-import json
 import os
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from diagnosis_support import ProcTree, SysTree, scrape
+from diagnosis_support import ProcTree, SysTree
+from support.exposition import scrape
+from support.loopback import LoopbackHTTPServer, Reply, Request
 
 from exporter.attribution import KubeletPodDirectory, ProcessAttributor
 from exporter.collectors.attribution import AttributionCollector
@@ -137,43 +136,24 @@ POD_LIST = {
 }
 
 
-class Kubelet:
+class Kubelet(LoopbackHTTPServer):
     """A loopback kubelet that serves ``/pods`` and records each request."""
 
     def __init__(self) -> None:
         self.document: object = POD_LIST
         self.status = 200
         self.requests: list[dict[str, str]] = []
-        kubelet = self
+        super().__init__(self._answer)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                kubelet.requests.append({"path": self.path, **dict(self.headers)})
-                body = json.dumps(kubelet.document).encode()
-                self.send_response(kubelet.status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    def _answer(self, request: Request) -> Reply:
+        self.requests.append({"path": request.path, **request.headers})
+        return Reply.json(self.document, status=self.status)
 
 
 @pytest.fixture
 def kubelet() -> Iterator[Kubelet]:
-    server = Kubelet()
-    yield server
-    server.close()
+    with Kubelet() as server:
+        yield server
 
 
 class Clock:
@@ -194,7 +174,7 @@ def test_kubelet_names_pod_namespace_and_container(
     who = ProcessAttributor(proc.root, pods).attribute(100)
     assert (who.pod, who.namespace, who.container) == ("trainer-0", "ml", "pytorch")
     assert kubelet.requests[0]["path"] == "/pods"
-    assert kubelet.requests[0]["Authorization"] == "Bearer secret-token"
+    assert kubelet.requests[0]["authorization"] == "Bearer secret-token"
 
 
 def test_kubelet_is_asked_only_for_unknown_pods_and_at_most_once_per_refresh(

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import io
 import json
-import threading
 from collections.abc import Iterable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from diagnosis_support import ContractSource
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
+from support.loopback import LoopbackHTTPServer, Reply, Request
 
 from exporter.collectors.base import Collector, CollectorUnavailable
 from exporter.config import DiagnosisConfig
@@ -67,27 +66,13 @@ class StarvedNode:
 def daemon() -> Iterator[tuple[str, StarvedNode]]:
     node = StarvedNode()
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if self.path != "/metrics":
-                self.send_error(404)
-                return
-            body = node.text()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def answer(request: Request) -> Reply:
+        if request.path != "/metrics":
+            return Reply(404)
+        return Reply(200, node.text(), "text/plain; version=0.0.4")
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"127.0.0.1:{server.server_address[1]}", node
-    server.shutdown()
-    server.server_close()
+    with LoopbackHTTPServer(answer) as server:
+        yield server.address, node
 
 
 def doctor_json(options: DoctorOptions, collectors: list[Collector] | None = None,

@@ -5,7 +5,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from diagnosis_support import ProcTree, SysTree, scrape
+from diagnosis_support import ProcTree, SysTree
+from support.exposition import scrape
 
 from exporter.collectors.attribution import AttributionCollector
 from exporter.config import AttributionConfig

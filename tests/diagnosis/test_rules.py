@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
-from diagnosis_support import ContractSource, Scrape, scrape
+from diagnosis_support import ContractSource, job_verdicts
+from support.exposition import Scrape, scrape
 
 from exporter.collectors.diagnosis import DiagnosisCollector
 from exporter.config import DiagnosisConfig, parse_config
@@ -94,7 +95,7 @@ def test_compute_when_gpus_are_busy_and_nothing_waits() -> None:
     node = Node()
     healthy_job(node)
     result = node.run()
-    assert result.verdicts() == {"llm": "compute"}
+    assert job_verdicts(result) == {"llm": "compute"}
     assert findings(result, "llm") == {"gpu_bound"}
     assert result.value("trainmon_bottleneck", job="llm", kind="storage") == 0
     assert result.value("trainmon_diagnosis_data_wait_ratio", job="llm") == pytest.approx(
@@ -112,7 +113,7 @@ def test_storage_when_one_rank_waits_for_data() -> None:
     healthy_job(node)
     node.ranks[("llm", "2")].wait = 0.08  # 0.08 / 0.30 = 27 % on one rank
     result = node.run()
-    assert result.verdicts() == {"llm": "storage"}
+    assert job_verdicts(result) == {"llm": "storage"}
     assert result.value("trainmon_diagnosis_data_wait_ratio", job="llm") == pytest.approx(
         0.08 / 0.30, rel=1e-6)
 
@@ -121,7 +122,7 @@ def test_data_wait_just_below_the_threshold_is_not_storage() -> None:
     node = Node()
     healthy_job(node)
     node.ranks[("llm", "2")].wait = 0.05  # 0.05 / 0.27 = 18.5 %
-    assert node.run().verdicts() == {"llm": "compute"}
+    assert job_verdicts(node.run()) == {"llm": "compute"}
 
 
 def test_storage_from_a_sawtooth_gpu_with_a_rising_data_wait() -> None:
@@ -135,7 +136,7 @@ def test_storage_from_a_sawtooth_gpu_with_a_rising_data_wait() -> None:
         node.ranks[("llm", "0")].wait = wait
         node.tick()
         result = scrape(collector)
-    assert result.verdicts() == {"llm": "storage"}
+    assert job_verdicts(result) == {"llm": "storage"}
     assert "sawtooth_data_wait" in findings(result, "llm")
     # the same waits, falling: no storage verdict
     falling = Node()
@@ -147,7 +148,7 @@ def test_storage_from_a_sawtooth_gpu_with_a_rising_data_wait() -> None:
         falling.ranks[("llm", "0")].wait = wait
         falling.tick()
         result = scrape(collector)
-    assert result.verdicts() == {"llm": "compute"}
+    assert job_verdicts(result) == {"llm": "compute"}
 
 
 def test_communication_when_the_comm_phase_takes_40_percent() -> None:
@@ -156,7 +157,7 @@ def test_communication_when_the_comm_phase_takes_40_percent() -> None:
     for rank in node.ranks.values():
         rank.work, rank.comm = 0.12, 0.087  # 0.087 / 0.217 = 40 %
     result = node.run()
-    assert result.verdicts() == {"llm": "communication"}
+    assert job_verdicts(result) == {"llm": "communication"}
     assert result.value("trainmon_diagnosis_comm_ratio", job="llm") == pytest.approx(0.4, abs=0.01)
 
 
@@ -170,7 +171,7 @@ def test_synchronised_straggler_is_scheduling_not_communication() -> None:
         rank.work = 0.3 if slow else 0.2
         rank.comm = 0.02 if slow else 0.12  # 0.1 s of waiting for rank 3
     result = node.run()
-    assert result.verdicts() == {"llm": "scheduling"}
+    assert job_verdicts(result) == {"llm": "scheduling"}
     assert {"straggler", "comm_phase"} <= findings(result, "llm")
     assert result.value("trainmon_diagnosis_straggler_ratio", job="llm") == pytest.approx(1.5)
 
@@ -179,14 +180,14 @@ def test_two_rank_job_with_a_straggler() -> None:
     node = Node()
     healthy_job(node, ranks=2)
     node.ranks[("llm", "1")].work = 0.3
-    assert node.run().verdicts() == {"llm": "scheduling"}
+    assert job_verdicts(node.run()) == {"llm": "scheduling"}
 
 
 def test_ranks_within_the_straggler_factor_are_fine() -> None:
     node = Node()
     healthy_job(node)
     node.ranks[("llm", "3")].work = 0.25  # 1.25x
-    assert node.run().verdicts() == {"llm": "compute"}
+    assert job_verdicts(node.run()) == {"llm": "compute"}
 
 
 def test_link_near_its_rate_is_communication_when_no_comm_phase_is_reported() -> None:
@@ -204,7 +205,7 @@ def test_link_near_its_rate_is_communication_when_no_comm_phase_is_reported() ->
                         device="mlx5_0", port="1")
         node.tick()
         result = scrape(collector)
-    assert result.verdicts() == {"llm": "communication"}
+    assert job_verdicts(result) == {"llm": "communication"}
     assert "link_saturated" in findings(result, "llm")
 
 
@@ -213,7 +214,7 @@ def test_idle_gpu_of_a_stepping_job_is_scheduling() -> None:
     healthy_job(node, ranks=2)
     node.gpus["1"] = 0.0
     result = node.run()
-    assert result.verdicts() == {"llm": "scheduling"}
+    assert job_verdicts(result) == {"llm": "scheduling"}
     assert result.value("trainmon_diagnosis_idle_gpus", job="llm") == 1
 
 
@@ -222,11 +223,12 @@ def test_host_bound_job_is_compute_with_its_own_finding() -> None:
     healthy_job(node, ranks=2)
     node.gpus.update({"0": 0.3, "1": 0.35})
     result = node.run()
-    assert result.verdicts() == {"llm": "compute"}
+    assert job_verdicts(result) == {"llm": "compute"}
     assert findings(result, "llm") == {"host_bound"}
 
 
-def test_stalled_job_is_scheduling() -> None:
+def stalled_job() -> tuple[Node, DiagnosisCollector]:
+    """Two healthy ranks, seen once, that then stop stepping (stall_seconds 60)."""
     node = Node()
     healthy_job(node, ranks=2)
     collector = DiagnosisCollector(DiagnosisConfig(stall_seconds=60), [node.source],
@@ -234,10 +236,15 @@ def test_stalled_job_is_scheduling() -> None:
     node.tick()
     for rank in node.ranks.values():
         rank.stepping = False
+    return node, collector
+
+
+def test_stalled_job_is_scheduling() -> None:
+    node, collector = stalled_job()
     for _ in range(14):  # 70 s without a step
         node.tick()
         result = scrape(collector)
-    assert result.verdicts() == {"llm": "scheduling"}
+    assert job_verdicts(result) == {"llm": "scheduling"}
     assert findings(result, "llm") == {"stalled", "insufficient_data"}
     assert result.value("trainmon_diagnosis_stalled_ranks", job="llm") == 2
 
@@ -247,7 +254,7 @@ def test_a_new_job_has_no_verdict_yet() -> None:
     healthy_job(node, ranks=1)
     node.ranks[("llm", "0")].work = 10.0  # one step per 10 s
     result = node.run(ticks=1)
-    assert result.verdicts() == {"llm": "none"}
+    assert job_verdicts(result) == {"llm": "none"}
     assert findings(result, "llm") == {"insufficient_data"}
 
 
@@ -263,7 +270,7 @@ def test_gpu_held_by_a_process_that_does_no_work() -> None:
     node.source.set("trainmon_gpu_process_info", 1, gpu="0", pid="5000", pod="", namespace="",
                     container="", slurm_job="", pod_uid="", container_id="")
     result = node.run()
-    assert result.verdicts() == {
+    assert job_verdicts(result) == {
         "llm": "compute",  # pid 5000 is its rank 0
         "pod:research/notebook-x": "scheduling",
         "slurm:4242": "none",  # busy, but without step telemetry nothing can be said
@@ -276,7 +283,7 @@ def test_process_claimed_by_its_gpu_when_pids_differ_across_namespaces() -> None
     healthy_job(node, ranks=2)
     node.source.set("trainmon_gpu_process_info", 1, gpu="1", pid="424242", pod="", namespace="",
                     container="", slurm_job="", pod_uid="", container_id="")
-    assert node.run().verdicts() == {"llm": "compute"}
+    assert job_verdicts(node.run()) == {"llm": "compute"}
 
 
 def test_verdicts_follow_the_config_thresholds() -> None:
@@ -285,7 +292,7 @@ def test_verdicts_follow_the_config_thresholds() -> None:
     for rank in node.ranks.values():
         rank.work, rank.comm = 0.12, 0.087
     config = parse_config({"collectors": {"diagnosis": {"comm_ratio": 0.5}}})
-    assert node.run(config.collectors.diagnosis).verdicts() == {"llm": "compute"}
+    assert job_verdicts(node.run(config.collectors.diagnosis)) == {"llm": "compute"}
 
 
 def test_a_failing_source_does_not_stop_the_verdict(caplog: pytest.LogCaptureFixture) -> None:
@@ -300,7 +307,7 @@ def test_a_failing_source_does_not_stop_the_verdict(caplog: pytest.LogCaptureFix
     for _ in range(3):
         node.tick()
         result = scrape(collector)
-    assert result.verdicts() == {"llm": "compute"}
+    assert job_verdicts(result) == {"llm": "compute"}
     assert caplog.text.count("diagnosis goes on without broken") == 1
 
 
@@ -317,7 +324,7 @@ def test_old_snapshots_leave_the_window() -> None:
     for _ in range(5):
         node.tick()
         result = scrape(collector)
-    assert result.verdicts() == {"llm": "compute"}
+    assert job_verdicts(result) == {"llm": "compute"}
     assert result.value("trainmon_diagnosis_window_seconds") == 20
 
 
@@ -355,7 +362,7 @@ def test_scrapes_closer_than_a_twentieth_of_the_window_reuse_the_verdict() -> No
     node.now += 2.9  # under 60 / 20 s: no new evaluation
     again = scrape(collector)
     assert Counting.collections == 3
-    assert again.verdicts() == {"llm": "compute"}
+    assert job_verdicts(again) == {"llm": "compute"}
     node.now += 0.2
     scrape(collector)
     assert Counting.collections == 4
@@ -367,13 +374,7 @@ def test_a_stall_needs_a_live_reporter_when_heartbeats_are_exported(
 ) -> None:
     # trainmon_training_last_report_timestamp_seconds tells a hung job (its
     # reporter still sends) from one that finished (silent until its TTL).
-    node = Node()
-    healthy_job(node, ranks=2)
-    collector = DiagnosisCollector(DiagnosisConfig(stall_seconds=60), [node.source],
-                                   clock=node.clock, wall_clock=node.wall)
-    node.tick()
-    for rank in node.ranks.values():
-        rank.stepping = False
+    node, collector = stalled_job()
     for _ in range(14):
         node.tick()
         for job, rank_name in node.ranks:
@@ -381,4 +382,4 @@ def test_a_stall_needs_a_live_reporter_when_heartbeats_are_exported(
                 node.source.set("trainmon_training_last_report_timestamp_seconds", node.wall(),
                                 job=job, rank=rank_name)
         result = scrape(collector)
-    assert result.verdicts() == {"llm": verdict}
+    assert job_verdicts(result) == {"llm": verdict}

@@ -29,8 +29,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from diagnosis_support import parse
+from diagnosis_support import job_verdicts
 from support.daemon import Daemon, trainmon_command
+from support.exposition import parse
 from workloads import Workload, ranks
 
 pytestmark = pytest.mark.integration
@@ -159,7 +160,7 @@ def test_each_bottleneck_is_named_by_doctor_and_the_daemon(
 
     # the daemon's own verdicts (its window holds the doctor's scrapes and more)
     scrape = parse(daemon.metrics())
-    assert scrape.verdicts() == {job: kind for job, (kind, _) in expected.items()}
+    assert job_verdicts(scrape) == {job: kind for job, (kind, _) in expected.items()}
     assert scrape.value("trainmon_gpu_process_info", gpu="9", pid=str(idle_process)) == 1
 
     # the human report, in both languages, in the order GPU → storage → network → verdict

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pynvml
 import pytest
-from gpu.harness import FakeNVML, Scrape, load_builder, render
+from gpu.harness import FakeNVML, load_builder
+from support import exposition
+from support.exposition import Scrape
 
 from exporter.collectors.base import Collector
 
@@ -84,4 +86,4 @@ def gpu_env(fake_nvml_dir: Path, tmp_path: Path) -> Callable[..., dict[str, str]
 
 @pytest.fixture
 def scrape() -> Callable[[Collector], Scrape]:
-    return render
+    return exposition.scrape

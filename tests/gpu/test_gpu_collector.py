@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gpu.harness import FakeNVML, Scrape, wait_for
+from gpu.harness import FakeNVML, wait_for
+from support.exposition import Scrape
 
 from exporter.collectors.gpu import GPUCollector
 from exporter.config import GPUConfig
-from exporter.nvml import NVML, GPUProcess, NVMLUnavailable
+from exporter.nvml import NVML
+from exporter.nvml_types import GPUProcess, NVMLUnavailable
 from exporter.sampler import FLAG_THRESHOLD
 
 EIGHT_GPUS = """

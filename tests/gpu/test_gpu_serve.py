@@ -14,8 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from gpu.harness import Scrape, parse
 from support.daemon import Daemon
+from support.exposition import Scrape, parse
 
 pytestmark = pytest.mark.integration
 

@@ -40,10 +40,9 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from email.utils import formatdate
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from support.loopback import LoopbackHTTPServer, Reply, Request
 from tencentcloud.common.sign import Sign  # type: ignore[import-untyped]
 
 CVM_PERIODS = [10, 60, 300, 3600, 86400]
@@ -137,7 +136,7 @@ class _Fault:
     seconds: float = 0.0
 
 
-class FakeTencentCloud:
+class FakeTencentCloud(LoopbackHTTPServer):
     """The API server; use as a context manager or call start()/stop()."""
 
     def __init__(
@@ -165,8 +164,7 @@ class FakeTencentCloud:
         self._arrivals: deque[float] = deque()
         self._faults: list[_Fault] = []
         self._lock = threading.Lock()
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        super().__init__(self._answer, clock=self.now)
 
     # -- set-up ------------------------------------------------------------------
 
@@ -236,31 +234,6 @@ class FakeTencentCloud:
         with self._lock:
             return Counter(r.code for r in self.records)
 
-    # -- server --------------------------------------------------------------------
-
-    @property
-    def url(self) -> str:
-        assert self._server is not None
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def start(self) -> FakeTencentCloud:
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-
-    def __enter__(self) -> FakeTencentCloud:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
     # -- request processing --------------------------------------------------------
 
     def handle(self, headers: Mapping[str, str], body: bytes) -> tuple[int, bytes, float]:
@@ -296,6 +269,10 @@ class FakeTencentCloud:
 
     def now(self) -> float:
         return self.clock() + self.skew
+
+    def _answer(self, request: Request) -> Reply:
+        status, body, stall = self.handle(request.headers, request.body)
+        return Reply(status, body, "application/json", delay=stall)
 
     def _take_fault(self, action: str) -> _Fault | None:
         with self._lock:
@@ -468,33 +445,3 @@ def _tags_match(instance: FakeInstance, params: Mapping[str, Any]) -> bool:
         if name.startswith("tag:") and instance.tags.get(name[4:]) not in values:
             return False
     return True
-
-
-def _handler(cloud: FakeTencentCloud) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        disable_nagle_algorithm = True  # headers and body leave in two writes
-
-        def do_POST(self) -> None:
-            length = int(self.headers.get("Content-Length", 0))
-            body = self.rfile.read(length)
-            headers = {k.lower(): v for k, v in self.headers.items()}
-            status, answer, stall = cloud.handle(headers, body)
-            if stall:
-                time.sleep(stall)
-            try:
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-            except OSError:
-                pass  # the client gave up (timeout tests)
-
-        def date_time_string(self, timestamp: float | None = None) -> str:
-            return formatdate(cloud.now(), usegmt=True)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    return Handler

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-import threading
 import uuid
 from email.utils import formatdate
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from fake_tencent_api import FakeTencentCloud
+from support.loopback import LoopbackHTTPServer, Reply, Request
 
 
-class FakeMetadata:
+class FakeMetadata(LoopbackHTTPServer):
     """The CVM metadata service: region, CAM role and its temporary credentials.
 
     Every credential fetch mints a new SecretId/SecretKey/Token valid for
@@ -26,12 +25,7 @@ class FakeMetadata:
         self.ttl = ttl
         self.fetches = 0
         self.issued: list[str] = []
-        self._server: ThreadingHTTPServer | None = None
-
-    @property
-    def url(self) -> str:
-        assert self._server is not None
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        super().__init__(self._answer)
 
     def get(self, path: str) -> tuple[int, bytes]:
         if path == "/latest/meta-data/placement/region":
@@ -52,25 +46,6 @@ class FakeMetadata:
             }).encode()
         return 404, b"not found"
 
-    def __enter__(self) -> FakeMetadata:
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                status, body = fake.get(self.path)
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+    def _answer(self, request: Request) -> Reply:
+        status, body = self.get(request.path)
+        return Reply(status, body)

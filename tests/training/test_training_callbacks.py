@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from training_support import Scrape, scrape
+from support.exposition import Scrape, scrape
 
 from exporter.collectors.training import TrainingCollector
 

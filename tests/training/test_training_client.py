@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import cast
 
 import pytest
-from training_support import scrape
+from support.exposition import scrape
 
 from exporter.client import Reporter
 from exporter.collectors.training import TrainingCollector

@@ -7,7 +7,8 @@ from collections.abc import Callable
 from typing import cast
 
 import pytest
-from training_support import FakeClock, line, push, report, scrape
+from support.exposition import scrape
+from training_support import FakeClock, line, push, report
 
 from exporter.collectors.training import TrainingCollector
 from exporter.training.protocol import REJECT_REASONS, STEP_BUCKET_COUNT

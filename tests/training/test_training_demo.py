@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from training_support import scrape
+from support.exposition import scrape
 
 from exporter.collectors.training import TrainingCollector
 from exporter.demo.jobs import DEMO_JOBS, SimulatedJob, start_demo_jobs

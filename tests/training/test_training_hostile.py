@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 import yaml
-from training_support import Scrape, line, parse_exposition, report, send_datagram
+from support.exposition import Scrape, parse
+from training_support import line, report, send_datagram
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +47,7 @@ class Target:
 
     def scrape(self) -> Scrape:
         assert self.daemon.process.poll() is None, self.daemon.log()
-        return parse_exposition(self.daemon.metrics())  # must parse: valid exposition
+        return parse(self.daemon.metrics())  # must parse: valid exposition
 
     def rejected(self, reason: str) -> float:
         value = self.scrape().value("trainmon_training_rejected_reports_total", reason=reason)

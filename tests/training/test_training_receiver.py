@@ -10,7 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from training_support import line, push, scrape, send_datagram
+from support.exposition import scrape
+from training_support import line, push, send_datagram
 
 from exporter.collectors.training import TrainingCollector
 from exporter.training.protocol import MAX_DATAGRAM_BYTES

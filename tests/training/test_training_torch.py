@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
-from training_support import parse_exposition
+from support.exposition import parse
 
 from exporter.client import Reporter
 
@@ -81,7 +81,7 @@ def test_data_wait_ratio_steps_and_samples_match_the_truth(
 
     deadline = time.monotonic() + 10
     while True:
-        scraped = parse_exposition(daemon.metrics())
+        scraped = parse(daemon.metrics())
         rank = {"job": "torch-acceptance", "rank": "0"}
         if scraped.value("trainmon_training_steps_total", **rank) == BATCHES:
             break

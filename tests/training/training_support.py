@@ -1,8 +1,7 @@
 """Helpers for the training telemetry tests (imported by the test modules).
 
-``scrape(collector)`` renders the collector with ``prometheus_client`` and
-parses the text back (``text_string_to_metric_families``), so assertions are on
-exactly what Prometheus would read. ``report(**changes)`` builds a valid
+Exposition parsing is ``support.exposition`` (``scrape(collector)``,
+``parse(text)``). ``report(**changes)`` builds a valid
 protocol v1 report as a dict. ``FakeClock`` is the injected monotonic clock.
 """
 
@@ -10,17 +9,10 @@ from __future__ import annotations
 
 import json
 import socket
-from dataclasses import dataclass
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
-
-from exporter.collectors.base import Collector
 from exporter.push import PushRequest
 from exporter.training.protocol import STEP_BUCKET_COUNT
-
-Labels = tuple[tuple[str, str], ...]
 
 
 class FakeClock:
@@ -34,43 +26,6 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
-
-
-@dataclass(frozen=True)
-class Scrape:
-    text: str
-    samples: dict[str, dict[Labels, float]]
-
-    def value(self, name: str, **labels: str) -> float | None:
-        """The sample of ``name`` whose labels include ``labels`` (exactly one), or None."""
-        matches = [
-            value
-            for sample_labels, value in self.samples.get(name, {}).items()
-            if labels.items() <= dict(sample_labels).items()
-        ]
-        assert len(matches) <= 1, f"{name}{labels} is ambiguous: {matches}"
-        return matches[0] if matches else None
-
-    def labelsets(self, name: str) -> list[dict[str, str]]:
-        return [dict(labels) for labels in self.samples.get(name, {})]
-
-
-def parse_exposition(text: str) -> Scrape:
-    samples: dict[str, dict[Labels, float]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            key = tuple(sorted(sample.labels.items()))
-            samples.setdefault(sample.name, {})[key] = sample.value
-    return Scrape(text, samples)
-
-
-def scrape(collector: Collector) -> Scrape:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)
-    try:
-        return parse_exposition(generate_latest(registry).decode())
-    finally:
-        registry.unregister(collector)
 
 
 def report(**changes: object) -> dict[str, object]:
@@ -118,8 +73,6 @@ def push(
         content_type="application/x-ndjson",
         too_large=too_large,
     )
-
-
 
 
 def send_datagram(path: Path, payload: bytes) -> None:

@@ -1,0 +1,151 @@
+"""What the benchmark scripts share: daemons on loopback, process readings, statistics.
+
+The scripts import it as ``import benchlib`` (each puts its own folder,
+``bench/``, first on ``sys.path``; bench/ is not a package, so every script
+still runs as ``.venv/bin/python bench/<name>.py``). Importing it also puts
+``tests/`` on ``sys.path``, as pytest does, so the benchmarks reuse the test
+fakes (the fake NVML library, the Tencent Cloud API). Process readings come
+from ``/proc/<pid>/stat`` and ``/proc/<pid>/status`` (Linux only).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+#: The repository root (bench/..).
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests"
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+#: How long a daemon may take to answer its readiness URL, seconds.
+READY_TIMEOUT_SECONDS = 30.0
+#: ``collectors:`` section of a daemon that runs only the training collector.
+TRAINING_ONLY = (
+    "  network: {enabled: false}\n  disk: {enabled: false}\n"
+    "  infiniband: {enabled: false}\n  gpu: {enabled: false}\n"
+)
+
+
+def free_port() -> int:
+    """A loopback TCP port that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_ready(
+    url: str,
+    process: subprocess.Popen[bytes] | None = None,
+    timeout: float = READY_TIMEOUT_SECONDS,
+) -> None:
+    """Poll ``url`` until it answers 2xx; RuntimeError after ``timeout`` s or if
+    ``process`` exits first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"{url}: the process exited with {process.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except OSError:  # refused while starting, or an HTTP error status
+            time.sleep(0.1)
+    raise RuntimeError(f"{url} did not answer in {timeout:.0f} s")
+
+
+@dataclass
+class Daemon:
+    """A ``trainmon serve`` subprocess on ``127.0.0.1:port``."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        stop(self.process)
+
+
+def start_trainmon(
+    config: Path,
+    *,
+    env: Mapping[str, str] | None = None,
+    quiet: bool = False,
+    wait: bool = True,
+) -> Daemon:
+    """``trainmon serve --config config`` on a free loopback port, at log level warning.
+
+    ``quiet`` discards its output; with ``wait`` it returns once ``/healthz`` answers.
+    """
+    port = free_port()
+    output = subprocess.DEVNULL if quiet else None
+    process = subprocess.Popen(
+        [sys.executable, "-m", "exporter", "serve", "--config", str(config),
+         "--listen", f"127.0.0.1:{port}", "--log-level", "warning"],
+        env=None if env is None else dict(env), cwd=ROOT, stdout=output, stderr=output,
+    )
+    daemon = Daemon(process, port)
+    if wait:
+        try:
+            wait_ready(f"{daemon.url}/healthz", process)
+        except RuntimeError:
+            daemon.stop()
+            raise
+    return daemon
+
+
+def training_only_config(folder: Path) -> tuple[Path, Path]:
+    """A config for a daemon with only the training collector: (config, its socket)."""
+    sock = folder / "steps.sock"
+    config = folder / "trainmon.yml"
+    config.write_text(f"collectors:\n{TRAINING_ONLY}  training: {{socket: '{sock}'}}\n")
+    return config, sock
+
+
+def stop(process: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
+    """Terminate ``process`` and wait for it (killed after ``timeout`` s)."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of ``pid`` so far, seconds (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime
+
+
+def memory_kib(pid: int, key: str = "VmRSS") -> int:
+    """A ``/proc/<pid>/status`` memory line in KiB: ``VmRSS`` (resident), ``VmHWM`` (peak)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {key} in /proc/{pid}/status")
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    """The nearest-rank ``fraction`` quantile (0.5: median, 0.99: p99) of ``values``."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def build_fake_nvml(folder: Path) -> Path:
+    """Compile ``tests/gpu/fakenvml`` into ``folder``; the folder for ``LD_LIBRARY_PATH``."""
+    from gpu.harness import load_builder
+
+    return Path(load_builder().build(folder)).parent
