@@ -3,7 +3,10 @@
 ``load_config(path)`` and ``parse_config(mapping)`` return a ``Config``; a
 missing file (``path=None``) gives the built-in defaults, which start a useful
 node daemon on any Linux machine. Errors are ``ConfigError`` with the key path.
-The keys are documented in the README's configuration reference.
+The keys are documented in the README's configuration reference. The
+sections of larger subsystems live beside them and are assembled here:
+``exporter.tencent.config``, ``exporter.attribution.config``,
+``exporter.diagnosis.config``.
 """
 
 from __future__ import annotations
@@ -15,7 +18,27 @@ from pathlib import Path
 
 import yaml
 
+from exporter.attribution.config import AttributionConfig, parse_attribution
+from exporter.diagnosis.config import DiagnosisConfig, parse_diagnosis
 from exporter.settings import Auto, ConfigError, Section
+from exporter.tencent.config import TencentConfig, parse_tencent
+
+__all__ = [
+    "AttributionConfig",
+    "CollectorsConfig",
+    "Config",
+    "ConfigError",
+    "DiagnosisConfig",
+    "GPUConfig",
+    "HTTPConfig",
+    "ListenAddress",
+    "PathsConfig",
+    "TencentConfig",
+    "TrainingConfig",
+    "load_config",
+    "parse_config",
+    "parse_listen_address",
+]
 
 DEFAULT_LISTEN = "0.0.0.0:19400"
 DEFAULT_NETWORK_EXCLUDE = r"^(lo|veth.*|docker.*|cali.*|flannel.*|cni.*)$"
@@ -128,110 +151,15 @@ class TrainingConfig:
 
 
 @dataclass(frozen=True)
-class TencentConfig:
-    """The Cloud Monitor puller (docs/tencent-cloud.md has every key explained)."""
-
-    enabled: bool = False
-    #: Monitor API endpoint; cvm./cbs. hosts are derived from a monitor.* host.
-    endpoint: str = "https://monitor.tencentcloudapi.com"
-    #: None: this CVM's region from the metadata service.
-    region: str | None = None
-    #: Several regions (discovery only); overrides ``region``.
-    regions: tuple[str, ...] = ()
-    secret_id: str | None = field(default=None, repr=False)
-    #: Only ever a ``${VAR}`` reference in the file (checked when parsing).
-    secret_key: str | None = field(default=None, repr=False)
-    secret_key_file: Path | None = None
-    session_token: str | None = field(default=None, repr=False)
-    #: CAM role of the CVM; None: the role the metadata service lists.
-    role: str | None = None
-    metadata_url: str = "http://metadata.tencentyun.com"
-    instances: tuple[str, ...] = ()
-    disks: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    #: Tag filters for DescribeInstances when ``instances`` is empty.
-    discovery_tags: Mapping[str, str] = field(default_factory=dict)
-    discover_disks: bool = True
-    discovery_interval_seconds: float = 600.0
-    #: Tencent metric names to pull; empty: the whole catalogue.
-    metrics: tuple[str, ...] = ()
-    period_seconds: int = 60
-    delay_seconds: int = 120
-    window_periods: int = 5
-    batch_size: int = 10
-    rate_limit: float = 15.0
-    concurrency: int = 4
-    request_timeout_seconds: float = 10.0
-    max_retries: int = 2
-
-    @property
-    def target_regions(self) -> tuple[str | None, ...]:
-        """The regions to pull; ``(None,)`` means "ask the metadata service"."""
-        return self.regions or (self.region,)
-
-
-@dataclass(frozen=True)
-class AttributionConfig:
-    """GPU process → pod/namespace/container or Slurm job (docs/diagnosis.md)."""
-
-    enabled: bool = True
-    #: Kubelet base URL for pod names (``https://$(NODE_IP):10250``); None: pod UIDs only.
-    kubelet_url: str | None = None
-    #: Bearer token file for the kubelet (a service account token, re-read on use).
-    kubelet_token_file: Path | None = None
-    kubelet_ca_file: Path | None = None
-    kubelet_insecure_skip_verify: bool = False
-    #: The pod list is fetched on an unknown pod, at most once per this many seconds.
-    kubelet_refresh_seconds: float = 30.0
-    kubelet_timeout_seconds: float = 5.0
-    #: Check GPU processes' NCCL_* environment (trainmon_nccl_problem_info).
-    nccl_checks: bool = True
-
-
-@dataclass(frozen=True)
-class DiagnosisConfig:
-    """Thresholds of the compute/communication/storage/scheduling verdict (DESIGN §6).
-
-    Every ratio is 0-1; docs/diagnosis.md gives the reasoning and sources.
-    """
-
-    enabled: bool = True
-    #: Span of the evidence: counters are compared over this many seconds.
-    window_seconds: float = 60.0
-    #: Fewer steps than this in the window (all ranks together): kind ``none``.
-    min_steps: int = 3
-    #: storage: data wait / step time of the worst rank at or above this.
-    data_wait_ratio: float = 0.2
-    #: storage, second rule: a GPU sawtooth at or above this ...
-    sawtooth_ratio: float = 0.5
-    #: ... with a rising data wait that reached this.
-    sawtooth_data_wait_ratio: float = 0.1
-    #: communication: comm-phase time / step time of the median rank at or above this.
-    comm_ratio: float = 0.3
-    #: Phase names counted as communication.
-    comm_phases: tuple[str, ...] = ("comm",)
-    #: communication without a comm phase: a NIC or IB port this busy (of its link rate).
-    link_utilization_ratio: float = 0.8
-    #: scheduling: a rank whose per-step work (step - data wait - comm) is this many
-    #: times the median of the other ranks' is a straggler.
-    straggler_factor: float = 1.3
-    #: A GPU whose mean utilization is below this is idle.
-    idle_utilization_ratio: float = 0.05
-    #: compute: below this GPU utilization the advice points at host-side overhead.
-    busy_utilization_ratio: float = 0.6
-    #: scheduling: a rank without a step for this long has stalled (seconds).
-    stall_seconds: float = 120.0
-
-
-@dataclass(frozen=True)
 class CollectorsConfig:
     gpu: GPUConfig = GPUConfig()
     network: NetworkConfig = NetworkConfig()
     infiniband: InfinibandConfig = InfinibandConfig()
     disk: DiskConfig = DiskConfig()
     training: TrainingConfig = TrainingConfig()
-    tencent: TencentConfig = TencentConfig()
-    attribution: AttributionConfig = AttributionConfig()
-    diagnosis: DiagnosisConfig = DiagnosisConfig()
+    tencent: TencentConfig = field(default_factory=TencentConfig)
+    attribution: AttributionConfig = field(default_factory=AttributionConfig)
+    diagnosis: DiagnosisConfig = field(default_factory=DiagnosisConfig)
 
 
 @dataclass(frozen=True)
@@ -312,72 +240,11 @@ def _collectors(section: Section) -> CollectorsConfig:
         infiniband=_infiniband(section.section("infiniband")),
         disk=_disk(section.section("disk")),
         training=_training(section.section("training")),
-        tencent=_tencent(section.section("tencent")),
-        attribution=_attribution(section.section("attribution")),
-        diagnosis=_diagnosis(section.section("diagnosis")),
+        tencent=parse_tencent(section.section("tencent")),
+        attribution=parse_attribution(section.section("attribution")),
+        diagnosis=parse_diagnosis(section.section("diagnosis")),
     )
     section.finish()
-    return result
-
-
-def _attribution(section: Section) -> AttributionConfig:
-    default = AttributionConfig()
-    kubelet_url = section.optional_string("kubelet_url")
-    if kubelet_url is not None and not re.fullmatch(r"https?://[^/\s]+/?", kubelet_url):
-        raise ConfigError(
-            section.key_path("kubelet_url"), f"expected http(s)://host:port, got {kubelet_url!r}"
-        )
-    result = AttributionConfig(
-        enabled=section.boolean("enabled", default.enabled),
-        kubelet_url=kubelet_url.rstrip("/") if kubelet_url else None,
-        kubelet_token_file=section.optional_path("kubelet_token_file"),
-        kubelet_ca_file=section.optional_path("kubelet_ca_file"),
-        kubelet_insecure_skip_verify=section.boolean(
-            "kubelet_insecure_skip_verify", default.kubelet_insecure_skip_verify
-        ),
-        kubelet_refresh_seconds=section.number(
-            "kubelet_refresh_seconds", default.kubelet_refresh_seconds, 1, 3600
-        ),
-        kubelet_timeout_seconds=section.number(
-            "kubelet_timeout_seconds", default.kubelet_timeout_seconds, 0.1, 60
-        ),
-        nccl_checks=section.boolean("nccl_checks", default.nccl_checks),
-    )
-    section.finish()
-    return result
-
-
-def _diagnosis(section: Section) -> DiagnosisConfig:
-    default = DiagnosisConfig()
-
-    def ratio(key: str, value: float) -> float:
-        return section.number(key, value, 0, 1)
-
-    result = DiagnosisConfig(
-        enabled=section.boolean("enabled", default.enabled),
-        window_seconds=section.number("window_seconds", default.window_seconds, 5, 3600),
-        min_steps=section.integer("min_steps", default.min_steps, 1, 1_000_000),
-        data_wait_ratio=ratio("data_wait_ratio", default.data_wait_ratio),
-        sawtooth_ratio=ratio("sawtooth_ratio", default.sawtooth_ratio),
-        sawtooth_data_wait_ratio=ratio(
-            "sawtooth_data_wait_ratio", default.sawtooth_data_wait_ratio
-        ),
-        comm_ratio=ratio("comm_ratio", default.comm_ratio),
-        comm_phases=section.string_list("comm_phases", default.comm_phases),
-        link_utilization_ratio=ratio("link_utilization_ratio", default.link_utilization_ratio),
-        straggler_factor=section.number("straggler_factor", default.straggler_factor, 1, 100),
-        idle_utilization_ratio=ratio("idle_utilization_ratio", default.idle_utilization_ratio),
-        busy_utilization_ratio=ratio("busy_utilization_ratio", default.busy_utilization_ratio),
-        stall_seconds=section.number("stall_seconds", default.stall_seconds, 1, 86400),
-    )
-    section.finish()
-    if result.idle_utilization_ratio >= result.busy_utilization_ratio:
-        raise ConfigError(
-            section.key_path("idle_utilization_ratio"),
-            "must be below busy_utilization_ratio",
-        )
-    if not result.comm_phases:
-        raise ConfigError(section.key_path("comm_phases"), "name at least one phase")
     return result
 
 
@@ -459,90 +326,3 @@ def _file_mode(text: str) -> int:
     if not re.fullmatch(r"0?[0-7]{3}", text):
         raise ValueError(f"expected octal permission bits such as \"0660\", got {text!r}")
     return int(text, 8)
-
-
-def _tencent(section: Section) -> TencentConfig:
-    from exporter.tencent.catalogue import select
-
-    default = TencentConfig()
-    result = TencentConfig(
-        enabled=section.boolean("enabled", False),
-        endpoint=_url(section, "endpoint", default.endpoint),
-        region=section.optional_string("region"),
-        regions=section.string_list("regions"),
-        secret_id=section.optional_string("secret_id"),
-        secret_key=_secret_reference(section, "secret_key"),
-        secret_key_file=section.optional_path("secret_key_file"),
-        session_token=_secret_reference(section, "session_token"),
-        role=section.optional_string("role"),
-        metadata_url=_url(section, "metadata_url", default.metadata_url),
-        instances=section.string_list("instances"),
-        disks=section.string_list_map("disks"),
-        discovery_tags=section.string_map("discovery_tags"),
-        discover_disks=section.boolean("discover_disks", default.discover_disks),
-        discovery_interval_seconds=section.number(
-            "discovery_interval_seconds", default.discovery_interval_seconds, 10, 86400
-        ),
-        metrics=section.string_list("metrics"),
-        period_seconds=section.integer("period_seconds", default.period_seconds, 1, 86400),
-        delay_seconds=section.integer("delay_seconds", default.delay_seconds, 0, 86400),
-        window_periods=section.integer("window_periods", default.window_periods, 1, 60),
-        batch_size=section.integer("batch_size", default.batch_size, 1, 50),
-        rate_limit=section.number("rate_limit", default.rate_limit, 0.1, 20),
-        concurrency=section.integer("concurrency", default.concurrency, 1, 32),
-        request_timeout_seconds=section.number(
-            "request_timeout_seconds", default.request_timeout_seconds, 0.1, 120
-        ),
-        max_retries=section.integer("max_retries", default.max_retries, 0, 10),
-    )
-    section.finish()
-    try:
-        select(result.metrics)
-    except ValueError as error:
-        raise ConfigError(section.key_path("metrics"), str(error)) from None
-    if result.enabled:
-        _check_tencent(section, result)
-    return result
-
-
-def _check_tencent(section: Section, config: TencentConfig) -> None:
-    """Rules between keys of an enabled tencent section (a disabled one may be partial)."""
-    checks = [
-        ("secret_key_file", config.secret_key and config.secret_key_file,
-         "set secret_key or secret_key_file, not both"),
-        ("secret_id", config.secret_id and not (config.secret_key or config.secret_key_file),
-         "secret_id needs secret_key or secret_key_file"),
-        ("secret_key", (config.secret_key or config.secret_key_file) and not config.secret_id,
-         "secret_key needs secret_id"),
-        ("regions", config.region and config.regions, "set region or regions, not both"),
-        ("instances", config.instances and len(config.regions) > 1,
-         "static instances need a single region; use discovery_tags for several regions"),
-        ("disks", config.disks and not config.instances,
-         "disks needs instances (with discovery, disks are discovered too)"),
-        ("discovery_tags", config.discovery_tags and config.instances,
-         "discovery_tags has no effect when instances are listed"),
-    ]
-    for key, failed, message in checks:
-        if failed:
-            raise ConfigError(section.key_path(key), message)
-
-
-def _secret_reference(section: Section, key: str) -> str | None:
-    """A secret, accepted only as a ``${VAR}`` reference so it never sits in the file."""
-    raw = section.raw(key)
-    if raw is None:
-        return None
-    if not isinstance(raw, str) or not re.fullmatch(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}", raw):
-        raise ConfigError(
-            section.key_path(key),
-            "must be a ${VAR} reference to an environment variable (or use a *_file key); "
-            "secrets are not written into configuration files",
-        )
-    return section.optional_string(key)
-
-
-def _url(section: Section, key: str, default: str) -> str:
-    value = section.string(key, default)
-    if not re.fullmatch(r"https?://[^/\s]+/?", value):
-        raise ConfigError(section.key_path(key), f"expected http(s)://host[:port], got {value!r}")
-    return value.rstrip("/")

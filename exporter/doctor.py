@@ -32,7 +32,7 @@ import requests
 from prometheus_client.core import Metric
 
 from exporter.collectors.base import Collector, CollectorUnavailable
-from exporter.config import DiagnosisConfig
+from exporter.diagnosis.config import DiagnosisConfig
 from exporter.diagnosis.measure import MEASURED_SAMPLES
 from exporter.diagnosis.report import build_report, render_text, unmeasured_report
 from exporter.diagnosis.samples import Snapshot, Window

@@ -30,9 +30,9 @@ from typing import Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from exporter.attribution import KubeletPodDirectory, ProcessAttribution, ProcessAttributor
+from exporter.attribution.config import AttributionConfig
 from exporter.collectors.base import Collector
 from exporter.collectors.kernelfiles import KernelFileReader
-from exporter.config import AttributionConfig
 from exporter.nccl import check_environment, read_interfaces, read_rdma_ports
 
 log = logging.getLogger(__name__)

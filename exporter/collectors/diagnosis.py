@@ -33,8 +33,8 @@ from collections.abc import Callable, Iterable, Sequence
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from exporter.collectors.base import Collector, CollectorUnavailable
-from exporter.config import DiagnosisConfig
 from exporter.diagnosis import KINDS, Snapshot, Verdict, Window, diagnose, measure
+from exporter.diagnosis.config import DiagnosisConfig
 from exporter.diagnosis.measure import MEASURED_SAMPLES
 
 log = logging.getLogger(__name__)

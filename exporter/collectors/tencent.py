@@ -28,9 +28,9 @@ from prometheus_client.core import (
 )
 
 from exporter.collectors.base import Collector, CollectorUnavailable
-from exporter.config import TencentConfig
 from exporter.tencent.catalogue import TargetKind, select
 from exporter.tencent.client import DURATION_BUCKETS, APIStats, TencentAPI
+from exporter.tencent.config import TencentConfig
 from exporter.tencent.credentials import MetadataService, resolve_credentials, resolve_region
 from exporter.tencent.ratelimit import TokenBucket
 from exporter.tencent.scheduler import (

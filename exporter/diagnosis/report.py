@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from exporter.config import DiagnosisConfig
+from exporter.diagnosis.config import DiagnosisConfig
 from exporter.diagnosis.measure import NodeMeasurements, measure
 from exporter.diagnosis.rules import ACTIONABLE_KINDS, Verdict, diagnose, process_jobs
 from exporter.diagnosis.samples import Window

@@ -51,7 +51,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from exporter.config import DiagnosisConfig
+from exporter.diagnosis.config import DiagnosisConfig
 from exporter.diagnosis.measure import (
     GPUProcessState,
     GPUState,
