@@ -93,9 +93,8 @@ def build_collectors(config: Config, *, demo: bool) -> list[Collector]:
                 settings.attribution, paths.proc, paths.sys, gpu.processes
             )
         )
-    if settings.diagnosis.enabled:
-        node_sources = [c for c in collectors if c.name != "tencent"]
-        collectors.append(DiagnosisCollector(settings.diagnosis, node_sources))
+    if settings.diagnosis.enabled:  # last: it reads the families collected before it
+        collectors.append(DiagnosisCollector(settings.diagnosis))
 
     return collectors
 

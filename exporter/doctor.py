@@ -29,13 +29,13 @@ from dataclasses import dataclass
 from typing import TextIO
 
 import requests
-from prometheus_client.core import Metric
 
-from exporter.collectors.base import Collector, CollectorUnavailable
+from exporter.collectors.base import Collector
 from exporter.diagnosis.config import DiagnosisConfig
 from exporter.diagnosis.measure import MEASURED_SAMPLES
 from exporter.diagnosis.report import build_report, render_text, unmeasured_report
 from exporter.diagnosis.samples import Snapshot, Window
+from exporter.registry import CollectorRegistry
 
 log = logging.getLogger(__name__)
 
@@ -149,39 +149,25 @@ def sample_collectors(
     wall_clock: Callable[[], float] = time.time,
     sleep: Sleep = time.sleep,
 ) -> Window:
-    """Start ``collectors`` here, snapshot them every ``interval`` for ``seconds``, stop them."""
-    started: list[Collector] = []
-    for collector in collectors:
-        if collector.name in LOCAL_EXCLUDED:
-            continue
-        try:
-            collector.start()
-        except CollectorUnavailable as reason:
-            log.info("%s: unavailable: %s", collector.name, reason)
-            collector.stop()
-            continue
-        except OSError as error:
-            log.warning("%s: cannot start: %s", collector.name, error)
-            collector.stop()
-            continue
-        started.append(collector)
+    """Start ``collectors`` here, snapshot them every ``interval`` for ``seconds``, stop them.
+
+    They run in a ``CollectorRegistry`` as in the daemon: one that is absent or
+    fails is reported (logged) and the report goes on without it.
+    """
+    registry = CollectorRegistry(
+        [collector for collector in collectors if collector.name not in LOCAL_EXCLUDED]
+    )
+    registry.start()
 
     def snapshot() -> Snapshot:
-        families: list[Metric] = []
-        for collector in started:
-            try:
-                families.extend(collector.collect())
-            except CollectorUnavailable:
-                continue
-            except Exception as error:  # any failure of one source: report without it
-                log.warning("%s: collection failed: %s", collector.name, error)
-        return Snapshot.from_families(families, clock(), wall_clock(), MEASURED_SAMPLES)
+        return Snapshot.from_families(
+            registry.collect(), clock(), wall_clock(), MEASURED_SAMPLES
+        )
 
     try:
         return _sample(snapshot, seconds, interval, clock, sleep)
     finally:
-        for collector in started:
-            collector.stop()
+        registry.stop()
 
 
 def _sample(

@@ -85,8 +85,9 @@ class CollectorRegistry:
             else:
                 started.append(collector)
         with self._lock:
+            families: list[Metric] = []
             for collector in started:
-                self._collect_one(collector)
+                families.extend(self._collect_one(collector, families))
 
     def stop(self) -> None:
         for collector in reversed(self._collectors):
@@ -118,7 +119,7 @@ class CollectorRegistry:
                 labels=["collector"],
             )
             for collector in self._collectors:
-                families.extend(self._collect_one(collector))
+                families.extend(self._collect_one(collector, families))
                 state = self._states[collector.name]
                 success.add_metric([collector.name], 1.0 if state.state == "ok" else 0.0)
                 available.add_metric(
@@ -154,9 +155,11 @@ class CollectorRegistry:
                 report[collector.name] = entry
             return {"mode": self._mode, "version": __version__, "collectors": report}
 
-    def _collect_one(self, collector: Collector) -> list[Metric]:
+    def _collect_one(self, collector: Collector, earlier: Sequence[Metric]) -> list[Metric]:
+        """``collector``'s families, after showing it the ``earlier`` ones of this scrape."""
         started = self._clock()
         try:
+            collector.observe(earlier)
             families = list(collector.collect())
         except CollectorUnavailable as reason:
             self._record(collector.name, "unavailable", str(reason), self._clock() - started)

@@ -11,7 +11,7 @@ event threads, cloud pulls) starts in ``start()`` and ends in ``stop()``;
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from prometheus_client.core import Metric
 
@@ -39,6 +39,15 @@ class Collector(abc.ABC):
 
     def stop(self) -> None:  # noqa: B027 - optional hook
         """Stop background work. Must be safe to call after a failed ``start``."""
+
+    def observe(self, families: Sequence[Metric]) -> None:  # noqa: B027 - optional hook
+        """Families the collectors before this one produced in the same scrape.
+
+        The registry calls it just before ``collect()``. A collector derived
+        from the others' metrics (the diagnosis) reads them here instead of
+        collecting its sources a second time. The sequence is only valid until
+        ``collect()`` returns.
+        """
 
     @abc.abstractmethod
     def collect(self) -> Iterable[Metric]:

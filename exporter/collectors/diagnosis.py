@@ -1,11 +1,13 @@
 """Diagnosis collector: the 算 通 存 调 verdict per job, with its evidence.
 
-On a scrape it snapshots the samples the diagnosis reads from its source
-collectors (GPU, network, InfiniBand, disk, training, attribution — handed
-over by the CLI), keeps the snapshots of the last ``diagnosis.window_seconds``,
-and runs ``exporter.diagnosis`` over that window. It evaluates at most 20
-times per window (every 3 s by default); scrapes in between get the last
-verdicts again, so a burst of scrapes costs no extra source collections.
+On a scrape it snapshots the samples the diagnosis reads from the families the
+registry has just collected from the other collectors (GPU, network,
+InfiniBand, disk, training, attribution: handed over through
+``Collector.observe``, so no source is collected twice and the verdict rests
+on exactly the samples exported), keeps the snapshots of the last
+``diagnosis.window_seconds``, and runs ``exporter.diagnosis`` over that
+window. It evaluates at most 20 times per window (every 3 s by default);
+scrapes in between get the last verdicts again.
 Exports, per job (a training job's name, or ``pod:…``/``slurm:…``/``pid:…``
 for GPU processes that report no steps):
 
@@ -17,27 +19,22 @@ for GPU processes that report no steps):
   ``..._step_seconds{job}`` (omitted where the sources do not tell);
 - ``trainmon_diagnosis_window_seconds``: the span of the evidence.
 
-A source that fails is skipped for that snapshot (the registry already reports
-it through ``trainmon_collector_success``). Collecting the sources again costs
-one more read of each per scrape; they are cheap by contract (``collect()``
-reads state, background threads do the slow work).
+A source that fails contributes nothing to that snapshot; the registry
+reports it through ``trainmon_collector_success``.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from exporter.collectors.base import Collector, CollectorUnavailable
+from exporter.collectors.base import Collector
 from exporter.diagnosis import KINDS, Snapshot, Verdict, Window, diagnose, measure
 from exporter.diagnosis.config import DiagnosisConfig
 from exporter.diagnosis.measure import MEASURED_SAMPLES
-
-log = logging.getLogger(__name__)
 
 #: At most this many evaluations (and snapshots) per window: scrapes closer
 #: together than window / 20 re-export the last verdicts.
@@ -47,25 +44,27 @@ MAX_SNAPSHOTS = EVALUATIONS_PER_WINDOW + 2
 
 
 class DiagnosisCollector(Collector):
-    """Runs the verdict rules over a sliding window of the other collectors' samples."""
+    """Runs the verdict rules over a sliding window of the other collectors' samples.
+
+    Register it after the collectors it reads: it sees the families collected
+    before it in the same scrape.
+    """
 
     name = "diagnosis"
 
     def __init__(
         self,
         config: DiagnosisConfig,
-        sources: Sequence[Collector],
         *,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._config = config
-        self._sources = list(sources)
+        self._observed: Sequence[Metric] = ()
         self._clock = clock
         self._wall_clock = wall_clock
         self._snapshots: deque[Snapshot] = deque(maxlen=MAX_SNAPSHOTS)
         self._min_interval = config.window_seconds / EVALUATIONS_PER_WINDOW
-        self._failed_sources: set[str] = set()
         self._verdicts: list[Verdict] = []
         self._window_seconds = 0.0
 
@@ -75,6 +74,9 @@ class DiagnosisCollector(Collector):
             "verdicts": {verdict.job: verdict.kind for verdict in self._verdicts},
         }
 
+    def observe(self, families: Sequence[Metric]) -> None:
+        self._observed = families
+
     def collect(self) -> Iterable[Metric]:
         """Evaluate again if the last evaluation is older than ``window / 20``; else
         re-export the last verdicts (frequent scrapes cost nothing extra)."""
@@ -82,7 +84,7 @@ class DiagnosisCollector(Collector):
         if self._snapshots and now - self._snapshots[-1].at < self._min_interval:
             return verdict_families(self._verdicts, self._window_seconds)
         self._snapshots.append(Snapshot.from_families(
-            self._source_families(), now, self._wall_clock(), MEASURED_SAMPLES))
+            self._observed, now, self._wall_clock(), MEASURED_SAMPLES))
         horizon = now - self._config.window_seconds
         while len(self._snapshots) > 1 and self._snapshots[1].at <= horizon:
             self._snapshots.popleft()
@@ -91,24 +93,9 @@ class DiagnosisCollector(Collector):
         self._window_seconds = window.seconds
         return verdict_families(self._verdicts, self._window_seconds)
 
-    def _source_families(self) -> list[Metric]:
-        families: list[Metric] = []
-        for source in self._sources:
-            try:
-                families.extend(source.collect())
-            except CollectorUnavailable:
-                continue
-            except Exception as error:  # any failure of a source: diagnose without it
-                if source.name not in self._failed_sources:
-                    log.warning("diagnosis goes on without %s: %s", source.name, error)
-                    self._failed_sources.add(source.name)
-                continue
-            self._failed_sources.discard(source.name)
-        return families
-
 
 def verdict_families(verdicts: Sequence[Verdict], window_seconds: float) -> list[Metric]:
-    """The exported families of a list of verdicts (shared with ``doctor --json``'s tests)."""
+    """The exported families of a list of verdicts."""
     bottleneck = GaugeMetricFamily(
         "trainmon_bottleneck",
         "1 for the kind that holds the job back now (compute, communication, storage, "

@@ -164,8 +164,10 @@ def test_local_mode_runs_the_node_collectors_and_stops_them() -> None:
     assert report["source"]["kind"] == "local"
     assert code == 1 and [j["kind"] for j in report["jobs"]] == ["storage"]
     assert training.calls[0] == "start" and training.calls[-1] == "stop"
-    assert training.calls.count("collect") == report["source"]["snapshots"] == collected + 1
-    assert absent.calls == ["start", "stop"]  # unavailable: stopped, never collected
+    # one collection per snapshot, plus the registry's start-up collection
+    assert report["source"]["snapshots"] == collected + 1
+    assert training.calls.count("collect") == report["source"]["snapshots"] + 1
+    assert absent.calls[0] == "start" and absent.calls[-1] == "stop"
     assert cloud.calls == [] and verdict.calls == []  # never run by doctor
 
 

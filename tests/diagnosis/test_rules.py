@@ -7,15 +7,30 @@ injected clock moves time, so each rule is shown to fire and not to fire.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
 from diagnosis_support import ContractSource, job_verdicts
 from support.exposition import Scrape, scrape
 
+from exporter.collectors.base import Collector
 from exporter.collectors.diagnosis import DiagnosisCollector
 from exporter.config import DiagnosisConfig, parse_config
+from exporter.registry import CollectorRegistry
 from exporter.settings import ConfigError
+
+
+def diagnosing(
+    config: DiagnosisConfig,
+    *sources: Collector,
+    clock: Callable[[], float],
+    wall_clock: Callable[[], float],
+) -> CollectorRegistry:
+    """The sources, then the diagnosis reading them, in a registry as the daemon has them."""
+    return CollectorRegistry(
+        [*sources, DiagnosisCollector(config, clock=clock, wall_clock=wall_clock)]
+    )
 
 WALL = 1_700_000_000.0
 
@@ -70,7 +85,7 @@ class Node:
             s.set("trainmon_gpu_sawtooth_ratio", self.sawtooth.get(gpu, 0.0), gpu=gpu)
 
     def run(self, config: DiagnosisConfig | None = None, ticks: int = 6) -> Scrape:
-        collector = DiagnosisCollector(config or DiagnosisConfig(), [self.source],
+        collector = diagnosing(config or DiagnosisConfig(), self.source,
                                        clock=self.clock, wall_clock=self.wall)
         result = scrape(collector)
         for _ in range(ticks):
@@ -130,7 +145,7 @@ def test_storage_from_a_sawtooth_gpu_with_a_rising_data_wait() -> None:
     healthy_job(node, ranks=1)
     node.sawtooth["0"] = 0.8
     node.ranks[("llm", "0")].wait = 0.02
-    collector = DiagnosisCollector(DiagnosisConfig(), [node.source], clock=node.clock,
+    collector = diagnosing(DiagnosisConfig(), node.source, clock=node.clock,
                                    wall_clock=node.wall)
     for wait in (0.02, 0.02, 0.02, 0.05, 0.06, 0.07):  # 8 % → 24 % of a growing step
         node.ranks[("llm", "0")].wait = wait
@@ -142,7 +157,7 @@ def test_storage_from_a_sawtooth_gpu_with_a_rising_data_wait() -> None:
     falling = Node()
     healthy_job(falling, ranks=1)
     falling.sawtooth["0"] = 0.8
-    collector = DiagnosisCollector(DiagnosisConfig(), [falling.source], clock=falling.clock,
+    collector = diagnosing(DiagnosisConfig(), falling.source, clock=falling.clock,
                                    wall_clock=falling.wall)
     for wait in (0.07, 0.06, 0.05, 0.03, 0.03, 0.03):
         falling.ranks[("llm", "0")].wait = wait
@@ -196,7 +211,7 @@ def test_link_near_its_rate_is_communication_when_no_comm_phase_is_reported() ->
     for rank in node.ranks.values():
         rank.comm_phase = False
     node.source.set("trainmon_infiniband_rate_bytes", 25e9, device="mlx5_0", port="1")
-    collector = DiagnosisCollector(DiagnosisConfig(), [node.source], clock=node.clock,
+    collector = diagnosing(DiagnosisConfig(), node.source, clock=node.clock,
                                    wall_clock=node.wall)
     for _ in range(4):
         node.source.add("trainmon_infiniband_transmit_bytes_total", 5 * 22e9,
@@ -231,7 +246,7 @@ def stalled_job() -> tuple[Node, DiagnosisCollector]:
     """Two healthy ranks, seen once, that then stop stepping (stall_seconds 60)."""
     node = Node()
     healthy_job(node, ranks=2)
-    collector = DiagnosisCollector(DiagnosisConfig(stall_seconds=60), [node.source],
+    collector = diagnosing(DiagnosisConfig(stall_seconds=60), node.source,
                                    clock=node.clock, wall_clock=node.wall)
     node.tick()
     for rank in node.ranks.values():
@@ -302,20 +317,22 @@ def test_a_failing_source_does_not_stop_the_verdict(caplog: pytest.LogCaptureFix
 
     node = Node()
     healthy_job(node)
-    collector = DiagnosisCollector(DiagnosisConfig(), [Broken(name="broken"), node.source],
+    collector = diagnosing(DiagnosisConfig(), Broken(name="broken"), node.source,
                                    clock=node.clock, wall_clock=node.wall)
     for _ in range(3):
         node.tick()
         result = scrape(collector)
     assert job_verdicts(result) == {"llm": "compute"}
-    assert caplog.text.count("diagnosis goes on without broken") == 1
+    assert result.value("trainmon_collector_success", collector="broken") == 0
+    assert result.value("trainmon_collector_success", collector="diagnosis") == 1
+    assert caplog.text.count("collector broken failed: OSError: device vanished") == 1
 
 
 def test_old_snapshots_leave_the_window() -> None:
     node = Node()
     healthy_job(node, ranks=1)
     node.ranks[("llm", "0")].wait = 0.2  # starved at first ...
-    collector = DiagnosisCollector(DiagnosisConfig(window_seconds=20), [node.source],
+    collector = diagnosing(DiagnosisConfig(window_seconds=20), node.source,
                                    clock=node.clock, wall_clock=node.wall)
     for _ in range(4):
         node.tick()
@@ -344,6 +361,28 @@ def test_diagnosis_config_is_validated(settings: dict[str, object], key: str) ->
 
 
 def test_scrapes_closer_than_a_twentieth_of_the_window_reuse_the_verdict() -> None:
+    node = Node()
+    healthy_job(node)
+    registry = diagnosing(DiagnosisConfig(window_seconds=60), node.source,
+                          clock=node.clock, wall_clock=node.wall)
+
+    def snapshots() -> object:
+        return registry.health()["collectors"]["diagnosis"]["snapshots"]  # type: ignore[index]
+
+    for _ in range(3):
+        node.tick()
+        scrape(registry)
+    assert snapshots() == 3
+    node.now += 2.9  # under 60 / 20 s: no new evaluation
+    again = scrape(registry)
+    assert snapshots() == 3
+    assert job_verdicts(again) == {"llm": "compute"}
+    node.now += 0.2
+    scrape(registry)
+    assert snapshots() == 4
+
+
+def test_the_verdict_reads_this_scrape_without_collecting_a_source_twice() -> None:
     class Counting(ContractSource):
         collections = 0
 
@@ -353,19 +392,12 @@ def test_scrapes_closer_than_a_twentieth_of_the_window_reuse_the_verdict() -> No
 
     node = Node(source=Counting())
     healthy_job(node)
-    collector = DiagnosisCollector(DiagnosisConfig(window_seconds=60), [node.source],
-                                   clock=node.clock, wall_clock=node.wall)
-    for _ in range(3):
+    registry = diagnosing(DiagnosisConfig(), node.source, clock=node.clock, wall_clock=node.wall)
+    for _ in range(4):
         node.tick()
-        scrape(collector)
-    assert Counting.collections == 3
-    node.now += 2.9  # under 60 / 20 s: no new evaluation
-    again = scrape(collector)
-    assert Counting.collections == 3
-    assert job_verdicts(again) == {"llm": "compute"}
-    node.now += 0.2
-    scrape(collector)
-    assert Counting.collections == 4
+        result = scrape(registry)
+    assert Counting.collections == 4  # once per scrape, by the registry only
+    assert job_verdicts(result) == {"llm": "compute"}
 
 
 @pytest.mark.parametrize(("reporting", "verdict"), [(True, "scheduling"), (False, "none")])
