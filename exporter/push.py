@@ -21,7 +21,6 @@ class PushRequest:
     client_host: str
     is_loopback: bool
     authorization: str | None
-    content_type: str | None
     #: The body exceeded ``http.max_request_body_bytes`` and was not read.
     too_large: bool = False
 

@@ -65,10 +65,6 @@ class CollectorRegistry:
         # wrap tracking) and two concurrent full reads of /proc buy nothing.
         self._lock = threading.Lock()
 
-    @property
-    def collectors(self) -> Sequence[Collector]:
-        return tuple(self._collectors)
-
     def start(self) -> None:
         """Start every collector's background work, then collect once so that
         ``/healthz`` tells the truth before the first scrape. A collector that

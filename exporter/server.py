@@ -195,7 +195,6 @@ class _Handler(BaseHTTPRequestHandler):
             "client_host": host,
             "is_loopback": _is_loopback(host),
             "authorization": self.headers.get("Authorization"),
-            "content_type": self.headers.get("Content-Type"),
         }
         if length > self.server.max_body_bytes:
             self.close_connection = True  # the unread body must not be parsed as a request

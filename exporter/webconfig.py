@@ -102,12 +102,9 @@ class BasicAuthenticator:
         self._users = dict(users)
         self._verified: OrderedDict[bytes, None] = OrderedDict()
         self._lock = threading.Lock()
-        # Spend bcrypt time for unknown users too, so timing does not reveal names.
-        self._dummy_hash = bcrypt.hashpw(b"trainmon", bcrypt.gensalt(rounds=4))
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self._users)
+        # Unknown users are checked against a configured hash, at its cost, so the
+        # time of a rejection does not tell whether the name exists.
+        self._decoy_hash = next(iter(self._users.values()), None)
 
     def check(self, authorization: str | None) -> bool:
         if not self._users:
@@ -128,7 +125,8 @@ class BasicAuthenticator:
                 self._verified.move_to_end(key)
                 return True
         if stored is None:
-            bcrypt.checkpw(password, self._dummy_hash)
+            if self._decoy_hash is not None:
+                bcrypt.checkpw(password, self._decoy_hash)
             return False
         if not bcrypt.checkpw(password, stored):
             return False

@@ -70,7 +70,6 @@ def push(
         client_host="127.0.0.1" if loopback else "192.0.2.7",
         is_loopback=loopback,
         authorization=authorization,
-        content_type="application/x-ndjson",
         too_large=too_large,
     )
 
