@@ -210,16 +210,12 @@ def _load(
     config = load_config(Path(config_path) if config_path else None, environ)
     if listen:
         try:
-            config = _with_listen(config, listen)
+            config = dataclasses.replace(config, listen=parse_listen_address(listen))
         except ValueError as error:
             raise ConfigError("--listen", str(error)) from None
     web_path = Path(web_config_path) if web_config_path else config.web_config_file
     web = load_web_config(web_path) if web_path else None
     return config, web
-
-
-def _with_listen(config: Config, listen: str) -> Config:
-    return dataclasses.replace(config, listen=parse_listen_address(listen))
 
 
 def _check_config(path: Path, environ: Mapping[str, str]) -> int:
