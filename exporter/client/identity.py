@@ -22,6 +22,7 @@ without NVML, and CUDA's default device order can differ from NVML's unless
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -69,6 +70,16 @@ def detect_gpu(environ: Mapping[str, str], local_rank: int) -> str | None:
         elif local_rank < len(visible):
             logical = local_rank
     return None if logical is None else physical_index(logical, environ)
+
+
+def device_gpu(device: object) -> str | None:
+    """The NVML index of a ``torch.device``-like ``device`` (``type``, ``index``), or None.
+
+    None unless ``device.type`` is ``"cuda"``; an index of None means device 0.
+    """
+    if device is None or getattr(device, "type", None) != "cuda":
+        return None
+    return physical_index(getattr(device, "index", None) or 0, os.environ)
 
 
 def physical_index(logical: int, environ: Mapping[str, str]) -> str | None:

@@ -28,7 +28,6 @@ strategy's root device, mapped through ``CUDA_VISIBLE_DEVICES``.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -47,7 +46,7 @@ except ImportError:  # the standalone package
             "exporter.client.lightning needs `lightning` or `pytorch_lightning` installed"
         ) from missing
 
-from exporter.client.identity import physical_index
+from exporter.client.identity import device_gpu
 from exporter.client.reporter import Reporter
 
 _clock = time.perf_counter
@@ -68,7 +67,7 @@ class TrainmonCallback(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.reporter is None:
             options = dict(self.reporter_options)
-            options.setdefault("gpu", _trainer_gpu(trainer))
+            options.setdefault("gpu", device_gpu(getattr(trainer.strategy, "root_device", None)))
             self.reporter = Reporter(
                 self.job, rank=trainer.global_rank, local_rank=trainer.local_rank,
                 world_size=trainer.world_size, **options,
@@ -136,10 +135,3 @@ def batch_size(batch: object) -> int:
         else:
             return 0
     return 0
-
-
-def _trainer_gpu(trainer: Trainer) -> str | None:
-    device = getattr(trainer.strategy, "root_device", None)
-    if device is None or getattr(device, "type", None) != "cuda":
-        return None
-    return physical_index(device.index or 0, os.environ)

@@ -51,6 +51,9 @@ T = TypeVar("T")
 DEFAULT_INTERVAL_SECONDS = 1.0
 #: Phase name that absorbs phases beyond the protocol's MAX_PHASES.
 OTHER_PHASE = "other"
+#: Raw phase names whose cleaned form is remembered; names past this many are
+#: cleaned on every call (bounds memory when callers pass unbounded names).
+MAX_CACHED_PHASE_NAMES = 4 * MAX_PHASES
 #: Delivery failures are logged at most once per this many seconds.
 FAILURE_LOG_INTERVAL_SECONDS = 300.0
 
@@ -101,7 +104,6 @@ class Reporter:
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
         self._step_start = _perf_counter()
-        self._last_step: float | None = None
         self._steps = 0
         self._samples = 0
         self._step_seconds = 0.0
@@ -111,7 +113,10 @@ class Reporter:
         # Wait and phase time of the step in progress; committed by step().
         self._pending_wait = 0.0
         self._pending_phases: dict[str, float] = {}
+        # Raw phase name -> name sent (at most MAX_CACHED_PHASE_NAMES entries),
+        # and the distinct names sent, OTHER_PHASE excluded (fewer than MAX_PHASES).
         self._phase_names: dict[str, str] = {}
+        self._phase_set: set[str] = set()
         self._dropped = 0
         self._last_failure_log = -math.inf
 
@@ -134,7 +139,7 @@ class Reporter:
         lock.acquire()  # cheaper than `with` on this hot path
         try:
             duration = now - self._step_start
-            self._step_start = self._last_step = now
+            self._step_start = now
             self._steps += 1
             self._samples += samples
             self._step_seconds += duration
@@ -212,7 +217,7 @@ class Reporter:
     def report(self) -> dict[str, object]:
         """The protocol v1 report of the current totals (see docs/protocol.md)."""
         with self._lock:
-            last_step = self._last_step
+            last_step = self._step_start if self._steps else None
             report: dict[str, object] = {
                 "v": PROTOCOL_VERSION,
                 "job": self.job,
@@ -259,13 +264,20 @@ class Reporter:
             self.flush()
 
     def _phase_name(self, name: str) -> str:
+        """The phase name as sent: sanitized, and ``OTHER_PHASE`` past the phase cap."""
         known = self._phase_names.get(name)
         if known is not None:
             return known
         cleaned = sanitize_label(str(name), DEFAULT_MAX_LABEL_LENGTH)
-        if len(set(self._phase_names.values()) | {cleaned}) > MAX_PHASES - 1:
-            cleaned = OTHER_PHASE
-        self._phase_names[name] = cleaned
+        with self._lock:
+            sent = self._phase_set
+            if cleaned not in sent:
+                if cleaned == OTHER_PHASE or len(sent) >= MAX_PHASES - 1:
+                    cleaned = OTHER_PHASE
+                else:
+                    sent.add(cleaned)
+            if len(self._phase_names) < MAX_CACHED_PHASE_NAMES:
+                self._phase_names[name] = cleaned
         return cleaned
 
     def _refresh_gpu(self) -> None:

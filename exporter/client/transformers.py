@@ -29,13 +29,12 @@ Rank, local rank and world size come from ``TrainingArguments``
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from exporter.client.identity import physical_index
+from exporter.client.identity import device_gpu
 from exporter.client.reporter import Reporter
 
 _clock = time.perf_counter
@@ -56,7 +55,7 @@ class TrainmonCallback(TrainerCallback):
     ) -> None:
         if self.reporter is None:
             options = dict(self.reporter_options)
-            options.setdefault("gpu", _args_gpu(args))
+            options.setdefault("gpu", device_gpu(getattr(args, "device", None)))
             self.reporter = Reporter(
                 self.job, rank=args.process_index, local_rank=max(args.local_process_index, 0),
                 world_size=args.world_size, **options,
@@ -110,10 +109,3 @@ class TrainmonCallback(TrainerCallback):
         if self.reporter is not None:
             self.reporter.add_phase(name, now - self._last_event)
         self._last_event = now
-
-
-def _args_gpu(args: TrainingArguments) -> str | None:
-    device = getattr(args, "device", None)
-    if device is None or getattr(device, "type", None) != "cuda":
-        return None
-    return physical_index(device.index or 0, os.environ)

@@ -20,8 +20,9 @@ import time
 import urllib.parse
 from typing import Protocol
 
+from exporter.training.protocol import STEPS_PATH
+
 DEFAULT_ENDPOINT = "unix:///run/trainmon/steps.sock"
-STEPS_PATH = "/api/v1/steps"
 #: Seconds an HTTP delivery may take before it counts as undelivered.
 HTTP_TIMEOUT_SECONDS = 2.0
 #: Pauses between retries of a datagram refused because the daemon's queue is full.

@@ -23,13 +23,12 @@ from prometheus_client.core import (
 from exporter.collectors.base import Collector
 from exporter.config import TrainingConfig
 from exporter.push import PushHandler, PushRequest, PushResponse
-from exporter.training.protocol import STEP_SECONDS_BOUNDS
+from exporter.training.protocol import STEP_SECONDS_BOUNDS, STEPS_PATH
 from exporter.training.receiver import SocketReceiver, StepPushHandler, read_token
 from exporter.training.store import StoreSnapshot, TrainingStore
 
 log = logging.getLogger(__name__)
 
-STEPS_ROUTE = "/api/v1/steps"
 _BUCKET_BOUNDS = [repr(bound) for bound in STEP_SECONDS_BOUNDS] + ["+Inf"]
 _RANK = ["job", "rank"]
 
@@ -98,7 +97,7 @@ class TrainingCollector(Collector):
             self._socket_error = f"{error.strerror or error} ({config.socket})"
             log.error(
                 "cannot receive training steps on unix://%s: %s; HTTP %s still works",
-                config.socket, error.strerror or error, STEPS_ROUTE,
+                config.socket, error.strerror or error, STEPS_PATH,
             )
             return
         self._receiver = receiver
@@ -120,7 +119,7 @@ class TrainingCollector(Collector):
         return self._push(request)
 
     def push_routes(self) -> Mapping[str, PushHandler]:
-        return {STEPS_ROUTE: self.handle_push}
+        return {STEPS_PATH: self.handle_push}
 
     def health(self) -> Mapping[str, object]:
         snapshot_counts = self.store.counts()

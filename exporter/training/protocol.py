@@ -20,6 +20,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 PROTOCOL_VERSION = 1
+#: The daemon's HTTP route for step reports (also the client's default path).
+STEPS_PATH = "/api/v1/steps"
 
 #: Upper bounds (seconds, inclusive, Prometheus ``le``) of the step-time
 #: histogram. ``step_buckets`` has one count per bound plus a last count for

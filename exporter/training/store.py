@@ -110,7 +110,10 @@ _ZERO = Totals()
 @dataclass
 class _Rank:
     totals: Totals
-    latest: StepReport
+    #: Identity fields of the rank's latest report.
+    gpu: str | None
+    pid: int | None
+    world_size: int | None
     last_seen: float
     last_step_time: float | None
     #: Unix time of the rank's latest accepted report (a heartbeat: sent ~1/s).
@@ -194,11 +197,6 @@ class TrainingStore:
                 self._jobs[report.job].move_to_end(report.rank)
             self._accepted[transport] += 1
 
-    def expire(self) -> None:
-        """Drop ranks silent for longer than the TTL (also done during ingestion)."""
-        with self._lock:
-            self._expire(self._clock())
-
     def snapshot(self) -> StoreSnapshot:
         with self._lock:
             now = self._clock()
@@ -207,9 +205,9 @@ class TrainingStore:
                 RankView(
                     job=job,
                     rank=rank,
-                    gpu=state.latest.gpu,
-                    pid=state.latest.pid,
-                    world_size=state.latest.world_size,
+                    gpu=state.gpu,
+                    pid=state.pid,
+                    world_size=state.world_size,
                     totals=state.totals.copy(),
                     counter_resets=state.resets,
                     last_step_time=state.last_step_time,
@@ -234,8 +232,6 @@ class TrainingStore:
     # -- under the lock ---------------------------------------------------------
 
     def _add_rank(self, report: StepReport, now: float) -> None:
-        if len(report.phase_seconds) > MAX_PHASES:
-            raise ReportError("limit", f"more than {MAX_PHASES} phases")
         ranks = self._jobs.get(report.job)
         if ranks is None:
             if len(self._jobs) >= self._max_jobs:
@@ -248,7 +244,9 @@ class TrainingStore:
         totals = Totals.of(report)
         state = _Rank(
             totals=totals,
-            latest=report,
+            gpu=report.gpu,
+            pid=report.pid,
+            world_size=report.world_size,
             last_seen=now,
             last_step_time=self._step_time(report, None),
             last_report_time=self._wall_clock(),
@@ -278,7 +276,7 @@ class TrainingStore:
         steps_advanced = previous is None or new.steps > previous.steps
         if steps_advanced and new.steps > 0:
             state.last_step_time = self._step_time(report, state.last_step_time)
-        state.latest = report
+        state.gpu, state.pid, state.world_size = report.gpu, report.pid, report.world_size
         state.last_seen = now
         state.last_report_time = self._wall_clock()
         self._record_window(state, now)

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from support.exposition import Scrape, scrape
 
+from exporter.client.identity import device_gpu
 from exporter.collectors.training import TrainingCollector
 
 torch = pytest.importorskip("torch")
@@ -127,3 +128,25 @@ def test_transformers_callback(make_collector: Make, socket_path: Path, tmp_path
     wait = result.value("trainmon_training_data_wait_seconds_total", **rank)
     assert wait is not None
     assert dataset.load_seconds <= wait <= dataset.load_seconds + 0.02 * 20
+
+
+@pytest.mark.parametrize(
+    ("device", "visible", "gpu"),
+    [
+        ("cuda:1", None, "1"),
+        ("cuda", None, "0"),
+        ("cuda:1", "4,5", "5"),
+        ("cuda:0", "GPU-8f2c1a", None),  # UUIDs need NVML
+        ("cpu", None, None),
+        ("meta", "4,5", None),
+    ],
+)
+def test_callbacks_map_the_torch_device_to_the_nvml_index(
+    device: str, visible: str | None, gpu: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert device_gpu(torch.device(device)) == gpu
+    assert device_gpu(None) is None

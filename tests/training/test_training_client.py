@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import cast
@@ -180,6 +181,37 @@ def test_more_phases_than_the_protocol_allows_fold_into_other() -> None:
     phases = sent["phase_seconds"]
     assert isinstance(phases, dict) and len(phases) == 32 and "other" in phases
     parse_report(json.dumps(sent).encode())
+
+
+def test_unbounded_phase_names_stay_bounded() -> None:
+    with Reporter("unit", endpoint="unix:///nonexistent", interval_seconds=60) as reporter:
+        for index in range(1_000):
+            reporter.add_phase(f"request-{index}", 0.001)
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for index in range(1_000, 20_000):
+                reporter.add_phase(f"request-{index}", 0.001)
+            grown = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        reporter.step()
+        sent = reporter.report()
+    phases = cast(dict[str, float], sent["phase_seconds"])
+    assert len(phases) == 32 and phases["other"] == pytest.approx((20_000 - 31) * 0.001)
+    # Remembering 19,000 more names would take megabytes.
+    assert grown < 100_000, f"{grown} bytes kept for 19,000 phase names"
+    parse_report(json.dumps(sent).encode())
+
+
+def test_last_step_time_is_the_wall_time_of_the_last_step() -> None:
+    with Reporter("unit", endpoint="unix:///nonexistent", interval_seconds=60) as reporter:
+        assert "last_step_time" not in reporter.report()
+        reporter.step()
+        stepped = time.time()
+        time.sleep(0.2)
+        last = cast(float, reporter.report()["last_step_time"])
+    assert stepped - 0.05 <= last <= stepped + 0.05
 
 
 def test_client_imports_only_the_standard_library() -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from support.exposition import scrape
+from support.prometheus import wait_until
 from training_support import line, push, send_datagram
 
 from exporter.collectors.training import TrainingCollector
@@ -18,14 +19,6 @@ from exporter.training.protocol import MAX_DATAGRAM_BYTES
 
 Make = Callable[..., TrainingCollector]
 TOKEN = "s3cret-token-value"
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.01)
 
 
 @pytest.fixture
@@ -101,8 +94,9 @@ def test_socket_receives_reports(make_collector: Make, socket_path: Path) -> Non
     collector = make_collector(socket=socket_path)
     assert socket_path.exists()
     send_datagram(socket_path, line(rank=0) + line(rank=1))
-    wait_for(lambda: scrape(collector).value(
-        "trainmon_training_reports_total", transport="unix") == 2)
+    wait_until(lambda: scrape(collector).value(
+        "trainmon_training_reports_total", transport="unix") == 2, 5.0,
+        "two reports over the socket", interval=0.01)
     result = scrape(collector)
     assert result.value("trainmon_training_steps_total", job="resnet50", rank="1") == 10
     assert result.value("trainmon_training_socket_up") == 1
@@ -130,8 +124,9 @@ def test_stale_socket_is_replaced(make_collector: Make, socket_path: Path) -> No
     stale.close()  # the file stays, nobody listens: what a killed daemon leaves
     collector = make_collector(socket=socket_path)
     send_datagram(socket_path, line())
-    wait_for(lambda: scrape(collector).value(
-        "trainmon_training_steps_total", job="resnet50", rank="0") == 10)
+    wait_until(lambda: scrape(collector).value(
+        "trainmon_training_steps_total", job="resnet50", rank="0") == 10, 5.0,
+        "the report through the replaced socket", interval=0.01)
 
 
 def test_live_socket_of_another_daemon_is_not_stolen(
@@ -168,6 +163,7 @@ def test_oversized_datagram_is_rejected_whole(make_collector: Make, socket_path:
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
         sender.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * MAX_DATAGRAM_BYTES)
         sender.sendto(line() * (MAX_DATAGRAM_BYTES // len(line()) + 5), str(socket_path))
-    wait_for(lambda: scrape(collector).value(
-        "trainmon_training_rejected_reports_total", reason="too_large") == 1)
+    wait_until(lambda: scrape(collector).value(
+        "trainmon_training_rejected_reports_total", reason="too_large") == 1, 5.0,
+        "the too-large datagram to be counted", interval=0.01)
     assert scrape(collector).labelsets("trainmon_training_steps_total") == []
