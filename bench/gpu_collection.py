@@ -40,6 +40,9 @@ from pathlib import Path
 
 import requests
 
+from exporter.config import GPUConfig
+from exporter.sampler import FLAG_THRESHOLD
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib
 
@@ -123,6 +126,15 @@ def child_visibility() -> dict[str, object]:
         "transitions": snapshot.transitions_total,
         "sawtooth_ratio": snapshot.sawtooth_ratio,
     }
+
+
+def scraped_view(values: list[float]) -> str:
+    """What scraped utilization ratios (0–1) show, judged with the detector's
+    default thresholds: steady unless some are idle and some busy."""
+    defaults = GPUConfig()
+    idle = min(values) < defaults.idle_threshold
+    busy = max(values) >= defaults.busy_threshold
+    return "busy and idle both seen" if idle and busy else "looks steady"
 
 
 # -- part 3: the soak ------------------------------------------------------------------
@@ -242,18 +254,19 @@ def main() -> None:
         "\n### What a 15 s scrape sees of a saw-toothing GPU (GPU 0: 10 s period, 65 % busy, "
         "180 s)\n"
     )
-    scraped = visibility["scraped"]
-    assert isinstance(scraped, list)
+    scraped, ratio = visibility["scraped"], visibility["sawtooth_ratio"]
+    assert isinstance(scraped, list) and isinstance(ratio, int | float)
+    flag = "flagged" if ratio >= FLAG_THRESHOLD else "not flagged"
     print("| view | samples | what it shows |")
     print("| --- | --- | --- |")
     print(
         f"| `nvmlDeviceGetUtilizationRates` every 15 s | {len(scraped)} | "
-        f"min {min(scraped):.2f}, max {max(scraped):.2f}: looks steady |"
+        f"min {min(scraped):.2f}, max {max(scraped):.2f}: {scraped_view(scraped)} |"
     )
     print(
         f"| trainmon sampler | {visibility['samples']} | idle share "
         f"{visibility['idle_share']:.2f}, {visibility['transitions']} transitions, "
-        f"sawtooth_ratio {visibility['sawtooth_ratio']:.2f} (flagged) |"
+        f"sawtooth_ratio {ratio:.2f} ({flag}) |"
     )
     print(
         f"\n### Daemon footprint, scraped every {args.scrape_interval:g} s "

@@ -78,6 +78,7 @@ class XidSubscription:
         for index, handle in enumerate(session.handles):
             if handle is None or index in session.lost_since:
                 continue
+            failed: list[str] = []
             try:
                 nvml.query(
                     index,
@@ -86,16 +87,14 @@ class XidSubscription:
                     EVENT_XID_CRITICAL_ERROR,
                     event_set,
                     session=session,
+                    failed=failed,
                 )
             except GPULost:
                 continue
-            if nvml.supports(index, REGISTER):
+            # None means success, unsupported or an unexpected error alike.
+            if not failed and nvml.supports(index, REGISTER):
                 gpus[_handle_key(handle)] = index
         return cls(nvml, session, event_set, gpus)
-
-    @property
-    def gpus(self) -> tuple[int, ...]:
-        return tuple(sorted(self._gpus.values()))
 
     @property
     def usable(self) -> bool:

@@ -83,19 +83,6 @@ def next_state(state: BusyIdle | None, value: float, hysteresis: Hysteresis) -> 
     return state
 
 
-def count_transitions(
-    values: Iterable[float], hysteresis: Hysteresis, state: BusyIdle | None = None
-) -> tuple[int, BusyIdle | None]:
-    """Busy↔idle transitions in a sequence of samples, and the final state."""
-    transitions = 0
-    for value in values:
-        new = next_state(state, value, hysteresis)
-        if state is not None and new is not state:
-            transitions += 1
-        state = new
-    return transitions, state
-
-
 def sawtooth_ratio(transitions_in_lookback: int) -> float:
     """``min(1, n / 4)`` for ``n`` transitions in the last two windows (0–1)."""
     return min(1.0, max(0, transitions_in_lookback) / TRANSITIONS_AT_FULL_STRENGTH)
@@ -154,8 +141,10 @@ class UtilizationTrack:
             self.add(timestamp_us, value)
 
     def sawtooth_ratio(self) -> float:
-        """The ratio over the look-back ending at the latest sample."""
-        self._forget_before(self.latest_timestamp_us)
+        """The ratio over the look-back ending at the latest sample.
+
+        ``add`` already dropped transitions older than the look-back.
+        """
         return sawtooth_ratio(len(self._transitions))
 
     def snapshot(self) -> UtilizationSnapshot:

@@ -50,7 +50,7 @@ from pathlib import Path
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from exporter.collectors.base import Collector, CollectorUnavailable
-from exporter.collectors.kernelfiles import CounterWrapTracker
+from exporter.collectors.kernelfiles import CounterWrapTracker, KernelFileReader
 from exporter.config import DiskConfig
 
 log = logging.getLogger(__name__)
@@ -163,10 +163,7 @@ class DiskCollector(Collector):
         return [family for family in [*families.values(), in_flight] if family.samples]
 
     def _read_whole_disks(self) -> dict[str, list[int]]:
-        try:
-            text = self._diskstats.read_text(encoding="ascii", errors="replace")
-        except FileNotFoundError:
-            raise CollectorUnavailable(f"{self._diskstats} does not exist") from None
+        text = KernelFileReader.required_text(self._diskstats)
         is_whole_disk = self._whole_disk_test()
         return {
             device: fields

@@ -1,13 +1,13 @@
 """GPU metrics from NVML: device readings, the utilization sampler, XID events.
 
 ``GPUCollector`` reads every GPU through the ``NVML`` facade on each scrape
-(one cycle over 8 GPUs is a few dozen cheap calls, no 20 ms blocking ones) and
-adds what its two background threads keep: the utilization sampler
-(``exporter.sampler``) and the XID listener (``exporter.nvml_events``), which
-waits on an NVML event set so that no XID error is lost between scrapes. The
-``gpu`` label is the NVML index as a decimal string, as in dcgm-exporter. A lost
-GPU keeps only its ``_info``, ``trainmon_gpu_up`` (0) and XID series; the other
-GPUs go on. Process lists are
+(17 cheap calls per GPU, 136 for 8 GPUs, as counted by ``bench/gpu_collection.py``
+on the fake NVML; no 20 ms blocking ones) and adds what its two background
+threads keep: the utilization sampler (``exporter.sampler``) and the XID
+listener (``exporter.nvml_events``), which waits on an NVML event set so that no
+XID error is lost between scrapes. The ``gpu`` label is the NVML index as a
+decimal string, as in dcgm-exporter. A lost GPU keeps only its ``_info``,
+``trainmon_gpu_up`` (0) and XID series; the other GPUs go on. Process lists are
 expensive and read only on demand, at most every ``process_interval_seconds``.
 Every metric is documented in ``docs/metrics.md`` (GPU section).
 """
@@ -95,9 +95,9 @@ class GPUCollector(Collector):
         return result
 
     def collect(self) -> Iterable[Metric]:
-        devices = self._nvml.devices()  # NVMLUnavailable → "unavailable" in /healthz
+        session = self._nvml.session()  # NVMLUnavailable → "unavailable" in /healthz
+        devices, driver = session.devices, session.driver_version
         families = _Families()
-        driver = self._nvml.driver_version
         utilization = self.sampler.snapshot()
         lost = []
         for device in devices:

@@ -3,12 +3,14 @@
 Shared by the node collectors (network, InfiniBand, disk). Two concerns that
 all three meet:
 
-- **Reading one small kernel file.** A missing file is normal (a virtual NIC
+- **Reading one small kernel file.** A missing attribute file is normal (a virtual NIC
   has no ``speed``, an old HCA has no ``counters_ext``) and gives ``None``
   silently. A file that exists but cannot be read — permission denied, or the
   ``EINVAL`` some drivers return from ``read()`` for attributes they do not
   support — also gives ``None``, and is logged at debug level once per path,
-  so a scrape every 15 s does not repeat the same line forever.
+  so a scrape every 15 s does not repeat the same line forever. A *required*
+  table (``/proc/net/dev``, ``/proc/diskstats``) that is missing makes the
+  collector unavailable instead (``required_text``).
 - **32-bit counter wrap.** Some kernels and drivers expose 32-bit counters
   (``/proc/diskstats`` on 32-bit kernels and its millisecond fields on older
   64-bit ones, the statistics of some NIC drivers). ``CounterWrapTracker``
@@ -23,6 +25,8 @@ import logging
 from collections.abc import Hashable, Mapping
 from pathlib import Path
 from typing import Generic, TypeVar
+
+from exporter.collectors.base import CollectorUnavailable
 
 #: A 32-bit counter wraps from 2**32 - 1 to 0.
 WRAP_MODULUS = 1 << 32
@@ -54,6 +58,18 @@ class KernelFileReader:
             self._report_once(path, f"cannot read: {error.strerror or error}")
             return None
         return data.decode("ascii", errors="replace").strip()
+
+    @staticmethod
+    def required_text(path: Path) -> str:
+        """The whole ASCII content of ``path`` (undecodable bytes replaced).
+
+        Raises ``CollectorUnavailable`` when the file does not exist; other
+        ``OSError``s propagate (the registry reports the collector as failed).
+        """
+        try:
+            return path.read_text(encoding="ascii", errors="replace")
+        except FileNotFoundError:
+            raise CollectorUnavailable(f"{path} does not exist") from None
 
     def integer(self, path: Path) -> int | None:
         """The decimal integer in ``path``; ``None`` if missing, unreadable or not an integer."""

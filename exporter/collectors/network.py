@@ -31,7 +31,7 @@ from pathlib import Path
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from exporter.collectors.base import Collector, CollectorUnavailable
+from exporter.collectors.base import Collector
 from exporter.collectors.kernelfiles import CounterWrapTracker, KernelFileReader
 from exporter.config import NetworkConfig
 
@@ -139,10 +139,7 @@ class NetworkCollector(Collector):
         return [family for family in [*families.values(), speed] if family.samples]
 
     def _read_counters(self) -> Mapping[str, dict[str, int]]:
-        try:
-            text = self._net_dev.read_text(encoding="ascii", errors="replace")
-        except FileNotFoundError:
-            raise CollectorUnavailable(f"{self._net_dev} does not exist") from None
+        text = self._files.required_text(self._net_dev)
         return {
             device: counters
             for device, counters in sorted(parse_net_dev(text).items())

@@ -1,6 +1,7 @@
 """Fixtures for the GPU tests: the fake ``libnvidia-ml.so.1`` and its scenarios.
 
-The fake (``fakenvml/``) is compiled once per session. Subprocess tests load it
+The fake (``fakenvml/``) is compiled once per session by the shared
+``fake_nvml_dir``/``old_driver_dir`` fixtures (tests/conftest.py). Subprocess tests load it
 the way a user's machine would, through ``LD_LIBRARY_PATH`` (``gpu_env``).
 In-process tests cannot change ``LD_LIBRARY_PATH`` after start-up, so
 ``fake_nvml`` loads the compiled file by path first; the dynamic loader then
@@ -17,30 +18,11 @@ from pathlib import Path
 
 import pynvml
 import pytest
-from gpu.harness import FakeNVML, load_builder
+from gpu.harness import FakeNVML
 from support import exposition
 from support.exposition import Scrape
 
 from exporter.collectors.base import Collector
-
-
-def _build(directory: Path, old_driver: bool = False) -> Path:
-    builder = load_builder()
-    if builder.compiler() is None:
-        pytest.skip("no C compiler to build the fake NVML library")
-    return Path(builder.build(directory, old_driver=old_driver)).parent
-
-
-@pytest.fixture(scope="session")
-def fake_nvml_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A folder holding the compiled fake ``libnvidia-ml.so.1``."""
-    return _build(tmp_path_factory.mktemp("fakenvml"))
-
-
-@pytest.fixture(scope="session")
-def old_driver_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The fake built as an old driver (no field values, energy, event wait v2...)."""
-    return _build(tmp_path_factory.mktemp("fakenvml-old"), old_driver=True)
 
 
 @pytest.fixture(scope="session")

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+
+from support.prometheus import wait_until
 
 FAKE_SOURCES = Path(__file__).parent / "fakenvml"
 
@@ -39,7 +40,5 @@ class FakeNVML:
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
+    """``support.prometheus.wait_until`` polling every 20 ms (AssertionError after ``timeout`` s)."""
+    wait_until(condition, timeout, "the condition", interval=0.02)

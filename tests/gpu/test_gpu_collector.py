@@ -225,6 +225,17 @@ def test_an_xid_scheduled_twice_is_counted_twice(
     assert all(received - 1 <= stamp <= time.time() for stamp in stamps)
 
 
+def test_a_gpu_whose_xid_registration_failed_is_not_listened_to(
+    scenario: Callable[[str], Path],
+    make_collector: Callable[..., GPUCollector],
+) -> None:
+    scenario("gpus 2\nfailing * nvmlDeviceRegisterEvents\n")
+    collector = make_collector()
+    collector.start()
+    wait_for(lambda: collector.xid.state != "starting")
+    assert collector.health()["xid_events"] == "unsupported"
+
+
 def test_an_unsupported_reading_is_omitted_and_logged_once(
     scenario: Callable[[str], Path],
     fake_nvml: FakeNVML,

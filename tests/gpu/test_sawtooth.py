@@ -17,7 +17,6 @@ from exporter.sampler import (
     BusyIdle,
     Hysteresis,
     UtilizationTrack,
-    count_transitions,
     sawtooth_ratio,
 )
 
@@ -195,11 +194,21 @@ def test_ratio_formula_is_transitions_over_four_capped_at_one() -> None:
     assert [sawtooth_ratio(n) for n in range(7)] == [0, 0.25, 0.5, 0.75, 1, 1, 1]
 
 
+def fed(values: list[float]) -> UtilizationTrack:
+    """A track with thresholds 0.1/0.5 after ``values``, one sample per second."""
+    track = UtilizationTrack(WINDOW, Hysteresis(idle_threshold=0.1, busy_threshold=0.5))
+    track.extend((int((k + 1) * 1e6), value) for k, value in enumerate(values))
+    return track
+
+
 def test_hysteresis_needs_both_thresholds_crossed() -> None:
-    hysteresis = Hysteresis(idle_threshold=0.1, busy_threshold=0.5)
-    assert count_transitions([0.6, 0.3, 0.45, 0.2, 0.55], hysteresis) == (0, BusyIdle.BUSY)
-    assert count_transitions([0.6, 0.05, 0.3, 0.9, 0.09], hysteresis)[0] == 3
-    assert count_transitions([0.3, 0.3], hysteresis) == (0, None)
+    between = fed([0.6, 0.3, 0.45, 0.2, 0.55])
+    assert (between.transitions_total, between.state) == (0, BusyIdle.BUSY)
+    crossing = fed([0.6, 0.05, 0.3, 0.9, 0.09])
+    assert (crossing.transitions_total, crossing.state) == (3, BusyIdle.IDLE)
+    assert crossing.sawtooth_ratio() == 0.75
+    unknown = fed([0.3, 0.3])
+    assert (unknown.transitions_total, unknown.state) == (0, None)
 
 
 def test_a_single_stall_flags_for_at_most_two_windows() -> None:

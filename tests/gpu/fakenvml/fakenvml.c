@@ -66,6 +66,7 @@ static struct {
     xid_t xids[MAX_RULES]; int nxids;
     unsupported_t unsupported[MAX_RULES]; int nunsupported;
     unsupported_t unsupported_fields[MAX_RULES]; int nunsupported_fields;
+    unsupported_t failing[MAX_RULES]; int nfailing;
     process_t processes[MAX_RULES]; int nprocesses;
 } sc;
 
@@ -142,6 +143,9 @@ static int load_scenario(const char *path) {
         } else if (sscanf(line, "unsupported %15s %63s", target, text) == 2 && sc.nunsupported < MAX_RULES) {
             sc.unsupported[sc.nunsupported].gpu = gpu_arg(target);
             snprintf(sc.unsupported[sc.nunsupported++].name, 64, "%.63s", text);
+        } else if (sscanf(line, "failing %15s %63s", target, text) == 2 && sc.nfailing < MAX_RULES) {
+            sc.failing[sc.nfailing].gpu = gpu_arg(target);
+            snprintf(sc.failing[sc.nfailing++].name, 64, "%.63s", text);
         } else if (sscanf(line, "process %d %u %llu", &n, &sc.processes[sc.nprocesses].pid, &code) == 3 && sc.nprocesses < MAX_RULES) {
             sc.processes[sc.nprocesses].gpu = n; sc.processes[sc.nprocesses++].bytes = code;
         } else if (sscanf(line, "sparse_idle %15s", target) == 1) set_flag(sc.sparse_idle, target);
@@ -181,7 +185,7 @@ static int named(const unsupported_t *rules, int n, int gpu, const char *name) {
 
 static int unloaded(double t) { return sc.unloaded_from >= 0 && t >= sc.unloaded_from && t < sc.unloaded_to; }
 
-/* The state a call meets: session, driver, device, lost, unsupported. */
+/* The state a call meets: session, driver, device, lost, unsupported, failing. */
 static int check(nvmlDevice_t dev, const char *function) {
     double t = now();
     if (refcount <= 0) return UNINITIALIZED;
@@ -191,6 +195,7 @@ static int check(nvmlDevice_t dev, const char *function) {
     if (dev < devices || dev >= devices + sc.count) return INVALID_ARGUMENT;
     if (sc.lost_at[dev->index] >= 0 && t >= sc.lost_at[dev->index]) return GPU_IS_LOST;
     if (named(sc.unsupported, sc.nunsupported, dev->index, function)) return NOT_SUPPORTED;
+    if (named(sc.failing, sc.nfailing, dev->index, function)) return UNKNOWN;
     return OK;
 }
 
