@@ -11,7 +11,6 @@ from ``/proc/<pid>/stat`` and ``/proc/<pid>/status`` (Linux only).
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
+from support.daemon import free_port  # noqa: E402  (needs tests/ on sys.path)
+
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 #: How long a daemon may take to answer its readiness URL, seconds.
 READY_TIMEOUT_SECONDS = 30.0
@@ -34,13 +35,6 @@ TRAINING_ONLY = (
     "  network: {enabled: false}\n  disk: {enabled: false}\n"
     "  infiniband: {enabled: false}\n  gpu: {enabled: false}\n"
 )
-
-
-def free_port() -> int:
-    """A loopback TCP port that was free a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_ready(
@@ -83,8 +77,9 @@ def start_trainmon(
     env: Mapping[str, str] | None = None,
     quiet: bool = False,
     wait: bool = True,
+    args: Sequence[str] = (),
 ) -> Daemon:
-    """``trainmon serve --config config`` on a free loopback port, at log level warning.
+    """``trainmon serve --config config [args]`` on a free loopback port, at log level warning.
 
     ``quiet`` discards its output; with ``wait`` it returns once ``/healthz`` answers.
     """
@@ -92,7 +87,7 @@ def start_trainmon(
     output = subprocess.DEVNULL if quiet else None
     process = subprocess.Popen(
         [sys.executable, "-m", "exporter", "serve", "--config", str(config),
-         "--listen", f"127.0.0.1:{port}", "--log-level", "warning"],
+         "--listen", f"127.0.0.1:{port}", "--log-level", "warning", *args],
         env=None if env is None else dict(env), cwd=ROOT, stdout=output, stderr=output,
     )
     daemon = Daemon(process, port)

@@ -13,7 +13,9 @@ sockets, so nothing can be lost) and the rate counts reports the daemon has
 *applied* (trainmon's ``trainmon_training_reports_total``; a Pushgateway PUT
 is applied when it answers). **Realistic rate**: the senders then pace
 themselves at a fixed rate with non-blocking sends, as the client does, and
-the table shows how many reports were lost.
+the table shows how many reports were lost. Below the table: the Pushgateway's
+mean time per PUT with a single sender, and the daemon's CPU time (user +
+system, ``/proc/<pid>/stat``) per report applied in the unix capacity run.
 
     .venv/bin/python bench/training_ingest.py
     .venv/bin/python bench/training_ingest.py --reports 5000 --pushgateway-reports 300
@@ -49,6 +51,8 @@ import benchlib
 SENDERS = 8
 RANKS_PER_SENDER = 128
 PUSHGATEWAY = "/usr/bin/prometheus-pushgateway"
+#: PUTs of the single-sender latency measurement (one sender, one group at a time).
+SINGLE_PUTS = 50
 
 
 # -- the step data, in both formats ------------------------------------------------
@@ -255,11 +259,15 @@ def main() -> None:
         gateway, gateway_port = start_pushgateway()
         try:
             baseline = trainmon.accepted()
+            cpu_before = benchlib.cpu_seconds(trainmon.daemon.process.pid)
             seconds, sent, lost = run_senders(
                 send_unix, lambda s: (trainmon.socket_path, s, args.reports),
                 trainmon.accepted, baseline,
             )
             applied = trainmon.accepted() - baseline
+            # includes the few /metrics scrapes of accepted(): an upper bound
+            cpu_per_report = (benchlib.cpu_seconds(trainmon.daemon.process.pid)
+                              - cpu_before) / max(1, applied)
             rows.append(("trainmon, unix datagram (capacity)", applied / seconds, sent,
                          sent - applied))
             baseline = trainmon.accepted()
@@ -273,6 +281,9 @@ def main() -> None:
                 send_pushgateway, lambda s: (gateway_port, s, args.pushgateway_reports),
             )
             rows.append(("Pushgateway, HTTP PUT (capacity)", sent / seconds, sent, lost))
+            started = time.perf_counter()
+            send_pushgateway(gateway_port, 0, SINGLE_PUTS)  # one sender, one group at a time
+            put_seconds = (time.perf_counter() - started) / SINGLE_PUTS
             for rate in (args.rate, args.stress_rate):
                 count = int(rate * args.rate_seconds)
                 baseline = trainmon.accepted()
@@ -297,6 +308,10 @@ def main() -> None:
     for name, rate, sent, lost in rows:
         ratio = f"{rate / gateway_rate:.1f}×" if "capacity" in name else "— (paced)"
         print(f"| {name} | {rate:,.0f} | {sent:,} | {lost:,} | {ratio} |")
+    print(f"\nPushgateway with a single sender: {put_seconds * 1000:.1f} ms per PUT "
+          f"(mean of {SINGLE_PUTS}, keep-alive)")
+    print(f"trainmon daemon CPU (user + system) per applied report, unix capacity run: "
+          f"{cpu_per_report * 1e6:.0f} µs")
 
 
 if __name__ == "__main__":

@@ -45,18 +45,12 @@ from pathlib import Path
 
 from exporter.collectors.infiniband import infiniband_ports, port_active
 from exporter.collectors.kernelfiles import KernelFileReader
+from exporter.collectors.network import parse_net_dev
 
 log = logging.getLogger(__name__)
 
 #: Longest ``value`` label exported (characters); longer values are cut.
 MAX_VALUE_LENGTH = 128
-PROBLEMS = (
-    "ib_disabled_with_rdma",
-    "socket_ifname_not_found",
-    "ib_hca_not_found",
-    "no_rdma_ib_enabled",
-    "debug_logging",
-)
 _VERBOSE_DEBUG = ("INFO", "TRACE")
 
 
@@ -145,8 +139,7 @@ def read_interfaces(proc_root: Path, pid: int, sys_root: Path) -> frozenset[str]
             return frozenset(path.name for path in (sys_root / "class" / "net").iterdir())
         except OSError:
             return frozenset()
-    names = (line.partition(":")[0].strip() for line in text.splitlines() if ":" in line)
-    return frozenset(name for name in names if name)
+    return frozenset(name for name in parse_net_dev(text) if name)
 
 
 def check_environment(
@@ -154,7 +147,7 @@ def check_environment(
     rdma_ports: tuple[RdmaPort, ...],
     interfaces: frozenset[str],
 ) -> list[NcclProblem]:
-    """The problems of one process environment, in the order of ``PROBLEMS``."""
+    """The problems of one process environment, in the order the checks run here."""
     problems: list[NcclProblem] = []
     active = [port for port in rdma_ports if port.active]
     active_names = ", ".join(f"{port.device}:{port.port}" for port in active)

@@ -1,4 +1,5 @@
-"""Fixtures shared by every test folder: running a real ``trainmon serve``."""
+"""Fixtures shared by every test folder: running a real ``trainmon serve``, and the
+fake ``libnvidia-ml.so.1`` (``tests/gpu/fakenvml``) compiled once per session."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from gpu.harness import load_builder
 from support.daemon import Daemon, free_port, trainmon_command, wait_ready
 
 __all__ = ["Daemon", "free_port", "trainmon_command", "wait_ready"]
@@ -65,3 +67,29 @@ def start_daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
     yield start
     for daemon in daemons:
         daemon.stop()
+
+
+def _build_fake_nvml(directory: Path, old_driver: bool = False) -> Path:
+    """Compile the fake NVML into ``directory``; skip only when there is no C compiler.
+
+    A compiler error (a broken ``fakenvml.c``) fails the tests that need the fake.
+    """
+    builder = load_builder()
+    if builder.compiler() is None:
+        pytest.skip("no C compiler to build the fake NVML library")
+    try:
+        return Path(builder.build(directory, old_driver=old_driver)).parent
+    except subprocess.CalledProcessError as error:
+        pytest.fail(f"cannot build the fake NVML library:\n{error.stderr}{error.stdout}")
+
+
+@pytest.fixture(scope="session")
+def fake_nvml_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding the compiled fake ``libnvidia-ml.so.1`` (for ``LD_LIBRARY_PATH``)."""
+    return _build_fake_nvml(tmp_path_factory.mktemp("fakenvml"))
+
+
+@pytest.fixture(scope="session")
+def old_driver_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fake built as an old driver (no field values, energy, event wait v2...)."""
+    return _build_fake_nvml(tmp_path_factory.mktemp("fakenvml-old"), old_driver=True)

@@ -173,7 +173,7 @@ def _evidence(
     worst = max(waits, key=lambda name: waits[name]) if waits else ""
     comms = [rank.comm_seconds / rank.step_seconds for rank in stepping]
     straggler_rank, straggler = _straggler(stepping)
-    utilizations = [gpu.utilization for gpu in gpus if gpu.utilization is not None]
+    mean_utilization, idle_gpus = _gpu_usage(gpus, config)
     sawtooths = [gpu.sawtooth for gpu in gpus if gpu.sawtooth is not None]
     last_steps = {rank.rank: rank.last_step_timestamp for rank in ranks
                   if rank.last_step_timestamp is not None}
@@ -188,10 +188,9 @@ def _evidence(
         comm_ratio=min(1.0, statistics.median(comms)) if comms else None,
         straggler_ratio=straggler,
         straggler_rank=straggler_rank,
-        gpu_utilization_ratio=sum(utilizations) / len(utilizations) if utilizations else None,
+        gpu_utilization_ratio=mean_utilization,
         gpus=tuple(gpu.gpu for gpu in gpus),
-        idle_gpus=tuple(gpu.gpu for gpu in gpus if gpu.utilization is not None
-                        and gpu.utilization < config.idle_utilization_ratio),
+        idle_gpus=idle_gpus,
         sawtooth_ratio=max(sawtooths, default=None),
         stalled_ranks=tuple(
             rank.rank for rank in ranks
@@ -293,6 +292,18 @@ def _sawtooth_with_rising_wait(
     )
 
 
+def _gpu_usage(
+    gpus: Sequence[GPUState], config: DiagnosisConfig
+) -> tuple[float | None, tuple[str, ...]]:
+    """Mean utilization ratio (0–1) of the ``gpus`` that report one (None when none
+    does), and the GPUs below ``config.idle_utilization_ratio``."""
+    utilizations = [gpu.utilization for gpu in gpus if gpu.utilization is not None]
+    mean = sum(utilizations) / len(utilizations) if utilizations else None
+    idle = tuple(gpu.gpu for gpu in gpus if gpu.utilization is not None
+                 and gpu.utilization < config.idle_utilization_ratio)
+    return mean, idle
+
+
 def _holder_verdict(
     name: str,
     processes: Sequence[GPUProcessState],
@@ -301,13 +312,11 @@ def _holder_verdict(
     config: DiagnosisConfig,
 ) -> Verdict:
     held = [gpus[gpu] for gpu in sorted({p.gpu for p in processes}) if gpu in gpus]
-    utilizations = [gpu.utilization for gpu in held if gpu.utilization is not None]
-    idle = tuple(gpu.gpu for gpu in held if gpu.utilization is not None
-                 and gpu.utilization < config.idle_utilization_ratio)
+    mean_utilization, idle = _gpu_usage(held, config)
     evidence = Evidence(
         gpus=tuple(gpu.gpu for gpu in held),
         idle_gpus=idle,
-        gpu_utilization_ratio=sum(utilizations) / len(utilizations) if utilizations else None,
+        gpu_utilization_ratio=mean_utilization,
     )
     pids = ",".join(sorted({p.pid for p in processes}, key=lambda pid: (len(pid), pid)))
     if held and len(idle) == len(held):

@@ -126,5 +126,8 @@ def test_inhibitions_silence_the_consequences_and_nothing_else(alertmanager: Ale
             return set()
         return {key for key, state in states.items() if state == "suppressed"}
 
-    wait_until(lambda: silenced() == expected_silenced, 15,
-               f"inhibited = {sorted(expected_silenced)} (last: {sorted(silenced())})")
+    try:
+        wait_until(lambda: silenced() == expected_silenced, 15,
+                   f"inhibited = {sorted(expected_silenced)}")
+    except AssertionError as error:  # name the state the wait ended on, read after it
+        raise AssertionError(f"{error} (last: {sorted(silenced())})") from None

@@ -39,15 +39,13 @@ from fake_dcgm_exporter import FakeDCGMExporter
 from grafana_templating import Selection, Window, interpolate, selections
 from metric_contract import metric_names
 from support.daemon import Daemon, free_port, trainmon_command, wait_ready
-from support.prometheus import PROMETHEUS, Prometheus, QueryError
+from support.prometheus import Prometheus, QueryError
+from tencent import fake_tencent_api as tencent_fake
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(not Path(PROMETHEUS).exists(), reason="needs /usr/bin/prometheus"),
-]
-
-tencent_fake = pytest.importorskip("tencent.fake_tencent_api",
-                                   reason="needs tests/tencent and tencentcloud-sdk-python")
+# No skips: a missing /usr/bin/prometheus fails with the install hint of
+# support.prometheus.require (Prometheus.start calls it), and the fake Tencent
+# Cloud API (tests/tencent, tencentcloud-sdk-python of the test extra) is imported.
+pytestmark = pytest.mark.integration
 
 #: Metrics of the contract that no source in this stack produces; queries over
 #: them may come back empty. Each must really be absent (see the test below).
