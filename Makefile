@@ -56,8 +56,9 @@ lint: $(VENV)/.test-installed
 
 bench: $(VENV)/.test-installed debian-packages
 	@for script in bench/*.py; do \
-		case $$script in bench/benchlib.py) continue;; esac; \
-		echo "== $$script"; $(BIN)/python $$script || exit 1; \
+		name=$$(basename $$script .py); \
+		case $$name in __init__|benchlib|gpu_baseline_exporter) continue;; esac; \
+		echo "== python -m bench.$$name"; $(BIN)/python -m bench.$$name || exit 1; \
 	done
 
 clean:

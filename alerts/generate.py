@@ -46,7 +46,7 @@ RULES_FILE_NAME = "trainmon.rules.yml"
 
 #: Where runbook_url points; the page is ``<base><AlertName>.md``.
 RUNBOOK_BASE_URL = "https://github.com/trainmon/trainmon/blob/main/docs/runbooks/"
-#: The sampler's "flagged" sawtooth ratio (exporter/sampler.py FLAG_THRESHOLD,
+#: The sampler's "flagged" sawtooth ratio (exporter/trainmon/gpu/sampler.py FLAG_THRESHOLD,
 #: docs/metrics.md "GPU"): at least one full busy/idle cycle in two windows.
 SAWTOOTH_FLAG = "0.5"
 #: XID codes that mean a hardware/driver fault needing a GPU reset or node drain

@@ -6,7 +6,7 @@ fires:
 
 (a) ``TrainmonGPUSawtooth`` (shipped) on the daemon's sawtooth ratio: the
     6 Hz driver samples of the synthetic trace go through the real
-    ``exporter.sampler.UtilizationTrack``; its ratio is scraped every 15 s;
+    ``trainmon.gpu.sampler.UtilizationTrack``; its ratio is scraped every 15 s;
 (b) rules on ``DCGM_FI_DEV_GPU_UTIL`` scraped every 15 s, as people write them:
     b1 threshold ``avg_over_time(util[10m]) < 50`` for 10m ("GPU underutilised"),
     b2 ``stddev_over_time(util[10m]) > 20`` for 10m ("utilization unstable");
@@ -22,7 +22,7 @@ at 6 different phases of the signal (offsets 0–12.5 s), so a result reads
 interval) on the shipped ``alerts/dcgm/trainmon.rules.yml``; the first firing
 time is read from the ``ALERTS`` series promtool reports.
 
-    .venv/bin/python bench/alerts_sawtooth.py
+    .venv/bin/python -m bench.alerts_sawtooth
 
 Needs ``promtool`` (Debian ``prometheus``); takes about 20 s; prints a
 markdown table for docs/benchmarks.md.
@@ -46,7 +46,7 @@ from pathlib import Path
 
 import yaml
 
-from exporter.sampler import Hysteresis, UtilizationTrack
+from trainmon.gpu.sampler import Hysteresis, UtilizationTrack
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED_RULES = REPO / "alerts" / "dcgm" / "trainmon.rules.yml"

@@ -1,10 +1,8 @@
 """What the benchmark scripts share: daemons on loopback, process readings, statistics.
 
-The scripts import it as ``import benchlib`` (each puts its own folder,
-``bench/``, first on ``sys.path``; bench/ is not a package, so every script
-still runs as ``.venv/bin/python bench/<name>.py``). Importing it also puts
-``tests/`` on ``sys.path``, as pytest does, so the benchmarks reuse the test
-fakes (the fake NVML library, the Tencent Cloud API). Process readings come
+``bench`` and ``tests`` are packages: run a benchmark from the repository root as
+``.venv/bin/python -m bench.<name>``; it reuses the fakes of ``tests/support``
+(the fake NVML library, the Tencent Cloud API). Process readings come
 from ``/proc/<pid>/stat`` and ``/proc/<pid>/status`` (Linux only).
 """
 
@@ -20,12 +18,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support.daemon import free_port
+
 #: The repository root (bench/..).
 ROOT = Path(__file__).resolve().parent.parent
-TESTS = ROOT / "tests"
-if str(TESTS) not in sys.path:
-    sys.path.insert(0, str(TESTS))
-from support.daemon import free_port  # noqa: E402  (needs tests/ on sys.path)
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 #: How long a daemon may take to answer its readiness URL, seconds.
@@ -86,7 +82,7 @@ def start_trainmon(
     port = free_port()
     output = subprocess.DEVNULL if quiet else None
     process = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "serve", "--config", str(config),
+        [sys.executable, "-m", "trainmon", "serve", "--config", str(config),
          "--listen", f"127.0.0.1:{port}", "--log-level", "warning", *args],
         env=None if env is None else dict(env), cwd=ROOT, stdout=output, stderr=output,
     )
@@ -140,7 +136,7 @@ def percentile(values: Sequence[float], fraction: float) -> float:
 
 
 def build_fake_nvml(folder: Path) -> Path:
-    """Compile ``tests/gpu/fakenvml`` into ``folder``; the folder for ``LD_LIBRARY_PATH``."""
-    from gpu.harness import load_builder
+    """Compile ``tests/support/fakenvml`` into ``folder``; the folder for ``LD_LIBRARY_PATH``."""
+    from tests.support.fakenvml import build as fake_nvml_build
 
-    return Path(load_builder().build(folder)).parent
+    return Path(fake_nvml_build.build(folder)).parent

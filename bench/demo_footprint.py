@@ -9,8 +9,8 @@ millicores = CPU seconds per second × 1000), memory from ``/proc/<pid>/status``
 (``VmRSS`` at the end, ``VmHWM`` the peak). These are the numbers the
 Kubernetes requests in docs/deploy.md are sized from.
 
-    .venv/bin/python bench/demo_footprint.py               # ~70 s
-    .venv/bin/python bench/demo_footprint.py --seconds 20
+    .venv/bin/python -m bench.demo_footprint               # ~70 s
+    .venv/bin/python -m bench.demo_footprint --seconds 20
 
 Prints a markdown table for docs/deploy.md.
 """
@@ -18,14 +18,12 @@ Prints a markdown table for docs/deploy.md.
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import benchlib
+from bench import benchlib
 
 #: Seconds after start-up before the measurement begins (imports, first jobs' steps).
 SETTLE_SECONDS = 5.0

@@ -1,9 +1,9 @@
 """What the verdict costs a scrape: the daemon with and without attribution + diagnosis.
 
 Two ``trainmon serve`` daemons run side by side on the same fake 8-GPU node
-(``tests/gpu/fakenvml``, through ``LD_LIBRARY_PATH``; 8 GPU processes, one per
+(``tests/support/fakenvml``, through ``LD_LIBRARY_PATH``; 8 GPU processes, one per
 GPU, real ``sleep`` processes so ``/proc/<pid>`` exists), and receive the same
-step reports: 4 jobs × 4 ranks of ``exporter.client.Reporter`` threads pushing
+step reports: 4 jobs × 4 ranks of ``trainmon.client.Reporter`` threads pushing
 over HTTP. Daemon A runs every node collector except ``attribution`` and
 ``diagnosis`` (what a user gets from a plain exporter); daemon B runs them all.
 Both are scraped alternately on loopback, each daemon every ``PACE_SECONDS``
@@ -13,8 +13,8 @@ table gives the scrape latency, its ratio, the two collectors' own
 ``trainmon_collector_duration_seconds`` and the exposition size. Then
 ``trainmon doctor --url`` is timed against B and its exit status printed.
 
-    .venv/bin/python bench/diagnosis_overhead.py            # 30 scrapes each, ~2 min
-    .venv/bin/python bench/diagnosis_overhead.py --scrapes 10
+    .venv/bin/python -m bench.diagnosis_overhead            # 30 scrapes each, ~2 min
+    .venv/bin/python -m bench.diagnosis_overhead --scrapes 10
 
 Prints a markdown table for docs/benchmarks.md.
 """
@@ -35,8 +35,7 @@ from pathlib import Path
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import benchlib
+from bench import benchlib
 
 JOBS = 4
 RANKS = 4
@@ -61,7 +60,7 @@ def start_daemon(folder: Path, name: str, library: Path, scenario: Path, full: b
 
 
 def run_ranks(urls: list[str], stop: threading.Event) -> list[threading.Thread]:
-    from exporter.client import Reporter
+    from trainmon.client import Reporter
 
     def rank_loop(job: int, rank: int) -> None:
         reporters = [Reporter(job=f"job-{job}", rank=rank, world_size=RANKS,
@@ -129,7 +128,7 @@ def main() -> None:
                 time.sleep(max(0.0, paced - time.monotonic()))
             started = time.perf_counter()
             doctor = subprocess.run(
-                [sys.executable, "-m", "exporter", "doctor", "--url", full_url,
+                [sys.executable, "-m", "trainmon", "doctor", "--url", full_url,
                  "--seconds", "3", "--json"], capture_output=True, text=True, check=False)
             doctor_seconds = time.perf_counter() - started
             verdicts = {j["job"]: j["kind"] for j in json.loads(doctor.stdout)["jobs"]}

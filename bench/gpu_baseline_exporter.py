@@ -7,7 +7,7 @@ one NVML query per metric per GPU, utilization from
 from ``nvmlDeviceGetPcieThroughput`` when ``--pcie-throughput`` is given,
 served by ``prometheus_client.start_http_server``. Not part of trainmon.
 
-    python bench/gpu_baseline_exporter.py PORT [--interval 1] [--pcie-throughput]
+    python -m bench.gpu_baseline_exporter PORT [--interval 1] [--pcie-throughput]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """GPU collection cost and daemon footprint, trainmon vs the usual Python exporter.
 
-Everything runs on the fake ``libnvidia-ml.so.1`` of ``tests/gpu/fakenvml``
+Everything runs on the fake ``libnvidia-ml.so.1`` of ``tests/support/fakenvml``
 (compiled here, loaded through ``LD_LIBRARY_PATH``) with 8 GPUs, so the real
 pynvml code path is measured; NVML's own cost on a real driver is not (the fake
 answers in microseconds, except ``nvmlDeviceGetPcieThroughput``, which blocks
@@ -18,8 +18,8 @@ answers in microseconds, except ``nvmlDeviceGetPcieThroughput``, which blocks
    (1 s refresh), both scraped every 15 s for ``--duration`` seconds: CPU share
    of one core and resident memory.
 
-    .venv/bin/python bench/gpu_collection.py                  # 2000 cycles, 300 s soak
-    .venv/bin/python bench/gpu_collection.py --cycles 500 --duration 60
+    .venv/bin/python -m bench.gpu_collection                  # 2000 cycles, 300 s soak
+    .venv/bin/python -m bench.gpu_collection --cycles 500 --duration 60
 
 Prints markdown tables for docs/benchmarks.md.
 """
@@ -40,11 +40,9 @@ from pathlib import Path
 
 import requests
 
-from exporter.config import GPUConfig
-from exporter.sampler import FLAG_THRESHOLD
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import benchlib
+from bench import benchlib
+from trainmon.config import GPUConfig
+from trainmon.gpu.sampler import FLAG_THRESHOLD
 
 ROOT = benchlib.ROOT
 BASELINE = ROOT / "bench" / "gpu_baseline_exporter.py"
@@ -64,13 +62,12 @@ def timed(action: Callable[[], object], count: int) -> list[float]:
 
 
 def child_cycles(cycles: int) -> dict[str, object]:
-    sys.path.insert(0, str(ROOT / "bench"))
-    import gpu_baseline_exporter as baseline
     import pynvml
 
-    from exporter.collectors.gpu import GPUCollector
-    from exporter.config import GPUConfig
-    from exporter.nvml import NVML
+    import bench.gpu_baseline_exporter as baseline
+    from trainmon.collectors.gpu import GPUCollector
+    from trainmon.config import GPUConfig
+    from trainmon.gpu.nvml import NVML
 
     fake = ctypes.CDLL("libnvidia-ml.so.1")
     fake.fakenvml_calls.restype = ctypes.c_ulonglong
@@ -102,9 +99,9 @@ def child_cycles(cycles: int) -> dict[str, object]:
 def child_visibility() -> dict[str, object]:
     import pynvml
 
-    from exporter.config import GPUConfig
-    from exporter.nvml import NVML
-    from exporter.sampler import UtilizationSampler
+    from trainmon.config import GPUConfig
+    from trainmon.gpu.nvml import NVML
+    from trainmon.gpu.sampler import UtilizationSampler
 
     fake = ctypes.CDLL("libnvidia-ml.so.1")
     config = GPUConfig()

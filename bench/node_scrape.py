@@ -5,8 +5,8 @@ trainmon with only its network and disk collectors, Debian's
 ``prometheus-node-exporter`` with only ``netdev`` and ``diskstats``. Scrapes
 alternate between the two so that both see the same machine load.
 
-    .venv/bin/python bench/node_scrape.py                 # 2000 scrapes each, 300 s soak
-    .venv/bin/python bench/node_scrape.py --scrapes 500 --soak-seconds 60
+    .venv/bin/python -m bench.node_scrape                 # 2000 scrapes each, 300 s soak
+    .venv/bin/python -m bench.node_scrape --scrapes 500 --soak-seconds 60
 
 Prints a markdown table for docs/benchmarks.md.
 """
@@ -18,7 +18,6 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -26,8 +25,7 @@ from pathlib import Path
 
 import requests
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import benchlib
+from bench import benchlib
 
 
 @dataclass

@@ -15,33 +15,26 @@ Rows, in one run:
   (its cost is exactly linear: one call per object and metric);
 * the same without pacing, for a few hundred calls: how much gets throttled.
 
-Run: ``.venv/bin/python bench/tencent_refresh.py`` (about 2.5 minutes;
+Run: ``.venv/bin/python -m bench.tencent_refresh`` (about 2.5 minutes;
 ``--instances 200`` for a quick look). Prints a markdown table.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import benchlib  # also puts tests/ on sys.path (support.loopback for the API fake)
+from bench import benchlib
+from tests.support.fake_tencent_api import FakeTencentCloud
+from trainmon.collectors.tencent import TencentCollector
+from trainmon.config import parse_config
+from trainmon.tencent.catalogue import CATALOGUE, TargetKind
+from trainmon.tencent.client import MONITOR, APIError, APIStats, TencentAPI
+from trainmon.tencent.credentials import Credential, StaticCredentials
+from trainmon.tencent.ratelimit import TokenBucket
 
 ROOT = benchlib.ROOT
-sys.path.insert(0, str(ROOT / "tests" / "tencent"))
-
-from fake_tencent_api import FakeTencentCloud  # noqa: E402
-
-from exporter.collectors.tencent import TencentCollector  # noqa: E402
-from exporter.config import parse_config  # noqa: E402
-from exporter.tencent.catalogue import CATALOGUE, TargetKind  # noqa: E402
-from exporter.tencent.client import MONITOR, APIError, APIStats, TencentAPI  # noqa: E402
-from exporter.tencent.credentials import Credential, StaticCredentials  # noqa: E402
-from exporter.tencent.ratelimit import TokenBucket  # noqa: E402
-
 SECRET_ID, SECRET_KEY = "AKIDbench", "bench-secret"
 METRICS = [s.tencent_name for s in CATALOGUE if s.kind is TargetKind.INSTANCE] + [
     "DiskReadTraffic", "DiskWriteTraffic",

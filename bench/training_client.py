@@ -14,8 +14,8 @@ Each call is timed alone with ``perf_counter_ns``; the timer's own cost (the
 bare loop's median) is subtracted. Rounds alternate between the variants so all
 see the same machine load.
 
-    .venv/bin/python bench/training_client.py            # 200 000 calls per variant
-    .venv/bin/python bench/training_client.py --calls 50000
+    .venv/bin/python -m bench.training_client            # 200 000 calls per variant
+    .venv/bin/python -m bench.training_client --calls 50000
 
 Prints a markdown table for docs/benchmarks.md.
 """
@@ -35,11 +35,9 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Histogram
 
-from exporter.client import Reporter
-from exporter.training.protocol import STEP_SECONDS_BOUNDS
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import benchlib
+from bench import benchlib
+from trainmon.client import Reporter
+from trainmon.training.protocol import STEP_SECONDS_BOUNDS
 
 ROUNDS = 10
 

@@ -4,7 +4,7 @@ Eight sender processes push the same per-rank step data (steps, samples,
 step-time histogram, data wait, one phase; 128 ranks per sender) on loopback:
 
 - to ``trainmon serve`` as protocol v1 reports over the unix datagram socket
-  (what ``exporter.client.Reporter`` does) and over ``POST /api/v1/steps``;
+  (what ``trainmon.client.Reporter`` does) and over ``POST /api/v1/steps``;
 - to ``prometheus-pushgateway`` as the equivalent Prometheus text, one
   ``PUT /metrics/job/<job>/rank/<rank>`` per report (keep-alive connections).
 
@@ -17,8 +17,8 @@ the table shows how many reports were lost. Below the table: the Pushgateway's
 mean time per PUT with a single sender, and the daemon's CPU time (user +
 system, ``/proc/<pid>/stat``) per report applied in the unix capacity run.
 
-    .venv/bin/python bench/training_ingest.py
-    .venv/bin/python bench/training_ingest.py --reports 5000 --pushgateway-reports 300
+    .venv/bin/python -m bench.training_ingest
+    .venv/bin/python -m bench.training_ingest --reports 5000 --pushgateway-reports 300
 
 Prints a markdown table for docs/benchmarks.md.
 """
@@ -42,11 +42,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exporter.client.transport import UnixDatagramSender
-from exporter.training.protocol import STEP_BUCKET_COUNT, STEP_SECONDS_BOUNDS
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import benchlib
+from bench import benchlib
+from trainmon.client.transport import UnixDatagramSender
+from trainmon.training.protocol import STEP_BUCKET_COUNT, STEP_SECONDS_BOUNDS
 
 SENDERS = 8
 RANKS_PER_SENDER = 128

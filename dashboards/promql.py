@@ -10,7 +10,7 @@ Label conventions (docs/dashboards.md, "Labels the queries rely on"):
   scrape job's. On every other series ``job`` is the scrape job.
 
 Thresholds named here are the ones ``trainmon doctor`` and the alert rules use
-(DESIGN §6 and ``exporter/sampler.py``).
+(DESIGN §6 and ``exporter/trainmon/gpu/sampler.py``).
 """
 
 from __future__ import annotations

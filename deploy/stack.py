@@ -202,7 +202,7 @@ def build_components(
     return [
         Component(
             "trainmon",
-            [sys.executable, "-m", "exporter", "serve", "--demo", "--listen", trainmon_address],
+            [sys.executable, "-m", "trainmon", "serve", "--demo", "--listen", trainmon_address],
             url(host, args.trainmon_port, "/healthz"),
             workdir / "trainmon.log",
         ),

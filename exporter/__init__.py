@@ -1,5 +1,9 @@
-"""trainmon: a Prometheus exporter that names the bottleneck of GPU training jobs."""
+"""``exporter/`` is the folder that holds the Python source, not a package.
 
-from __future__ import annotations
+The import package is ``trainmon`` (``exporter/trainmon/``): ``import trainmon``,
+``from trainmon.client import Reporter``. This file only turns an accidental
+``import exporter`` (from the repository root, where the folder would otherwise
+import as an empty namespace package) into a clear error.
+"""
 
-__version__ = "0.1.0"
+raise ImportError("exporter/ is trainmon's source folder, not a package: import trainmon instead")

@@ -1,5 +1,5 @@
 """Fixtures shared by every test folder: running a real ``trainmon serve``, and the
-fake ``libnvidia-ml.so.1`` (``tests/gpu/fakenvml``) compiled once per session."""
+fake ``libnvidia-ml.so.1`` (``tests/support/fakenvml``) compiled once per session."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from gpu.harness import load_builder
-from support.daemon import Daemon, free_port, trainmon_command, wait_ready
+
+from tests.support.daemon import Daemon, free_port, trainmon_command, wait_ready
+from tests.support.fakenvml import build as fake_nvml_build
 
 __all__ = ["Daemon", "free_port", "trainmon_command", "wait_ready"]
 
@@ -74,11 +75,10 @@ def _build_fake_nvml(directory: Path, old_driver: bool = False) -> Path:
 
     A compiler error (a broken ``fakenvml.c``) fails the tests that need the fake.
     """
-    builder = load_builder()
-    if builder.compiler() is None:
+    if fake_nvml_build.compiler() is None:
         pytest.skip("no C compiler to build the fake NVML library")
     try:
-        return Path(builder.build(directory, old_driver=old_driver)).parent
+        return Path(fake_nvml_build.build(directory, old_driver=old_driver)).parent
     except subprocess.CalledProcessError as error:
         pytest.fail(f"cannot build the fake NVML library:\n{error.stderr}{error.stdout}")
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from support.loopback import LoopbackHTTPServer, Reply, Request
-from support.prometheus import LoopbackProcess, require
+from tests.support.loopback import LoopbackHTTPServer, Reply, Request
+from tests.support.prometheus import LoopbackProcess, require
 
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 ALERTMANAGER = (

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from alert_bundle import ALERTMANAGER_CONFIG, run_script
-from alerting_stack import Alertmanager, WebhookSink
+from tests.alerts.alert_bundle import ALERTMANAGER_CONFIG, run_script
+from tests.alerts.alerting_stack import Alertmanager, WebhookSink
 
 
 @pytest.fixture

@@ -8,14 +8,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from support.sources import SteadySource
 
-from exporter.collectors.base import Collector
-from exporter.config import HTTPConfig, ListenAddress
-from exporter.push import PushHandler
-from exporter.registry import CollectorRegistry
-from exporter.server import ExporterHTTPServer
-from exporter.webconfig import WebConfig
+from tests.support.sources import SteadySource
+from trainmon.config import HTTPConfig, ListenAddress
+from trainmon.core.collector import Collector
+from trainmon.core.registry import CollectorRegistry
+from trainmon.http.push import PushHandler
+from trainmon.http.server import ExporterHTTPServer
+from trainmon.http.webconfig import WebConfig
 
 ServerFactory = Callable[..., ExporterHTTPServer]
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from support.daemon import Daemon, free_port, trainmon_command, wait_ready
 
-from exporter import __version__
+from tests.support.daemon import Daemon, free_port, trainmon_command, wait_ready
+from trainmon import __version__
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.config import (
+from trainmon.config import (
     Config,
     DeviceFilter,
     ListenAddress,
@@ -15,7 +15,7 @@ from exporter.config import (
     parse_config,
     parse_listen_address,
 )
-from exporter.settings import ConfigError
+from trainmon.settings import ConfigError
 
 DESIGN_EXAMPLE = """
 listen: "0.0.0.0:19400"

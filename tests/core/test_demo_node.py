@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from support.daemon import Daemon
-from support.exposition import parse
+from tests.support.daemon import Daemon
+from tests.support.exposition import parse
 
 
 def test_demo_node_serves_simulated_nic_disk_and_infiniband(

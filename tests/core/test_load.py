@@ -11,7 +11,8 @@ import time
 from collections.abc import Callable
 
 import requests
-from support.daemon import Daemon
+
+from tests.support.daemon import Daemon
 
 SLOW_CLIENTS = 50
 SCRAPES = 30

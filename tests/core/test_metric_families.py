@@ -12,7 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support.daemon import Daemon
+
+from tests.support.daemon import Daemon
 
 pytestmark = pytest.mark.integration
 

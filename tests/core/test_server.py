@@ -14,12 +14,12 @@ import bcrypt
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
-from support.sources import AbsentSource, BrokenSource, SteadySource
 
-from exporter.config import HTTPConfig
-from exporter.push import PushRequest, PushResponse
-from exporter.server import ExporterHTTPServer
-from exporter.webconfig import TLSSettings, WebConfig
+from tests.support.sources import AbsentSource, BrokenSource, SteadySource
+from trainmon.config import HTTPConfig
+from trainmon.http.push import PushRequest, PushResponse
+from trainmon.http.server import ExporterHTTPServer
+from trainmon.http.webconfig import TLSSettings, WebConfig
 
 
 def url(server: object, path: str = "/", scheme: str = "http") -> str:

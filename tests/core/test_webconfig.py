@@ -8,8 +8,8 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from exporter.settings import ConfigError
-from exporter.webconfig import BasicAuthenticator, load_web_config
+from trainmon.http.webconfig import BasicAuthenticator, load_web_config
+from trainmon.settings import ConfigError
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from dashboard_files import Dashboard, load_dashboards
-from metric_contract import Contract, load_contract
+from tests.dashboards.dashboard_files import Dashboard, load_dashboards
+from tests.dashboards.metric_contract import Contract, load_contract
 
 
 @pytest.fixture(scope="session")

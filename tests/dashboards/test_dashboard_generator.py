@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from dashboard_files import DASHBOARDS, KINDS, REPO, VARIANTS
+
+from tests.dashboards.dashboard_files import DASHBOARDS, KINDS, REPO, VARIANTS
 
 DOCS = REPO / "docs" / "dashboards.md"
 

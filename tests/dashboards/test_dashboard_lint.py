@@ -8,8 +8,15 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from dashboard_files import DATASOURCE_REF, KINDS, VARIANTS, Dashboard, panel_queries
-from metric_contract import Contract, dcgm_fields, metric_names, trainmon_metrics
+
+from tests.dashboards.dashboard_files import (
+    DATASOURCE_REF,
+    KINDS,
+    VARIANTS,
+    Dashboard,
+    panel_queries,
+)
+from tests.dashboards.metric_contract import Contract, dcgm_fields, metric_names, trainmon_metrics
 
 UID_PREFIX = {"dcgm": "trainmon-dcgm", "tencent-cloud": "trainmon-tencent"}
 REQUIRED_VARIABLES = {"training": {"job", "node"}, "node": {"node", "gpu"}, "fleet": {"node"}}

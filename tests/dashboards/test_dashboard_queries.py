@@ -5,7 +5,7 @@ The stack, all on loopback:
 * ``trainmon serve --demo``: the simulated 8-GPU node with its two training jobs;
 * a fake dcgm-exporter (``fake_dcgm_exporter.py``) for the ``dcgm`` variant;
 * ``trainmon serve`` with only the ``tencent`` collector, pulling from the fake
-  Tencent Cloud API of ``tests/tencent/fake_tencent_api.py`` (TC3 signatures,
+  Tencent Cloud API of ``tests/support/fake_tencent_api.py`` (TC3 signatures,
   rate limit, per-GPU answers), for the ``tencent-cloud`` variant;
 * one Prometheus per variant, configured from the bundle's own
   ``deploy/prometheus/prometheus-<variant>.yml`` (``honor_labels``, ``node``
@@ -34,13 +34,14 @@ from typing import Any
 
 import pytest
 import yaml
-from dashboard_files import REPO, VARIANTS, Dashboard, PanelQuery, panel_queries
-from fake_dcgm_exporter import FakeDCGMExporter
-from grafana_templating import Selection, Window, interpolate, selections
-from metric_contract import metric_names
-from support.daemon import Daemon, free_port, trainmon_command, wait_ready
-from support.prometheus import Prometheus, QueryError
-from tencent import fake_tencent_api as tencent_fake
+
+from tests.dashboards.dashboard_files import REPO, VARIANTS, Dashboard, PanelQuery, panel_queries
+from tests.dashboards.grafana_templating import Selection, Window, interpolate, selections
+from tests.dashboards.metric_contract import metric_names
+from tests.support import fake_tencent_api as tencent_fake
+from tests.support.daemon import Daemon, free_port, trainmon_command, wait_ready
+from tests.support.fake_dcgm_exporter import FakeDCGMExporter
+from tests.support.prometheus import Prometheus, QueryError
 
 # No skips: a missing /usr/bin/prometheus fails with the install hint of
 # support.prometheus.require (Prometheus.start calls it), and the fake Tencent
@@ -50,7 +51,7 @@ pytestmark = pytest.mark.integration
 #: Metrics of the contract that no source in this stack produces; queries over
 #: them may come back empty. Each must really be absent (see the test below).
 EXPECTED_EMPTY: dict[str, str] = {
-    "trainmon_gpu_xid_errors_total": "the demo node simulates no XID errors (exporter/demo/gpus.py)",
+    "trainmon_gpu_xid_errors_total": "the demo node simulates no XID errors (exporter/trainmon/demo/gpus.py)",
     "trainmon_gpu_xid_last_timestamp_seconds": "the demo node simulates no XID errors",
 }
 SCRAPE_SECONDS = 1.0

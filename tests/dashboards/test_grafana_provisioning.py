@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
-from dashboard_files import DASHBOARDS, REPO, VARIANTS
+
+from tests.dashboards.dashboard_files import DASHBOARDS, REPO, VARIANTS
 
 PROVISIONING = REPO / "deploy" / "grafana" / "provisioning"
 DOCS = REPO / "docs" / "dashboards.md"

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from deploytest import kustomize
-from deploytest.common import KUBERNETES, VARIANTS
+from tests.deploy.deploytest import kustomize
+from tests.deploy.deploytest.common import KUBERNETES, VARIANTS
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 import yaml
-from deploytest.common import ALERTS, DEPLOY, REPO, VARIANTS, run, tool
+
+from tests.deploy.deploytest.common import ALERTS, DEPLOY, REPO, VARIANTS, run, tool
 
 COMPOSE = DEPLOY / "compose" / "docker-compose.yml"
 

@@ -17,11 +17,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from deploytest import containerfile
-from deploytest.common import REPO, run, shipped_trainmon_configs
-from support.daemon import free_port
 
-from exporter import __version__
+from tests.deploy.deploytest import containerfile
+from tests.deploy.deploytest.common import REPO, run, shipped_trainmon_configs
+from tests.support.daemon import free_port
+from trainmon import __version__
 
 pytestmark = pytest.mark.integration
 
@@ -48,7 +48,7 @@ def test_image_runs_as_a_numeric_non_root_user(image: containerfile.Stage) -> No
 def test_installed_trainmon_comes_from_the_wheel(image: containerfile.Stage, tmp_path: Path) -> None:
     python = image.host_path("/opt/trainmon/bin/python")
     completed = run(
-        [str(python), "-c", "import exporter, sys; print(exporter.__file__)"],
+        [str(python), "-c", "import trainmon, sys; print(trainmon.__file__)"],
         cwd=tmp_path,
         env=isolated(tmp_path),
     )
@@ -56,6 +56,8 @@ def test_installed_trainmon_comes_from_the_wheel(image: containerfile.Stage, tmp
     location = Path(completed.stdout.strip())
     assert location.is_relative_to(image.host_path("/opt/trainmon/lib"))
     assert "site-packages" in location.parts
+    old_name = run([str(python), "-c", "import exporter"], cwd=tmp_path, env=isolated(tmp_path))
+    assert old_name.returncode != 0, "nothing named exporter may be importable"
 
 
 def test_version(image: containerfile.Stage, tmp_path: Path) -> None:

@@ -11,11 +11,11 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from deploytest import crd_schemas, kustomize
-from deploytest.common import KUBERNETES, VARIANTS, run
-from support.daemon import trainmon_command
 
-from exporter import __version__
+from tests.deploy.deploytest import crd_schemas, kustomize
+from tests.deploy.deploytest.common import KUBERNETES, VARIANTS, run
+from tests.support.daemon import trainmon_command
+from trainmon import __version__
 
 Manifest = dict[str, Any]
 #: The oldest Kubernetes release still commonly run, and the newest with schemas.

@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 import yaml
-from deploytest import prometheus
-from deploytest.common import ALERTS, PROMETHEUS, VARIANTS, run, tool
+
+from tests.deploy.deploytest import prometheus
+from tests.deploy.deploytest.common import ALERTS, PROMETHEUS, VARIANTS, run, tool
 
 STATIC = {variant: PROMETHEUS / f"prometheus-{variant}.yml" for variant in VARIANTS}
 KUBERNETES_SD = {variant: PROMETHEUS / f"prometheus-{variant}-kubernetes.yml" for variant in VARIANTS}

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 import yaml
-from deploytest.common import ALERTS, KUBERNETES, VARIANTS, run
+
+from tests.deploy.deploytest.common import ALERTS, KUBERNETES, VARIANTS, run
 
 GENERATOR = [sys.executable, "-m", "deploy.prometheusrule"]
 

@@ -12,7 +12,8 @@ from collections import Counter
 from collections.abc import Callable
 
 import pytest
-from support.daemon import Daemon
+
+from tests.support.daemon import Daemon
 
 pytestmark = pytest.mark.integration
 

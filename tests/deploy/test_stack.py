@@ -19,9 +19,10 @@ from typing import Any
 
 import pytest
 import yaml
-from deploytest.common import ALERTS, REPO
-from deploytest.prometheus import wait_until
-from support.daemon import free_port
+
+from tests.deploy.deploytest.common import ALERTS, REPO
+from tests.deploy.deploytest.prometheus import wait_until
+from tests.support.daemon import free_port
 
 pytestmark = pytest.mark.integration
 

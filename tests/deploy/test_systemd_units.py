@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from deploytest.common import DEPLOY, run, tool
 
-from exporter.config import TrainingConfig
+from tests.deploy.deploytest.common import DEPLOY, run, tool
+from trainmon.config import TrainingConfig
 
 SYSTEMD = DEPLOY / "systemd"
 UNITS = ("trainmon.service", "trainmon-tencent.service")

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # importlib mode: make diagnosis_support importable
-
-from diagnosis_support import ProcTree, SysTree
+from tests.diagnosis.diagnosis_support import ProcTree, SysTree
 
 
 @pytest.fixture

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prometheus_client.core import Metric
-from support.exposition import Labels, Scrape, labels
 
-from exporter.collectors.base import Collector
+from tests.support.exposition import Labels, Scrape, labels
+from trainmon.core.collector import Collector
 
 
 def job_verdicts(scrape: Scrape) -> dict[str, str]:

@@ -13,14 +13,14 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from diagnosis_support import ProcTree, SysTree
-from support.exposition import scrape
-from support.loopback import LoopbackHTTPServer, Reply, Request
 
-from exporter.attribution import KubeletPodDirectory, ProcessAttributor
-from exporter.collectors.attribution import AttributionCollector
-from exporter.config import AttributionConfig, parse_config
-from exporter.settings import ConfigError
+from tests.diagnosis.diagnosis_support import ProcTree, SysTree
+from tests.support.exposition import scrape
+from tests.support.loopback import LoopbackHTTPServer, Reply, Request
+from trainmon.attribution import KubeletPodDirectory, ProcessAttributor
+from trainmon.collectors.attribution import AttributionCollector
+from trainmon.config import AttributionConfig, parse_config
+from trainmon.settings import ConfigError
 
 UID = "7d1c3d4e-1f2a-4b3c-8d9e-0a1b2c3d4e5f"
 UID_ = UID.replace("-", "_")

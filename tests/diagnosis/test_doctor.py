@@ -13,14 +13,14 @@ import json
 from collections.abc import Iterable, Iterator
 
 import pytest
-from diagnosis_support import ContractSource
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
-from support.loopback import LoopbackHTTPServer, Reply, Request
 
-from exporter.collectors.base import Collector, CollectorUnavailable
-from exporter.config import DiagnosisConfig
-from exporter.doctor import DoctorOptions, metrics_url, run_doctor
+from tests.diagnosis.diagnosis_support import ContractSource
+from tests.support.loopback import LoopbackHTTPServer, Reply, Request
+from trainmon.config import DiagnosisConfig
+from trainmon.core.collector import Collector, CollectorUnavailable
+from trainmon.diagnosis.doctor import DoctorOptions, metrics_url, run_doctor
 
 
 class StarvedNode:

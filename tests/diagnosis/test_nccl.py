@@ -5,12 +5,12 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from diagnosis_support import ProcTree, SysTree
-from support.exposition import scrape
 
-from exporter.collectors.attribution import AttributionCollector
-from exporter.config import AttributionConfig
-from exporter.nccl import (
+from tests.diagnosis.diagnosis_support import ProcTree, SysTree
+from tests.support.exposition import scrape
+from trainmon.collectors.attribution import AttributionCollector
+from trainmon.config import AttributionConfig
+from trainmon.diagnosis.nccl import (
     RdmaPort,
     check_environment,
     parse_device_list,

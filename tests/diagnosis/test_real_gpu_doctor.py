@@ -32,7 +32,7 @@ def test_doctor_measures_every_gpu_of_a_real_node(tmp_path: Path) -> None:
     env = {key: value for key, value in os.environ.items() if not key.startswith("FAKENVML")}
     env.pop("LD_LIBRARY_PATH", None)
     done = subprocess.run(
-        [sys.executable, "-m", "exporter", "doctor", "--config", str(config), "--seconds", "4",
+        [sys.executable, "-m", "trainmon", "doctor", "--config", str(config), "--seconds", "4",
          "--json"],
         capture_output=True, text=True, timeout=60, env=env, check=False,
     )

@@ -11,14 +11,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
-from diagnosis_support import ContractSource, job_verdicts
-from support.exposition import Scrape, scrape
 
-from exporter.collectors.base import Collector
-from exporter.collectors.diagnosis import DiagnosisCollector
-from exporter.config import DiagnosisConfig, parse_config
-from exporter.registry import CollectorRegistry
-from exporter.settings import ConfigError
+from tests.diagnosis.diagnosis_support import ContractSource, job_verdicts
+from tests.support.exposition import Scrape, scrape
+from trainmon.collectors.diagnosis import DiagnosisCollector
+from trainmon.config import DiagnosisConfig, parse_config
+from trainmon.core.collector import Collector
+from trainmon.core.registry import CollectorRegistry
+from trainmon.settings import ConfigError
 
 
 def diagnosing(

@@ -29,10 +29,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from diagnosis_support import job_verdicts
-from support.daemon import Daemon, trainmon_command
-from support.exposition import parse
-from workloads import Workload, ranks
+
+from tests.diagnosis.diagnosis_support import job_verdicts
+from tests.diagnosis.workloads import Workload, ranks
+from tests.support.daemon import Daemon, trainmon_command
+from tests.support.exposition import parse
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from exporter.client import Reporter
+from trainmon.client import Reporter
 
 SAMPLE_SECONDS = 0.01
 BATCH_SIZE = 4

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from exporter.client import Reporter
+from trainmon.client import Reporter
 
 HERE = Path(__file__).parent
 

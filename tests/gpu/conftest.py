@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pynvml
 import pytest
-from gpu.harness import FakeNVML
-from support import exposition
-from support.exposition import Scrape
 
-from exporter.collectors.base import Collector
+from tests.gpu.harness import FakeNVML
+from tests.support import exposition
+from tests.support.exposition import Scrape
+from trainmon.core.collector import Collector
 
 
 @pytest.fixture(scope="session")

@@ -3,24 +3,10 @@
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from types import ModuleType
 
-from support.prometheus import wait_until
-
-FAKE_SOURCES = Path(__file__).parent / "fakenvml"
-
-
-def load_builder() -> ModuleType:
-    """``fakenvml/build.py`` as a module (it is also a script)."""
-    spec = importlib.util.spec_from_file_location("fakenvml_build", FAKE_SOURCES / "build.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.support.prometheus import wait_until
 
 
 @dataclass

@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gpu.harness import FakeNVML, wait_for
-from support.exposition import Scrape
 
-from exporter.collectors.gpu import GPUCollector
-from exporter.config import GPUConfig
-from exporter.nvml import NVML
-from exporter.nvml_types import GPUProcess, NVMLUnavailable
-from exporter.sampler import FLAG_THRESHOLD
+from tests.gpu.harness import FakeNVML, wait_for
+from tests.support.exposition import Scrape
+from trainmon.collectors.gpu import GPUCollector
+from trainmon.config import GPUConfig
+from trainmon.gpu.nvml import NVML
+from trainmon.gpu.sampler import FLAG_THRESHOLD
+from trainmon.gpu.types import GPUProcess, NVMLUnavailable
 
 EIGHT_GPUS = """
 gpus 8
@@ -248,7 +248,7 @@ def test_an_unsupported_reading_is_omitted_and_logged_once(
         "unsupported * nvmlDeviceGetTemperature\nunsupported_field 1 198\n"
     )
     collector = make_collector()
-    caplog.set_level(logging.INFO, logger="exporter.nvml")
+    caplog.set_level(logging.INFO, logger="trainmon.gpu.nvml")
     for _ in range(3):
         result = scrape(collector)
     assert set(result.by_gpu("trainmon_gpu_ecc_errors_total", severity="corrected")) == {"0", "1"}

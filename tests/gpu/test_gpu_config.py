@@ -6,8 +6,8 @@ from collections.abc import Mapping
 
 import pytest
 
-from exporter.config import GPUConfig, parse_config
-from exporter.settings import ConfigError
+from trainmon.config import GPUConfig, parse_config
+from trainmon.settings import ConfigError
 
 
 def gpu(section: Mapping[str, object]) -> GPUConfig:

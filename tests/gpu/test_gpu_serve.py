@@ -14,8 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support.daemon import Daemon
-from support.exposition import Scrape, parse
+
+from tests.support.daemon import Daemon
+from tests.support.exposition import Scrape, parse
 
 pytestmark = pytest.mark.integration
 

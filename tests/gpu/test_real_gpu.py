@@ -23,9 +23,9 @@ pytestmark = [
 PROBE = """
 import json, time
 from prometheus_client import CollectorRegistry, generate_latest
-from exporter.collectors.gpu import GPUCollector
-from exporter.config import GPUConfig
-from exporter.nvml import NVML
+from trainmon.collectors.gpu import GPUCollector
+from trainmon.config import GPUConfig
+from trainmon.gpu.nvml import NVML
 
 collector = GPUCollector(NVML(), GPUConfig(sample_interval_seconds=0.5))
 collector.start()

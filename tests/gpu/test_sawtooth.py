@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
-from exporter.sampler import (
+from trainmon.gpu.sampler import (
     FLAG_THRESHOLD,
     BusyIdle,
     Hysteresis,

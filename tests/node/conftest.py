@@ -12,10 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support import exposition
-from support.exposition import Scrape
 
-from exporter.collectors.base import Collector
+from tests.support import exposition
+from tests.support.exposition import Scrape
+from trainmon.core.collector import Collector
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

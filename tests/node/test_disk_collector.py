@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collectors.base import CollectorUnavailable
-from exporter.collectors.disk import DiskCollector
-from exporter.config import DiskConfig, parse_config
+from trainmon.collectors.disk import DiskCollector
+from trainmon.config import DiskConfig, parse_config
+from trainmon.core.collector import CollectorUnavailable
 
 BASE_COUNTERS = [
     "reads_completed", "writes_completed", "read_bytes", "written_bytes",

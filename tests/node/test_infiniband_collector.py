@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collectors.infiniband import InfinibandCollector
+from trainmon.collectors.infiniband import InfinibandCollector
 
 PORT1 = ("mlx5_0", "1")  # ACTIVE, EDR, with counters_ext
 PORT2 = ("mlx5_0", "2")  # DOWN, legacy counters only, VL15_dropped unreadable
@@ -119,7 +119,7 @@ def test_host_without_sysfs_exports_nothing(tmp_path: Path, scrape) -> None:
 
 def test_unreadable_counter_is_logged_once_at_debug(tree, scrape, caplog) -> None:
     infiniband = InfinibandCollector(tree("kernel-5.15") / "sys")
-    with caplog.at_level(logging.DEBUG, logger="exporter.collectors.infiniband"):
+    with caplog.at_level(logging.DEBUG, logger="trainmon.collectors.infiniband"):
         for _ in range(3):
             scrape(infiniband)
 
@@ -175,7 +175,7 @@ def test_rate_text_to_bytes_per_second(writable_tree, scrape, rate, expected) ->
 
 def test_required_infiniband_without_ports_is_unavailable(tmp_path: Path) -> None:
     """``enabled: true`` says the node should have HCAs: their absence is reported."""
-    from exporter.collectors.base import CollectorUnavailable
+    from trainmon.core.collector import CollectorUnavailable
 
     collector = InfinibandCollector(tmp_path, required=True)
     with pytest.raises(CollectorUnavailable, match="no InfiniBand/RoCE ports"):

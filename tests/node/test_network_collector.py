@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collectors.base import CollectorUnavailable
-from exporter.collectors.network import NetworkCollector
-from exporter.config import NetworkConfig, parse_config
+from trainmon.collectors.network import NetworkCollector
+from trainmon.config import NetworkConfig, parse_config
+from trainmon.core.collector import CollectorUnavailable
 
 COUNTER_NAMES = [
     f"trainmon_network_{direction}_{kind}_total"
@@ -131,7 +131,7 @@ def test_header_without_byte_columns_omits_only_the_byte_counters(tree, scrape) 
 
 def test_unreadable_speed_is_logged_once_at_debug(tree, scrape, caplog) -> None:
     network = collector(tree("kernel-5.15"))
-    with caplog.at_level(logging.DEBUG, logger="exporter.collectors.network"):
+    with caplog.at_level(logging.DEBUG, logger="trainmon.collectors.network"):
         scrape(network)
         scrape(network)
 

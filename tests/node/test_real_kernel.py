@@ -12,9 +12,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from exporter.collectors.disk import DiskCollector
-from exporter.collectors.network import NetworkCollector
-from exporter.config import DiskConfig, NetworkConfig
+from trainmon.collectors.disk import DiskCollector
+from trainmon.collectors.network import NetworkCollector
+from trainmon.config import DiskConfig, NetworkConfig
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or not Path("/proc/diskstats").exists(),

@@ -66,7 +66,7 @@ class Daemon:
 
 
 def trainmon_command() -> list[str]:
-    return [sys.executable, "-m", "exporter"]
+    return [sys.executable, "-m", "trainmon"]
 
 
 def wait_ready(daemon: Daemon, timeout: float = READY_TIMEOUT_SECONDS) -> None:

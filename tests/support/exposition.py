@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collectors.base import Collector
+from trainmon.core.collector import Collector
 
 Labels = tuple[tuple[str, str], ...]
 

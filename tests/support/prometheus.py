@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from support.daemon import free_port
+from tests.support.daemon import free_port
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 #: Flags every test Prometheus runs with (besides config, storage and address).

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from exporter.collectors.base import Collector, CollectorUnavailable
+from trainmon.core.collector import Collector, CollectorUnavailable
 
 
 class SteadySource(Collector):

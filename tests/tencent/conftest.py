@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from fake_tencent_api import FakeClock, FakeTencentCloud
-from tencent_support import SECRET_ID, SECRET_KEY, START, tencent_config
-
-from exporter.collectors.tencent import TencentCollector
+from tests.support.fake_tencent_api import FakeClock, FakeTencentCloud
+from tests.tencent.tencent_support import SECRET_ID, SECRET_KEY, START, tencent_config
+from trainmon.collectors.tencent import TencentCollector
 
 
 @pytest.fixture

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from fake_tencent_api import FakeTencentCloud
 from prometheus_client import CollectorRegistry, generate_latest
 
-from exporter.collectors.tencent import TencentCollector
-from exporter.config import TencentConfig, parse_config
+from tests.support.fake_tencent_api import FakeTencentCloud
+from trainmon.collectors.tencent import TencentCollector
+from trainmon.config import TencentConfig, parse_config
 
 SECRET_ID = "AKIDtrainmontest0001"
 SECRET_KEY = "s3cr3t-KEY-never-shown-0123456789"

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from exporter.config import parse_config
-from exporter.settings import ConfigError
+from trainmon.config import parse_config
+from trainmon.settings import ConfigError
 
 ENV = {"KEY": "the-secret-value", "TOKEN": "the-session-token"}
 

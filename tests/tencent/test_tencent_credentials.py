@@ -6,12 +6,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from fake_tencent_api import FakeClock, FakeTencentCloud
-from fake_tencent_metadata import FakeMetadata
-from tencent_support import SECRET_ID, SECRET_KEY, named, samples
 
-from exporter.collectors.base import CollectorUnavailable
-from exporter.collectors.tencent import TencentCollector
+from tests.support.fake_tencent_api import FakeClock, FakeTencentCloud
+from tests.support.fake_tencent_metadata import FakeMetadata
+from tests.tencent.tencent_support import SECRET_ID, SECRET_KEY, named, samples
+from trainmon.collectors.tencent import TencentCollector
+from trainmon.core.collector import CollectorUnavailable
 
 MakeCollector = Callable[..., TencentCollector]
 

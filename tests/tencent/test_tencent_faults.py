@@ -8,12 +8,12 @@ import math
 from collections.abc import Callable
 
 import pytest
-from fake_tencent_api import FakeClock, FakeTencentCloud
-from tencent_support import SECRET_KEY, exposition, named, samples
 
-from exporter.collectors.base import CollectorUnavailable
-from exporter.collectors.tencent import TencentCollector
-from exporter.tencent.planning import window
+from tests.support.fake_tencent_api import FakeClock, FakeTencentCloud
+from tests.tencent.tencent_support import SECRET_KEY, exposition, named, samples
+from trainmon.collectors.tencent import TencentCollector
+from trainmon.core.collector import CollectorUnavailable
+from trainmon.tencent.planning import window
 
 MakeCollector = Callable[..., TencentCollector]
 METRIC = "trainmon_tencent_cvm_gpu_power_watts"

@@ -7,12 +7,11 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
-from fake_tencent_api import METRICS, FakeClock, FakeTencentCloud
-from tencent_support import named, samples
-
-from exporter.collectors.tencent import TencentCollector
-from exporter.tencent.catalogue import CATALOGUE, TargetKind, label_name
-from exporter.tencent.planning import plan_interval, window
+from tests.support.fake_tencent_api import METRICS, FakeClock, FakeTencentCloud
+from tests.tencent.tencent_support import named, samples
+from trainmon.collectors.tencent import TencentCollector
+from trainmon.tencent.catalogue import CATALOGUE, TargetKind, label_name
+from trainmon.tencent.planning import plan_interval, window
 
 MakeCollector = Callable[..., TencentCollector]
 CVM_METRICS = [spec for spec in CATALOGUE if spec.kind is TargetKind.INSTANCE]

@@ -13,17 +13,17 @@ from typing import Any
 
 import pytest
 import yaml
-from fake_tencent_api import FakeTencentCloud
 from prometheus_client.parser import text_string_to_metric_families
-from tencent_support import SECRET_ID, SECRET_KEY
 
-from exporter.tencent.catalogue import CATALOGUE, TargetKind
+from tests.support.fake_tencent_api import FakeTencentCloud
+from tests.tencent.tencent_support import SECRET_ID, SECRET_KEY
+from trainmon.tencent.catalogue import CATALOGUE, TargetKind
 
 pytestmark = pytest.mark.integration
 
 
 def trainmon_command() -> list[str]:
-    return [sys.executable, "-m", "exporter"]
+    return [sys.executable, "-m", "trainmon"]
 
 
 @pytest.fixture

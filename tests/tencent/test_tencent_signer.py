@@ -6,14 +6,14 @@ import json
 import time
 
 import pytest
-from fake_tencent_api import FakeTencentCloud
-from tencent_support import SECRET_ID, SECRET_KEY
 from tencentcloud.common.common_client import CommonClient  # type: ignore[import-untyped]
 from tencentcloud.common.credential import Credential as SDKCredential  # type: ignore[import-untyped]
 from tencentcloud.common.profile.client_profile import ClientProfile  # type: ignore[import-untyped]
 from tencentcloud.common.profile.http_profile import HttpProfile  # type: ignore[import-untyped]
 
-from exporter.tencent import signer
+from tests.support.fake_tencent_api import FakeTencentCloud
+from tests.tencent.tencent_support import SECRET_ID, SECRET_KEY
+from trainmon.tencent import signer
 
 # The worked example of "Signature v3" in the Tencent Cloud API documentation:
 # DescribeInstances on cvm.tencentcloudapi.com at 1551113065 (2019-02-26 00:44:25

@@ -7,10 +7,10 @@ import threading
 
 import pytest
 
-from exporter.tencent.catalogue import label_name
-from exporter.tencent.client import CBS, CVM, MONITOR, service_url
-from exporter.tencent.planning import snap_period
-from exporter.tencent.ratelimit import TokenBucket
+from trainmon.tencent.catalogue import label_name
+from trainmon.tencent.client import CBS, CVM, MONITOR, service_url
+from trainmon.tencent.planning import snap_period
+from trainmon.tencent.ratelimit import TokenBucket
 
 
 class VirtualTime:

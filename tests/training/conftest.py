@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # importlib mode: make training_support importable
-
-from training_support import FakeClock
-
-from exporter.collectors.training import TrainingCollector
-from exporter.config import TrainingConfig
+from tests.training.training_support import FakeClock
+from trainmon.collectors.training import TrainingCollector
+from trainmon.config import TrainingConfig
 
 
 @pytest.fixture

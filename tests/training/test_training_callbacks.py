@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.exposition import Scrape, scrape
 
-from exporter.client.identity import device_gpu
-from exporter.collectors.training import TrainingCollector
+from tests.support.exposition import Scrape, scrape
+from trainmon.client.identity import device_gpu
+from trainmon.collectors.training import TrainingCollector
 
 torch = pytest.importorskip("torch")
 
@@ -52,7 +52,7 @@ def wait_for_steps(collector: TrainingCollector, job: str, steps: int) -> Scrape
 
 def test_lightning_callback(make_collector: Make, socket_path: Path, tmp_path: Path) -> None:
     lightning = pytest.importorskip("lightning.pytorch")
-    from exporter.client.lightning import TrainmonCallback
+    from trainmon.client.lightning import TrainmonCallback
 
     class Regression(lightning.LightningModule):  # type: ignore[misc, name-defined]
         def __init__(self) -> None:
@@ -99,7 +99,7 @@ def test_lightning_callback(make_collector: Make, socket_path: Path, tmp_path: P
 def test_transformers_callback(make_collector: Make, socket_path: Path, tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
-    from exporter.client.transformers import TrainmonCallback
+    from trainmon.client.transformers import TrainmonCallback
 
     class Regression(torch.nn.Module):  # type: ignore[misc, name-defined]
         def __init__(self) -> None:

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import cast
 
 import pytest
-from support.exposition import scrape
 
-from exporter.client import Reporter
-from exporter.collectors.training import TrainingCollector
-from exporter.training.protocol import parse_report
+from tests.support.exposition import scrape
+from trainmon.client import Reporter
+from trainmon.collectors.training import TrainingCollector
+from trainmon.training.protocol import parse_report
 
 Make = Callable[..., TrainingCollector]
 RANK0 = {"job": "unit", "rank": "0"}
@@ -216,11 +216,11 @@ def test_last_step_time_is_the_wall_time_of_the_last_step() -> None:
 
 def test_client_imports_only_the_standard_library() -> None:
     code = (
-        "import sys; import exporter.client; "
-        "r = exporter.client.Reporter('x', endpoint='unix:///nonexistent', interval_seconds=60); "
+        "import sys; import trainmon.client; "
+        "r = trainmon.client.Reporter('x', endpoint='unix:///nonexistent', interval_seconds=60); "
         "r.step(); r.close(); "
         "bad = sorted(m for m in sys.modules if m.split('.')[0] not in sys.stdlib_module_names "
-        "and m.split('.')[0] not in ('exporter', '__main__', '_distutils_hack') "
+        "and m.split('.')[0] not in ('trainmon', '__main__', '_distutils_hack') "
         "and not m.startswith('__editable__')); print(bad)"
     )
     output = subprocess.run(

@@ -7,11 +7,11 @@ from collections.abc import Callable
 from typing import cast
 
 import pytest
-from support.exposition import scrape
-from training_support import FakeClock, line, push, report
 
-from exporter.collectors.training import TrainingCollector
-from exporter.training.protocol import REJECT_REASONS, STEP_BUCKET_COUNT
+from tests.support.exposition import scrape
+from tests.training.training_support import FakeClock, line, push, report
+from trainmon.collectors.training import TrainingCollector
+from trainmon.training.protocol import REJECT_REASONS, STEP_BUCKET_COUNT
 
 Make = Callable[..., TrainingCollector]
 

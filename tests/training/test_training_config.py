@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.config import parse_config
-from exporter.settings import ConfigError
+from trainmon.config import parse_config
+from trainmon.settings import ConfigError
 
 
 def test_defaults() -> None:

@@ -7,10 +7,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support.exposition import scrape
 
-from exporter.collectors.training import TrainingCollector
-from exporter.demo.jobs import DEMO_JOBS, SimulatedJob, start_demo_jobs
+from tests.support.exposition import scrape
+from trainmon.collectors.training import TrainingCollector
+from trainmon.demo.jobs import DEMO_JOBS, SimulatedJob, start_demo_jobs
 
 Make = Callable[..., TrainingCollector]
 

@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 import yaml
-from support.exposition import Scrape, parse
-from training_support import line, report, send_datagram
+
+from tests.support.exposition import Scrape, parse
+from tests.training.training_support import line, report, send_datagram
 
 pytestmark = pytest.mark.integration
 

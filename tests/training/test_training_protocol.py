@@ -6,9 +6,9 @@ import json
 from typing import cast
 
 import pytest
-from training_support import line, report
 
-from exporter.training.protocol import (
+from tests.training.training_support import line, report
+from trainmon.training.protocol import (
     MAX_LINE_BYTES,
     MAX_PHASES,
     STEP_BUCKET_COUNT,

@@ -10,12 +10,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support.exposition import scrape
-from support.prometheus import wait_until
-from training_support import line, push, send_datagram
 
-from exporter.collectors.training import TrainingCollector
-from exporter.training.protocol import MAX_DATAGRAM_BYTES
+from tests.support.exposition import scrape
+from tests.support.prometheus import wait_until
+from tests.training.training_support import line, push, send_datagram
+from trainmon.collectors.training import TrainingCollector
+from trainmon.training.protocol import MAX_DATAGRAM_BYTES
 
 Make = Callable[..., TrainingCollector]
 TOKEN = "s3cret-token-value"

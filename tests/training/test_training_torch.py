@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 import yaml
-from support.exposition import parse
 
-from exporter.client import Reporter
+from tests.support.exposition import parse
+from trainmon.client import Reporter
 
 torch = pytest.importorskip("torch")
 

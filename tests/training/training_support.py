@@ -11,8 +11,8 @@ import json
 import socket
 from pathlib import Path
 
-from exporter.push import PushRequest
-from exporter.training.protocol import STEP_BUCKET_COUNT
+from trainmon.http.push import PushRequest
+from trainmon.training.protocol import STEP_BUCKET_COUNT
 
 
 class FakeClock:

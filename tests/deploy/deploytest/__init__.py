@@ -1,5 +1,4 @@
 """Helpers of the deployment tests: a minimal kustomize, a Containerfile runner, CRD schemas.
 
-Importable as ``deploytest`` because tests/deploy/conftest.py puts its folder
-on ``sys.path`` (the name ``deploy`` belongs to the repository's deploy/).
+Imported as ``tests.deploy.deploytest`` (``deploy`` alone is the repository's deploy/).
 """

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from support.daemon import free_port
 
-from deploytest.common import ALERTS, PROMETHEUS, tool
+from tests.deploy.deploytest.common import ALERTS, PROMETHEUS, tool
+from tests.support.daemon import free_port
 
 
 def stage(config: Path, folder: Path, variant: str) -> Path:

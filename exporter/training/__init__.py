@@ -1,6 +1,0 @@
-"""Training telemetry in the daemon: the step protocol, its receiver and the per-job store.
-
-``protocol`` is standard-library only, because the training-side client
-(``exporter.client``) shares its constants and encoder; ``receiver`` and
-``store`` are daemon-only.
-"""

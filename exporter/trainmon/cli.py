@@ -1,0 +1,343 @@
+"""Command line: argument parsing, wiring and exit codes.
+
+This is the only module that assembles parts. Every ``serve`` option can also
+come from a ``TRAINMON_*`` environment variable (the flag wins).
+
+Exit codes: 0 success, 1 runtime failure (e.g. the port is taken),
+2 invalid configuration or usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import FrameType
+
+from trainmon import __version__
+from trainmon.config import Config, ListenAddress, PathsConfig, load_config, parse_listen_address
+from trainmon.core.collector import Collector
+from trainmon.core.registry import CollectorRegistry
+from trainmon.http.push import PushHandler
+from trainmon.http.webconfig import WebConfig, load_web_config
+from trainmon.settings import ConfigError
+
+log = logging.getLogger("trainmon")
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_CONFIG = 2
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def build_collectors(config: Config, *, demo: bool) -> list[Collector]:
+    """Instantiate the enabled collectors, each with its injected boundaries."""
+    collectors: list[Collector] = []
+    paths = config.paths
+    settings = config.collectors
+
+    # -- node: network, infiniband, disk ---------------------------------------
+    from trainmon.collectors.disk import DiskCollector
+    from trainmon.collectors.infiniband import InfinibandCollector
+    from trainmon.collectors.network import NetworkCollector
+
+    if settings.network.enabled:
+        collectors.append(NetworkCollector(settings.network, paths.proc, paths.sys))
+    if settings.infiniband.enabled is not False:
+        required = settings.infiniband.enabled is True
+        collectors.append(InfinibandCollector(paths.sys, required=required))
+    if settings.disk.enabled:
+        collectors.append(DiskCollector(settings.disk, paths.proc, paths.sys))
+
+    # -- gpu: NVML (the simulated 8-GPU node in demo mode) ----------------------------
+    from trainmon.collectors.gpu import GPUCollector
+    from trainmon.gpu.nvml import NVML
+
+    if settings.gpu.enabled is not False:
+        library = None
+        if demo:
+            from trainmon.demo.gpus import SimulatedNVML
+
+            library = SimulatedNVML()
+        nvml = NVML(library, retry_seconds=settings.gpu.retry_seconds)
+        collectors.append(GPUCollector(nvml, settings.gpu))
+
+    # -- training: step reports pushed by training processes ---------------------
+    from trainmon.collectors.training import TrainingCollector
+
+    if settings.training.enabled:
+        collectors.append(TrainingCollector(settings.training))
+
+    # -- cloud: Tencent Cloud Monitor puller (one per account, real data only) -----
+    from trainmon.collectors.tencent import TencentCollector
+
+    if settings.tencent.enabled and demo:
+        log.info("demo mode: the tencent collector is off (its data would be real)")
+    elif settings.tencent.enabled:
+        collectors.append(TencentCollector(settings.tencent))
+
+    # -- attribution and diagnosis: read the collectors above, so they come last ---
+    from trainmon.collectors.attribution import AttributionCollector
+    from trainmon.collectors.diagnosis import DiagnosisCollector
+
+    gpu = next((c for c in collectors if isinstance(c, GPUCollector)), None)
+    if settings.attribution.enabled and gpu is not None:
+        collectors.append(
+            AttributionCollector.from_config(
+                settings.attribution, paths.proc, paths.sys, gpu.processes
+            )
+        )
+    if settings.diagnosis.enabled:  # last: it reads the families collected before it
+        collectors.append(DiagnosisCollector(settings.diagnosis))
+
+    return collectors
+
+
+def push_routes(collectors: Sequence[Collector]) -> dict[str, PushHandler]:
+    routes: dict[str, PushHandler] = {}
+    for collector in collectors:
+        for path, handler in collector.push_routes().items():
+            if path in routes:
+                raise ValueError(f"two collectors claim the route {path}")
+            routes[path] = handler
+    return routes
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    environ = os.environ if environ is None else environ
+    parser = _parser(environ)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_CONFIG
+    level = getattr(args, "log_level", "info")
+    if level not in LOG_LEVELS:  # a bad TRAINMON_LOG_LEVEL bypasses argparse's choices
+        parser.error(f"--log-level: expected one of {', '.join(LOG_LEVELS)}, got {level!r}")
+    _setup_logging(level)
+    if args.command == "version":
+        print(f"trainmon {__version__} (python {sys.version.split()[0]})")
+        return EXIT_OK
+    if args.command == "check-config":
+        return _check_config(Path(args.file), environ)
+    if args.command == "doctor":
+        return _doctor(args, environ)
+    return _serve(args, environ)
+
+
+def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    def env(name: str, default: str = "") -> str:
+        return environ.get(f"TRAINMON_{name}", default)
+
+    parser = argparse.ArgumentParser(
+        prog="trainmon",
+        description="GPU-training monitoring: a Prometheus exporter that names the bottleneck.",
+    )
+    parser.add_argument("--version", action="version", version=f"trainmon {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def env_option(
+        command: argparse.ArgumentParser, flag: str, name: str, metavar: str, help_text: str
+    ) -> None:
+        """``flag`` defaulting to ``$TRAINMON_<name>``, which its help names."""
+        command.add_argument(
+            flag, default=env(name), metavar=metavar, help=f"{help_text} [TRAINMON_{name}]"
+        )
+
+    serve = commands.add_parser("serve", help="run the daemon (node collectors, puller, push)")
+    env_option(serve, "--config", "CONFIG", "FILE",
+               "YAML configuration file; built-in defaults without one")
+    env_option(serve, "--listen", "LISTEN", "ADDR",
+               "host:port to serve on, overrides the file's `listen`")
+    env_option(serve, "--web-config-file", "WEB_CONFIG_FILE", "FILE",
+               "exporter-toolkit web config (TLS, basic auth)")
+    serve.add_argument(
+        "--demo",
+        action="store_true",
+        default=env("DEMO", "").lower() in ("1", "true", "yes"),
+        help="serve a simulated 8-GPU node with two training jobs [TRAINMON_DEMO]",
+    )
+    _add_log_level(serve, env("LOG_LEVEL", "info"))
+
+    check = commands.add_parser("check-config", help="validate a configuration file (exit 0/2)")
+    check.add_argument("file", metavar="FILE")
+    _add_log_level(check, env("LOG_LEVEL", "info"))
+
+    doctor = commands.add_parser(
+        "doctor", help="one-shot bottleneck report: GPU, storage, network, verdict (exit 0/1/2)"
+    )
+    env_option(doctor, "--url", "DOCTOR_URL", "URL",
+               "read a running daemon (host:port or URL); without it, sample this node")
+    doctor.add_argument("--seconds", type=float, default=10.0, help="how long to measure (10)")
+    doctor.add_argument("--lang", choices=("en", "zh"), default="en", help="report language")
+    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    env_option(doctor, "--config", "CONFIG", "FILE",
+               "configuration (diagnosis thresholds, local collectors)")
+    _add_log_level(doctor, env("LOG_LEVEL", "warning"))
+
+    commands.add_parser("version", help="print the version")
+    return parser
+
+
+def _add_log_level(parser: argparse.ArgumentParser, default: str | None) -> None:
+    parser.add_argument(
+        "--log-level",
+        default=(default or "info").lower(),
+        choices=LOG_LEVELS,
+        help="log verbosity [TRAINMON_LOG_LEVEL]",
+    )
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _load(
+    config_path: str | None,
+    web_config_path: str | None,
+    listen: str | None,
+    environ: Mapping[str, str],
+) -> tuple[Config, WebConfig | None]:
+    config = load_config(Path(config_path) if config_path else None, environ)
+    if listen:
+        try:
+            config = dataclasses.replace(config, listen=parse_listen_address(listen))
+        except ValueError as error:
+            raise ConfigError("--listen", str(error)) from None
+    web_path = Path(web_config_path) if web_config_path else config.web_config_file
+    web = load_web_config(web_path) if web_path else None
+    return config, web
+
+
+def _check_config(path: Path, environ: Mapping[str, str]) -> int:
+    try:
+        config, _ = _load(str(path), None, None, environ)
+    except ConfigError as error:
+        print(f"{path}: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    enabled = [collector.name for collector in build_collectors(config, demo=False)]
+    print(f"{path}: OK (collectors: {', '.join(enabled) or 'none'}; listen {config.listen})")
+    return EXIT_OK
+
+
+def _doctor(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    from trainmon.diagnosis.doctor import DoctorOptions, run_doctor
+
+    if not 1 <= args.seconds <= 3600:
+        print("trainmon doctor: --seconds must be between 1 and 3600", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        config = load_config(Path(args.config) if args.config else None, environ)
+    except ConfigError as error:
+        print(f"trainmon: invalid configuration: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    options = DoctorOptions(
+        url=args.url or None, seconds=args.seconds, lang=args.lang, json=args.json
+    )
+    return run_doctor(
+        options,
+        config.collectors.diagnosis,
+        lambda: build_collectors(config, demo=False),
+        sys.stdout,
+    )
+
+
+def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    try:
+        config, web = _load(args.config, args.web_config_file, args.listen, environ)
+    except ConfigError as error:
+        print(f"trainmon: invalid configuration: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    demo_node = None
+    if args.demo:
+        from trainmon.demo.node import SimulatedNodeFiles
+
+        demo_node = SimulatedNodeFiles()
+        config = _demo_config(config, demo_node.root)
+        demo_node.start()
+    try:
+        return _run_server(config, web, demo=args.demo)
+    finally:
+        if demo_node is not None:
+            demo_node.stop()
+
+
+def _demo_config(config: Config, root: Path) -> Config:
+    """The configuration with every node source pointed into the simulated tree."""
+    training = dataclasses.replace(config.collectors.training, socket=root / "steps.sock")
+    return dataclasses.replace(
+        config,
+        paths=PathsConfig(proc=root / "proc", sys=root / "sys"),
+        collectors=dataclasses.replace(config.collectors, training=training),
+    )
+
+
+def _run_server(config: Config, web: WebConfig | None, *, demo: bool) -> int:
+    from trainmon.http.server import ExporterHTTPServer
+
+    collectors = build_collectors(config, demo=demo)
+
+    registry = CollectorRegistry(collectors, mode="demo" if demo else "real")
+    try:
+        server = ExporterHTTPServer(
+            config.listen, registry, config.http, web, post_routes=push_routes(collectors)
+        )
+    except OSError as error:
+        print(f"trainmon: cannot listen on {config.listen}: {error.strerror}", file=sys.stderr)
+        return EXIT_FAILURE
+
+    stopping = threading.Event()
+
+    def request_stop(signum: int, _frame: FrameType | None) -> None:
+        if not stopping.is_set():
+            log.info("received %s, shutting down", signal.Signals(signum).name)
+            stopping.set()
+            threading.Thread(target=server.shutdown, name="shutdown", daemon=True).start()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    registry.start()
+    scheme = "https" if web is not None and web.tls is not None else "http"
+    log.info(
+        "trainmon %s serving on %s://%s/metrics with collectors: %s%s",
+        __version__,
+        scheme,
+        ListenAddress(config.listen.host, server.port),
+        ", ".join(c.name for c in collectors) or "none",
+        " (demo mode)" if demo else "",
+    )
+    stop_demo_jobs = _start_demo_jobs(collectors, server.port) if demo else None
+    try:
+        server.serve_forever(poll_interval=0.5)
+    finally:
+        if stop_demo_jobs is not None:
+            stop_demo_jobs()
+        server.server_close()
+        registry.stop()
+    log.info("stopped")
+    return EXIT_OK
+
+
+def _start_demo_jobs(collectors: Sequence[Collector], port: int) -> Callable[[], None] | None:
+    """The demo's two simulated jobs report through the real client to our receiver."""
+    from trainmon.collectors.training import TrainingCollector
+    from trainmon.demo.jobs import start_demo_jobs
+
+    training = next((c for c in collectors if isinstance(c, TrainingCollector)), None)
+    if training is None:
+        log.info("demo mode: the training collector is off, so no simulated jobs run")
+        return None
+    return start_demo_jobs(training.socket_endpoint or f"http://127.0.0.1:{port}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

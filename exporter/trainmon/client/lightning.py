@@ -1,0 +1,137 @@
+"""PyTorch Lightning callback that reports steps to trainmon.
+
+::
+
+    from trainmon.client.lightning import TrainmonCallback
+    trainer = Trainer(callbacks=[TrainmonCallback(job="resnet50")])
+
+Uses ``lightning.pytorch`` when installed, else ``pytorch_lightning``; the
+class must match the package your ``Trainer`` comes from (with both installed,
+``lightning.pytorch`` wins). Imported only when you import this module.
+
+What is measured, and how exactly:
+
+- a **step** is one training batch (``on_train_batch_end``); with gradient
+  accumulation that is a micro-batch, not an optimizer step;
+- **samples** is the size of the batch's first dimension (first tensor found in
+  a tensor, sequence or mapping batch; 0 if none);
+- **data wait** is the time from the end of one batch (or the start of the
+  epoch) to ``on_train_batch_start`` of the next, minus validation. Lightning
+  fetches the batch in that gap, so it is the fetch time plus the host-to-device
+  copy, the LR-scheduler update and logger bookkeeping (usually well under a
+  millisecond), and checkpoint writes of callbacks that run after this one;
+- **validation** runs are a ``validation`` phase.
+
+Rank, local rank and world size come from the ``Trainer``; the GPU from the
+strategy's root device, mapped through ``CUDA_VISIBLE_DEVICES``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+try:
+    from lightning.pytorch import Callback, LightningModule, Trainer
+except ImportError:  # the standalone package
+    try:
+        from pytorch_lightning import (  # type: ignore[assignment, no-redef]
+            Callback,
+            LightningModule,
+            Trainer,
+        )
+    except ImportError as missing:
+        raise ImportError(
+            "trainmon.client.lightning needs `lightning` or `pytorch_lightning` installed"
+        ) from missing
+
+from trainmon.client.identity import device_gpu
+from trainmon.client.reporter import Reporter
+
+_clock = time.perf_counter
+
+
+class TrainmonCallback(Callback):
+    """Reports every training batch as a step; ``reporter_options`` go to ``Reporter``."""
+
+    def __init__(self, job: str | None = None, **reporter_options: Any) -> None:
+        super().__init__()
+        self.job = job
+        self.reporter_options = reporter_options
+        self.reporter: Reporter | None = None
+        self._gap_started: float | None = None
+        self._excluded = 0.0
+        self._validation_started: float | None = None
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.reporter is None:
+            options = dict(self.reporter_options)
+            options.setdefault("gpu", device_gpu(getattr(trainer.strategy, "root_device", None)))
+            self.reporter = Reporter(
+                self.job, rank=trainer.global_rank, local_rank=trainer.local_rank,
+                world_size=trainer.world_size, **options,
+            )
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._start_gap()
+
+    def on_train_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self.reporter is not None and self._gap_started is not None:
+            self.reporter.add_data_wait(_clock() - self._gap_started - self._excluded)
+        self._gap_started = None
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+        batch_idx: int,
+    ) -> None:
+        if self.reporter is not None:
+            self.reporter.step(samples=batch_size(batch))
+        self._start_gap()
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._validation_started = _clock()
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._validation_started is None:
+            return
+        seconds = _clock() - self._validation_started
+        self._validation_started = None
+        if self._gap_started is not None:
+            self._excluded += seconds
+        if self.reporter is not None:
+            self.reporter.add_phase("validation", seconds)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._close()
+
+    def on_exception(
+        self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
+    ) -> None:
+        self._close()
+
+    def _start_gap(self) -> None:
+        self._gap_started = _clock()
+        self._excluded = 0.0
+
+    def _close(self) -> None:
+        if self.reporter is not None:
+            self.reporter.close()
+            self.reporter = None
+
+
+def batch_size(batch: object) -> int:
+    """First dimension of the first tensor in ``batch`` (tensor, sequence, mapping), else 0."""
+    for _ in range(8):  # nesting depth we are willing to look into
+        shape = getattr(batch, "shape", None)
+        if shape is not None:
+            return int(shape[0]) if len(shape) else 0
+        if isinstance(batch, Mapping) and batch:
+            batch = next(iter(batch.values()))
+        elif isinstance(batch, Sequence) and not isinstance(batch, (str, bytes)) and batch:
+            batch = batch[0]
+        else:
+            return 0
+    return 0

@@ -1,0 +1,334 @@
+"""``Reporter``: step telemetry from inside a training loop. Standard library only.
+
+::
+
+    reporter = Reporter(job="resnet50")
+    for batch in reporter.track(loader):      # time blocked in next() is data wait
+        loss = train_step(batch)
+        with reporter.phase("comm"):          # optional named phases
+            sync()
+        reporter.step(samples=len(batch))     # ends one step
+    reporter.close()
+
+A step runs from the end of the previous ``step()`` to this one (the first
+from the first ``next()`` of ``track()``, or from construction). Everything is
+aggregated in process; a daemon thread sends the cumulative totals about once
+a second and ``close()`` sends the last ones. Nothing here blocks or raises
+into the training loop; reports that cannot be delivered (no daemon, full
+socket) are counted and the count travels with the next delivered report.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import math
+import os
+import secrets
+import threading
+import time
+import weakref
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TypeVar
+
+from trainmon.client.identity import detect_gpu, rank_identity
+from trainmon.client.transport import DEFAULT_ENDPOINT, Sender, open_sender
+from trainmon.training.protocol import (
+    DEFAULT_MAX_LABEL_LENGTH,
+    MAX_PHASES,
+    PROTOCOL_VERSION,
+    STEP_BUCKET_COUNT,
+    STEP_SECONDS_BOUNDS,
+    encode_report,
+    sanitize_label,
+)
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+DEFAULT_INTERVAL_SECONDS = 1.0
+#: Phase name that absorbs phases beyond the protocol's MAX_PHASES.
+OTHER_PHASE = "other"
+#: Raw phase names whose cleaned form is remembered; names past this many are
+#: cleaned on every call (bounds memory when callers pass unbounded names).
+MAX_CACHED_PHASE_NAMES = 4 * MAX_PHASES
+#: Delivery failures are logged at most once per this many seconds.
+FAILURE_LOG_INTERVAL_SECONDS = 300.0
+
+_perf_counter = time.perf_counter
+
+
+class Reporter:
+    """Aggregates one process's steps and sends them to the trainmon daemon.
+
+    ``rank``, ``local_rank`` and ``world_size`` default to the launcher's
+    environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``); ``job`` to
+    ``TRAINMON_JOB``; ``endpoint`` to ``TRAINMON_ENDPOINT`` or
+    ``unix:///run/trainmon/steps.sock``; ``token`` to ``TRAINMON_TOKEN``;
+    ``gpu`` (NVML index) is detected when it can be (see ``identity``).
+    """
+
+    def __init__(
+        self,
+        job: str | None = None,
+        *,
+        rank: int | None = None,
+        local_rank: int | None = None,
+        world_size: int | None = None,
+        gpu: int | str | None = None,
+        endpoint: str | None = None,
+        token: str | None = None,
+        interval_seconds: float = DEFAULT_INTERVAL_SECONDS,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        env = os.environ if environ is None else environ
+        raw_job = job if job is not None else env.get("TRAINMON_JOB", "unnamed")
+        self.job = sanitize_label(str(raw_job), DEFAULT_MAX_LABEL_LENGTH)
+        if self.job != raw_job:
+            log.warning("trainmon job name %r is sent as %r (allowed: A-Za-z0-9_.:@/+-)",
+                        raw_job, self.job)
+        identity = rank_identity(env, rank, local_rank, world_size)
+        self.rank, self.local_rank, self.world_size = (
+            identity.rank, identity.local_rank, identity.world_size,
+        )
+        self._environ = env
+        self._gpu_fixed = gpu is not None
+        self.gpu: str | None = str(gpu) if gpu is not None else detect_gpu(env, self.local_rank)
+        self.reporter_id = secrets.token_hex(8)
+        self.endpoint = endpoint or env.get("TRAINMON_ENDPOINT") or DEFAULT_ENDPOINT
+        self._sender: Sender = open_sender(self.endpoint, token or env.get("TRAINMON_TOKEN"))
+        self._interval = max(0.05, float(interval_seconds))
+
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._step_start = _perf_counter()
+        self._steps = 0
+        self._samples = 0
+        self._step_seconds = 0.0
+        self._data_wait = 0.0
+        self._buckets = [0] * STEP_BUCKET_COUNT
+        self._phases: dict[str, float] = {}
+        # Wait and phase time of the step in progress; committed by step().
+        self._pending_wait = 0.0
+        self._pending_phases: dict[str, float] = {}
+        # Raw phase name -> name sent (at most MAX_CACHED_PHASE_NAMES entries),
+        # and the distinct names sent, OTHER_PHASE excluded (fewer than MAX_PHASES).
+        self._phase_names: dict[str, str] = {}
+        self._phase_set: set[str] = set()
+        self._dropped = 0
+        self._last_failure_log = -math.inf
+
+        self._closed = False
+        self._closing = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"trainmon-reporter-{self.job}", daemon=True
+        )
+        self._thread.start()
+        _OPEN_REPORTERS.add(self)
+
+    # -- the training loop's API ----------------------------------------------
+
+    def step(self, samples: int = 0) -> None:
+        """End one step that processed ``samples`` samples (about a microsecond)."""
+        now = _perf_counter()
+        if samples.__class__ is not int or samples < 0:
+            samples = _as_count(samples)
+        lock = self._lock
+        lock.acquire()  # cheaper than `with` on this hot path
+        try:
+            duration = now - self._step_start
+            self._step_start = now
+            self._steps += 1
+            self._samples += samples
+            self._step_seconds += duration
+            self._buckets[bisect_left(STEP_SECONDS_BOUNDS, duration)] += 1
+            if self._pending_wait:
+                self._data_wait += min(self._pending_wait, duration)
+                self._pending_wait = 0.0
+            if self._pending_phases:
+                self._commit_phases()
+        finally:  # a KeyboardInterrupt must not leave the lock held
+            lock.release()
+
+    def track(self, iterable: Iterable[T]) -> Iterator[T]:
+        """Yield from ``iterable``, counting the time blocked in ``next()`` as data wait."""
+        self._refresh_gpu()
+        clock = _perf_counter
+        started = clock()
+        if self._steps == 0 and not self._pending_wait:
+            with self._lock:
+                self._step_start = started  # the first step starts with the loop
+        iterator = iter(iterable)  # DataLoader starts its workers here: that is waiting too
+        while True:
+            try:
+                item = next(iterator)
+            except StopIteration:
+                self.add_data_wait(clock() - started)
+                return
+            self.add_data_wait(clock() - started)
+            yield item
+            started = clock()
+
+    def phase(self, name: str) -> _Phase:
+        """Context manager timing a named part of the step (``comm``, ``checkpoint``…)."""
+        return _Phase(self, self._phase_name(name))
+
+    def add_data_wait(self, seconds: float) -> None:
+        """Add data-wait time measured elsewhere (framework callbacks) to the current step."""
+        if seconds > 0 and math.isfinite(seconds):
+            with self._lock:
+                self._pending_wait += seconds
+
+    def add_phase(self, name: str, seconds: float) -> None:
+        """Add ``seconds`` to phase ``name`` of the current step."""
+        if seconds > 0 and math.isfinite(seconds):
+            key = self._phase_name(name)
+            with self._lock:
+                self._pending_phases[key] = self._pending_phases.get(key, 0.0) + seconds
+
+    def close(self) -> None:
+        """Send the final totals and stop the sender thread; safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        _OPEN_REPORTERS.discard(self)
+        self._closing.set()
+        self._thread.join(timeout=5.0)
+        with self._lock:
+            # Phase time after the last step (a final validation, a checkpoint)
+            # still counts; data wait without a step to contain it does not.
+            self._commit_phases()
+        self.flush()
+        self._sender.close()
+
+    def flush(self) -> bool:
+        """Send the current totals now; True if delivered."""
+        with self._send_lock:
+            payload = encode_report(self.report())
+            if self._sender.send(payload):
+                return True
+            with self._lock:
+                self._dropped += 1
+            self._log_failure()
+            return False
+
+    def report(self) -> dict[str, object]:
+        """The protocol v1 report of the current totals (see docs/protocol.md)."""
+        with self._lock:
+            last_step = self._step_start if self._steps else None
+            report: dict[str, object] = {
+                "v": PROTOCOL_VERSION,
+                "job": self.job,
+                "rank": self.rank,
+                "local_rank": self.local_rank,
+                "world_size": self.world_size,
+                "gpu": self.gpu,
+                "pid": os.getpid(),
+                "reporter_id": self.reporter_id,
+                "steps": self._steps,
+                "samples": self._samples,
+                "step_seconds": self._step_seconds,
+                "data_wait_seconds": self._data_wait,
+                "phase_seconds": dict(self._phases),
+                "step_buckets": list(self._buckets),
+                "dropped_reports": self._dropped,
+            }
+        if last_step is not None:
+            report["last_step_time"] = time.time() - (_perf_counter() - last_step)
+        return report
+
+    @property
+    def dropped_reports(self) -> int:
+        """Reports that could not be delivered so far."""
+        return self._dropped
+
+    def __enter__(self) -> Reporter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- internals -------------------------------------------------------------
+
+    def _commit_phases(self) -> None:
+        """Move the pending phase time into the totals (lock held)."""
+        phases = self._phases
+        for name, seconds in self._pending_phases.items():
+            phases[name] = phases.get(name, 0.0) + seconds
+        self._pending_phases.clear()
+
+    def _run(self) -> None:
+        while not self._closing.wait(self._interval):
+            self.flush()
+
+    def _phase_name(self, name: str) -> str:
+        """The phase name as sent: sanitized, and ``OTHER_PHASE`` past the phase cap."""
+        known = self._phase_names.get(name)
+        if known is not None:
+            return known
+        cleaned = sanitize_label(str(name), DEFAULT_MAX_LABEL_LENGTH)
+        with self._lock:
+            sent = self._phase_set
+            if cleaned not in sent:
+                if cleaned == OTHER_PHASE or len(sent) >= MAX_PHASES - 1:
+                    cleaned = OTHER_PHASE
+                else:
+                    sent.add(cleaned)
+            if len(self._phase_names) < MAX_CACHED_PHASE_NAMES:
+                self._phase_names[name] = cleaned
+        return cleaned
+
+    def _refresh_gpu(self) -> None:
+        if not self._gpu_fixed:
+            detected = detect_gpu(self._environ, self.local_rank)
+            if detected is not None:
+                self.gpu = detected
+
+    def _log_failure(self) -> None:
+        now = time.monotonic()
+        if now - self._last_failure_log >= FAILURE_LOG_INTERVAL_SECONDS:
+            self._last_failure_log = now
+            log.warning(
+                "trainmon: cannot deliver step reports (%s); training continues, "
+                "%d report(s) undelivered so far", self._sender.last_error, self._dropped,
+            )
+
+
+class _Phase:
+    """Times one ``with reporter.phase(name):`` block."""
+
+    __slots__ = ("_name", "_reporter", "_started")
+
+    def __init__(self, reporter: Reporter, name: str) -> None:
+        self._reporter = reporter
+        self._name = name
+        self._started = 0.0
+
+    def __enter__(self) -> _Phase:
+        self._started = _perf_counter()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._reporter.add_phase(self._name, _perf_counter() - self._started)
+
+
+def _as_count(samples: object) -> int:
+    """``samples`` as a non-negative int (numpy/torch scalars welcome); 0 if it is not one."""
+    try:
+        value: int = int(samples)  # type: ignore[call-overload]
+    except (TypeError, ValueError, OverflowError):
+        log.debug("trainmon: ignoring samples=%r (not an integer)", samples)
+        return 0
+    return max(value, 0)
+
+
+_OPEN_REPORTERS: weakref.WeakSet[Reporter] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Deliver the final totals of reporters the program did not close."""
+    for reporter in list(_OPEN_REPORTERS):
+        reporter.close()

@@ -1,0 +1,111 @@
+"""Hugging Face ``Trainer`` callback that reports steps to trainmon.
+
+::
+
+    from trainmon.client.transformers import TrainmonCallback
+    trainer = Trainer(..., callbacks=[TrainmonCallback(job="llama-sft")])
+
+Imported only when you import this module (needs ``transformers``).
+
+What is measured, and how exactly:
+
+- a **step** is one optimizer step (``on_step_end``), i.e. all
+  ``gradient_accumulation_steps`` micro-batches;
+- **samples** is ``per_device_train_batch_size × gradient_accumulation_steps``
+  (the configured size: a short last batch is over-counted);
+- **data wait** is the time from the previous known event (end of the last
+  step, of logging, evaluation or checkpointing; or the start of training) to
+  ``on_step_begin``. ``Trainer`` fetches all micro-batches of a step
+  (``get_batch_samples``) right before ``on_step_begin``, so this is the fetch
+  time plus the host-to-device copy of those batches;
+- **evaluation** and **checkpoint** are phases, measured from the previous
+  event to ``on_evaluate`` / ``on_save`` (Trainer offers no hook at their start;
+  the logging in between is sub-millisecond).
+
+Rank, local rank and world size come from ``TrainingArguments``
+(``process_index``, ``local_process_index``, ``world_size``); the GPU from
+``args.device``, mapped through ``CUDA_VISIBLE_DEVICES``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from trainmon.client.identity import device_gpu
+from trainmon.client.reporter import Reporter
+
+_clock = time.perf_counter
+
+
+class TrainmonCallback(TrainerCallback):
+    """Reports every optimizer step; ``reporter_options`` go to ``Reporter``."""
+
+    def __init__(self, job: str | None = None, **reporter_options: Any) -> None:
+        self.job = job
+        self.reporter_options = reporter_options
+        self.reporter: Reporter | None = None
+        self._last_event = _clock()
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+        **kwargs: Any,
+    ) -> None:
+        if self.reporter is None:
+            options = dict(self.reporter_options)
+            options.setdefault("gpu", device_gpu(getattr(args, "device", None)))
+            self.reporter = Reporter(
+                self.job, rank=args.process_index, local_rank=max(args.local_process_index, 0),
+                world_size=args.world_size, **options,
+            )
+        self._last_event = _clock()
+
+    def on_step_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+        **kwargs: Any,
+    ) -> None:
+        if self.reporter is not None:
+            self.reporter.add_data_wait(_clock() - self._last_event)
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+        **kwargs: Any,
+    ) -> None:
+        if self.reporter is not None:
+            samples = args.per_device_train_batch_size * args.gradient_accumulation_steps
+            self.reporter.step(samples=samples)
+        self._last_event = _clock()
+
+    def on_log(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+        **kwargs: Any,
+    ) -> None:
+        self._last_event = _clock()
+
+    def on_evaluate(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+        **kwargs: Any,
+    ) -> None:
+        self._phase_ended("evaluation")
+
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+        **kwargs: Any,
+    ) -> None:
+        self._phase_ended("checkpoint")
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+        **kwargs: Any,
+    ) -> None:
+        if self.reporter is not None:
+            self.reporter.close()
+            self.reporter = None
+
+    def _phase_ended(self, name: str) -> None:
+        now = _clock()
+        if self.reporter is not None:
+            self.reporter.add_phase(name, now - self._last_event)
+        self._last_event = now

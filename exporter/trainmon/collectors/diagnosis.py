@@ -1,0 +1,147 @@
+"""Diagnosis collector: the 算 通 存 调 verdict per job, with its evidence.
+
+On a scrape it snapshots the samples the diagnosis reads from the families the
+registry has just collected from the other collectors (GPU, network,
+InfiniBand, disk, training, attribution: handed over through
+``Collector.observe``, so no source is collected twice and the verdict rests
+on exactly the samples exported), keeps the snapshots of the last
+``diagnosis.window_seconds``, and runs ``trainmon.diagnosis`` over that
+window. It evaluates at most 20 times per window (every 3 s by default);
+scrapes in between get the last verdicts again.
+Exports, per job (a training job's name, or ``pod:…``/``slurm:…``/``pid:…``
+for GPU processes that report no steps):
+
+- ``trainmon_bottleneck{job,kind}``: 1 for the verdict, 0 for the other kinds
+  (``compute``, ``communication``, ``storage``, ``scheduling``, ``none``);
+- ``trainmon_diagnosis_finding_info{job,kind,finding}``: every rule that fired;
+- evidence gauges ``trainmon_diagnosis_{data_wait,comm,gpu_utilization,
+  straggler}_ratio{job}``, ``..._idle_gpus{job}``, ``..._stalled_ranks{job}``,
+  ``..._step_seconds{job}`` (omitted where the sources do not tell);
+- ``trainmon_diagnosis_window_seconds``: the span of the evidence.
+
+A source that fails contributes nothing to that snapshot; the registry
+reports it through ``trainmon_collector_success``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from trainmon.core.collector import Collector
+from trainmon.diagnosis import KINDS, Snapshot, Verdict, Window, diagnose, measure
+from trainmon.diagnosis.config import DiagnosisConfig
+from trainmon.diagnosis.measure import MEASURED_SAMPLES
+
+#: At most this many evaluations (and snapshots) per window: scrapes closer
+#: together than window / 20 re-export the last verdicts.
+EVALUATIONS_PER_WINDOW = 20
+#: Snapshots kept at most (bounds memory even with a clock that jumps).
+MAX_SNAPSHOTS = EVALUATIONS_PER_WINDOW + 2
+
+
+class DiagnosisCollector(Collector):
+    """Runs the verdict rules over a sliding window of the other collectors' samples.
+
+    Register it after the collectors it reads: it sees the families collected
+    before it in the same scrape.
+    """
+
+    name = "diagnosis"
+
+    def __init__(
+        self,
+        config: DiagnosisConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._config = config
+        self._observed: Sequence[Metric] = ()
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._snapshots: deque[Snapshot] = deque(maxlen=MAX_SNAPSHOTS)
+        self._min_interval = config.window_seconds / EVALUATIONS_PER_WINDOW
+        self._verdicts: list[Verdict] = []
+        self._window_seconds = 0.0
+
+    def health(self) -> dict[str, object]:
+        return {
+            "snapshots": len(self._snapshots),
+            "verdicts": {verdict.job: verdict.kind for verdict in self._verdicts},
+        }
+
+    def observe(self, families: Sequence[Metric]) -> None:
+        self._observed = families
+
+    def collect(self) -> Iterable[Metric]:
+        """Evaluate again if the last evaluation is older than ``window / 20``; else
+        re-export the last verdicts (frequent scrapes cost nothing extra)."""
+        now = self._clock()
+        if self._snapshots and now - self._snapshots[-1].at < self._min_interval:
+            return verdict_families(self._verdicts, self._window_seconds)
+        self._snapshots.append(Snapshot.from_families(
+            self._observed, now, self._wall_clock(), MEASURED_SAMPLES))
+        horizon = now - self._config.window_seconds
+        while len(self._snapshots) > 1 and self._snapshots[1].at <= horizon:
+            self._snapshots.popleft()
+        window = Window(list(self._snapshots))
+        self._verdicts = diagnose(measure(window, self._config.comm_phases), self._config)
+        self._window_seconds = window.seconds
+        return verdict_families(self._verdicts, self._window_seconds)
+
+
+def verdict_families(verdicts: Sequence[Verdict], window_seconds: float) -> list[Metric]:
+    """The exported families of a list of verdicts."""
+    bottleneck = GaugeMetricFamily(
+        "trainmon_bottleneck",
+        "1 for the kind that holds the job back now (compute, communication, storage, "
+        "scheduling, none), 0 for the others; docs/diagnosis.md has the rules.",
+        labels=["job", "kind"],
+    )
+    findings = GaugeMetricFamily(
+        "trainmon_diagnosis_finding_info",
+        "A diagnosis rule that fired for the job (the verdict is the first in rule order); "
+        "always 1.",
+        labels=["job", "kind", "finding"],
+    )
+    gauges = {
+        name: GaugeMetricFamily(f"trainmon_diagnosis_{name}", help_text, labels=["job"])
+        for name, help_text in (
+            ("data_wait_ratio", "Data wait / step time of the job's worst rank over the window."),
+            ("comm_ratio", "Comm-phase time / step time of the job's median rank."),
+            ("gpu_utilization_ratio", "Mean utilization of the job's GPUs over the window."),
+            ("straggler_ratio", "Largest per-step work (step - data wait - comm) of a rank "
+                                "over the median of the other ranks."),
+            ("idle_gpus", "GPUs of the job below the idle utilization threshold."),
+            ("stalled_ranks", "Ranks of the job without a step for diagnosis.stall_seconds."),
+            ("step_seconds", "Median step duration of the job's ranks over the window."),
+        )
+    }
+    for verdict in verdicts:
+        for kind in KINDS:
+            bottleneck.add_metric([verdict.job, kind], 1.0 if kind == verdict.kind else 0.0)
+        for finding in verdict.findings:
+            findings.add_metric([verdict.job, finding.kind, finding.code], 1.0)
+        evidence = verdict.evidence
+        values = {
+            "data_wait_ratio": evidence.data_wait_ratio,
+            "comm_ratio": evidence.comm_ratio,
+            "gpu_utilization_ratio": evidence.gpu_utilization_ratio,
+            "straggler_ratio": evidence.straggler_ratio,
+            "idle_gpus": float(len(evidence.idle_gpus)) if evidence.gpus else None,
+            "stalled_ranks": float(len(evidence.stalled_ranks)) if evidence.ranks else None,
+            "step_seconds": evidence.step_seconds,
+        }
+        for name, value in values.items():
+            if value is not None:
+                gauges[name].add_metric([verdict.job], value)
+    window = GaugeMetricFamily(
+        "trainmon_diagnosis_window_seconds",
+        "Span of the samples behind the current verdicts, seconds.",
+    )
+    window.add_metric([], window_seconds)
+    return [bottleneck, findings, *gauges.values(), window]

@@ -1,0 +1,263 @@
+"""GPU metrics from NVML: device readings, the utilization sampler, XID events.
+
+``GPUCollector`` reads every GPU through the ``NVML`` facade on each scrape
+(17 cheap calls per GPU, 136 for 8 GPUs, as counted by ``bench/gpu_collection.py``
+on the fake NVML; no 20 ms blocking ones) and adds what its two background
+threads keep: the utilization sampler (``trainmon.gpu.sampler``) and the XID
+listener (``trainmon.gpu.events``), which waits on an NVML event set so that no
+XID error is lost between scrapes. The ``gpu`` label is the NVML index as a
+decimal string, as in dcgm-exporter. A lost GPU keeps only its ``_info``,
+``trainmon_gpu_up`` (0) and XID series; the other GPUs go on. Process lists are
+expensive and read only on demand, at most every ``process_interval_seconds``.
+Every metric is documented in ``docs/metrics.md`` (GPU section).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from trainmon.config import GPUConfig
+from trainmon.core.collector import Collector
+from trainmon.gpu.events import XidListener
+from trainmon.gpu.nvml import NVML
+from trainmon.gpu.sampler import Hysteresis, UtilizationSampler, UtilizationSnapshot
+from trainmon.gpu.types import GPULost, GPUProcess, GPUReadings, NVMLUnavailable
+
+log = logging.getLogger(__name__)
+
+class GPUCollector(Collector):
+    """Every GPU metric of DESIGN §3 (GPU block) for the GPUs NVML enumerates."""
+
+    name = "gpu"
+
+    def __init__(
+        self,
+        nvml: NVML,
+        config: GPUConfig,
+        *,
+        wall_clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._nvml = nvml
+        self._config = config
+        self._clock = clock
+        self.sampler = UtilizationSampler(
+            nvml,
+            interval_seconds=config.sample_interval_seconds,
+            window_seconds=config.window_seconds,
+            hysteresis=Hysteresis(config.idle_threshold, config.busy_threshold),
+        )
+        self.xid = XidListener(nvml, wall_clock=wall_clock, retry_seconds=config.retry_seconds)
+        self._processes: dict[int, tuple[GPUProcess, ...]] = {}
+        self._processes_read_at = float("-inf")
+        self._process_lock = threading.Lock()
+        self._health: dict[str, object] = {}
+
+    def start(self) -> None:
+        """Start the sampler and XID threads; they wait for NVML if it is absent."""
+        self.sampler.start()
+        self.xid.start()
+
+    def stop(self) -> None:
+        self.sampler.stop()
+        self.xid.stop()
+        self._nvml.close()
+
+    def health(self) -> Mapping[str, object]:
+        return dict(self._health, xid_events=self.xid.state)
+
+    def processes(self) -> Mapping[int, tuple[GPUProcess, ...]]:
+        """Compute processes per GPU index, re-read at most every
+        ``process_interval_seconds`` (for attribution). Empty without NVML."""
+        with self._process_lock:
+            if self._clock() - self._processes_read_at >= self._config.process_interval_seconds:
+                self._processes_read_at = self._clock()
+                self._processes = self._read_processes()
+            return dict(self._processes)
+
+    def _read_processes(self) -> dict[int, tuple[GPUProcess, ...]]:
+        result: dict[int, tuple[GPUProcess, ...]] = {}
+        try:
+            for device in self._nvml.devices():
+                try:
+                    processes = self._nvml.processes(device.index)
+                except GPULost:
+                    continue
+                if processes is not None:
+                    result[device.index] = processes
+        except NVMLUnavailable as reason:
+            log.debug("no GPU process list: %s", reason)
+        return result
+
+    def collect(self) -> Iterable[Metric]:
+        session = self._nvml.session()  # NVMLUnavailable → "unavailable" in /healthz
+        devices, driver = session.devices, session.driver_version
+        families = _Families()
+        utilization = self.sampler.snapshot()
+        lost = []
+        for device in devices:
+            gpu = str(device.index)
+            families.info.add_metric(
+                [gpu, device.uuid, device.name, device.pci_bus_id, driver], 1.0
+            )
+            try:
+                readings = self._nvml.read(device.index)
+            except GPULost:
+                families.up.add_metric([gpu], 0.0)
+                lost.append(device.index)
+                continue
+            families.up.add_metric([gpu], 0.0 if readings.failed else 1.0)
+            families.add_readings(gpu, readings)
+            snapshot = utilization.get(device.index)
+            if snapshot is not None:
+                families.add_utilization(gpu, snapshot)
+        for (index, xid), count in sorted(self.xid.counts().items()):
+            families.xid_errors.add_metric([str(index), str(xid)], count.count)
+            families.xid_last.add_metric([str(index), str(xid)], count.last_timestamp_seconds)
+        self._health = {
+            "driver_version": driver,
+            "gpus": len(devices),
+            "lost_gpus": lost,
+            "generation": self._nvml.generation,
+        }
+        return families.all()
+
+
+class _Families:
+    """Fresh metric families for one scrape."""
+
+    def __init__(self) -> None:
+        g, c = GaugeMetricFamily, CounterMetricFamily
+        gpu = ["gpu"]
+        self.info = g(
+            "trainmon_gpu_info",
+            "GPU identity from NVML (gauge = 1); join on gpu.",
+            labels=["gpu", "uuid", "name", "pci_bus_id", "driver_version"],
+        )
+        self.up = g(
+            "trainmon_gpu_up", "1 if the GPU answers NVML, 0 if lost or erroring.", labels=gpu
+        )
+        self.utilization = g(
+            "trainmon_gpu_utilization_ratio",
+            "Latest driver utilization sample: share of time a kernel ran (0-1).",
+            labels=gpu,
+        )
+        self.memory_used = g(
+            "trainmon_gpu_memory_used_bytes",
+            "Framebuffer memory in use, bytes (nvmlDeviceGetMemoryInfo).",
+            labels=gpu,
+        )
+        self.memory_total = g(
+            "trainmon_gpu_memory_total_bytes", "Framebuffer memory size, bytes.", labels=gpu
+        )
+        self.power = g(
+            "trainmon_gpu_power_watts", "Power draw, watts (nvmlDeviceGetPowerUsage).", labels=gpu
+        )
+        self.power_limit = g(
+            "trainmon_gpu_power_limit_watts", "Enforced power limit, watts.", labels=gpu
+        )
+        self.energy = c(
+            "trainmon_gpu_energy_joules", "Energy used since the driver loaded, joules.", labels=gpu
+        )
+        self.temperature = g(
+            "trainmon_gpu_temperature_celsius", "GPU die temperature, degrees Celsius.", labels=gpu
+        )
+        self.sm_clock = g("trainmon_gpu_sm_clock_hertz", "Current SM clock, hertz.", labels=gpu)
+        self.throttle = c(
+            "trainmon_gpu_throttle_seconds",
+            "Time clocks were held below target, per reason, seconds "
+            "(nvmlDeviceGetViolationStatus).",
+            labels=["gpu", "reason"],
+        )
+        self.pcie_tx = c(
+            "trainmon_gpu_pcie_transmit_bytes", "Bytes sent over PCIe (NVML field 197).", labels=gpu
+        )
+        self.pcie_rx = c(
+            "trainmon_gpu_pcie_receive_bytes",
+            "Bytes received over PCIe (NVML field 198).",
+            labels=gpu,
+        )
+        self.nvlink_tx = c(
+            "trainmon_gpu_nvlink_transmit_bytes",
+            "NVLink data bytes sent, all links (NVML field 138).",
+            labels=gpu,
+        )
+        self.nvlink_rx = c(
+            "trainmon_gpu_nvlink_receive_bytes",
+            "NVLink data bytes received, all links (NVML field 139).",
+            labels=gpu,
+        )
+        self.ecc = c(
+            "trainmon_gpu_ecc_errors",
+            "ECC memory errors since the driver loaded (volatile counters), by severity.",
+            labels=["gpu", "severity"],
+        )
+        self.xid_errors = c(
+            "trainmon_gpu_xid_errors",
+            "XID critical errors seen by the event thread.",
+            labels=["gpu", "xid"],
+        )
+        self.xid_last = g(
+            "trainmon_gpu_xid_last_timestamp_seconds",
+            "Unix time of the latest XID error of this code on this GPU.",
+            labels=["gpu", "xid"],
+        )
+        self.samples = c(
+            "trainmon_gpu_util_samples",
+            "Driver utilization samples seen by the sampler (~6/s).",
+            labels=gpu,
+        )
+        self.idle_samples = c(
+            "trainmon_gpu_util_idle_samples",
+            "Utilization samples below the idle threshold.",
+            labels=gpu,
+        )
+        self.transitions = c(
+            "trainmon_gpu_util_transitions",
+            "Busy/idle transitions of the utilization (with hysteresis).",
+            labels=gpu,
+        )
+        self.sawtooth = g(
+            "trainmon_gpu_sawtooth_ratio",
+            "Strength of busy/idle oscillation over the last two sampler windows, 0-1: "
+            "min(1, transitions/4); >= 0.5 is flagged.",
+            labels=gpu,
+        )
+
+    def add_readings(self, gpu: str, readings: GPUReadings) -> None:
+        optional = (
+            (self.memory_used, readings.memory_used_bytes),
+            (self.memory_total, readings.memory_total_bytes),
+            (self.power, readings.power_watts),
+            (self.power_limit, readings.power_limit_watts),
+            (self.energy, readings.energy_joules),
+            (self.temperature, readings.temperature_celsius),
+            (self.sm_clock, readings.sm_clock_hertz),
+            (self.pcie_tx, readings.pcie_transmit_bytes),
+            (self.pcie_rx, readings.pcie_receive_bytes),
+            (self.nvlink_tx, readings.nvlink_transmit_bytes),
+            (self.nvlink_rx, readings.nvlink_receive_bytes),
+        )
+        for family, value in optional:
+            if value is not None:
+                family.add_metric([gpu], value)
+        for reason, seconds in readings.throttle_seconds.items():
+            self.throttle.add_metric([gpu, reason], seconds)
+        for severity, count in readings.ecc_errors.items():
+            self.ecc.add_metric([gpu, severity], count)
+
+    def add_utilization(self, gpu: str, snapshot: UtilizationSnapshot) -> None:
+        if snapshot.utilization_ratio is not None:
+            self.utilization.add_metric([gpu], snapshot.utilization_ratio)
+        self.samples.add_metric([gpu], snapshot.samples_total)
+        self.idle_samples.add_metric([gpu], snapshot.idle_samples_total)
+        self.transitions.add_metric([gpu], snapshot.transitions_total)
+        self.sawtooth.add_metric([gpu], snapshot.sawtooth_ratio)
+
+    def all(self) -> list[Metric]:
+        return [value for value in vars(self).values() if isinstance(value, Metric)]

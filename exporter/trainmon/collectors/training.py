@@ -1,0 +1,272 @@
+"""Training collector: per-job, per-rank step telemetry pushed by training processes.
+
+Reports arrive on the unix datagram socket (``SocketReceiver``) and through
+``POST /api/v1/steps`` (``StepPushHandler``, registered via ``push_routes()``);
+both feed one ``TrainingStore``. ``collect()`` only reads a snapshot of it.
+Metric names follow DESIGN §3 (Training block); ``docs/metrics.md`` documents
+each one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from trainmon.config import TrainingConfig
+from trainmon.core.collector import Collector
+from trainmon.http.push import PushHandler, PushRequest, PushResponse
+from trainmon.training.protocol import STEP_SECONDS_BOUNDS, STEPS_PATH
+from trainmon.training.receiver import SocketReceiver, StepPushHandler, read_token
+from trainmon.training.store import StoreSnapshot, TrainingStore
+
+log = logging.getLogger(__name__)
+
+_BUCKET_BOUNDS = [repr(bound) for bound in STEP_SECONDS_BOUNDS] + ["+Inf"]
+_RANK = ["job", "rank"]
+
+
+class TrainingCollector(Collector):
+    """Receives step reports and exports them as ``trainmon_training_*`` families."""
+
+    name = "training"
+
+    def __init__(
+        self,
+        config: TrainingConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._config = config
+        self.store = TrainingStore(
+            ttl_seconds=config.ttl_seconds,
+            max_jobs=config.max_jobs,
+            max_ranks_per_job=config.max_ranks_per_job,
+            window_seconds=config.window_seconds,
+            clock=clock,
+            wall_clock=wall_clock,
+        )
+        # Until start() has read the token file, only loopback clients may push.
+        self._push = StepPushHandler(
+            self.store, token=None, max_label_length=config.max_label_length
+        )
+        self._receiver: SocketReceiver | None = None
+        self._socket_error: str | None = None
+        self._token_error: str | None = None
+
+    def start(self) -> None:
+        """Read the token file, then bind the socket.
+
+        Neither failure stops the collector: an unreadable token file leaves
+        HTTP pushes open to loopback clients only; a socket that cannot be bound
+        (no permission on ``/run/trainmon``...) leaves HTTP only. Both are
+        logged and shown in ``/healthz``; the socket also in
+        ``trainmon_training_socket_up``.
+        """
+        config = self._config
+        if config.token_file is not None:
+            try:
+                token = read_token(config.token_file)
+            except (OSError, ValueError, UnicodeDecodeError) as error:
+                self._token_error = f"cannot read token_file {config.token_file}: {error}"
+                log.error("%s; only loopback clients may push steps", self._token_error)
+            else:
+                self._push = StepPushHandler(
+                    self.store, token=token, max_label_length=config.max_label_length
+                )
+        if config.socket is None:
+            return
+        receiver = SocketReceiver(
+            config.socket,
+            self.store,
+            mode=config.socket_mode,
+            receive_buffer_bytes=config.receive_buffer_bytes,
+            max_label_length=config.max_label_length,
+        )
+        try:
+            receiver.start()
+        except OSError as error:
+            self._socket_error = f"{error.strerror or error} ({config.socket})"
+            log.error(
+                "cannot receive training steps on unix://%s: %s; HTTP %s still works",
+                config.socket, error.strerror or error, STEPS_PATH,
+            )
+            return
+        self._receiver = receiver
+
+    def stop(self) -> None:
+        if self._receiver is not None:
+            self._receiver.stop()
+            self._receiver = None
+
+    @property
+    def socket_endpoint(self) -> str | None:
+        """``unix://…`` for clients in this process (the demo jobs), while the socket is bound."""
+        if self._receiver is None or not self._receiver.listening:
+            return None
+        return f"unix://{self._receiver.path}"
+
+    def handle_push(self, request: PushRequest) -> PushResponse:
+        """The ``POST /api/v1/steps`` handler."""
+        return self._push(request)
+
+    def push_routes(self) -> Mapping[str, PushHandler]:
+        return {STEPS_PATH: self.handle_push}
+
+    def health(self) -> Mapping[str, object]:
+        snapshot_counts = self.store.counts()
+        state: dict[str, object] = {
+            "socket": str(self._config.socket) if self._config.socket else None,
+            "socket_listening": self._receiver is not None and self._receiver.listening,
+            **snapshot_counts,
+        }
+        if self._receiver is not None:
+            state["receive_buffer_bytes"] = self._receiver.receive_buffer_bytes
+            state["max_dgram_qlen"] = self._receiver.max_queued_datagrams
+        if self._socket_error is not None:
+            state["socket_error"] = self._socket_error
+        if self._token_error is not None:
+            state["token_error"] = self._token_error
+        return state
+
+    def collect(self) -> Iterable[Metric]:
+        snapshot = self.store.snapshot()
+        yield from _rank_families(snapshot)
+        yield from self._intake_families(snapshot)
+
+    def _intake_families(self, snapshot: StoreSnapshot) -> Iterable[Metric]:
+        yield _counter_by(
+            "trainmon_training_reports",
+            "Step reports accepted, by transport (unix socket or http).",
+            "transport", snapshot.accepted,
+        )
+        yield _counter_by(
+            "trainmon_training_rejected_reports",
+            "Step reports (lines, datagrams or bodies) refused, by reason; see docs/protocol.md.",
+            "reason", snapshot.rejected,
+        )
+        yield _counter_by(
+            "trainmon_training_evicted_ranks",
+            "Ranks dropped with their series: silent past the TTL, or least recently "
+            "updated when max_jobs / max_ranks_per_job was reached.",
+            "reason", snapshot.evicted,
+        )
+        if self._config.socket is not None:
+            up = GaugeMetricFamily(
+                "trainmon_training_socket_up",
+                "1 while the unix datagram socket for step reports is bound and drained.",
+            )
+            up.add_metric([], 1.0 if self._receiver is not None and self._receiver.listening
+                          else 0.0)
+            yield up
+
+
+def _counter_by(
+    name: str, documentation: str, label: str, counts: Mapping[str, int]
+) -> CounterMetricFamily:
+    """A counter family with one sample per ``label`` value of ``counts``."""
+    family = CounterMetricFamily(name, documentation, labels=[label])
+    for value, count in counts.items():
+        family.add_metric([value], count)
+    return family
+
+
+def _rank_families(snapshot: StoreSnapshot) -> Iterable[Metric]:
+    steps = CounterMetricFamily(
+        "trainmon_training_steps", "Training steps completed by the rank.", labels=_RANK
+    )
+    samples = CounterMetricFamily(
+        "trainmon_training_samples", "Training samples processed by the rank.", labels=_RANK
+    )
+    step_seconds = HistogramMetricFamily(
+        "trainmon_training_step_seconds",
+        "Duration of training steps (end of one step() to the next), in seconds.",
+        labels=_RANK,
+    )
+    data_wait = CounterMetricFamily(
+        "trainmon_training_data_wait_seconds",
+        "Seconds the rank's training loop was blocked waiting for the next batch.",
+        labels=_RANK,
+    )
+    phases = CounterMetricFamily(
+        "trainmon_training_phase_seconds",
+        "Seconds spent in named phases of steps (e.g. comm, checkpoint).",
+        labels=[*_RANK, "phase"],
+    )
+    ratio = GaugeMetricFamily(
+        "trainmon_training_data_wait_ratio",
+        "Data wait divided by step time over the configured window (0-1); "
+        "alerts should use the counters.",
+        labels=_RANK,
+    )
+    last_step = GaugeMetricFamily(
+        "trainmon_training_last_step_timestamp_seconds",
+        "Unix time at which the rank's last step ended.",
+        labels=_RANK,
+    )
+    last_report = GaugeMetricFamily(
+        "trainmon_training_last_report_timestamp_seconds",
+        "Unix time of the rank's latest accepted report; clients report about once a "
+        "second while alive, stepping or not, so this tells a stalled job from a dead one.",
+        labels=_RANK,
+    )
+    info = GaugeMetricFamily(
+        "trainmon_training_rank_info",
+        "Joins a rank to the GPU (NVML index, empty if unknown) and process it runs on; always 1.",
+        labels=[*_RANK, "gpu", "pid"],
+    )
+    world_size = GaugeMetricFamily(
+        "trainmon_training_world_size",
+        "Number of ranks the job's processes report being part of.",
+        labels=["job"],
+    )
+    dropped = CounterMetricFamily(
+        "trainmon_training_dropped_reports",
+        "Reports the rank's client could not deliver (daemon down, socket full), "
+        "as told by its later reports.",
+        labels=_RANK,
+    )
+    resets = CounterMetricFamily(
+        "trainmon_training_counter_resets",
+        "Reporter restarts (new reporter_id or totals going backwards) absorbed "
+        "into the rank's monotonic counters.",
+        labels=_RANK,
+    )
+    world_sizes: dict[str, int] = {}
+    for view in snapshot.ranks:
+        labels = [view.job, str(view.rank)]
+        totals = view.totals
+        steps.add_metric(labels, totals.steps)
+        samples.add_metric(labels, totals.samples)
+        cumulative = 0
+        buckets: list[tuple[str, float]] = []
+        for bound, count in zip(_BUCKET_BOUNDS, totals.step_buckets, strict=True):
+            cumulative += count
+            buckets.append((bound, cumulative))
+        step_seconds.add_metric(labels, buckets, totals.step_seconds)
+        data_wait.add_metric(labels, totals.data_wait_seconds)
+        for phase, seconds in sorted(totals.phase_seconds.items()):
+            phases.add_metric([*labels, phase], seconds)
+        if view.data_wait_ratio is not None:
+            ratio.add_metric(labels, view.data_wait_ratio)
+        if view.last_step_time is not None:
+            last_step.add_metric(labels, view.last_step_time)
+        last_report.add_metric(labels, view.last_report_time)
+        pid = "" if view.pid is None else str(view.pid)
+        info.add_metric([*labels, view.gpu or "", pid], 1.0)
+        dropped.add_metric(labels, totals.dropped_reports)
+        resets.add_metric(labels, view.counter_resets)
+        if view.world_size is not None:
+            world_sizes[view.job] = max(world_sizes.get(view.job, 0), view.world_size)
+    for job, size in world_sizes.items():
+        world_size.add_metric([job], size)
+    return [steps, samples, step_seconds, data_wait, phases, ratio, last_step, last_report, info,
+            world_size, dropped, resets]

@@ -1,0 +1,62 @@
+"""The contract every collector follows.
+
+A collector owns one data source. ``collect()`` builds fresh metric families on
+every call (nothing lingers when a label value disappears) and may raise: the
+registry isolates failures and reports them through
+``trainmon_collector_success``. Work that must run continuously (sampling,
+event threads, cloud pulls) starts in ``start()`` and ends in ``stop()``;
+``collect()`` then only reads its latest state.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable, Mapping, Sequence
+
+from prometheus_client.core import Metric
+
+from trainmon.http.push import PushHandler
+
+
+class CollectorUnavailable(Exception):
+    """The source is absent on this machine (no NVML, no InfiniBand...).
+
+    Raised from ``collect()`` or ``start()``: the registry reports the collector
+    as unavailable (``trainmon_collector_success`` 0, state ``unavailable`` in
+    ``/healthz``) and logs the reason once, instead of logging a failure on
+    every scrape.
+    """
+
+
+class Collector(abc.ABC):
+    """One data source exposed as Prometheus metric families."""
+
+    #: Value of the ``collector`` label in the self-metrics and key in ``/healthz``.
+    name: str = ""
+
+    def start(self) -> None:  # noqa: B027 - optional hook
+        """Start background work (threads, sockets). Called once before serving."""
+
+    def stop(self) -> None:  # noqa: B027 - optional hook
+        """Stop background work. Must be safe to call after a failed ``start``."""
+
+    def observe(self, families: Sequence[Metric]) -> None:  # noqa: B027 - optional hook
+        """Families the collectors before this one produced in the same scrape.
+
+        The registry calls it just before ``collect()``. A collector derived
+        from the others' metrics (the diagnosis) reads them here instead of
+        collecting its sources a second time. The sequence is only valid until
+        ``collect()`` returns.
+        """
+
+    @abc.abstractmethod
+    def collect(self) -> Iterable[Metric]:
+        """Build the current metric families. May raise; the registry isolates it."""
+
+    def health(self) -> Mapping[str, object]:
+        """Extra, JSON-serialisable state for ``/healthz`` (never secrets)."""
+        return {}
+
+    def push_routes(self) -> Mapping[str, PushHandler]:
+        """HTTP routes (path → handler) through which this collector receives pushes."""
+        return {}

@@ -1,0 +1,111 @@
+"""Two simulated training jobs for ``trainmon serve --demo``, sent through the real client.
+
+Each rank is a thread running an ordinary ``Reporter`` loop (``track`` →
+compute → ``phase("comm")`` → ``step``) whose loader and compute are sleeps, and
+the reports travel over the daemon's real socket or HTTP route, so the demo
+exercises exactly the path a training job uses:
+
+- ``demo-starved`` on GPUs 0–3: 0.4 s steps of which 0.14 s wait for data
+  (data-wait ratio ≈ 0.35), the input pipeline cannot keep up; the GPU demo's
+  saw-toothing utilization on these GPUs is its device-side picture;
+- ``demo-healthy`` on GPUs 4–7: 0.25 s steps, 0.01 s data wait (≈ 0.04), 0.04 s
+  of gradient sync in the ``comm`` phase.
+
+Durations jitter by ±10 % (seeded per rank) so the series look alive.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from trainmon.client import Reporter
+
+log = logging.getLogger(__name__)
+
+RANKS_PER_JOB = 4
+JITTER = 0.10
+
+
+@dataclass(frozen=True)
+class SimulatedJob:
+    name: str
+    first_gpu: int
+    data_wait_seconds: float
+    compute_seconds: float
+    comm_seconds: float
+    batch_size: int
+
+    @property
+    def data_wait_ratio(self) -> float:
+        """The ratio the daemon should report for this job (jitter averages out)."""
+        step = self.data_wait_seconds + self.compute_seconds + self.comm_seconds
+        return self.data_wait_seconds / step
+
+
+DEMO_JOBS = (
+    SimulatedJob("demo-starved", first_gpu=0, data_wait_seconds=0.14, compute_seconds=0.20,
+                 comm_seconds=0.06, batch_size=64),
+    SimulatedJob("demo-healthy", first_gpu=4, data_wait_seconds=0.01, compute_seconds=0.20,
+                 comm_seconds=0.04, batch_size=128),
+)
+
+
+def start_demo_jobs(
+    endpoint: str, jobs: tuple[SimulatedJob, ...] = DEMO_JOBS
+) -> Callable[[], None]:
+    """Start every rank of ``jobs`` reporting to ``endpoint``; returns a stop function.
+
+    ``endpoint`` is a client endpoint (``unix:///…/steps.sock`` or
+    ``http://127.0.0.1:PORT``). The stop function ends the loops, sends the
+    final reports and joins the threads (about a second at most).
+    """
+    stopping = threading.Event()
+    threads = [
+        threading.Thread(
+            target=_run_rank, args=(job, rank, endpoint, stopping),
+            name=f"demo-{job.name}-{rank}", daemon=True,
+        )
+        for job in jobs
+        for rank in range(RANKS_PER_JOB)
+    ]
+    for thread in threads:
+        thread.start()
+    log.info("demo: %d simulated training ranks reporting to %s", len(threads), endpoint)
+
+    def stop() -> None:
+        stopping.set()
+        for thread in threads:
+            thread.join(timeout=5.0)
+
+    return stop
+
+
+def _run_rank(job: SimulatedJob, rank: int, endpoint: str, stopping: threading.Event) -> None:
+    jitter = random.Random(f"{job.name}/{rank}")
+
+    def pause(seconds: float) -> None:
+        stopping.wait(seconds * jitter.uniform(1 - JITTER, 1 + JITTER))
+
+    def loader() -> Iterator[int]:
+        while not stopping.is_set():
+            pause(job.data_wait_seconds)
+            yield job.batch_size
+
+    reporter = Reporter(
+        job.name, rank=rank, local_rank=rank, world_size=RANKS_PER_JOB,
+        gpu=job.first_gpu + rank, endpoint=endpoint, environ={},
+    )
+    try:
+        for batch_size in reporter.track(loader()):
+            pause(job.compute_seconds)
+            with reporter.phase("comm"):
+                pause(job.comm_seconds)
+            if stopping.is_set():
+                break
+            reporter.step(samples=batch_size)
+    finally:
+        reporter.close()

@@ -1,0 +1,24 @@
+"""The 算 通 存 调 diagnosis: compute, communication, storage or scheduling.
+
+``samples`` holds snapshots of metric samples and windows over them,
+``measure`` turns a window into node measurements, ``rules`` into one verdict
+per job, ``text`` into plain language (English, Chinese). The daemon's
+``collectors.diagnosis`` and ``trainmon doctor`` both run this pipeline.
+"""
+
+from trainmon.diagnosis.measure import NodeMeasurements, measure
+from trainmon.diagnosis.rules import ACTIONABLE_KINDS, KINDS, Evidence, Finding, Verdict, diagnose
+from trainmon.diagnosis.samples import Snapshot, Window
+
+__all__ = [
+    "ACTIONABLE_KINDS",
+    "KINDS",
+    "Evidence",
+    "Finding",
+    "NodeMeasurements",
+    "Snapshot",
+    "Verdict",
+    "Window",
+    "diagnose",
+    "measure",
+]

@@ -1,0 +1,77 @@
+"""The ``collectors.diagnosis`` configuration section: thresholds of the verdict."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainmon.settings import ConfigError, Section
+
+
+@dataclass(frozen=True)
+class DiagnosisConfig:
+    """Thresholds of the compute/communication/storage/scheduling verdict (DESIGN §6).
+
+    Every ratio is 0-1; docs/diagnosis.md gives the reasoning and sources.
+    """
+
+    enabled: bool = True
+    #: Span of the evidence: counters are compared over this many seconds.
+    window_seconds: float = 60.0
+    #: Fewer steps than this in the window (all ranks together): kind ``none``.
+    min_steps: int = 3
+    #: storage: data wait / step time of the worst rank at or above this.
+    data_wait_ratio: float = 0.2
+    #: storage, second rule: a GPU sawtooth at or above this ...
+    sawtooth_ratio: float = 0.5
+    #: ... with a rising data wait that reached this.
+    sawtooth_data_wait_ratio: float = 0.1
+    #: communication: comm-phase time / step time of the median rank at or above this.
+    comm_ratio: float = 0.3
+    #: Phase names counted as communication.
+    comm_phases: tuple[str, ...] = ("comm",)
+    #: communication without a comm phase: a NIC or IB port this busy (of its link rate).
+    link_utilization_ratio: float = 0.8
+    #: scheduling: a rank whose per-step work (step - data wait - comm) is this many
+    #: times the median of the other ranks' is a straggler.
+    straggler_factor: float = 1.3
+    #: A GPU whose mean utilization is below this is idle.
+    idle_utilization_ratio: float = 0.05
+    #: compute: below this GPU utilization the advice points at host-side overhead.
+    busy_utilization_ratio: float = 0.6
+    #: scheduling: a rank without a step for this long has stalled (seconds).
+    stall_seconds: float = 120.0
+
+
+def parse_diagnosis(section: Section) -> DiagnosisConfig:
+    """The ``collectors.diagnosis`` section (docs/diagnosis.md)."""
+    default = DiagnosisConfig()
+
+    def ratio(key: str, value: float) -> float:
+        return section.number(key, value, 0, 1)
+
+    result = DiagnosisConfig(
+        enabled=section.boolean("enabled", default.enabled),
+        window_seconds=section.number("window_seconds", default.window_seconds, 5, 3600),
+        min_steps=section.integer("min_steps", default.min_steps, 1, 1_000_000),
+        data_wait_ratio=ratio("data_wait_ratio", default.data_wait_ratio),
+        sawtooth_ratio=ratio("sawtooth_ratio", default.sawtooth_ratio),
+        sawtooth_data_wait_ratio=ratio(
+            "sawtooth_data_wait_ratio", default.sawtooth_data_wait_ratio
+        ),
+        comm_ratio=ratio("comm_ratio", default.comm_ratio),
+        comm_phases=section.string_list("comm_phases", default.comm_phases),
+        link_utilization_ratio=ratio("link_utilization_ratio", default.link_utilization_ratio),
+        straggler_factor=section.number("straggler_factor", default.straggler_factor, 1, 100),
+        idle_utilization_ratio=ratio("idle_utilization_ratio", default.idle_utilization_ratio),
+        busy_utilization_ratio=ratio("busy_utilization_ratio", default.busy_utilization_ratio),
+        stall_seconds=section.number("stall_seconds", default.stall_seconds, 1, 86400),
+    )
+    section.finish()
+    if result.idle_utilization_ratio >= result.busy_utilization_ratio:
+        raise ConfigError(
+            section.key_path("idle_utilization_ratio"),
+            "must be below busy_utilization_ratio",
+        )
+    if not result.comm_phases:
+        raise ConfigError(section.key_path("comm_phases"), "name at least one phase")
+    return result

@@ -1,0 +1,187 @@
+"""``trainmon doctor``: a one-shot bottleneck report for a human (or ``--json``).
+
+Two ways to measure, both ending in the same ``trainmon.diagnosis`` pipeline
+the daemon runs:
+
+- ``--url``: scrape a running daemon's ``/metrics`` about once a second for
+  ``--seconds`` and parse the text with prometheus_client's parser;
+- no ``--url``: run the node collectors in this process (GPU sampler, training
+  socket, network, InfiniBand, disk, attribution) for ``--seconds`` and
+  snapshot their families the same way. When a daemon already owns the
+  training socket, the training socket stays with it and ``--url`` is the way
+  to see step telemetry.
+
+The report goes GPU → storage → network, the order an engineer checks, then
+gives each job's verdict with its evidence and next action (``--lang en|zh``).
+Exit codes: 0 nothing needs action, 1 a bottleneck was found (communication,
+storage or scheduling), 2 nothing could be measured (daemon unreachable, no
+GPU and no job, or jobs without enough steps yet).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TextIO
+
+import requests
+
+from trainmon.core.collector import Collector
+from trainmon.core.registry import CollectorRegistry
+from trainmon.diagnosis.config import DiagnosisConfig
+from trainmon.diagnosis.measure import MEASURED_SAMPLES
+from trainmon.diagnosis.report import build_report, render_text, unmeasured_report
+from trainmon.diagnosis.samples import Snapshot, Window
+
+log = logging.getLogger(__name__)
+
+#: Collectors that ``doctor`` never runs in process: the verdict itself, and the
+#: cloud puller (its API calls are rate-limited and not about this node).
+LOCAL_EXCLUDED = ("diagnosis", "tencent")
+
+Sleep = Callable[[float], None]
+
+
+class MeasurementError(Exception):
+    """The source could not be read (daemon unreachable, not Prometheus text...)."""
+
+
+@dataclass(frozen=True)
+class DoctorOptions:
+    """The command line of ``trainmon doctor``."""
+
+    #: A daemon to read (``host:port`` or a URL); None: sample this node.
+    url: str | None = None
+    #: How long to measure (seconds).
+    seconds: float = 10.0
+    #: Time between two snapshots (seconds).
+    interval_seconds: float = 1.0
+    lang: str = "en"
+    json: bool = False
+    #: HTTP timeout of one scrape (seconds).
+    timeout_seconds: float = 5.0
+
+
+def run_doctor(
+    options: DoctorOptions,
+    config: DiagnosisConfig,
+    local_collectors: Callable[[], Sequence[Collector]],
+    out: TextIO,
+    *,
+    session: requests.Session | None = None,
+    sleep: Sleep = time.sleep,
+) -> int:
+    """Measure, diagnose, print the report (text or JSON); return the exit code."""
+    source: dict[str, object] = (
+        {"kind": "url", "url": metrics_url(options.url)} if options.url else {"kind": "local"}
+    )
+    try:
+        if options.url:
+            window = scrape_url(options.url, options.seconds, options.interval_seconds,
+                                timeout=options.timeout_seconds, session=session, sleep=sleep)
+        else:
+            window = sample_collectors(local_collectors(), options.seconds,
+                                       options.interval_seconds, sleep=sleep)
+    except MeasurementError as error:
+        report = unmeasured_report(source, str(error), options.lang)
+    else:
+        report = build_report(window, config, source, options.lang)
+    if options.json:
+        out.write(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    else:
+        out.write(render_text(report))
+    return int(report["exit_code"])
+
+
+def scrape_url(
+    url: str,
+    seconds: float,
+    interval: float,
+    *,
+    timeout: float = 5.0,
+    session: requests.Session | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    wall_clock: Callable[[], float] = time.time,
+    sleep: Sleep = time.sleep,
+) -> Window:
+    """Snapshots of ``url``'s ``/metrics`` every ``interval`` for ``seconds``."""
+    target = metrics_url(url)
+    http = session if session is not None else requests.Session()
+
+    def snapshot() -> Snapshot:
+        try:
+            response = http.get(target, timeout=timeout, headers={"Accept": "text/plain"})
+            response.raise_for_status()
+            return Snapshot.from_text(response.text, clock(), wall_clock(), MEASURED_SAMPLES)
+        except requests.RequestException as error:
+            raise MeasurementError(f"cannot read {target}: {_reason(error)}") from None
+        except ValueError as error:
+            raise MeasurementError(f"{target} is not Prometheus text: {error}") from None
+
+    return _sample(snapshot, seconds, interval, clock, sleep)
+
+
+def _reason(error: requests.RequestException) -> str:
+    """The useful end of a requests error (``[Errno 111] Connection refused``)."""
+    text = str(error)
+    match = re.search(r"\[Errno -?\d+\][^'\")]*", text)
+    return match.group(0).strip() if match else text[:300]
+
+
+def metrics_url(url: str) -> str:
+    """``http://host:19400`` → ``http://host:19400/metrics``; a path given is kept."""
+    if "://" not in url:
+        url = f"http://{url}"
+    scheme, _, rest = url.partition("://")
+    return url if "/" in rest.rstrip("/") else f"{scheme}://{rest.rstrip('/')}/metrics"
+
+
+def sample_collectors(
+    collectors: Sequence[Collector],
+    seconds: float,
+    interval: float,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    wall_clock: Callable[[], float] = time.time,
+    sleep: Sleep = time.sleep,
+) -> Window:
+    """Start ``collectors`` here, snapshot them every ``interval`` for ``seconds``, stop them.
+
+    They run in a ``CollectorRegistry`` as in the daemon: one that is absent or
+    fails is reported (logged) and the report goes on without it.
+    """
+    registry = CollectorRegistry(
+        [collector for collector in collectors if collector.name not in LOCAL_EXCLUDED]
+    )
+    registry.start()
+
+    def snapshot() -> Snapshot:
+        return Snapshot.from_families(
+            registry.collect(), clock(), wall_clock(), MEASURED_SAMPLES
+        )
+
+    try:
+        return _sample(snapshot, seconds, interval, clock, sleep)
+    finally:
+        registry.stop()
+
+
+def _sample(
+    snapshot: Callable[[], Snapshot], seconds: float, interval: float,
+    clock: Callable[[], float], sleep: Sleep,
+) -> Window:
+    snapshots = [snapshot()]
+    deadline = snapshots[0].at + seconds
+    while True:
+        remaining = deadline - clock()
+        if remaining <= 0:
+            break
+        sleep(min(interval, remaining))
+        snapshots.append(snapshot())
+    return Window(snapshots)
+
+

@@ -1,0 +1,267 @@
+"""What a window of snapshots says about the node: GPUs, ranks, disks, links, processes.
+
+Every value is read from the metric contract (DESIGN §3), never from a
+collector's internals, so the same code serves the daemon and ``doctor``:
+
+- GPUs: ``trainmon_gpu_utilization_ratio`` (mean over the window),
+  ``trainmon_gpu_sawtooth_ratio`` (latest), ``trainmon_gpu_memory_used_bytes``;
+- ranks: increases of ``trainmon_training_step_seconds_sum``/``_count``,
+  ``trainmon_training_data_wait_seconds_total`` and
+  ``trainmon_training_phase_seconds_total{phase}``; the latest
+  ``trainmon_training_last_step_timestamp_seconds``,
+  ``trainmon_training_last_report_timestamp_seconds`` (when exported) and
+  ``trainmon_training_rank_info{gpu,pid}``;
+- disks: rates of ``trainmon_disk_io_time_seconds_total`` (busy ratio),
+  ``trainmon_disk_read_bytes_total`` and ``trainmon_disk_written_bytes_total``;
+- links: rates of ``trainmon_network_{receive,transmit}_bytes_total`` against
+  ``trainmon_network_speed_bytes``, and of the InfiniBand port counters against
+  ``trainmon_infiniband_rate_bytes``;
+- processes: ``trainmon_gpu_process_info``; NCCL: ``trainmon_nccl_problem_info``.
+
+A value a source does not provide is ``None``, never zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from trainmon.diagnosis.samples import Labels, Window, labels_of
+
+#: Every sample name ``measure`` reads (snapshots may keep only these).
+MEASURED_SAMPLES = frozenset({
+    "trainmon_gpu_utilization_ratio", "trainmon_gpu_info", "trainmon_gpu_up",
+    "trainmon_gpu_sawtooth_ratio", "trainmon_gpu_memory_used_bytes",
+    "trainmon_training_rank_info", "trainmon_training_last_step_timestamp_seconds",
+    "trainmon_training_last_report_timestamp_seconds",
+    "trainmon_training_step_seconds_count", "trainmon_training_step_seconds_sum",
+    "trainmon_training_data_wait_seconds_total", "trainmon_training_phase_seconds_total",
+    "trainmon_disk_io_time_seconds_total", "trainmon_disk_read_bytes_total",
+    "trainmon_disk_written_bytes_total",
+    "trainmon_network_receive_bytes_total", "trainmon_network_transmit_bytes_total",
+    "trainmon_network_speed_bytes",
+    "trainmon_infiniband_receive_bytes_total", "trainmon_infiniband_transmit_bytes_total",
+    "trainmon_infiniband_rate_bytes",
+    "trainmon_gpu_process_info", "trainmon_nccl_problem_info",
+})
+
+
+@dataclass(frozen=True)
+class GPUState:
+    gpu: str
+    #: Mean duty cycle over the window (0-1).
+    utilization: float | None
+    sawtooth: float | None
+    memory_used_bytes: float | None
+
+
+@dataclass(frozen=True)
+class RankState:
+    job: str
+    rank: str
+    gpu: str
+    pid: str
+    #: Increases over the window.
+    steps: float
+    step_seconds: float
+    data_wait_seconds: float
+    comm_seconds: float
+    #: Whether the rank reports any of the configured comm phases at all.
+    reports_comm: bool
+    #: Data wait / step time in the earlier and the later half of the window.
+    data_wait_earlier: float | None
+    data_wait_recent: float | None
+    last_step_timestamp: float | None
+    #: When the rank's reporter last sent anything (its heartbeat), if exported.
+    last_report_timestamp: float | None = None
+
+
+@dataclass(frozen=True)
+class DiskState:
+    device: str
+    busy_ratio: float | None
+    read_bytes_per_second: float | None
+    write_bytes_per_second: float | None
+
+
+@dataclass(frozen=True)
+class LinkState:
+    """A NIC (``port`` empty) or an InfiniBand/RoCE port."""
+
+    kind: str  # "nic" or "infiniband"
+    device: str
+    port: str
+    receive_bytes_per_second: float | None
+    transmit_bytes_per_second: float | None
+    rate_bytes_per_second: float | None
+
+    @property
+    def utilization(self) -> float | None:
+        """The busier direction over the link rate (links are full duplex)."""
+        rates = [r for r in (self.receive_bytes_per_second, self.transmit_bytes_per_second)
+                 if r is not None]
+        if not rates or not self.rate_bytes_per_second:
+            return None
+        return max(rates) / self.rate_bytes_per_second
+
+
+@dataclass(frozen=True)
+class GPUProcessState:
+    gpu: str
+    pid: str
+    pod: str
+    namespace: str
+    container: str
+    slurm_job: str
+    pod_uid: str
+
+
+@dataclass(frozen=True)
+class NcclState:
+    pid: str
+    problem: str
+    variable: str
+    value: str
+
+
+@dataclass(frozen=True)
+class NodeMeasurements:
+    window_seconds: float
+    #: Unix time of the newest snapshot.
+    wall_time: float
+    gpus: tuple[GPUState, ...]
+    ranks: tuple[RankState, ...]
+    disks: tuple[DiskState, ...]
+    links: tuple[LinkState, ...]
+    processes: tuple[GPUProcessState, ...]
+    nccl: tuple[NcclState, ...]
+
+
+def measure(window: Window, comm_phases: Sequence[str] = ("comm",)) -> NodeMeasurements:
+    """Everything the rules and the report need, from one window."""
+    return NodeMeasurements(
+        window_seconds=window.seconds,
+        wall_time=window.last.wall,
+        gpus=_gpus(window),
+        ranks=_ranks(window, tuple(comm_phases)),
+        disks=_disks(window),
+        links=_links(window),
+        processes=tuple(
+            GPUProcessState(*(dict(labels).get(key, "") for key in (
+                "gpu", "pid", "pod", "namespace", "container", "slurm_job", "pod_uid")))
+            for labels in window.latest("trainmon_gpu_process_info")
+        ),
+        nccl=tuple(
+            NcclState(*(dict(labels).get(key, "") for key in ("pid", "problem", "variable",
+                                                              "value")))
+            for labels in window.latest("trainmon_nccl_problem_info")
+        ),
+    )
+
+
+def _gpus(window: Window) -> tuple[GPUState, ...]:
+    indices = {dict(labels).get("gpu", "") for name in (
+        "trainmon_gpu_utilization_ratio", "trainmon_gpu_info", "trainmon_gpu_up")
+        for labels in window.label_sets(name)}
+    states = []
+    for gpu in sorted(indices - {""}, key=_numeric_first):
+        key = labels_of({"gpu": gpu})
+        states.append(GPUState(
+            gpu=gpu,
+            utilization=window.mean("trainmon_gpu_utilization_ratio", key),
+            sawtooth=window.latest("trainmon_gpu_sawtooth_ratio").get(key),
+            memory_used_bytes=window.latest("trainmon_gpu_memory_used_bytes").get(key),
+        ))
+    return tuple(states)
+
+
+def _ranks(window: Window, comm_phases: tuple[str, ...]) -> tuple[RankState, ...]:
+    info = {
+        (labels_dict["job"], labels_dict["rank"]): labels_dict
+        for labels in window.latest("trainmon_training_rank_info")
+        if "job" in (labels_dict := dict(labels)) and "rank" in labels_dict
+    }
+    halves = window.halves()
+    last_step = window.latest("trainmon_training_last_step_timestamp_seconds")
+    last_report = window.latest("trainmon_training_last_report_timestamp_seconds")
+    ranks = []
+    for labels in window.label_sets("trainmon_training_step_seconds_count"):
+        labels_dict = dict(labels)
+        job, rank = labels_dict.get("job", ""), labels_dict.get("rank", "")
+        phases = {phase: labels_of({**labels_dict, "phase": phase}) for phase in comm_phases}
+        comm = [window.increase("trainmon_training_phase_seconds_total", key)
+                for key in phases.values()]
+        extra = info.get((job, rank), {})
+        ranks.append(RankState(
+            job=job,
+            rank=rank,
+            gpu=extra.get("gpu", ""),
+            pid=extra.get("pid", ""),
+            steps=window.increase("trainmon_training_step_seconds_count", labels) or 0.0,
+            step_seconds=window.increase("trainmon_training_step_seconds_sum", labels) or 0.0,
+            data_wait_seconds=window.increase(
+                "trainmon_training_data_wait_seconds_total", labels) or 0.0,
+            comm_seconds=sum(value for value in comm if value is not None),
+            reports_comm=any(
+                key in window.latest("trainmon_training_phase_seconds_total")
+                for key in phases.values()
+            ),
+            data_wait_earlier=_wait_ratio(halves[0], labels) if halves else None,
+            data_wait_recent=_wait_ratio(halves[1], labels) if halves else None,
+            last_step_timestamp=last_step.get(labels),
+            last_report_timestamp=last_report.get(labels),
+        ))
+    ranks.sort(key=lambda state: (state.job, _numeric_first(state.rank)))
+    return tuple(ranks)
+
+
+def _wait_ratio(window: Window, labels: Labels) -> float | None:
+    step = window.increase("trainmon_training_step_seconds_sum", labels)
+    wait = window.increase("trainmon_training_data_wait_seconds_total", labels)
+    if not step or wait is None:
+        return None
+    return min(1.0, wait / step)
+
+
+def _disks(window: Window) -> tuple[DiskState, ...]:
+    disks = []
+    for labels in window.label_sets("trainmon_disk_io_time_seconds_total"):
+        busy = window.rate("trainmon_disk_io_time_seconds_total", labels)
+        disks.append(DiskState(
+            device=dict(labels).get("device", ""),
+            busy_ratio=None if busy is None else min(1.0, busy),
+            read_bytes_per_second=window.rate("trainmon_disk_read_bytes_total", labels),
+            write_bytes_per_second=window.rate("trainmon_disk_written_bytes_total", labels),
+        ))
+    return tuple(disks)
+
+
+def _links(window: Window) -> tuple[LinkState, ...]:
+    links = []
+    speeds = window.latest("trainmon_network_speed_bytes")
+    for labels in window.label_sets("trainmon_network_receive_bytes_total"):
+        links.append(LinkState(
+            kind="nic",
+            device=dict(labels).get("device", ""),
+            port="",
+            receive_bytes_per_second=window.rate("trainmon_network_receive_bytes_total", labels),
+            transmit_bytes_per_second=window.rate("trainmon_network_transmit_bytes_total", labels),
+            rate_bytes_per_second=speeds.get(labels),
+        ))
+    rates = window.latest("trainmon_infiniband_rate_bytes")
+    for labels in window.label_sets("trainmon_infiniband_receive_bytes_total"):
+        links.append(LinkState(
+            kind="infiniband",
+            device=dict(labels).get("device", ""),
+            port=dict(labels).get("port", ""),
+            receive_bytes_per_second=window.rate(
+                "trainmon_infiniband_receive_bytes_total", labels),
+            transmit_bytes_per_second=window.rate(
+                "trainmon_infiniband_transmit_bytes_total", labels),
+            rate_bytes_per_second=rates.get(labels),
+        ))
+    return tuple(links)
+
+
+def _numeric_first(text: str) -> tuple[int, str]:
+    return (int(text), "") if text.isdigit() else (1 << 62, text)

@@ -1,0 +1,338 @@
+"""The verdict: which of compute, communication, storage or scheduling holds a job back.
+
+Pure functions of ``NodeMeasurements`` and ``DiagnosisConfig`` (DESIGN §6;
+docs/diagnosis.md explains every threshold). Per job, the evidence is:
+
+- ``data_wait_ratio``: data wait / step time of the *worst* rank — in
+  synchronous training every rank waits for the slowest loader at the next
+  collective, so one starved rank holds back all;
+- ``comm_ratio``: comm-phase time / step time of the *median* rank — all ranks
+  share a collective's time, and a rank with unusually little of it is the one
+  the others wait for (a straggler);
+- ``straggler_ratio``: the largest per-step *work* (step − data wait − comm)
+  of a rank over the median work of the other ranks; work excludes the time a
+  fast rank spends waiting for a slow one inside the collective, which is why
+  stragglers are visible even though synchronised step times are equal. A rank
+  that reports no comm phase has that wait hidden in its step, so its work is
+  its whole step time (equal in synchronised jobs: no false straggler; unequal
+  in independent ones);
+- ``gpu_utilization_ratio``: mean utilization of the job's GPUs (the ``gpu``
+  of its ranks, and GPUs its processes hold), plus the count of idle ones.
+
+Rules, in order; the first that fires is the verdict, every rule that fires is
+kept as a finding:
+
+1. scheduling ``stalled``: a rank without a step for ``stall_seconds`` whose
+   reporter is still alive (``trainmon_training_last_report_timestamp_seconds``
+   within ``ALIVE_SECONDS``, when exported — else until the rank's TTL);
+2. none ``insufficient_data``: fewer than ``min_steps`` steps in the window;
+3. storage ``data_wait``: ``data_wait_ratio`` ≥ threshold;
+4. storage ``sawtooth_data_wait``: a GPU sawtooth ≥ ``sawtooth_ratio`` and a
+   rising data wait (later half above earlier half) that reached
+   ``sawtooth_data_wait_ratio``;
+5. scheduling ``straggler``: ``straggler_ratio`` ≥ ``straggler_factor``;
+6. communication ``comm_phase``: ``comm_ratio`` ≥ threshold;
+7. communication ``link_saturated``: the job reports no comm phase and a NIC or
+   InfiniBand port ran at ≥ ``link_utilization_ratio`` of its rate;
+8. scheduling ``idle_gpus``: a GPU of the job is idle while it steps;
+9. compute, when nothing above fired: ``gpu_bound`` (GPUs busy or unknown) or
+   ``host_bound`` (GPUs below ``busy_utilization_ratio`` with nothing to wait for).
+
+A GPU process belongs to a job when a rank reports its PID, else when a rank
+reports its GPU (a rank in a container reports the PID of its own namespace,
+NVML the host's). The others form pseudo-jobs named
+``pod:<namespace>/<pod>``, ``slurm:<id>`` or ``pid:<pid>``: scheduling
+``idle_held`` when every GPU they hold is idle, else none ``no_telemetry``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from trainmon.diagnosis.config import DiagnosisConfig
+from trainmon.diagnosis.measure import (
+    GPUProcessState,
+    GPUState,
+    LinkState,
+    NcclState,
+    NodeMeasurements,
+    RankState,
+)
+
+KINDS = ("compute", "communication", "storage", "scheduling", "none")
+#: A reporter that sent anything this recently is alive (it sends about every
+#: second): its rank can be stalled; a silent one has finished or died.
+ALIVE_SECONDS = 30.0
+#: Verdicts that name a bottleneck worth acting on (``doctor`` exits 1).
+ACTIONABLE_KINDS = ("communication", "storage", "scheduling")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One rule that fired: its kind, its code and the numbers behind it."""
+
+    kind: str
+    code: str
+    values: dict[str, float | str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """The numbers of one job; ``None`` where the sources do not tell."""
+
+    ranks: int = 0
+    steps: float = 0.0
+    step_seconds: float | None = None
+    data_wait_ratio: float | None = None
+    worst_data_wait_rank: str = ""
+    comm_ratio: float | None = None
+    straggler_ratio: float | None = None
+    straggler_rank: str = ""
+    gpu_utilization_ratio: float | None = None
+    gpus: tuple[str, ...] = ()
+    idle_gpus: tuple[str, ...] = ()
+    sawtooth_ratio: float | None = None
+    stalled_ranks: tuple[str, ...] = ()
+    seconds_since_last_step: float | None = None
+    busiest_link: str = ""
+    busiest_link_utilization: float | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    job: str
+    kind: str
+    #: Every rule that fired, the deciding one first.
+    findings: tuple[Finding, ...]
+    evidence: Evidence
+    #: NCCL problems of the job's processes.
+    nccl: tuple[NcclState, ...] = ()
+
+
+def diagnose(node: NodeMeasurements, config: DiagnosisConfig) -> list[Verdict]:
+    """One verdict per reporting job, then one per unclaimed GPU process group."""
+    gpus = {gpu.gpu: gpu for gpu in node.gpus}
+    busiest = _busiest_link(node.links)
+    jobs: dict[str, list[RankState]] = {}
+    for rank in node.ranks:
+        jobs.setdefault(rank.job, []).append(rank)
+    held: dict[str, set[str]] = {}
+    unclaimed: dict[str, list[GPUProcessState]] = {}
+    for process, job in process_jobs(node).items():
+        if job in jobs:
+            held.setdefault(job, set()).add(process.gpu)
+        else:
+            unclaimed.setdefault(job, []).append(process)
+    verdicts = []
+    for job, ranks in sorted(jobs.items()):
+        job_gpus = sorted({r.gpu for r in ranks if r.gpu} | held.get(job, set()))
+        evidence = _evidence(ranks, [gpus[g] for g in job_gpus if g in gpus], busiest,
+                             node.wall_time, config)
+        findings = _job_findings(ranks, evidence, config)
+        pids = {rank.pid for rank in ranks if rank.pid}
+        verdicts.append(Verdict(job, findings[0].kind, tuple(findings), evidence,
+                                tuple(n for n in node.nccl if n.pid in pids)))
+    for name, processes in sorted(unclaimed.items()):
+        verdicts.append(_holder_verdict(name, processes, gpus, node.nccl, config))
+    return verdicts
+
+
+def process_jobs(node: NodeMeasurements) -> dict[GPUProcessState, str]:
+    """The job of every GPU process: by reported PID, else reported GPU, else a pseudo-job."""
+    job_of_pid = {rank.pid: rank.job for rank in node.ranks if rank.pid}
+    job_of_gpu = {rank.gpu: rank.job for rank in node.ranks if rank.gpu}
+    return {
+        process: job_of_pid.get(process.pid) or job_of_gpu.get(process.gpu)
+        or holder_name(process)
+        for process in node.processes
+    }
+
+
+def holder_name(process: GPUProcessState) -> str:
+    """The pseudo-job of a GPU process that reports no steps."""
+    if process.pod:
+        return f"pod:{process.namespace}/{process.pod}"
+    if process.pod_uid:
+        return f"pod:{process.pod_uid}"
+    if process.slurm_job:
+        return f"slurm:{process.slurm_job}"
+    return f"pid:{process.pid}"
+
+
+def _evidence(
+    ranks: Sequence[RankState],
+    gpus: Sequence[GPUState],
+    busiest: LinkState | None,
+    wall_time: float,
+    config: DiagnosisConfig,
+) -> Evidence:
+    stepping = [rank for rank in ranks if rank.step_seconds > 0 and rank.steps > 0]
+    waits = {rank.rank: rank.data_wait_seconds / rank.step_seconds for rank in stepping}
+    worst = max(waits, key=lambda name: waits[name]) if waits else ""
+    comms = [rank.comm_seconds / rank.step_seconds for rank in stepping]
+    straggler_rank, straggler = _straggler(stepping)
+    mean_utilization, idle_gpus = _gpu_usage(gpus, config)
+    sawtooths = [gpu.sawtooth for gpu in gpus if gpu.sawtooth is not None]
+    last_steps = {rank.rank: rank.last_step_timestamp for rank in ranks
+                  if rank.last_step_timestamp is not None}
+    newest = max(last_steps.values(), default=None)
+    return Evidence(
+        ranks=len(ranks),
+        steps=sum(rank.steps for rank in ranks),
+        step_seconds=statistics.median(r.step_seconds / r.steps for r in stepping)
+        if stepping else None,
+        data_wait_ratio=min(1.0, waits[worst]) if waits else None,
+        worst_data_wait_rank=worst,
+        comm_ratio=min(1.0, statistics.median(comms)) if comms else None,
+        straggler_ratio=straggler,
+        straggler_rank=straggler_rank,
+        gpu_utilization_ratio=mean_utilization,
+        gpus=tuple(gpu.gpu for gpu in gpus),
+        idle_gpus=idle_gpus,
+        sawtooth_ratio=max(sawtooths, default=None),
+        stalled_ranks=tuple(
+            rank.rank for rank in ranks
+            if rank.last_step_timestamp is not None
+            and wall_time - rank.last_step_timestamp > config.stall_seconds
+            and (rank.last_report_timestamp is None
+                 or wall_time - rank.last_report_timestamp <= ALIVE_SECONDS)
+        ),
+        seconds_since_last_step=None if newest is None else max(0.0, wall_time - newest),
+        busiest_link=_link_name(busiest) if busiest else "",
+        busiest_link_utilization=busiest.utilization if busiest else None,
+    )
+
+
+def _straggler(ranks: Sequence[RankState]) -> tuple[str, float | None]:
+    """The rank with the largest work per step relative to the others' median."""
+    work = {
+        rank.rank: (
+            max(0.0, rank.step_seconds - rank.data_wait_seconds - rank.comm_seconds)
+            if rank.reports_comm else rank.step_seconds
+        ) / rank.steps
+        for rank in ranks
+    }
+    if len(work) < 2:
+        return "", None
+    slowest = max(work, key=lambda name: work[name])
+    others = statistics.median(value for name, value in work.items() if name != slowest)
+    if others <= 0:
+        return "", None
+    return slowest, work[slowest] / others
+
+
+def _job_findings(
+    ranks: Sequence[RankState], evidence: Evidence, config: DiagnosisConfig
+) -> list[Finding]:
+    findings: list[Finding] = []
+    if evidence.stalled_ranks:
+        findings.append(Finding("scheduling", "stalled", {
+            "ranks": ",".join(evidence.stalled_ranks),
+            "seconds": evidence.seconds_since_last_step or 0.0,
+            "threshold": config.stall_seconds,
+        }))
+    if evidence.steps < config.min_steps or evidence.step_seconds is None:
+        findings.append(Finding("none", "insufficient_data", {
+            "steps": evidence.steps, "threshold": float(config.min_steps)}))
+        return findings
+    wait = evidence.data_wait_ratio or 0.0
+    if wait >= config.data_wait_ratio:
+        findings.append(Finding("storage", "data_wait", {
+            "ratio": wait, "rank": evidence.worst_data_wait_rank,
+            "threshold": config.data_wait_ratio}))
+    if _sawtooth_with_rising_wait(ranks, evidence, config):
+        findings.append(Finding("storage", "sawtooth_data_wait", {
+            "sawtooth": evidence.sawtooth_ratio or 0.0, "ratio": wait,
+            "threshold": config.sawtooth_ratio}))
+    if evidence.straggler_ratio is not None and evidence.straggler_ratio >= config.straggler_factor:
+        findings.append(Finding("scheduling", "straggler", {
+            "rank": evidence.straggler_rank, "factor": evidence.straggler_ratio,
+            "threshold": config.straggler_factor}))
+    comm = evidence.comm_ratio or 0.0
+    if comm >= config.comm_ratio:
+        findings.append(Finding("communication", "comm_phase", {
+            "ratio": comm, "threshold": config.comm_ratio}))
+    link = evidence.busiest_link_utilization
+    if (not any(rank.reports_comm for rank in ranks) and link is not None
+            and link >= config.link_utilization_ratio):
+        findings.append(Finding("communication", "link_saturated", {
+            "link": evidence.busiest_link, "ratio": link,
+            "threshold": config.link_utilization_ratio}))
+    if evidence.idle_gpus:
+        findings.append(Finding("scheduling", "idle_gpus", {
+            "gpus": ",".join(evidence.idle_gpus), "threshold": config.idle_utilization_ratio}))
+    if findings:
+        return findings
+    utilization = evidence.gpu_utilization_ratio
+    if utilization is not None and utilization < config.busy_utilization_ratio:
+        findings.append(Finding("compute", "host_bound", {
+            "utilization": utilization, "ratio": wait, "comm": comm,
+            "threshold": config.busy_utilization_ratio}))
+    else:
+        values: dict[str, float | str] = {"ratio": wait, "comm": comm}
+        if utilization is not None:
+            values["utilization"] = utilization
+        findings.append(Finding("compute", "gpu_bound", values))
+    return findings
+
+
+def _sawtooth_with_rising_wait(
+    ranks: Sequence[RankState], evidence: Evidence, config: DiagnosisConfig
+) -> bool:
+    if evidence.sawtooth_ratio is None or evidence.sawtooth_ratio < config.sawtooth_ratio:
+        return False
+    return any(
+        rank.data_wait_recent is not None
+        and rank.data_wait_earlier is not None
+        and rank.data_wait_recent > rank.data_wait_earlier
+        and rank.data_wait_recent >= config.sawtooth_data_wait_ratio
+        for rank in ranks
+    )
+
+
+def _gpu_usage(
+    gpus: Sequence[GPUState], config: DiagnosisConfig
+) -> tuple[float | None, tuple[str, ...]]:
+    """Mean utilization ratio (0–1) of the ``gpus`` that report one (None when none
+    does), and the GPUs below ``config.idle_utilization_ratio``."""
+    utilizations = [gpu.utilization for gpu in gpus if gpu.utilization is not None]
+    mean = sum(utilizations) / len(utilizations) if utilizations else None
+    idle = tuple(gpu.gpu for gpu in gpus if gpu.utilization is not None
+                 and gpu.utilization < config.idle_utilization_ratio)
+    return mean, idle
+
+
+def _holder_verdict(
+    name: str,
+    processes: Sequence[GPUProcessState],
+    gpus: dict[str, GPUState],
+    nccl: Sequence[NcclState],
+    config: DiagnosisConfig,
+) -> Verdict:
+    held = [gpus[gpu] for gpu in sorted({p.gpu for p in processes}) if gpu in gpus]
+    mean_utilization, idle = _gpu_usage(held, config)
+    evidence = Evidence(
+        gpus=tuple(gpu.gpu for gpu in held),
+        idle_gpus=idle,
+        gpu_utilization_ratio=mean_utilization,
+    )
+    pids = ",".join(sorted({p.pid for p in processes}, key=lambda pid: (len(pid), pid)))
+    if held and len(idle) == len(held):
+        finding = Finding("scheduling", "idle_held", {
+            "gpus": ",".join(idle), "pids": pids, "threshold": config.idle_utilization_ratio})
+    else:
+        finding = Finding("none", "no_telemetry", {"pids": pids})
+    pid_set = {p.pid for p in processes}
+    return Verdict(name, finding.kind, (finding,), evidence,
+                   tuple(n for n in nccl if n.pid in pid_set))
+
+
+def _busiest_link(links: Sequence[LinkState]) -> LinkState | None:
+    measured = [link for link in links if link.utilization is not None]
+    return max(measured, key=lambda link: link.utilization or 0.0, default=None)
+
+
+def _link_name(link: LinkState) -> str:
+    return f"{link.device}:{link.port}" if link.port else link.device

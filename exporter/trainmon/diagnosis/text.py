@@ -1,0 +1,241 @@
+"""Plain-language text of the diagnosis, in English and Chinese.
+
+One catalogue, keyed by the stable codes of ``rules`` (finding codes) and
+``trainmon.diagnosis.nccl`` (problem names), so ``doctor``'s report, its JSON and the
+docs use the same words. Each entry is an ``(English, 中文)`` pair of
+``str.format`` templates over the finding's values.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+log = logging.getLogger(__name__)
+
+LANGUAGES = ("en", "zh")
+Pair = tuple[str, str]
+
+KIND_NAMES: Mapping[str, Pair] = {
+    "compute": ("compute", "算（计算）"),
+    "communication": ("communication", "通（通信）"),
+    "storage": ("storage", "存（数据加载与存储）"),
+    "scheduling": ("scheduling", "调（调度）"),
+    "none": ("none", "无结论"),
+}
+
+HEADINGS: Mapping[str, Pair] = {
+    "title_url": ("trainmon doctor: read {url} for {seconds:.0f} s",
+                  "trainmon doctor：读取 {url}，共 {seconds:.0f} 秒"),
+    "title_local": ("trainmon doctor: sampled this node for {seconds:.0f} s",
+                    "trainmon doctor：在本机采样 {seconds:.0f} 秒"),
+    "title_failed": ("trainmon doctor: {url}", "trainmon doctor：{url}"),
+    "gpu": ("1. GPU", "1. GPU"),
+    "storage": ("2. Storage", "2. 存储"),
+    "network": ("3. Network", "3. 网络"),
+    "verdict": ("4. Verdict", "4. 结论"),
+    "no_gpu": ("no GPU measured (NVML unavailable, or the gpu collector is off)",
+               "未测到 GPU（NVML 不可用，或 gpu 采集器未开启）"),
+    "no_jobs": ("no training job reported steps and no GPU process was seen",
+                "没有训练任务上报步数，也没有发现使用 GPU 的进程"),
+    "no_disks": ("no disk measured", "未测到磁盘"),
+    "no_links": ("no network link measured", "未测到网络链路"),
+    "next": ("next", "下一步"),
+    "healthy": ("No bottleneck that needs action.", "没有需要处理的瓶颈。"),
+    "found": ("Bottleneck found.", "发现瓶颈。"),
+    "unmeasured": ("Could not measure: {reason}", "无法测量：{reason}"),
+}
+
+#: Words of the measurement lines.
+WORDS: Mapping[str, Pair] = {
+    "job": ("job", "任务"),
+    "busy": ("busy", "繁忙"),
+    "sawtooth": ("sawtooth", "锯齿"),
+    "used": ("GiB used", "GiB 已用"),
+    "data_wait": ("data wait", "数据等待"),
+    "communication": ("communication", "通信"),
+    "disk": ("disk", "磁盘"),
+    "read": ("read", "读"),
+    "write": ("write", "写"),
+    "receive": ("receive", "接收"),
+    "transmit": ("transmit", "发送"),
+    "of": ("of", "/"),
+    "port": ("port", "端口"),
+}
+
+FINDINGS: Mapping[str, Pair] = {
+    "stalled": (
+        "rank(s) {ranks} made no step for {seconds:.0f} s (threshold {threshold:.0f} s)",
+        "rank {ranks} 已 {seconds:.0f} 秒没有完成一步（阈值 {threshold:.0f} 秒）"),
+    "insufficient_data": (
+        "only {steps:.0f} steps in the window (needs {threshold:.0f})",
+        "窗口内只有 {steps:.0f} 步（至少需要 {threshold:.0f} 步）"),
+    "data_wait": (
+        "rank {rank} waits for data {ratio:.0%} of each step (threshold {threshold:.0%})",
+        "rank {rank} 每步有 {ratio:.0%} 的时间在等数据（阈值 {threshold:.0%}）"),
+    "sawtooth_data_wait": (
+        "GPU utilization saw-tooths ({sawtooth:.2f}) while the data wait rises ({ratio:.0%})",
+        "GPU 利用率呈锯齿状（{sawtooth:.2f}），同时数据等待在上升（{ratio:.0%}）"),
+    "straggler": (
+        "rank {rank} needs {factor:.2f}x the work time per step of the other ranks "
+        "(threshold {threshold:.2f}x)",
+        "rank {rank} 每步的计算时间是其他 rank 的 {factor:.2f} 倍（阈值 {threshold:.2f} 倍）"),
+    "comm_phase": (
+        "communication takes {ratio:.0%} of each step (threshold {threshold:.0%})",
+        "通信占每步时间的 {ratio:.0%}（阈值 {threshold:.0%}）"),
+    "link_saturated": (
+        "{link} runs at {ratio:.0%} of its link rate (threshold {threshold:.0%})",
+        "{link} 的流量达到链路速率的 {ratio:.0%}（阈值 {threshold:.0%}）"),
+    "idle_gpus": (
+        "GPU(s) {gpus} of the job are idle while it steps",
+        "任务占用的 GPU {gpus} 在训练时处于空闲"),
+    "host_bound": (
+        "GPUs only {utilization:.0%} busy although the job hardly waits for data ({ratio:.0%}) "
+        "or communication ({comm:.0%})",
+        "GPU 只有 {utilization:.0%} 在忙，而任务几乎不等数据（{ratio:.0%}）"
+        "也不等通信（{comm:.0%}）"),
+    "gpu_bound": (
+        "GPUs busy ({utilization:.0%}); data wait {ratio:.0%}, communication {comm:.0%}",
+        "GPU 繁忙（{utilization:.0%}）；数据等待 {ratio:.0%}，通信 {comm:.0%}"),
+    "gpu_bound_unmeasured": (
+        "the job hardly waits for data ({ratio:.0%}) or communication ({comm:.0%}); "
+        "GPU utilization was not measured",
+        "任务几乎不等数据（{ratio:.0%}）也不等通信（{comm:.0%}）；未测到 GPU 利用率"),
+    "idle_held": (
+        "GPU(s) {gpus} are held by pid(s) {pids}, which do no work on them",
+        "GPU {gpus} 被进程 {pids} 占用，但没有在上面做任何计算"),
+    "no_telemetry": (
+        "pid(s) {pids} use GPUs but report no training steps",
+        "进程 {pids} 在使用 GPU，但没有上报训练步数"),
+}
+
+ADVICE: Mapping[str, Pair] = {
+    "stalled": (
+        "Look at the stalled ranks: their logs and stacks (py-spy dump --pid), NCCL timeouts "
+        "(TORCH_NCCL_ASYNC_ERROR_HANDLING=1, NCCL_DEBUG=WARN), a hung checkpoint write, or a "
+        "dead peer node.",
+        "检查卡住的 rank：日志与调用栈（py-spy dump --pid）、NCCL 超时"
+        "（TORCH_NCCL_ASYNC_ERROR_HANDLING=1、"
+        "NCCL_DEBUG=WARN）、卡住的 checkpoint 写入，或已经宕掉的对端节点。"),
+    "insufficient_data": (
+        "Let the job run longer, or check that it reports steps (trainmon.client.Reporter).",
+        "让任务多跑一会儿，或确认它在上报步数（trainmon.client.Reporter）。"),
+    "data_wait": (
+        "Feed the GPUs faster: raise DataLoader num_workers, set pin_memory=True and "
+        "persistent_workers=True, raise prefetch_factor; move the data to local NVMe or page "
+        "cache; use sharded formats (WebDataset) or GPU decoding (DALI).",
+        "加快数据供给：增大 DataLoader 的 num_workers，设置 pin_memory=True、"
+        "persistent_workers=True，增大 prefetch_factor；把数据放到本地 NVMe 或页缓存；"
+        "使用分片格式（WebDataset）或 GPU 解码（DALI）。"),
+    "straggler": (
+        "Look at the slow rank's node: GPU clocks and throttling "
+        "(trainmon_gpu_throttle_seconds_total), other work on its GPU or CPUs, an uneven data "
+        "shard or sequence lengths; drain the node if its hardware is at fault.",
+        "检查慢 rank 所在节点：GPU 频率与降频（trainmon_gpu_throttle_seconds_total）、"
+        "同一 GPU 或 CPU 上的其他负载、数据分片或序列长度不均；若是硬件问题，请将该节点下线。"),
+    "comm_phase": (
+        "Make communication cheaper: check that NCCL uses RDMA (NCCL_IB_HCA, NCCL_IB_DISABLE "
+        "unset; NCCL_DEBUG=INFO once shows NET/IB), overlap it with backward (DDP "
+        "bucket_cap_mb, no_sync with gradient accumulation), send less (bf16 gradients, "
+        "FSDP/ZeRO settings).",
+        "降低通信开销：确认 NCCL 走 RDMA（NCCL_IB_HCA，不要设置 NCCL_IB_DISABLE；"
+        "临时用 NCCL_DEBUG=INFO "
+        "查看是否为 NET/IB），让通信与反向计算重叠（DDP bucket_cap_mb、梯度累积时用 no_sync），"
+        "减少通信量（bf16 梯度、FSDP/ZeRO 配置）。"),
+    "link_saturated": (
+        "The network runs near its link rate: use RDMA/GPUDirect where available, accumulate "
+        "or compress gradients, and report a comm phase (reporter.phase('comm')) to confirm.",
+        "网络接近链路速率：尽量使用 RDMA/GPUDirect，做梯度累积或压缩，并上报 comm 阶段"
+        "（reporter.phase('comm')）以便确认。"),
+    "idle_gpus": (
+        "Release GPUs the job does not use (CUDA_VISIBLE_DEVICES, one process per GPU, "
+        "torch.cuda.set_device before any CUDA call) or find out why their ranks do no work.",
+        "释放任务没有用到的 GPU（CUDA_VISIBLE_DEVICES、每个 GPU 一个进程、在任何 CUDA 调用前执行 "
+        "torch.cuda.set_device），或查明这些 rank 为何不干活。"),
+    "host_bound": (
+        "The host side is the limit: cut Python overhead per step (torch.compile, CUDA "
+        "graphs), raise the batch size, move CPU preprocessing into DataLoader workers.",
+        "瓶颈在主机侧：降低每步的 Python 开销（torch.compile、CUDA Graphs），增大 batch size，"
+        "把 CPU 预处理移到 DataLoader 的 worker 中。"),
+    "gpu_bound": (
+        "The GPU itself is the limit, which is the healthy case. To go faster: mixed precision "
+        "(bf16/AMP), fused kernels (torch.compile, FlashAttention), a larger batch per GPU; "
+        "profile with torch.profiler.",
+        "瓶颈在 GPU 本身，这是健康的状态。若要更快：混合精度（bf16/AMP）、融合算子（torch.compile、"
+        "FlashAttention）、增大单卡 batch；用 torch.profiler 分析。"),
+    "idle_held": (
+        "Find the owner (pod or Slurm job above) and stop the process or reclaim the GPUs; a "
+        "leftover notebook or a crashed job's orphan often holds GPU memory.",
+        "找到进程的所有者（上面的 pod 或 Slurm 作业），结束该进程或回收 GPU；"
+        "常见原因是遗留的 notebook 或崩溃任务的残留进程占着显存。"),
+    "no_telemetry": (
+        "Report steps from the training loop with trainmon.client.Reporter so trainmon can "
+        "tell what holds the job back.",
+        "在训练循环中用 trainmon.client.Reporter 上报步数，trainmon 才能判断任务被什么拖慢。"),
+}
+ADVICE_ALIASES = {"sawtooth_data_wait": "data_wait", "gpu_bound_unmeasured": "gpu_bound"}
+
+NCCL_PROBLEMS: Mapping[str, Pair] = {
+    "ib_disabled_with_rdma": (
+        "{variable}={value} while RDMA ports are active: NCCL sends over TCP sockets; unset it.",
+        "{variable}={value}，但节点有可用的 RDMA 端口：NCCL 会走 TCP；请去掉该设置。"),
+    "socket_ifname_not_found": (
+        "{variable}={value} names an interface the process does not have.",
+        "{variable}={value} 指定的网卡在该进程中不存在。"),
+    "ib_hca_not_found": (
+        "{variable}={value} names an HCA or port that does not exist on this node.",
+        "{variable}={value} 指定的 HCA 或端口在本节点不存在。"),
+    "no_rdma_ib_enabled": (
+        "no active RDMA port, and IB is not disabled: NCCL silently falls back to sockets; set "
+        "NCCL_IB_DISABLE=1 to make it explicit, or give the pod its RDMA device.",
+        "节点没有可用的 RDMA 端口，却没有关闭 IB：NCCL 会悄悄退回 TCP；"
+        "请显式设置 NCCL_IB_DISABLE=1，"
+        "或为 pod 分配 RDMA 设备。"),
+    "debug_logging": (
+        "{variable}={value}: verbose NCCL logging on every rank; use WARN outside debugging.",
+        "{variable}={value}：每个 rank 都在输出详细的 NCCL 日志；非调试时请改为 WARN。"),
+}
+
+
+def pick(pair: Pair, lang: str) -> str:
+    return pair[1] if lang == "zh" else pair[0]
+
+
+def render(template: str, values: Mapping[str, object]) -> str:
+    """``template.format(**values)``; a template/value mismatch never breaks the report."""
+    try:
+        return template.format(**values)
+    except (KeyError, ValueError, TypeError) as error:
+        log.debug("cannot format %r with %r: %s", template, values, error)
+        return template
+
+
+def word(key: str, lang: str) -> str:
+    return pick(WORDS[key], lang)
+
+
+def kind_name(kind: str, lang: str) -> str:
+    return pick(KIND_NAMES.get(kind, (kind, kind)), lang)
+
+
+def heading(key: str, lang: str, **values: object) -> str:
+    return render(pick(HEADINGS[key], lang), values)
+
+
+def finding_text(code: str, values: Mapping[str, object], lang: str) -> str:
+    if code == "gpu_bound" and "utilization" not in values:
+        code = "gpu_bound_unmeasured"
+    pair = FINDINGS.get(code)
+    return render(pick(pair, lang), values) if pair else code
+
+
+def advice_text(code: str, lang: str) -> str:
+    pair = ADVICE.get(ADVICE_ALIASES.get(code, code))
+    return pick(pair, lang) if pair else ""
+
+
+def nccl_text(problem: str, variable: str, value: str, lang: str) -> str:
+    pair = NCCL_PROBLEMS.get(problem)
+    if pair is None:
+        return problem
+    return render(pick(pair, lang), {"variable": variable, "value": value})

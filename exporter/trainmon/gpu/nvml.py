@@ -1,0 +1,550 @@
+"""The NVML facade — the only module that imports ``pynvml`` (``nvidia-ml-py``).
+
+``NVML`` opens a session lazily, under a lock, on first use, and turns every
+NVML call into a plain Python value in base units through one chokepoint,
+``NVML.query``, which is the only place NVML return codes are interpreted:
+
+- ``NOT_SUPPORTED`` / ``NO_PERMISSION``: the reading is omitted (``None``),
+  logged once per function;
+- ``FUNCTION_NOT_FOUND`` (a driver older than the bindings): omitted, one log
+  line per function, and that function is not called again;
+- ``GPU_IS_LOST``: ``GPULost`` for that GPU only; it is probed again every
+  ``retry_seconds``;
+- ``UNINITIALIZED`` / ``DRIVER_NOT_LOADED`` / ``LIB_RM_VERSION_MISMATCH``: the
+  session is dropped and re-opened (rate-limited) — this is how a driver reload
+  is survived; meanwhile ``NVMLUnavailable`` is raised;
+- anything else: the reading is omitted and the GPU is reported as erroring.
+
+A missing library or driver raises ``NVMLUnavailable`` (a
+``CollectorUnavailable``) with a hint, never a crash. The library is any object
+with pynvml's function names (``NVMLLibrary``): ``pynvml`` itself, or the
+simulated node of ``trainmon.demo.gpus``, so the same code serves both. The
+values and errors handed out, and ``NVMLLibrary``, are in ``trainmon.gpu.types``;
+XID events (an event set and its listener thread) in ``trainmon.gpu.events``.
+Device readings are documented in ``docs/metrics.md`` (GPU section).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, TypeVar
+
+import pynvml
+
+from trainmon.gpu.types import (
+    GPUIdentity,
+    GPULost,
+    GPUProcess,
+    GPUReadings,
+    NVMLLibrary,
+    NVMLUnavailable,
+)
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# NVML constants (ABI-stable numbers from nvml.h), re-exported for the simulated backend.
+ERROR_UNINITIALIZED: int = pynvml.NVML_ERROR_UNINITIALIZED
+ERROR_NOT_SUPPORTED: int = pynvml.NVML_ERROR_NOT_SUPPORTED
+ERROR_NO_PERMISSION: int = pynvml.NVML_ERROR_NO_PERMISSION
+ERROR_NOT_FOUND: int = pynvml.NVML_ERROR_NOT_FOUND
+ERROR_DRIVER_NOT_LOADED: int = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
+ERROR_TIMEOUT: int = pynvml.NVML_ERROR_TIMEOUT
+ERROR_LIBRARY_NOT_FOUND: int = pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
+ERROR_FUNCTION_NOT_FOUND: int = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+ERROR_GPU_IS_LOST: int = pynvml.NVML_ERROR_GPU_IS_LOST
+ERROR_LIB_RM_VERSION_MISMATCH: int = pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH
+ERROR_UNKNOWN: int = pynvml.NVML_ERROR_UNKNOWN
+GPU_UTILIZATION_SAMPLES: int = pynvml.NVML_GPU_UTILIZATION_SAMPLES
+EVENT_XID_CRITICAL_ERROR: int = pynvml.nvmlEventTypeXidCriticalError
+TEMPERATURE_GPU: int = pynvml.NVML_TEMPERATURE_GPU
+CLOCK_SM: int = pynvml.NVML_CLOCK_SM
+MEMORY_ERROR_CORRECTED: int = pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED
+MEMORY_ERROR_UNCORRECTED: int = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+VOLATILE_ECC: int = pynvml.NVML_VOLATILE_ECC
+FIELD_PCIE_TX_BYTES: int = pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES
+FIELD_PCIE_RX_BYTES: int = pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES
+FIELD_NVLINK_DATA_TX_KIB: int = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
+FIELD_NVLINK_DATA_RX_KIB: int = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
+FIELD_NVLINK_LINK_COUNT: int = pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT
+#: ``scopeId`` that asks an NVLink field for the sum over all links (nvml.h).
+SCOPE_ALL_LINKS = 0xFFFFFFFF
+
+#: ``reason`` label → NVML perf policy read with ``nvmlDeviceGetViolationStatus``.
+THROTTLE_REASONS: Mapping[str, int] = {
+    "power": pynvml.NVML_PERF_POLICY_POWER,
+    "thermal": pynvml.NVML_PERF_POLICY_THERMAL,
+    "sync_boost": pynvml.NVML_PERF_POLICY_SYNC_BOOST,
+    "board_limit": pynvml.NVML_PERF_POLICY_BOARD_LIMIT,
+    "low_utilization": pynvml.NVML_PERF_POLICY_LOW_UTILIZATION,
+    "reliability": pynvml.NVML_PERF_POLICY_RELIABILITY,
+    "app_clocks": pynvml.NVML_PERF_POLICY_TOTAL_APP_CLOCKS,
+    "base_clocks": pynvml.NVML_PERF_POLICY_TOTAL_BASE_CLOCKS,
+}
+_ERROR_NAMES = {
+    value: name.removeprefix("NVML_ERROR_")
+    for name, value in vars(pynvml).items()
+    if name.startswith("NVML_ERROR_") and isinstance(value, int)
+}
+_SESSION_ERRORS = frozenset(
+    {ERROR_UNINITIALIZED, ERROR_DRIVER_NOT_LOADED, ERROR_LIB_RM_VERSION_MISMATCH}
+)
+_OMITTED_ERRORS = frozenset({ERROR_NOT_SUPPORTED, ERROR_NO_PERMISSION})
+_UNAVAILABLE_HINTS = {
+    ERROR_LIBRARY_NOT_FOUND: "libnvidia-ml.so.1 not found: no NVIDIA driver on this host "
+    "(in a container, run with the NVIDIA container toolkit so the driver is mounted)",
+    ERROR_DRIVER_NOT_LOADED: "the NVIDIA kernel driver is not loaded (nvidia-smi fails too)",
+    ERROR_NO_PERMISSION: "no permission to open /dev/nvidia* (run as root or in the video group)",
+    ERROR_LIB_RM_VERSION_MISMATCH: "libnvidia-ml and the kernel driver differ in version "
+    "(driver upgraded without reloading the module or rebooting)",
+}
+
+
+def error_name(code: int) -> str:
+    """``NVML_ERROR_*`` name of a return code, e.g. ``GPU_IS_LOST``."""
+    return str(_ERROR_NAMES.get(code, f"code {code}"))
+
+
+class _ByteCounters(NamedTuple):
+    pcie_transmit: int | None
+    pcie_receive: int | None
+    nvlink_transmit: int | None
+    nvlink_receive: int | None
+
+
+@dataclass
+class NVMLSession:
+    """One ``nvmlInit`` .. ``nvmlShutdown``: the GPUs, their handles and which are lost."""
+
+    generation: int
+    driver_version: str
+    devices: tuple[GPUIdentity, ...]
+    handles: list[Any]
+    lost_since: dict[int, float] = field(default_factory=dict)
+    link_counts: dict[int, int] = field(default_factory=dict)
+
+
+class NVML:
+    """Lazily initialised, thread-safe access to NVML for every other module."""
+
+    def __init__(
+        self,
+        library: NVMLLibrary | None = None,
+        *,
+        retry_seconds: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._library: NVMLLibrary = pynvml if library is None else library
+        self._retry_seconds = retry_seconds
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._lock = threading.RLock()
+        self._session: NVMLSession | None = None
+        self._generation = 0
+        self._unavailable: str | None = None
+        self._retry_at = float("-inf")
+        self._missing: set[str] = set()
+        self._unsupported: set[tuple[int | None, str, object]] = set()
+        self._logged: set[tuple[object, ...]] = set()
+
+    # -- session ---------------------------------------------------------------
+
+    def devices(self) -> tuple[GPUIdentity, ...]:
+        """Every GPU NVML enumerates, opening the session if needed."""
+        return self.session().devices
+
+    @property
+    def driver_version(self) -> str:
+        return self.session().driver_version
+
+    @property
+    def generation(self) -> int:
+        """Bumped whenever a session opens (e.g. after a driver reload)."""
+        return self._generation
+
+    @property
+    def library(self) -> NVMLLibrary:
+        """The library every call goes to (pynvml, or the simulated node of the demo)."""
+        return self._library
+
+    def is_missing(self, function: str) -> bool:
+        """True once ``function`` answered FUNCTION_NOT_FOUND (older driver)."""
+        return function in self._missing
+
+    def supports(self, index: int | None, function: str) -> bool:
+        """False once ``function`` (called without a variant) answered NOT_SUPPORTED or
+        NO_PERMISSION for GPU ``index`` in this session, or is missing from the driver."""
+        return function not in self._missing and (index, function, None) not in self._unsupported
+
+    def close(self) -> None:
+        with self._lock:
+            if self._session is not None:
+                self._session = None
+                self._shutdown()
+
+    def session(self) -> NVMLSession:
+        """The open session (devices, handles), opening it if needed; NVMLUnavailable if not."""
+        with self._lock:
+            if self._session is not None:
+                return self._session
+            if self._unavailable is not None and self._clock() < self._retry_at:
+                raise NVMLUnavailable(self._unavailable)
+            try:
+                self._session = self._open()
+            except self._library.NVMLError as error:
+                code = error_code(error)
+                hint = _UNAVAILABLE_HINTS.get(code, "NVML initialisation failed")
+                self._unavailable = (
+                    f"GPU collector disabled: {hint} [NVML_ERROR_{error_name(code)}]"
+                )
+                self._retry_at = self._clock() + self._retry_seconds
+                raise NVMLUnavailable(self._unavailable) from None
+            self._unavailable = None
+            return self._session
+
+    def _open(self) -> NVMLSession:
+        library = self._library
+        library.nvmlInit()
+        try:
+            driver = library.nvmlSystemGetDriverVersion()
+            count = library.nvmlDeviceGetCount()
+            self._generation += 1
+            self._unsupported.clear()
+            session = NVMLSession(self._generation, _text(driver), (), [None] * count)
+            session.devices = tuple(self._identify(session, index) for index in range(count))
+        except (library.NVMLError, NVMLUnavailable):
+            self._shutdown()
+            raise
+        log.info(
+            "NVML session %d: driver %s, %d GPUs", session.generation, session.driver_version, count
+        )
+        return session
+
+    def _identify(self, session: NVMLSession, index: int) -> GPUIdentity:
+        """Handle and identity of GPU ``index``; empty strings if it is lost."""
+        library = self._library
+        try:
+            handle = self.query(index, library.nvmlDeviceGetHandleByIndex, index, session=session)
+            if handle is None:
+                return GPUIdentity(index, "", "", "")
+            session.handles[index] = handle
+            uuid = self.query(index, library.nvmlDeviceGetUUID, handle, session=session)
+            name = self.query(index, library.nvmlDeviceGetName, handle, session=session)
+            pci = self.query(index, library.nvmlDeviceGetPciInfo, handle, session=session)
+        except GPULost:
+            return GPUIdentity(index, "", "", "")
+        return GPUIdentity(index, _text(uuid), _text(name), _text(getattr(pci, "busId", "")))
+
+    def _shutdown(self) -> None:
+        try:
+            self._library.nvmlShutdown()
+        except self._library.NVMLError as error:
+            log.debug("nvmlShutdown: %s", error_name(error_code(error)))
+
+    def _drop_session(self, session: NVMLSession, code: int) -> None:
+        with self._lock:
+            if self._session is session:
+                log.warning(
+                    "NVML session %d lost (NVML_ERROR_%s); re-initialising",
+                    session.generation,
+                    error_name(code),
+                )
+                self._session = None
+                self._shutdown()
+                self._unavailable = f"NVML session lost: NVML_ERROR_{error_name(code)}"
+                self._retry_at = self._clock()
+
+    # -- the chokepoint -------------------------------------------------------
+
+    def query(
+        self,
+        index: int | None,
+        call: Callable[..., T],
+        *args: Any,
+        session: NVMLSession | None = None,
+        absent: frozenset[int] = frozenset(),
+        failed: list[str] | None = None,
+        variant: object = None,
+    ) -> T | None:
+        """Call one NVML function for GPU ``index`` (None: not device-specific).
+
+        Returns None for an omitted reading (see the module docstring) and for
+        the codes in ``absent`` (an expected "nothing here", e.g. TIMEOUT).
+        ``variant`` tells apart calls of one function whose support differs
+        (e.g. the perf policy of a violation counter), for the not-supported
+        cache; ``failed`` collects the names of calls that failed unexpectedly.
+        """
+        function = getattr(call, "__name__", repr(call))
+        unsupported_key = (index, function, variant)
+        if function in self._missing or unsupported_key in self._unsupported:
+            return None
+        try:
+            return call(*args)
+        except self._library.NVMLError as error:
+            code = error_code(error)
+        current = session or self._session
+        if code in absent:
+            return None
+        if code == ERROR_FUNCTION_NOT_FOUND:
+            self._missing.add(function)
+            log.warning(
+                "%s is not in this NVIDIA driver's NVML; its readings are omitted", function
+            )
+        elif code in _OMITTED_ERRORS:
+            self._unsupported.add(unsupported_key)
+            self._log_once(
+                ("omitted", function, code),
+                "%s: NVML_ERROR_%s on GPU %s; omitted",
+                function,
+                error_name(code),
+                index,
+            )
+        elif code == ERROR_GPU_IS_LOST and index is not None:
+            if current is not None:
+                current.lost_since.setdefault(index, self._clock())
+            self._log_once(
+                ("lost", index, self._generation),
+                "GPU %d is lost (fell off the bus); trainmon_gpu_up=0 until it answers again",
+                index,
+            )
+            raise GPULost(f"GPU {index} is lost")
+        elif code in _SESSION_ERRORS:
+            if current is not None:
+                self._drop_session(current, code)
+            raise NVMLUnavailable(f"NVML session lost: NVML_ERROR_{error_name(code)}")
+        else:
+            self._log_once(
+                ("failed", index, function, code),
+                "%s on GPU %s failed: NVML_ERROR_%s",
+                function,
+                index,
+                error_name(code),
+            )
+            if failed is not None:
+                failed.append(function)
+        return None
+
+    def _log_once(self, key: tuple[object, ...], message: str, *args: object) -> None:
+        if key not in self._logged:
+            self._logged.add(key)
+            log.warning(message, *args)
+
+    def _device(self, index: int) -> tuple[NVMLSession, Any]:
+        """The session and handle of GPU ``index``; GPULost while it is lost."""
+        session = self.session()
+        if not 0 <= index < len(session.handles):
+            raise GPULost(f"GPU {index} is not present")
+        lost_since = session.lost_since.get(index)
+        if lost_since is not None and self._clock() - lost_since < self._retry_seconds:
+            raise GPULost(f"GPU {index} is lost")
+        handle = session.handles[index]
+        if handle is None or lost_since is not None:
+            session.lost_since.pop(index, None)
+            handle = self.query(index, self._library.nvmlDeviceGetHandleByIndex, index)
+            if handle is None:
+                raise GPULost(f"GPU {index} has no handle")
+            session.handles[index] = handle
+        return session, handle
+
+    # -- readings ---------------------------------------------------------------
+
+    def read(self, index: int) -> GPUReadings:
+        """Every cheap reading of GPU ``index`` (no blocking throughput calls)."""
+        session, handle = self._device(index)
+        lib = self._library
+        failed: list[str] = []
+
+        def query(call: Callable[..., T], *args: Any) -> T | None:
+            return self.query(
+                index, call, handle, *args, session=session, failed=failed, variant=args
+            )
+
+        memory = query(lib.nvmlDeviceGetMemoryInfo)
+        throttle: dict[str, float] = {}
+        for reason, policy in THROTTLE_REASONS.items():
+            violation = query(lib.nvmlDeviceGetViolationStatus, policy)
+            if violation is not None:
+                throttle[reason] = int(violation.violationTime) / 1e9  # ns → s
+        ecc: dict[str, int] = {}
+        for severity, kind in (
+            ("corrected", MEMORY_ERROR_CORRECTED),
+            ("uncorrected", MEMORY_ERROR_UNCORRECTED),
+        ):
+            count = query(lib.nvmlDeviceGetTotalEccErrors, kind, VOLATILE_ECC)
+            if count is not None:
+                ecc[severity] = int(count)
+        counters = self._byte_counters(index, handle, session, failed)
+        return GPUReadings(
+            memory_used_bytes=None if memory is None else int(memory.used),
+            memory_total_bytes=None if memory is None else int(memory.total),
+            power_watts=_scaled(query(lib.nvmlDeviceGetPowerUsage), 1e-3),  # mW → W
+            power_limit_watts=_scaled(query(lib.nvmlDeviceGetEnforcedPowerLimit), 1e-3),
+            energy_joules=_scaled(query(lib.nvmlDeviceGetTotalEnergyConsumption), 1e-3),  # mJ
+            temperature_celsius=_scaled(query(lib.nvmlDeviceGetTemperature, TEMPERATURE_GPU), 1),
+            sm_clock_hertz=_scaled(query(lib.nvmlDeviceGetClockInfo, CLOCK_SM), 1e6),  # MHz
+            throttle_seconds=throttle,
+            pcie_transmit_bytes=counters.pcie_transmit,
+            pcie_receive_bytes=counters.pcie_receive,
+            nvlink_transmit_bytes=counters.nvlink_transmit,
+            nvlink_receive_bytes=counters.nvlink_receive,
+            ecc_errors=ecc,
+            failed=tuple(failed),
+        )
+
+    def _field_values(
+        self,
+        index: int,
+        handle: Any,
+        session: NVMLSession,
+        requests: list[tuple[int, int]],
+        failed: list[str],
+    ) -> dict[tuple[int, int], int] | None:
+        """``(field id, scope id)`` → value, in one ``nvmlDeviceGetFieldValues``
+        call; fields that answered an error are left out. None if the call is."""
+        values = self.query(
+            index,
+            self._library.nvmlDeviceGetFieldValues,
+            handle,
+            requests,
+            session=session,
+            failed=failed,
+        )
+        if values is None:
+            return None
+        return {
+            request: _number(int(value.valueType), value.value)
+            for request, value in zip(requests, values, strict=False)
+            if int(value.nvmlReturn) == 0
+        }
+
+    def _byte_counters(
+        self, index: int, handle: Any, session: NVMLSession, failed: list[str]
+    ) -> _ByteCounters:
+        """PCIe and NVLink data byte counters (all links), in one field-value call."""
+        requests = [
+            (FIELD_PCIE_TX_BYTES, 0),
+            (FIELD_PCIE_RX_BYTES, 0),
+            (FIELD_NVLINK_DATA_TX_KIB, SCOPE_ALL_LINKS),
+            (FIELD_NVLINK_DATA_RX_KIB, SCOPE_ALL_LINKS),
+        ]
+        values = self._field_values(index, handle, session, requests, failed)
+        if values is None:
+            return _ByteCounters(None, None, None, None)
+        nvlink_kib = [values.get(request) for request in requests[2:]]
+        if None in nvlink_kib:
+            nvlink_kib = self._nvlink_per_link(index, handle, session, failed)
+        tx_kib, rx_kib = nvlink_kib
+        return _ByteCounters(
+            values.get(requests[0]),
+            values.get(requests[1]),
+            None if tx_kib is None else tx_kib * 1024,
+            None if rx_kib is None else rx_kib * 1024,
+        )
+
+    def _nvlink_per_link(
+        self, index: int, handle: Any, session: NVMLSession, failed: list[str]
+    ) -> list[int | None]:
+        """NVLink TX/RX KiB summed over the links, for drivers that reject the
+        all-links scope. GPUs without NVLink report 0 links and are asked once."""
+        links = session.link_counts.get(index)
+        if links is None:
+            count = self._field_values(
+                index, handle, session, [(FIELD_NVLINK_LINK_COUNT, 0)], failed
+            )
+            links = session.link_counts[index] = (count or {}).get((FIELD_NVLINK_LINK_COUNT, 0), 0)
+        if not links:
+            return [None, None]
+        fields = (FIELD_NVLINK_DATA_TX_KIB, FIELD_NVLINK_DATA_RX_KIB)
+        requests = [(field_id, link) for field_id in fields for link in range(links)]
+        values = self._field_values(index, handle, session, requests, failed) or {}
+        if len(values) != len(requests):
+            return [None, None]
+        return [sum(values[(field_id, link)] for link in range(links)) for field_id in fields]
+
+    def utilization_samples(self, index: int, since_us: int) -> list[tuple[int, float]]:
+        """Driver utilization samples of GPU ``index`` newer than ``since_us``.
+
+        ``(timestamp µs, busy ratio 0–1)`` from ``nvmlDeviceGetSamples(
+        NVML_GPU_UTILIZATION_SAMPLES)`` (the driver keeps ~100 at ~6 Hz); when it
+        has none (idle GPUs) one reading of ``nvmlDeviceGetUtilizationRates``
+        stamped with the wall clock. Empty when neither is supported.
+        """
+        session, handle = self._device(index)
+        library = self._library
+        result = self.query(
+            index,
+            library.nvmlDeviceGetSamples,
+            handle,
+            GPU_UTILIZATION_SAMPLES,
+            since_us,
+            session=session,
+            absent=frozenset({ERROR_NOT_FOUND}),
+        )
+        if result:
+            value_type, samples = result
+            fresh = [
+                (int(sample.timeStamp), _number(value_type, sample.sampleValue) / 100)
+                for sample in samples
+                if int(sample.timeStamp) > since_us
+            ]
+            if fresh:
+                return fresh
+        rates = self.query(index, library.nvmlDeviceGetUtilizationRates, handle, session=session)
+        if rates is None:
+            return []
+        stamp = max(int(self._wall_clock() * 1e6), since_us + 1)
+        return [(stamp, int(rates.gpu) / 100)]
+
+    def processes(self, index: int) -> tuple[GPUProcess, ...] | None:
+        """Compute processes on GPU ``index`` (an expensive call: use sparingly)."""
+        session, handle = self._device(index)
+        infos = self.query(
+            index, self._library.nvmlDeviceGetComputeRunningProcesses, handle, session=session
+        )
+        if infos is None:
+            return None
+        return tuple(
+            GPUProcess(
+                int(info.pid), None if info.usedGpuMemory is None else int(info.usedGpuMemory)
+            )
+            for info in infos
+        )
+
+
+def error_code(error: BaseException) -> int:
+    """The NVML return code an ``NVMLError`` carries (``ERROR_UNKNOWN`` if none)."""
+    value = getattr(error, "value", ERROR_UNKNOWN)
+    return value if isinstance(value, int) else ERROR_UNKNOWN
+
+
+def _text(value: object) -> str:
+    if value is None:
+        return ""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _scaled(value: float | None, factor: float) -> float | None:
+    return None if value is None else float(value) * factor
+
+
+def _number(value_type: int, value: Any) -> int:
+    """The integer in an ``nvmlValue_t`` union of the given ``nvmlValueType_t``."""
+    if value_type == pynvml.NVML_VALUE_TYPE_DOUBLE:
+        return int(value.dVal)
+    member = _VALUE_MEMBERS.get(value_type, "ullVal")
+    return int(getattr(value, member))
+
+
+_VALUE_MEMBERS = {
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
+}

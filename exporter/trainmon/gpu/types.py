@@ -1,0 +1,100 @@
+"""What the NVML facade hands out, and what it needs from an NVML library.
+
+``trainmon.gpu.nvml.NVML`` returns these values (base units, ``None`` where a
+reading is not supported) and raises these errors; ``NVMLLibrary`` is the set
+of pynvml calls it makes, which ``pynvml`` itself and the simulated node of
+``trainmon.demo.gpus`` both provide. Nothing here imports ``pynvml``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from trainmon.core.collector import CollectorUnavailable
+
+
+class NVMLLibrary(Protocol):
+    """The NVML calls trainmon makes, with pynvml's names and return shapes.
+
+    Errors are raised as ``NVMLError`` instances carrying the code in ``.value``.
+    """
+
+    @property
+    def NVMLError(self) -> type[Exception]: ...
+
+    def nvmlInit(self) -> None: ...
+    def nvmlShutdown(self) -> None: ...
+    def nvmlSystemGetDriverVersion(self) -> str: ...
+    def nvmlDeviceGetCount(self) -> int: ...
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any: ...
+    def nvmlDeviceGetName(self, handle: Any) -> str: ...
+    def nvmlDeviceGetUUID(self, handle: Any) -> str: ...
+    def nvmlDeviceGetPciInfo(self, handle: Any) -> Any: ...
+    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any: ...
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int: ...
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int: ...
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int: ...
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int: ...
+    def nvmlDeviceGetClockInfo(self, handle: Any, clock: int) -> int: ...
+    def nvmlDeviceGetViolationStatus(self, handle: Any, policy: int) -> Any: ...
+    def nvmlDeviceGetTotalEccErrors(self, handle: Any, error: int, counter: int) -> int: ...
+    def nvmlDeviceGetFieldValues(self, handle: Any, fields: list[tuple[int, int]]) -> Any: ...
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any: ...
+    def nvmlDeviceGetSamples(self, handle: Any, kind: int, since: int) -> tuple[int, Any]: ...
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]: ...
+    def nvmlEventSetCreate(self) -> Any: ...
+    def nvmlDeviceRegisterEvents(self, handle: Any, kinds: int, event_set: Any) -> None: ...
+    def nvmlEventSetWait_v2(self, event_set: Any, timeout_ms: int) -> Any: ...
+    def nvmlEventSetFree(self, event_set: Any) -> None: ...
+
+
+class NVMLUnavailable(CollectorUnavailable):
+    """NVML cannot be used right now (no library, no driver, session lost)."""
+
+
+class GPULost(Exception):
+    """The GPU answered ``NVML_ERROR_GPU_IS_LOST`` (fell off the bus, needs a reset)."""
+
+
+@dataclass(frozen=True)
+class GPUIdentity:
+    """Static facts of one GPU; empty strings where NVML would not say."""
+
+    index: int
+    uuid: str
+    name: str
+    pci_bus_id: str
+
+
+@dataclass(frozen=True)
+class GPUReadings:
+    """One GPU's readings in base units; ``None`` or a missing key = not supported.
+
+    Counters (energy, throttle, byte and ECC counters) are cumulative since the
+    driver loaded. ``failed`` names the calls that failed unexpectedly this time.
+    """
+
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    energy_joules: float | None = None
+    temperature_celsius: float | None = None
+    sm_clock_hertz: float | None = None
+    throttle_seconds: Mapping[str, float] = field(default_factory=dict)
+    pcie_transmit_bytes: int | None = None
+    pcie_receive_bytes: int | None = None
+    nvlink_transmit_bytes: int | None = None
+    nvlink_receive_bytes: int | None = None
+    ecc_errors: Mapping[str, int] = field(default_factory=dict)
+    failed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class GPUProcess:
+    """A compute process on a GPU; ``used_memory_bytes`` is None where hidden."""
+
+    pid: int
+    used_memory_bytes: int | None

@@ -1,0 +1,326 @@
+"""The HTTP server: ``/``, ``/metrics``, ``/healthz`` and push routes.
+
+One thread per connection, at most ``http.max_connections`` at once; beyond
+that a connection gets an immediate 503 instead of a queue slot, so a flood
+cannot delay the scrapes that come after it. Each request must arrive whole
+within ``http.read_timeout_seconds`` (a deadline over the request line,
+headers and body, not a per-read timeout that a client trickling one byte at
+a time could stretch forever), and the TLS handshake runs in the connection's
+thread under the same deadline, never in the accept loop.
+
+Basic auth (from the web config) guards the GET routes. Push routes such as
+``POST /api/v1/steps`` carry their own rule (loopback or bearer token), which
+the route's handler applies, so training clients need no scrape credentials.
+"""
+
+from __future__ import annotations
+
+import gzip
+import html
+import io
+import ipaddress
+import json
+import logging
+import socket
+import socketserver
+import ssl
+import threading
+import time
+from collections.abc import Callable, Mapping
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import Any, Protocol
+
+from prometheus_client.exposition import choose_encoder
+
+from trainmon import __version__
+from trainmon.config import HTTPConfig, ListenAddress
+from trainmon.http.push import PushHandler, PushRequest, PushResponse
+from trainmon.http.webconfig import BasicAuthenticator, WebConfig
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ExporterHTTPServer", "PushHandler", "PushRequest", "PushResponse"]
+
+
+class Scrapable(Protocol):
+    """What the server exposes: the registry."""
+
+    def collect(self) -> Any: ...
+
+    def health(self) -> dict[str, object]: ...
+
+
+class _DeadlineReader(io.RawIOBase):
+    """Socket reads that fail once a per-request deadline has passed."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self.deadline = time.monotonic()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("request deadline exceeded")
+        self._sock.settimeout(remaining)
+        return self._sock.recv_into(buffer)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: ExporterHTTPServer
+    protocol_version = "HTTP/1.1"
+    server_version = f"trainmon/{__version__}"
+    sys_version = ""
+    disable_nagle_algorithm = True  # headers and body go out without a delayed-ACK stall
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.settimeout(self.server.read_timeout)  # bounds writes to a stalled client
+        self.rfile.close()
+        self._reader = _DeadlineReader(self.connection)
+        self.rfile = io.BufferedReader(self._reader)
+
+    def handle_one_request(self) -> None:
+        # Every request (and every idle keep-alive wait) gets a fresh deadline.
+        self._reader.deadline = time.monotonic() + self.server.read_timeout
+        try:
+            super().handle_one_request()
+        except (TimeoutError, ConnectionError, ssl.SSLError):
+            self.close_connection = True
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s %s", self.client_address[0], format % args)
+
+    # -- routing --------------------------------------------------------------
+
+    def do_GET(self) -> None:
+        self._dispatch_get(head=False)
+
+    def do_HEAD(self) -> None:
+        self._dispatch_get(head=True)
+
+    def do_POST(self) -> None:
+        path = self.path.split("?", 1)[0]
+        handler = self.server.post_routes.get(path)
+        if handler is None:
+            allowed = "GET, HEAD" if path in _GET_ROUTES else None
+            self._send_error(
+                HTTPStatus.METHOD_NOT_ALLOWED if allowed else HTTPStatus.NOT_FOUND, allow=allowed
+            )
+            return
+        request = self._read_push_request()
+        if request is None:
+            return
+        try:
+            response = handler(request)
+        except Exception:
+            log.exception("push handler for %s failed", path)
+            response = PushResponse(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": "internal error"})
+        self._send_json(response.status, response.payload)
+
+    def _dispatch_get(self, head: bool) -> None:
+        path = self.path.split("?", 1)[0]
+        route = _GET_ROUTES.get(path)
+        if route is None:
+            if path in self.server.post_routes:
+                self._send_error(HTTPStatus.METHOD_NOT_ALLOWED, allow="POST")
+            else:
+                self._send_error(HTTPStatus.NOT_FOUND)
+            return
+        if not self.server.authenticator.check(self.headers.get("Authorization")):
+            self._send(
+                HTTPStatus.UNAUTHORIZED,
+                b"Unauthorized\n",
+                "text/plain; charset=utf-8",
+                head,
+                extra={"WWW-Authenticate": 'Basic realm="trainmon"'},
+            )
+            return
+        route(self, head)
+
+    # -- routes ---------------------------------------------------------------
+
+    def _landing(self, head: bool) -> None:
+        links = "".join(
+            f'<li><a href="{html.escape(href)}">{html.escape(href)}</a> — {html.escape(text)}</li>'
+            for href, text in (
+                ("/metrics", "metrics in the Prometheus text format"),
+                ("/healthz", "collector states as JSON"),
+            )
+        )
+        body = (
+            "<!DOCTYPE html><html><head><meta charset='utf-8'><title>trainmon</title></head>"
+            f"<body><h1>trainmon {html.escape(__version__)}</h1>"
+            "<p>Names the bottleneck of GPU training jobs: compute, communication, "
+            f"storage or scheduling.</p><ul>{links}</ul></body></html>\n"
+        )
+        self._send(HTTPStatus.OK, body.encode(), "text/html; charset=utf-8", head)
+
+    def _metrics(self, head: bool) -> None:
+        encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+        try:
+            body = encoder(self.server.registry)
+        except Exception:
+            log.exception("building the exposition failed")
+            self._send_error(HTTPStatus.INTERNAL_SERVER_ERROR)
+            return
+        extra = {}
+        if "gzip" in self.headers.get("Accept-Encoding", ""):
+            body = gzip.compress(body, compresslevel=1)
+            extra["Content-Encoding"] = "gzip"
+        self._send(HTTPStatus.OK, body, content_type, head, extra=extra)
+
+    def _healthz(self, head: bool) -> None:
+        body = json.dumps(self.server.registry.health(), sort_keys=True).encode() + b"\n"
+        self._send(HTTPStatus.OK, body, "application/json", head)
+
+    # -- plumbing -------------------------------------------------------------
+
+    def _read_push_request(self) -> PushRequest | None:
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            self._send_error(HTTPStatus.LENGTH_REQUIRED)
+            return None
+        try:
+            length = int(self.headers.get("Content-Length", ""))
+            if length < 0:
+                raise ValueError
+        except ValueError:
+            self._send_error(HTTPStatus.LENGTH_REQUIRED)
+            return None
+        host = self.client_address[0]
+        common: dict[str, Any] = {
+            "client_host": host,
+            "is_loopback": _is_loopback(host),
+            "authorization": self.headers.get("Authorization"),
+        }
+        if length > self.server.max_body_bytes:
+            self.close_connection = True  # the unread body must not be parsed as a request
+            return PushRequest(body=b"", too_large=True, **common)
+        return PushRequest(body=self.rfile.read(length), **common)
+
+    def _send_json(self, status: int, payload: Mapping[str, object]) -> None:
+        body = json.dumps(payload, sort_keys=True).encode() + b"\n"
+        self._send(status, body, "application/json", head=False)
+
+    def _send_error(self, status: HTTPStatus, allow: str | None = None) -> None:
+        extra = {"Allow": allow} if allow else {}
+        self._send(status, f"{status.phrase}\n".encode(), "text/plain; charset=utf-8", False, extra)
+
+    def _send(
+        self,
+        status: int,
+        body: bytes,
+        content_type: str,
+        head: bool,
+        extra: Mapping[str, str] | None = None,
+    ) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in {**self.server.extra_headers, **(extra or {})}.items():
+            self.send_header(name, value)
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        if not head:
+            self.wfile.write(body)
+
+
+_GET_ROUTES: dict[str, Callable[[_Handler, bool], None]] = {
+    "/": _Handler._landing,
+    "/metrics": _Handler._metrics,
+    "/healthz": _Handler._healthz,
+}
+
+
+class ExporterHTTPServer(socketserver.ThreadingMixIn, HTTPServer):
+    """HTTPServer with a connection cap, per-thread TLS handshakes and deadlines."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+
+    def __init__(
+        self,
+        listen: ListenAddress,
+        registry: Scrapable,
+        http: HTTPConfig,
+        web: WebConfig | None = None,
+        post_routes: Mapping[str, PushHandler] | None = None,
+    ) -> None:
+        self.registry = registry
+        self.read_timeout = http.read_timeout_seconds
+        self.max_body_bytes = http.max_request_body_bytes
+        self.post_routes = dict(post_routes or {})
+        web = web or WebConfig()
+        self.extra_headers = dict(web.headers)
+        self.authenticator = BasicAuthenticator(web.basic_auth_users)
+        self.tls_context = web.tls.context() if web.tls else None
+        self._slots = threading.BoundedSemaphore(http.max_connections)
+        self.address_family = socket.AF_INET6 if ":" in listen.host else socket.AF_INET
+        super().__init__((listen.host, listen.port), _Handler)
+
+    @property
+    def port(self) -> int:
+        return int(self.server_address[1])
+
+    def server_bind(self) -> None:
+        if self.address_family == socket.AF_INET6:
+            # "[::]" serves IPv4 too, as Go's listeners do.
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            _refuse(request, plaintext=self.tls_context is None)
+            return
+        try:
+            super().process_request(request, client_address)
+        except Exception:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            if self.tls_context is not None:
+                request.settimeout(self.read_timeout)
+                try:
+                    request = self.tls_context.wrap_socket(request, server_side=True)
+                except (OSError, ssl.SSLError) as error:
+                    log.debug("TLS handshake with %s failed: %s", client_address[0], error)
+                    self.shutdown_request(request)
+                    return
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("connection from %s ended with an error", client_address[0], exc_info=True)
+
+
+def _refuse(sock: socket.socket, plaintext: bool) -> None:
+    """Answer 503 without reading, then close: the server is at its connection cap."""
+    try:
+        sock.settimeout(0.05)
+        if plaintext:
+            sock.sendall(
+                b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 20\r\n"
+                b"Connection: close\r\nRetry-After: 1\r\n\r\ntoo many connections"
+            )
+    except OSError:
+        pass
+    finally:
+        sock.close()
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback

@@ -1,0 +1,6 @@
+"""Training telemetry in the daemon: the step protocol, its receiver and the per-job store.
+
+``protocol`` is standard-library only, because the training-side client
+(``trainmon.client``) shares its constants and encoder; ``receiver`` and
+``store`` are daemon-only.
+"""

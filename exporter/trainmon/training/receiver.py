@@ -1,0 +1,290 @@
+"""Intake of step reports: the unix datagram socket and ``POST /api/v1/steps``.
+
+Both transports carry the same payload (``protocol``); both end in
+``ingest_payload``, which validates every line, feeds the valid ones to the
+``TrainingStore`` and counts every rejection by reason.
+
+``SocketReceiver`` owns the unix datagram socket: it creates the folder if
+missing, replaces a stale socket (refusing to touch a live one or a file that
+is not a socket), sets the socket's mode so training users can send, enlarges
+the receive buffer and drains it on its own thread.
+
+``StepPushHandler`` is the HTTP route: loopback clients are accepted as they
+are, any other client needs ``Authorization: Bearer <token>`` matching the
+configured token (constant-time comparison).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hmac
+import logging
+import os
+import select
+import socket
+import stat
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from pathlib import Path
+
+from trainmon.background import BackgroundThread
+from trainmon.http.push import PushRequest, PushResponse
+from trainmon.training.protocol import (
+    MAX_DATAGRAM_BYTES,
+    ReportError,
+    StepReport,
+    decode_payload,
+)
+from trainmon.training.store import TrainingStore
+
+log = logging.getLogger(__name__)
+
+#: Errors listed in an HTTP answer (the counts cover all of them).
+MAX_ERRORS_IN_RESPONSE = 10
+#: How often the socket thread wakes up to check for a stop request (seconds).
+POLL_SECONDS = 0.5
+#: Most datagrams taken off the socket before they are parsed.
+DRAIN_BATCH = 256
+#: Linux's cap on datagrams waiting in a unix socket's queue (per network namespace).
+MAX_DGRAM_QLEN_PATH = Path("/proc/sys/net/unix/max_dgram_qlen")
+
+
+@dataclass(frozen=True)
+class IntakeResult:
+    accepted: int = 0
+    errors: list[ReportError] = field(default_factory=list)
+
+
+def ingest_payload(
+    store: TrainingStore, payload: bytes, transport: str, max_label_length: int
+) -> IntakeResult:
+    """Validate every line of ``payload`` and store the valid reports; count the rest."""
+    accepted = 0
+    errors: list[ReportError] = []
+    for item in decode_payload(payload, max_label_length):
+        problem: ReportError | None = item if isinstance(item, ReportError) else None
+        if isinstance(item, StepReport):
+            try:
+                store.ingest(item, transport)
+                accepted += 1
+            except ReportError as limit:
+                problem = limit
+        if problem is not None:
+            errors.append(problem)
+            store.reject(problem.reason)
+    if accepted == 0 and not errors:
+        empty = ReportError("malformed", "empty payload")
+        store.reject(empty.reason)
+        errors.append(empty)
+    return IntakeResult(accepted, errors)
+
+
+def read_token(path: Path) -> str:
+    """The bearer token in ``path`` (surrounding whitespace stripped); never logged."""
+    token = path.read_text(encoding="utf-8").strip()
+    if not token:
+        raise ValueError(f"token file {path} is empty")
+    return token
+
+
+class StepPushHandler:
+    """``POST /api/v1/steps``: access check, size check, then ``ingest_payload``."""
+
+    def __init__(
+        self, store: TrainingStore, *, token: str | None, max_label_length: int
+    ) -> None:
+        self._store = store
+        self._expected = f"Bearer {token}".encode() if token else None
+        self._max_label_length = max_label_length
+
+    def __call__(self, request: PushRequest) -> PushResponse:
+        denied = self._check_access(request)
+        if denied is not None:
+            self._store.reject("unauthorized")
+            return denied
+        if request.too_large:
+            self._store.reject("too_large")
+            return _error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "too_large", "body too large")
+        result = ingest_payload(self._store, request.body, "http", self._max_label_length)
+        payload: dict[str, object] = {"accepted": result.accepted, "rejected": len(result.errors)}
+        if not result.errors:
+            return PushResponse(HTTPStatus.OK, payload)
+        payload["errors"] = [
+            {"reason": error.reason, "detail": error.detail}
+            for error in result.errors[:MAX_ERRORS_IN_RESPONSE]
+        ]
+        payload["error"] = result.errors[0].reason
+        return PushResponse(HTTPStatus.BAD_REQUEST, payload)
+
+    def _check_access(self, request: PushRequest) -> PushResponse | None:
+        header = request.authorization
+        if header is not None and self._expected is not None:
+            if hmac.compare_digest(header.strip().encode(), self._expected):
+                return None
+            return _error(HTTPStatus.UNAUTHORIZED, "unauthorized", "invalid bearer token")
+        if request.is_loopback:
+            return None
+        if self._expected is None:
+            return _error(
+                HTTPStatus.FORBIDDEN, "unauthorized",
+                "only loopback clients may push (no token_file is configured)",
+            )
+        return _error(HTTPStatus.UNAUTHORIZED, "unauthorized", "bearer token required")
+
+
+def _error(status: HTTPStatus, reason: str, detail: str) -> PushResponse:
+    return PushResponse(status, {"error": reason, "detail": detail})
+
+
+class SocketReceiver:
+    """The unix datagram socket and the thread that drains it into the store."""
+
+    def __init__(
+        self,
+        path: Path,
+        store: TrainingStore,
+        *,
+        mode: int = 0o666,
+        receive_buffer_bytes: int = 4 << 20,
+        max_label_length: int,
+        qlen_path: Path = MAX_DGRAM_QLEN_PATH,
+    ) -> None:
+        self.path = path
+        self._store = store
+        self._mode = mode
+        self._wanted_buffer = receive_buffer_bytes
+        self._max_label_length = max_label_length
+        self._socket: socket.socket | None = None
+        self._inode = -1
+        self._thread = BackgroundThread("training-socket", self._run)
+        self.receive_buffer_bytes = 0
+        #: Datagrams Linux queues before refusing more (None if unreadable).
+        self.max_queued_datagrams = _read_int(qlen_path)
+
+    @property
+    def listening(self) -> bool:
+        return self._thread.alive
+
+    def start(self) -> None:
+        """Bind the socket (OSError on failure) and start draining it."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_socket(self.path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            sock.bind(str(self.path))
+            os.chmod(self.path, self._mode)
+            self.receive_buffer_bytes = _enlarge_receive_buffer(sock, self._wanted_buffer)
+            # Non-blocking, waited on with poll(): on a socket with a timeout Python
+            # waits out the timeout even for MSG_DONTWAIT, which would hold a
+            # drained batch back until it filled up.
+            sock.setblocking(False)
+            self._inode = os.lstat(self.path).st_ino
+        except OSError:
+            sock.close()
+            raise
+        self._socket = sock
+        self._thread.start()
+        log.info(
+            "receiving training steps on unix://%s (mode %o, receive buffer %d bytes)",
+            self.path, self._mode, self.receive_buffer_bytes,
+        )
+        if self.max_queued_datagrams is not None and self.max_queued_datagrams < 128:
+            log.warning(
+                "net.unix.max_dgram_qlen is %d: a burst of more reports than that is refused "
+                "(clients retry, then count them as dropped); on nodes with many ranks set "
+                "sysctl net.unix.max_dgram_qlen=512", self.max_queued_datagrams,
+            )
+
+    def stop(self) -> None:
+        """Stop the thread, close and remove the socket; safe to call twice."""
+        if self._thread.started:
+            self._thread.stopping.set()
+            _wake(self.path)
+        self._thread.stop(timeout=5 * POLL_SECONDS)
+        if self._socket is not None:
+            with contextlib.suppress(OSError):
+                found = os.lstat(self.path)
+                # Only our own socket: a newer daemon may have bound the path since.
+                if stat.S_ISSOCK(found.st_mode) and found.st_ino == self._inode:
+                    os.unlink(self.path)
+            self._socket.close()
+            self._socket = None
+
+    def _run(self) -> None:
+        sock = self._socket
+        assert sock is not None
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        while not self._thread.stopping.is_set():
+            if not poller.poll(POLL_SECONDS * 1000):
+                continue
+            batch: list[tuple[bytes, list[tuple[int, int, bytes]], int, object]] = []
+            try:
+                # Empty the kernel queue first (it may hold as few as 10 datagrams),
+                # then parse: senders are refused only while the queue is full.
+                while len(batch) < DRAIN_BATCH:
+                    batch.append(sock.recvmsg(MAX_DATAGRAM_BYTES))
+            except BlockingIOError:
+                pass
+            except OSError as error:
+                if self._thread.stopping.is_set():
+                    return
+                log.error("training socket receive failed: %s", error)
+                continue
+            if self._thread.stopping.is_set():
+                return
+            for data, _, flags, _ in batch:
+                if flags & socket.MSG_TRUNC:
+                    self._store.reject("too_large")
+                else:
+                    ingest_payload(self._store, data, "unix", self._max_label_length)
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _wake(path: Path) -> None:
+    """Send an empty datagram so a blocked ``recvmsg`` returns at once."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.setblocking(False)
+        with contextlib.suppress(OSError):
+            sock.sendto(b"", str(path))
+
+
+def _remove_stale_socket(path: Path) -> None:
+    """Unlink a socket nobody listens on; refuse a live socket or a non-socket file."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise OSError(errno.EEXIST, f"{path} exists and is not a socket; not replacing it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        probe.connect(str(path))
+    except ConnectionRefusedError:
+        log.info("replacing stale training socket %s", path)
+        path.unlink()
+        return
+    finally:
+        probe.close()
+    raise OSError(errno.EADDRINUSE, f"{path} is in use by another running daemon")
+
+
+def _enlarge_receive_buffer(sock: socket.socket, wanted: int) -> int:
+    """Ask for ``wanted`` bytes (beyond ``rmem_max`` when privileged); return what we got."""
+    force = getattr(socket, "SO_RCVBUFFORCE", None)
+    if force is not None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, force, wanted)
+        except PermissionError:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, wanted)
+    else:  # pragma: no cover - Linux has SO_RCVBUFFORCE
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, wanted)
+    # Linux reports twice the requested size (bookkeeping overhead included).
+    return int(sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF))

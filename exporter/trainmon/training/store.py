@@ -1,0 +1,319 @@
+"""Per-job, per-rank training state: monotonic totals, caps, LRU, TTL, the data-wait window.
+
+Reports carry cumulative totals per *reporter* (one process run). The store
+keeps, for every ``(job, rank)``, exported totals that only ever grow: each
+report adds its increase over the same reporter's previous report. A report
+from a new ``reporter_id`` (a restarted process) or one whose totals went
+backwards is a counter reset; its totals are then added whole, so the
+exported counters stay monotonic across restarts and Prometheus never sees a
+reset while the rank's series lives. A repeated or stale report adds nothing.
+
+Memory is bounded by ``max_jobs`` × ``max_ranks_per_job`` ranks (least recently
+updated first out), ``MAX_REPORTERS_PER_RANK`` remembered reporters and
+``MAX_PHASES`` phases per rank, and ``WINDOW_SLOTS`` window samples per rank.
+A rank that sends nothing for ``ttl_seconds`` is dropped with its series.
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from trainmon.training.protocol import (
+    MAX_PHASES,
+    REJECT_REASONS,
+    STEP_BUCKET_COUNT,
+    ReportError,
+    StepReport,
+)
+
+#: Reporters remembered per rank (more than one only when processes restart or
+#: several processes wrongly claim the same rank); the least recent is forgotten.
+MAX_REPORTERS_PER_RANK = 8
+#: The data-wait window keeps about this many samples per rank.
+WINDOW_SLOTS = 20
+#: Values of the ``reason`` label of ``trainmon_training_evicted_ranks_total``.
+EVICTION_REASONS = ("ttl", "max_jobs", "max_ranks")
+TRANSPORTS = ("unix", "http")
+#: How often ingestion also sweeps expired ranks (seconds).
+EXPIRY_INTERVAL_SECONDS = 1.0
+
+
+@dataclass
+class Totals:
+    """Cumulative counts and seconds of one rank (or one reporter)."""
+
+    steps: int = 0
+    samples: int = 0
+    step_seconds: float = 0.0
+    data_wait_seconds: float = 0.0
+    step_buckets: list[int] = field(default_factory=lambda: [0] * STEP_BUCKET_COUNT)
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    dropped_reports: int = 0
+
+    @classmethod
+    def of(cls, report: StepReport) -> Totals:
+        return cls(
+            steps=report.steps,
+            samples=report.samples,
+            step_seconds=report.step_seconds,
+            data_wait_seconds=report.data_wait_seconds,
+            step_buckets=list(report.step_buckets),
+            phase_seconds=dict(report.phase_seconds),
+            dropped_reports=report.dropped_reports,
+        )
+
+    def copy(self) -> Totals:
+        return Totals(
+            self.steps, self.samples, self.step_seconds, self.data_wait_seconds,
+            list(self.step_buckets), dict(self.phase_seconds), self.dropped_reports,
+        )
+
+    def covers(self, earlier: Totals) -> bool:
+        """True when no total is below ``earlier``'s (same reporter, no reset)."""
+        return (
+            self.steps >= earlier.steps
+            and self.samples >= earlier.samples
+            and self.step_seconds >= earlier.step_seconds
+            and self.data_wait_seconds >= earlier.data_wait_seconds
+            and self.dropped_reports >= earlier.dropped_reports
+            and all(map(operator.ge, self.step_buckets, earlier.step_buckets))
+            and all(self.phase_seconds.get(name, -1.0) >= value
+                    for name, value in earlier.phase_seconds.items())
+        )
+
+    def add_difference(self, newer: Totals, older: Totals) -> None:
+        """Add ``newer - older`` field by field (``older`` all zero for a new reporter)."""
+        self.steps += newer.steps - older.steps
+        self.samples += newer.samples - older.samples
+        self.step_seconds += newer.step_seconds - older.step_seconds
+        self.data_wait_seconds += newer.data_wait_seconds - older.data_wait_seconds
+        self.dropped_reports += newer.dropped_reports - older.dropped_reports
+        self.step_buckets = [
+            total + now - then
+            for total, now, then in zip(
+                self.step_buckets, newer.step_buckets, older.step_buckets, strict=True
+            )
+        ]
+        for name, value in newer.phase_seconds.items():
+            increase = value - older.phase_seconds.get(name, 0.0)
+            self.phase_seconds[name] = self.phase_seconds.get(name, 0.0) + increase
+
+
+_ZERO = Totals()
+
+
+@dataclass
+class _Rank:
+    totals: Totals
+    #: Identity fields of the rank's latest report.
+    gpu: str | None
+    pid: int | None
+    world_size: int | None
+    last_seen: float
+    last_step_time: float | None
+    #: Unix time of the rank's latest accepted report (a heartbeat: sent ~1/s).
+    last_report_time: float
+    reporters: OrderedDict[str, Totals] = field(default_factory=OrderedDict)
+    resets: int = 0
+    #: (monotonic time, exported step seconds, exported data-wait seconds)
+    window: deque[tuple[float, float, float]] = field(default_factory=deque)
+
+
+@dataclass(frozen=True)
+class RankView:
+    """A consistent copy of one rank's state, for ``collect()``."""
+
+    job: str
+    rank: int
+    gpu: str | None
+    pid: int | None
+    world_size: int | None
+    totals: Totals
+    counter_resets: int
+    last_step_time: float | None
+    last_report_time: float
+    #: Data wait / step time over the last window; None before any step time.
+    data_wait_ratio: float | None
+
+
+@dataclass(frozen=True)
+class StoreSnapshot:
+    ranks: list[RankView]
+    accepted: Mapping[str, int]
+    rejected: Mapping[str, int]
+    evicted: Mapping[str, int]
+
+
+class TrainingStore:
+    """Thread-safe state of every reporting rank; fed by the receivers, read by collect()."""
+
+    def __init__(
+        self,
+        *,
+        ttl_seconds: float = 300.0,
+        max_jobs: int = 64,
+        max_ranks_per_job: int = 1024,
+        window_seconds: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._ttl = ttl_seconds
+        self._max_jobs = max_jobs
+        self._max_ranks = max_ranks_per_job
+        self._window = window_seconds
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._lock = threading.Lock()
+        self._jobs: OrderedDict[str, OrderedDict[int, _Rank]] = OrderedDict()
+        self._accepted = dict.fromkeys(TRANSPORTS, 0)
+        self._rejected = dict.fromkeys(REJECT_REASONS, 0)
+        self._evicted = dict.fromkeys(EVICTION_REASONS, 0)
+        self._next_expiry = float("-inf")
+
+    def reject(self, reason: str, count: int = 1) -> None:
+        """Count ``count`` rejected reports (``reason`` from ``REJECT_REASONS``)."""
+        with self._lock:
+            self._rejected[reason] += count
+
+    def ingest(self, report: StepReport, transport: str) -> None:
+        """Apply one valid report; raises ``ReportError('limit')`` past the phase cap."""
+        with self._lock:
+            now = self._clock()
+            if now >= self._next_expiry:
+                self._expire(now)
+                self._next_expiry = now + EXPIRY_INTERVAL_SECONDS
+            ranks = self._jobs.get(report.job)
+            state = ranks.get(report.rank) if ranks is not None else None
+            if state is None:
+                self._add_rank(report, now)
+            else:
+                self._update_rank(state, report, now)
+                self._jobs.move_to_end(report.job)
+                self._jobs[report.job].move_to_end(report.rank)
+            self._accepted[transport] += 1
+
+    def snapshot(self) -> StoreSnapshot:
+        with self._lock:
+            now = self._clock()
+            self._expire(now)
+            views = [
+                RankView(
+                    job=job,
+                    rank=rank,
+                    gpu=state.gpu,
+                    pid=state.pid,
+                    world_size=state.world_size,
+                    totals=state.totals.copy(),
+                    counter_resets=state.resets,
+                    last_step_time=state.last_step_time,
+                    last_report_time=state.last_report_time,
+                    data_wait_ratio=self._ratio(state),
+                )
+                for job, ranks in self._jobs.items()
+                for rank, state in ranks.items()
+            ]
+            return StoreSnapshot(
+                views, dict(self._accepted), dict(self._rejected), dict(self._evicted)
+            )
+
+    def counts(self) -> dict[str, int]:
+        """Jobs and ranks held now (for ``/healthz``)."""
+        with self._lock:
+            return {
+                "jobs": len(self._jobs),
+                "ranks": sum(len(ranks) for ranks in self._jobs.values()),
+            }
+
+    # -- under the lock ---------------------------------------------------------
+
+    def _add_rank(self, report: StepReport, now: float) -> None:
+        ranks = self._jobs.get(report.job)
+        if ranks is None:
+            if len(self._jobs) >= self._max_jobs:
+                _, evicted = self._jobs.popitem(last=False)
+                self._evicted["max_jobs"] += len(evicted)
+            ranks = self._jobs[report.job] = OrderedDict()
+        elif len(ranks) >= self._max_ranks:
+            ranks.popitem(last=False)
+            self._evicted["max_ranks"] += 1
+        totals = Totals.of(report)
+        state = _Rank(
+            totals=totals,
+            gpu=report.gpu,
+            pid=report.pid,
+            world_size=report.world_size,
+            last_seen=now,
+            last_step_time=self._step_time(report, None),
+            last_report_time=self._wall_clock(),
+        )
+        state.reporters[report.reporter_id] = Totals.of(report)
+        # The reporter started from zero about step_seconds ago: seed the window
+        # with that, so the first ratio covers its whole run.
+        state.window.append((now - report.step_seconds, 0.0, 0.0))
+        state.window.append((now, totals.step_seconds, totals.data_wait_seconds))
+        ranks[report.rank] = state
+
+    def _update_rank(self, state: _Rank, report: StepReport, now: float) -> None:
+        new = Totals.of(report)
+        previous = state.reporters.get(report.reporter_id)
+        if previous is not None and not new.covers(previous):
+            previous = None  # the same reporter id went backwards: a restart
+        merged_phases = set(state.totals.phase_seconds) | set(new.phase_seconds)
+        if len(merged_phases) > MAX_PHASES:
+            raise ReportError("limit", f"more than {MAX_PHASES} phases for one rank")
+        if previous is None:
+            state.resets += 1
+        state.totals.add_difference(new, previous or _ZERO)
+        state.reporters[report.reporter_id] = new
+        state.reporters.move_to_end(report.reporter_id)
+        while len(state.reporters) > MAX_REPORTERS_PER_RANK:
+            state.reporters.popitem(last=False)
+        steps_advanced = previous is None or new.steps > previous.steps
+        if steps_advanced and new.steps > 0:
+            state.last_step_time = self._step_time(report, state.last_step_time)
+        state.gpu, state.pid, state.world_size = report.gpu, report.pid, report.world_size
+        state.last_seen = now
+        state.last_report_time = self._wall_clock()
+        self._record_window(state, now)
+
+    def _record_window(self, state: _Rank, now: float) -> None:
+        sample = (now, state.totals.step_seconds, state.totals.data_wait_seconds)
+        window = state.window
+        if len(window) >= 2 and now - window[-2][0] < self._window / WINDOW_SLOTS:
+            window[-1] = sample
+        else:
+            window.append(sample)
+        while len(window) >= 2 and window[1][0] <= now - self._window:
+            window.popleft()
+
+    @staticmethod
+    def _ratio(state: _Rank) -> float | None:
+        _, anchor_step, anchor_wait = state.window[0]
+        step = state.totals.step_seconds - anchor_step
+        if step <= 0:
+            return None
+        wait = state.totals.data_wait_seconds - anchor_wait
+        return min(1.0, max(0.0, wait / step))
+
+    def _step_time(self, report: StepReport, previous: float | None) -> float | None:
+        """The sender's last-step time, never in the future of this daemon's clock."""
+        if report.steps == 0:
+            return previous
+        wall_now = self._wall_clock()
+        sent = report.last_step_time
+        return wall_now if sent is None else min(sent, wall_now)
+
+    def _expire(self, now: float) -> None:
+        deadline = now - self._ttl
+        for job in list(self._jobs):
+            ranks = self._jobs[job]
+            for rank in [rank for rank, state in ranks.items() if state.last_seen < deadline]:
+                del ranks[rank]
+                self._evicted["ttl"] += 1
+            if not ranks:
+                del self._jobs[job]
