@@ -2,8 +2,9 @@
 #   make run     install and start the node daemon with its built-in defaults
 #   make demo    the same over a simulated 8-GPU node with two training jobs
 #   make test    install everything the suite needs (pip + Debian packages) and run it
-#   make lint    ruff and mypy
-#   make dashboards  regenerate the Grafana dashboards (dashboards/*/*.json) from dashboards/*.py
+#   make lint    ruff, mypy, and a check that every generated file is up to date
+#   make generate  regenerate the dashboards (dashboards/*/*.json), the alert rules
+#                (alerts/*/trainmon.rules.yml) and the PrometheusRules (deploy/kubernetes)
 #   make stack   trainmon --demo, Prometheus and Alertmanager on loopback (docs/deploy.md)
 
 PYTHON ?= python3
@@ -14,7 +15,7 @@ DEBIAN_PACKAGES := prometheus prometheus-alertmanager prometheus-node-exporter \
 	prometheus-pushgateway gcc libc6-dev systemd docker-compose
 PYTEST_ARGS ?=
 
-.PHONY: run demo test lint bench clean debian-packages dashboards stack
+.PHONY: run demo test lint bench clean debian-packages generate stack
 
 $(BIN)/trainmon: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,13 +47,19 @@ debian-packages:
 test: debian-packages $(VENV)/.test-installed
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-dashboards: $(VENV)/.test-installed
+# The PrometheusRules copy alerts/*/trainmon.rules.yml: generate the rules first.
+generate: $(VENV)/.test-installed
 	$(BIN)/python -m dashboards
+	$(BIN)/python alerts/generate.py
+	$(BIN)/python -m deploy.prometheusrule
 
 lint: $(VENV)/.test-installed
 	$(BIN)/ruff check exporter tests bench dashboards deploy alerts
 	$(BIN)/mypy
 	$(BIN)/mypy --python-version 3.11 dashboards deploy alerts/generate.py alerts/retarget_receivers.py
+	$(BIN)/python -m dashboards --check
+	$(BIN)/python alerts/generate.py --check
+	$(BIN)/python -m deploy.prometheusrule --check
 
 bench: $(VENV)/.test-installed debian-packages
 	@for script in bench/*.py; do \

@@ -10,6 +10,15 @@ the trainmon node daemon tells (both variants), ``dcgm.yml`` and
   source-only ``meaning`` key removed;
 * the generated tables of ``docs/alerts.md`` (between the marker comments).
 
+Every threshold the rules share with the daemon's diagnosis and the
+dashboards is a ``@TOKEN@`` in the sources, replaced by its value in
+``exporter/trainmon/contract.py`` (``TOKENS`` below), so the numbers have one
+home. A recording rule whose name ends in its window (``…:ratio_rate10m``,
+``…:mean10m``) must use that window in every range selector, the training
+and diagnosis recording rules ``contract.TRAINING_RULE_WINDOW``, and the
+recording rule the dashboards read (``contract.STRAGGLER_RATIO_SERIES``) must
+exist.
+
 Usage::
 
     python alerts/generate.py            # write the files
@@ -22,8 +31,8 @@ range and step and ``offset`` by the factor and changes nothing else
 (thresholds written in seconds, such as the 600 s of TrainmonTrainingStalled,
 stay as they are).
 
-Only the standard library and PyYAML are used, so the script runs from any
-checkout (``.venv/bin/python`` or a system ``python3`` with PyYAML).
+It needs PyYAML and the ``trainmon`` package (for ``trainmon.contract``):
+``make generate`` runs it with the project's virtualenv.
 """
 
 from __future__ import annotations
@@ -37,6 +46,8 @@ from typing import Any
 
 import yaml
 
+from trainmon import contract
+
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE_DIR = ROOT / "alerts" / "source"
 RUNBOOK_DIR = ROOT / "docs" / "runbooks"
@@ -46,19 +57,38 @@ RULES_FILE_NAME = "trainmon.rules.yml"
 
 #: Where runbook_url points; the page is ``<base><AlertName>.md``.
 RUNBOOK_BASE_URL = "https://github.com/trainmon/trainmon/blob/main/docs/runbooks/"
-#: The sampler's "flagged" sawtooth ratio (exporter/trainmon/gpu/sampler.py FLAG_THRESHOLD,
-#: docs/metrics.md "GPU"): at least one full busy/idle cycle in two windows.
-SAWTOOTH_FLAG = "0.5"
 #: XID codes that mean a hardware/driver fault needing a GPU reset or node drain
 #: (NVIDIA's XID catalogue; docs/runbooks/TrainmonGPUXidCritical.md explains each).
 XID_CRITICAL = (48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140)
 TRAINMON_TARGETS = 'job=~"trainmon.*"'
 DCGM_TARGETS = 'job=~".*dcgm.*"'
 
+#: Groups whose recording rules use ``contract.TRAINING_RULE_WINDOW``.
+TRAINING_RULE_GROUPS = ("trainmon-training.rules", "trainmon-diagnosis.rules")
+
+
+def _number(value: float) -> str:
+    """``value`` as PromQL and prose write it: ``0.2``, ``1.25``, ``50``."""
+    return format(round(value, 9), "g")
+
+
 TOKENS: Mapping[str, str] = {
     "TRAINMON_TARGETS": TRAINMON_TARGETS,
     "DCGM_TARGETS": DCGM_TARGETS,
-    "SAWTOOTH_FLAG": SAWTOOTH_FLAG,
+    # Thresholds shared with the diagnosis and the dashboards (exporter/trainmon/contract.py);
+    # *_PERCENT and *_MS are the same numbers for prose.
+    "SAWTOOTH_FLAG": _number(contract.SAWTOOTH_FLAG),
+    "DATA_WAIT_RATIO": _number(contract.DATA_WAIT_RATIO),
+    "DATA_WAIT_PERCENT": _number(contract.DATA_WAIT_RATIO * 100),
+    "COMM_RATIO": _number(contract.COMM_RATIO),
+    "COMM_PERCENT": _number(contract.COMM_RATIO * 100),
+    "STRAGGLER_FACTOR": _number(contract.STRAGGLER_FACTOR),
+    "STRAGGLER_MIN_EXCESS_SECONDS": _number(contract.STRAGGLER_MIN_EXCESS_SECONDS),
+    "STRAGGLER_MIN_EXCESS_MS": _number(contract.STRAGGLER_MIN_EXCESS_SECONDS * 1000),
+    "GPU_IDLE_RATIO": _number(contract.GPU_IDLE_RATIO),
+    "GPU_IDLE_PERCENT": _number(contract.GPU_IDLE_RATIO * 100),
+    "SAMPLER_BUSY_LEVEL": _number(contract.SAMPLER_BUSY_LEVEL),
+    "SAMPLER_BUSY_PERCENT": _number(contract.SAMPLER_BUSY_LEVEL * 100),
     "XID_CRITICAL": "|".join(str(code) for code in XID_CRITICAL),
     "XID_CRITICAL_LIST": ", ".join(str(code) for code in XID_CRITICAL),
     "DCGM_XID_CRITICAL": "\n  or ".join(
@@ -133,6 +163,26 @@ def check_alert(rule: Mapping[str, Any], origin: str) -> None:
         raise SourceError(f"{origin}: {name}: docs/runbooks/{name}.md does not exist")
 
 
+_WINDOW_SUFFIX = re.compile(r"(?:rate|mean)((?:\d+(?:ms|s|m|h|d|w|y))+)$")
+_RANGE_SELECTOR = re.compile(r"\[\s*((?:\d+(?:ms|s|m|h|d|w|y))+)\s*[]:]")
+
+
+def check_record(rule: Mapping[str, Any], group: str, origin: str) -> None:
+    """Raise SourceError unless a windowed record's name, ranges and the contract agree."""
+    name = str(rule["record"])
+    suffix = _WINDOW_SUFFIX.search(name)
+    if suffix is None:
+        return
+    window = suffix.group(1)
+    ranges = set(_RANGE_SELECTOR.findall(str(rule["expr"])))
+    if ranges - {window}:
+        raise SourceError(f"{origin}: {name}: its name says {window} but it selects "
+                          f"{sorted(ranges)}")
+    if group in TRAINING_RULE_GROUPS and window != contract.TRAINING_RULE_WINDOW:
+        raise SourceError(f"{origin}: {name}: training rules use the contract's window "
+                          f"{contract.TRAINING_RULE_WINDOW} (exporter/trainmon/contract.py)")
+
+
 def shipped_rule(rule: Mapping[str, Any], runbook_base_url: str) -> dict[str, Any]:
     """The rule as Prometheus gets it: source-only keys dropped, runbook_url added."""
     shipped = {key: value for key, value in rule.items() if key not in SOURCE_ONLY_KEYS}
@@ -156,8 +206,14 @@ def variant_groups(variant: str, runbook_base_url: str) -> list[dict[str, Any]]:
             for rule in group["rules"]:
                 if "alert" in rule:
                     check_alert(rule, f"{origin}.yml")
+                else:
+                    check_record(rule, str(group["name"]), f"{origin}.yml")
                 rules.append(shipped_rule(rule, runbook_base_url))
             groups.append({**group, "rules": rules})
+    records = {rule.get("record") for group in groups for rule in group["rules"]}
+    if contract.STRAGGLER_RATIO_SERIES not in records:
+        raise SourceError(f"{variant}: no recording rule produces {contract.STRAGGLER_RATIO_SERIES}"
+                          " (contract.STRAGGLER_RATIO_SERIES, read by the dashboards)")
     return groups
 
 
@@ -348,7 +404,7 @@ def main(argv: Sequence[str] | None = None) -> int:
              if not path.is_file() or path.read_text(encoding="utf-8") != text]
     if args.check:
         for path in stale:
-            print(f"out of date: {path.relative_to(ROOT)} (run python alerts/generate.py)",
+            print(f"out of date: {path.relative_to(ROOT)} (run `make generate`)",
                   file=sys.stderr)
         return 1 if stale else 0
     for path in stale:

@@ -1,6 +1,6 @@
 """Grafana dashboards for trainmon, generated with Grafana's ``grafana-foundation-sdk``.
 
-``python -m dashboards`` (or ``make dashboards``) writes the JSON committed under
+``python -m dashboards`` (or ``make generate``) writes the JSON committed under
 ``dashboards/dcgm/`` and ``dashboards/tencent-cloud/``; ``python -m dashboards
 --check`` exits 1 when the committed files differ from what the code generates.
 ``docs/dashboards.md`` describes every dashboard and panel.

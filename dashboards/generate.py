@@ -100,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for problem in problems:
             print(problem, file=sys.stderr)
         if problems:
-            print("run `make dashboards` (python -m dashboards) and commit the result",
+            print("run `make generate` (python -m dashboards) and commit the result",
                   file=sys.stderr)
             return 1
         print(f"{len(render())} dashboards and their panel reference up to date")

@@ -212,13 +212,13 @@ def _network_row(board: Board) -> None:
     ))
     board.add(timeseries(
         "NIC link utilization", "percentunit",
-        "Receive and transmit as a share of the link speed. Good: below 70 %; above 90 % "
-        "(dashed: 80 %) the link is saturated.",
+        "Receive and transmit as a share of the link speed. Good: below 70 %; at "
+        f"{promql.LINK_SATURATION:.0%} (dashed) and above the link is saturated.",
         [Query(f"rate(trainmon_network_receive_bytes_total{{{N}}}[{RATE}])"
                f" / trainmon_network_speed_bytes{{{N}}}", "{{device}} receive"),
          Query(f"rate(trainmon_network_transmit_bytes_total{{{N}}}[{RATE}])"
                f" / trainmon_network_speed_bytes{{{N}}}", "{{device}} transmit")],
-        minimum=0, steps=(Step(None, "green"), Step(0.8, "red")),
+        minimum=0, steps=(Step(None, "green"), Step(promql.LINK_SATURATION, "red")),
     ))
     board.add(timeseries(
         "InfiniBand / RoCE throughput vs port rate", "Bps",
@@ -234,12 +234,13 @@ def _network_row(board: Board) -> None:
     board.add(timeseries(
         "InfiniBand / RoCE link utilization", "percentunit",
         "Receive and transmit as a share of the port rate. Good: below 70 %; sustained "
-        "above 80 % (dashed) while the comm ratio is high means the fabric is the limit.",
+        f"above {promql.LINK_SATURATION:.0%} (dashed) while the comm ratio is high means the "
+        "fabric is the limit.",
         [Query(f"rate(trainmon_infiniband_receive_bytes_total{{{N}}}[{RATE}])"
                f" / trainmon_infiniband_rate_bytes{{{N}}}", "{{device}}/{{port}} receive"),
          Query(f"rate(trainmon_infiniband_transmit_bytes_total{{{N}}}[{RATE}])"
                f" / trainmon_infiniband_rate_bytes{{{N}}}", "{{device}}/{{port}} transmit")],
-        minimum=0, steps=(Step(None, "green"), Step(0.8, "red")),
+        minimum=0, steps=(Step(None, "green"), Step(promql.LINK_SATURATION, "red")),
     ))
     board.add(timeseries(
         "NIC errors and drops", "pps",

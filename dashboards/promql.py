@@ -10,21 +10,31 @@ Label conventions (docs/dashboards.md, "Labels the queries rely on"):
   scrape job's. On every other series ``job`` is the scrape job.
 
 Thresholds named here are the ones ``trainmon doctor`` and the alert rules use
-(DESIGN §6 and ``exporter/trainmon/gpu/sampler.py``).
+(docs/diagnosis.md, "Thresholds"): each is read from ``trainmon.contract``,
+their one home.
 """
 
 from __future__ import annotations
 
 from dashboards.builder import RATE
+from trainmon import contract
 
-#: Data loading should never take more than a fifth of a step (DESIGN §6).
-DATA_WAIT_LIMIT = 0.2
-#: Gradient sync above ~0.3 of the step makes the job communication-bound.
-COMM_LIMIT = 0.3
+#: Data loading should never take more than a fifth of a step (docs/diagnosis.md, "Thresholds").
+DATA_WAIT_LIMIT = contract.DATA_WAIT_RATIO
+#: Gradient sync above this share of the step makes the job communication-bound.
+COMM_LIMIT = contract.COMM_RATIO
 #: ``trainmon_gpu_sawtooth_ratio`` at or above this is flagged (one full cycle).
-SAWTOOTH_FLAG = 0.5
-#: A GPU idle for more than this fraction of the high-rate samples is "idle".
-IDLE_FRACTION = 0.9
+SAWTOOTH_FLAG = contract.SAWTOOTH_FLAG
+#: A GPU idle in more than this fraction of the high-rate samples is "idle"
+#: (busy in under ``contract.GPU_IDLE_RATIO`` of them, as TrainmonGPUHeldIdle).
+IDLE_FRACTION = round(1 - contract.GPU_IDLE_RATIO, 9)
+#: A link at this share of its rate is saturated.
+LINK_SATURATION = contract.LINK_SATURATION_RATIO
+#: Each rank's per-step work over the median of its job's ranks (a recording rule
+#: of alerts/source/common.yml; it has the labels job, rank and instance).
+STRAGGLER_RATIO = contract.STRAGGLER_RATIO_SERIES
+#: At this straggler ratio one rank holds the job back.
+STRAGGLER_FACTOR = contract.STRAGGLER_FACTOR
 
 #: Nodes running the node daemon: its node collectors report, a cloud puller's do not.
 NODE_VARIABLE = 'label_values(trainmon_collector_success{collector=~"gpu|network|disk"}, node)'

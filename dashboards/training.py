@@ -22,7 +22,7 @@ from dashboards.panels import (
 from dashboards.promql import JOB, JOB_GPUS, job_gpus, job_ratio, per_rank_ratio, phase_shares
 from dashboards.variant import FLEET, NODE, TITLES, TRAINING, Variant
 
-#: ``trainmon_bottleneck`` kinds and the number each is drawn as (DESIGN §3, §6).
+#: ``trainmon_bottleneck`` kinds and the number each is drawn as (docs/diagnosis.md).
 VERDICTS = (
     ("none", 0, "none — not enough data yet", "text"),
     ("compute", 1, "compute 算 — the GPU is the limit", "green"),
@@ -46,6 +46,8 @@ RANK_MEAN_STEP = (
     f" / sum by (node, rank) (rate({STEP_COUNT}[{RATE}]))"
 )
 RANK_LEGEND = "rank {{rank}} ({{node}})"
+#: The straggler recording rule of the job: labelled job, rank, instance (no node).
+STRAGGLER = f'{promql.STRAGGLER_RATIO}{{job="$job"}}'
 
 
 def build(variant: Variant) -> Board:
@@ -128,10 +130,14 @@ def _verdict_row(board: Board) -> None:
     ), width=3, height=4)
     board.add(stat_panel(
         "Straggler ratio", "none",
-        "Slowest rank's mean step time over the median rank's. Good: below 1.1; above 1.2 one "
-        "rank holds every collective back (look at Mean step time per rank).",
-        [Query(f"max({RANK_MEAN_STEP}) / quantile(0.5, {RANK_MEAN_STEP})")],
-        steps=(Step(None, "green"), Step(1.1, "yellow"), Step(1.2, "red")),
+        "Largest per-step work (step time minus data wait minus comm phase) of a rank over "
+        "the median of the job's ranks on every node, last 10 minutes: the measure of the "
+        "TrainmonStragglerRank alert and the daemon's straggler verdict. Step times cannot "
+        "show a straggler, as synchronised ranks all wait for it. Good: below 1.1; at "
+        f"{promql.STRAGGLER_FACTOR:g} one rank holds every collective back (see Straggler "
+        "ratio per rank).",
+        [Query(f"max({STRAGGLER})")],
+        steps=(Step(None, "green"), Step(1.1, "yellow"), Step(promql.STRAGGLER_FACTOR, "red")),
         decimals=2,
     ), width=3, height=4)
     board.add(stat_panel(
@@ -160,15 +166,25 @@ def _step_row(board: Board) -> None:
             Query(f"histogram_quantile(0.95, sum by (le) (rate({STEP_BUCKETS}[{RATE}])))", "p95"),
         ],
         minimum=0,
-    ))
+    ), width=8)
     board.add(timeseries(
         "Mean step time per rank", "s",
-        "Each rank's mean step duration. Good: all ranks on one line (synchronous training "
-        "waits for the slowest); one rank above the rest is a straggler — check its node's "
-        "GPU clocks, throttling and data wait.",
+        "Each rank's mean step duration. Good: all ranks on one line. In synchronous "
+        "training every rank waits for the slowest, so equal lines do not rule out a "
+        "straggler (see Straggler ratio per rank); a rank above the rest runs on its own.",
         [Query(RANK_MEAN_STEP, RANK_LEGEND)],
         minimum=0,
-    ))
+    ), width=8)
+    board.add(timeseries(
+        "Straggler ratio per rank", "none",
+        "Each rank's per-step work (step time minus data wait minus comm phase) over the "
+        "median of the job's ranks on every node, last 10 minutes "
+        f"({promql.STRAGGLER_RATIO}). Good: every rank near 1; a rank at "
+        f"{promql.STRAGGLER_FACTOR:g} (dashed) or above is the straggler the others wait for "
+        "in their comm phase — check its node's GPU clocks, throttling and data wait.",
+        [Query(STRAGGLER, "rank {{rank}} ({{instance}})")],
+        minimum=0, steps=(Step(None, "green"), Step(promql.STRAGGLER_FACTOR, "red")),
+    ), width=8)
     board.add(timeseries(
         "Throughput", "short",
         "Samples and steps per second over all ranks. Good: flat; a drop that coincides "

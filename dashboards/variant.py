@@ -1,4 +1,4 @@
-"""What distinguishes the two bundle variants (DESIGN §5): names, UIDs, extra rows.
+"""What distinguishes the two bundle variants (docs/architecture.md): names, UIDs, extra rows.
 
 Both variants share the Training overview, Node detail and Fleet dashboards;
 a variant adds rows (``dcgm``: dcgm-exporter's ``DCGM_FI_*`` series;

@@ -1,6 +1,6 @@
 """Where the bundle's parts live in the repository, shared by the deploy tools.
 
-The two bundle variants (DESIGN §5) each have rules in ``alerts/<variant>/``,
+The two bundle variants (docs/architecture.md) each have rules in ``alerts/<variant>/``,
 a Prometheus configuration ``deploy/prometheus/prometheus-<variant>.yml`` and
 a Kubernetes overlay ``deploy/kubernetes/overlays/<variant>/``.
 """

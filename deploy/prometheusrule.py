@@ -92,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if stale:
         names = ", ".join(str(path) for path in stale)
         print(
-            f"stale: {names} differ(s) from alerts/; run `python -m deploy.prometheusrule`",
+            f"stale: {names} differ(s) from alerts/; run `make generate`",
             file=sys.stderr,
         )
         return 1

@@ -1,6 +1,6 @@
 """One named daemon thread that runs a loop until it is told to stop.
 
-The continuous work of the daemon (DESIGN §2: GPU utilization sampling, XID
+The continuous work of the daemon (docs/architecture.md: GPU utilization sampling, XID
 events, the training socket, the cloud puller, the demo node's files) each
 runs in its own ``BackgroundThread``: ``start()`` launches ``run`` once,
 ``run`` loops until ``stopping`` is set (waiting on it rather than sleeping,

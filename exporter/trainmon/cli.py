@@ -17,16 +17,34 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import Any, Generic, TypeVar
 
 from trainmon import __version__
-from trainmon.config import Config, ListenAddress, PathsConfig, load_config, parse_listen_address
+from trainmon.attribution.config import AttributionConfig
+from trainmon.config import (
+    CollectorsConfig,
+    Config,
+    DiskConfig,
+    GPUConfig,
+    InfinibandConfig,
+    ListenAddress,
+    NetworkConfig,
+    PathsConfig,
+    TrainingConfig,
+    load_config,
+    parse_listen_address,
+)
 from trainmon.core.collector import Collector
+from trainmon.core.ownprocess import OwnProcessCollector
 from trainmon.core.registry import CollectorRegistry
+from trainmon.diagnosis.config import DiagnosisConfig
 from trainmon.http.push import PushHandler
 from trainmon.http.webconfig import WebConfig, load_web_config
 from trainmon.settings import ConfigError
+from trainmon.tencent.config import TencentConfig
 
 log = logging.getLogger("trainmon")
 
@@ -36,67 +54,134 @@ EXIT_CONFIG = 2
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
-def build_collectors(config: Config, *, demo: bool) -> list[Collector]:
-    """Instantiate the enabled collectors, each with its injected boundaries."""
-    collectors: list[Collector] = []
-    paths = config.paths
-    settings = config.collectors
+Section = TypeVar("Section")
 
-    # -- node: network, infiniband, disk ---------------------------------------
-    from trainmon.collectors.disk import DiskCollector
-    from trainmon.collectors.infiniband import InfinibandCollector
+
+@dataclass(frozen=True)
+class Wiring:
+    """What a collector factory may use besides its own config section."""
+
+    paths: PathsConfig
+    demo: bool
+    #: The collectors built before this one, by name.
+    built: Mapping[str, Collector]
+
+
+@dataclass(frozen=True)
+class CollectorEntry(Generic[Section]):
+    """One row of the collector table."""
+
+    name: str
+    #: The collector's config section; it is on unless its ``enabled`` is false
+    #: (``auto`` sources such as the GPU decide at start whether they are present).
+    section: Callable[[CollectorsConfig], Section]
+    build: Callable[[Section, Wiring], Collector]
+    #: Reads the collectors before it (their families or their state): built and scraped last.
+    derived: bool = False
+    #: Collectors it reads; without them it is not built.
+    requires: tuple[str, ...] = ()
+    #: Off in demo mode, where its data would be real.
+    real_only: bool = False
+
+
+def _network(section: NetworkConfig, wiring: Wiring) -> Collector:
     from trainmon.collectors.network import NetworkCollector
 
-    if settings.network.enabled:
-        collectors.append(NetworkCollector(settings.network, paths.proc, paths.sys))
-    if settings.infiniband.enabled is not False:
-        required = settings.infiniband.enabled is True
-        collectors.append(InfinibandCollector(paths.sys, required=required))
-    if settings.disk.enabled:
-        collectors.append(DiskCollector(settings.disk, paths.proc, paths.sys))
+    return NetworkCollector(section, wiring.paths.proc, wiring.paths.sys)
 
-    # -- gpu: NVML (the simulated 8-GPU node in demo mode) ----------------------------
+
+def _infiniband(section: InfinibandConfig, wiring: Wiring) -> Collector:
+    from trainmon.collectors.infiniband import InfinibandCollector
+
+    return InfinibandCollector(wiring.paths.sys, required=section.enabled is True)
+
+
+def _disk(section: DiskConfig, wiring: Wiring) -> Collector:
+    from trainmon.collectors.disk import DiskCollector
+
+    return DiskCollector(section, wiring.paths.proc, wiring.paths.sys)
+
+
+def _gpu(section: GPUConfig, wiring: Wiring) -> Collector:
+    """NVML, or the simulated 8-GPU node in demo mode."""
     from trainmon.collectors.gpu import GPUCollector
     from trainmon.gpu.nvml import NVML
 
-    if settings.gpu.enabled is not False:
-        library = None
-        if demo:
-            from trainmon.demo.gpus import SimulatedNVML
+    library = None
+    if wiring.demo:
+        from trainmon.demo.gpus import SimulatedNVML
 
-            library = SimulatedNVML()
-        nvml = NVML(library, retry_seconds=settings.gpu.retry_seconds)
-        collectors.append(GPUCollector(nvml, settings.gpu))
+        library = SimulatedNVML()
+    return GPUCollector(NVML(library, retry_seconds=section.retry_seconds), section)
 
-    # -- training: step reports pushed by training processes ---------------------
+
+def _training(section: TrainingConfig, wiring: Wiring) -> Collector:
     from trainmon.collectors.training import TrainingCollector
 
-    if settings.training.enabled:
-        collectors.append(TrainingCollector(settings.training))
+    return TrainingCollector(section)
 
-    # -- cloud: Tencent Cloud Monitor puller (one per account, real data only) -----
+
+def _tencent(section: TencentConfig, wiring: Wiring) -> Collector:
     from trainmon.collectors.tencent import TencentCollector
 
-    if settings.tencent.enabled and demo:
-        log.info("demo mode: the tencent collector is off (its data would be real)")
-    elif settings.tencent.enabled:
-        collectors.append(TencentCollector(settings.tencent))
+    return TencentCollector(section)
 
-    # -- attribution and diagnosis: read the collectors above, so they come last ---
+
+def _attribution(section: AttributionConfig, wiring: Wiring) -> Collector:
     from trainmon.collectors.attribution import AttributionCollector
+    from trainmon.collectors.gpu import GPUCollector
+
+    gpu = wiring.built["gpu"]
+    if not isinstance(gpu, GPUCollector):
+        raise TypeError(f"attribution needs the GPU collector, got {gpu!r}")
+    return AttributionCollector.from_config(
+        section, wiring.paths.proc, wiring.paths.sys, gpu.processes
+    )
+
+
+def _diagnosis(section: DiagnosisConfig, wiring: Wiring) -> Collector:
     from trainmon.collectors.diagnosis import DiagnosisCollector
 
-    gpu = next((c for c in collectors if isinstance(c, GPUCollector)), None)
-    if settings.attribution.enabled and gpu is not None:
-        collectors.append(
-            AttributionCollector.from_config(
-                settings.attribution, paths.proc, paths.sys, gpu.processes
-            )
-        )
-    if settings.diagnosis.enabled:  # last: it reads the families collected before it
-        collectors.append(DiagnosisCollector(settings.diagnosis))
+    return DiagnosisCollector(section)
 
-    return collectors
+
+#: Every collector of the daemon, in scrape order. Each section is parsed beside
+#: its subsystem (``trainmon.config``, ``trainmon.tencent.config``...).
+COLLECTORS: tuple[CollectorEntry[Any], ...] = (
+    CollectorEntry("network", lambda c: c.network, _network),
+    CollectorEntry("infiniband", lambda c: c.infiniband, _infiniband),
+    CollectorEntry("disk", lambda c: c.disk, _disk),
+    CollectorEntry("gpu", lambda c: c.gpu, _gpu),
+    CollectorEntry("training", lambda c: c.training, _training),
+    CollectorEntry("tencent", lambda c: c.tencent, _tencent, real_only=True),
+    CollectorEntry("attribution", lambda c: c.attribution, _attribution,
+                   derived=True, requires=("gpu",)),
+    # last: the diagnosis reads the families collected before it
+    CollectorEntry("diagnosis", lambda c: c.diagnosis, _diagnosis, derived=True),
+)
+
+
+def enabled_collectors(config: Config, *, demo: bool) -> list[CollectorEntry[Any]]:
+    """The table's entries that ``config`` turns on, in scrape order; builds nothing."""
+    chosen: list[CollectorEntry[Any]] = []
+    for entry in sorted(COLLECTORS, key=lambda entry: entry.derived):
+        if entry.section(config.collectors).enabled is False:
+            continue
+        if entry.real_only and demo:
+            log.info("demo mode: the %s collector is off (its data would be real)", entry.name)
+            continue
+        if all(name in {e.name for e in chosen} for name in entry.requires):
+            chosen.append(entry)
+    return chosen
+
+
+def build_collectors(config: Config, *, demo: bool) -> list[Collector]:
+    """Instantiate the enabled collectors, each with its injected boundaries."""
+    built: dict[str, Collector] = {}
+    for entry in enabled_collectors(config, demo=demo):
+        wiring = Wiring(config.paths, demo, dict(built))
+        built[entry.name] = entry.build(entry.section(config.collectors), wiring)
+    return list(built.values())
 
 
 def push_routes(collectors: Sequence[Collector]) -> dict[str, PushHandler]:
@@ -224,7 +309,7 @@ def _check_config(path: Path, environ: Mapping[str, str]) -> int:
     except ConfigError as error:
         print(f"{path}: {error}", file=sys.stderr)
         return EXIT_CONFIG
-    enabled = [collector.name for collector in build_collectors(config, demo=False)]
+    enabled = [entry.name for entry in enabled_collectors(config, demo=False)]
     print(f"{path}: OK (collectors: {', '.join(enabled) or 'none'}; listen {config.listen})")
     return EXIT_OK
 
@@ -285,8 +370,10 @@ def _run_server(config: Config, web: WebConfig | None, *, demo: bool) -> int:
     from trainmon.http.server import ExporterHTTPServer
 
     collectors = build_collectors(config, demo=demo)
-
-    registry = CollectorRegistry(collectors, mode="demo" if demo else "real")
+    # The daemon's own CPU, memory and file descriptors (process_*), after the sources.
+    registry = CollectorRegistry(
+        [*collectors, OwnProcessCollector()], mode="demo" if demo else "real"
+    )
     try:
         server = ExporterHTTPServer(
             config.listen, registry, config.http, web, post_routes=push_routes(collectors)

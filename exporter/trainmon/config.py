@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from trainmon import contract
 from trainmon.attribution.config import AttributionConfig, parse_attribution
 from trainmon.diagnosis.config import DiagnosisConfig, parse_diagnosis
 from trainmon.settings import Auto, ConfigError, Section
@@ -123,9 +124,9 @@ class GPUConfig:
     #: How often the process list (expensive) is read for attribution.
     process_interval_seconds: float = 15.0
     #: A utilization sample below this busy ratio (0-1) counts as idle.
-    idle_threshold: float = 0.1
+    idle_threshold: float = contract.SAMPLER_IDLE_LEVEL
     #: A sample at or above this busy ratio puts the GPU in the busy state.
-    busy_threshold: float = 0.5
+    busy_threshold: float = contract.SAMPLER_BUSY_LEVEL
     #: Seconds between attempts to (re)open NVML or to probe a lost GPU.
     retry_seconds: float = 10.0
 

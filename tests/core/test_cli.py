@@ -6,11 +6,13 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.daemon import Daemon, free_port, trainmon_command, wait_ready
@@ -65,6 +67,55 @@ def test_check_config_rejects_a_bad_file(tmp_path: Path, text: str, message: str
     assert message in result.stderr
 
 
+def test_check_config_lists_what_the_file_turns_on(tmp_path: Path) -> None:
+    path = tmp_path / "cloud.yml"
+    path.write_text(
+        "collectors:\n"
+        "  gpu: {enabled: false}\n"  # attribution reads the GPU collector: off with it
+        "  infiniband: {enabled: true}\n"
+        "  tencent: {enabled: true, region: ap-guangzhou}\n"
+    )
+    result = run("check-config", str(path))
+    assert result.returncode == 0, result.stderr
+    assert "collectors: network, infiniband, disk, training, tencent, diagnosis;" in result.stdout
+
+
+def test_check_config_validates_without_building_collectors(tmp_path: Path) -> None:
+    """No collector module is imported and no HTTP session opened (the cloud puller's)."""
+    path = tmp_path / "cloud.yml"
+    path.write_text("collectors: {tencent: {enabled: true, region: ap-guangzhou}}\n")
+    code = (
+        "import sys, requests\n"
+        "def refuse(*args, **kwargs): raise AssertionError('check-config opened a Session')\n"
+        "requests.Session.__init__ = refuse\n"
+        "from trainmon.cli import main\n"
+        f"code = main(['check-config', {str(path)!r}])\n"
+        "loaded = [m for m in sys.modules if m.startswith(('trainmon.collectors', 'pynvml'))]\n"
+        "print('loaded:', loaded)\n"
+        "sys.exit(code)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert "loaded: []" in result.stdout
+
+
+def test_the_collector_table_builds_what_it_lists() -> None:
+    """``check-config`` names the table's entries; ``serve`` builds collectors by the same names."""
+    from trainmon.cli import build_collectors, enabled_collectors
+    from trainmon.config import parse_config
+
+    config = parse_config({"collectors": {"infiniband": {"enabled": False}}})
+    built = build_collectors(config, demo=False)
+    assert [collector.name for collector in built] == [
+        entry.name for entry in enabled_collectors(config, demo=False)
+    ]
+    assert [collector.name for collector in built] == [
+        "network", "disk", "gpu", "training", "attribution", "diagnosis"
+    ]
+
+
 def test_check_config_on_a_missing_file(tmp_path: Path) -> None:
     result = run("check-config", str(tmp_path / "nope.yml"))
     assert result.returncode == 2 and "No such file" in result.stderr
@@ -108,6 +159,7 @@ def test_serve_with_built_in_defaults(tmp_path: Path) -> None:
     log_path = tmp_path / "serve.log"
     env = {key: value for key, value in os.environ.items() if not key.startswith("TRAINMON_")}
     env["TRAINMON_LISTEN"] = f"127.0.0.1:{port}"  # options also come from the environment
+    started = time.time()
     process = subprocess.Popen(
         [*trainmon_command(), "serve"],
         stdout=log_path.open("w"),
@@ -125,6 +177,7 @@ def test_serve_with_built_in_defaults(tmp_path: Path) -> None:
         assert families["trainmon_build_info"].samples[0].labels["mode"] == "real"
         status, body = daemon.get("/healthz")
         assert status == 200 and '"network": {' in body
+        assert_own_process_metrics(families, started)
     finally:
         assert daemon.stop(signal.SIGTERM) == 0, daemon.log()
     assert "stopped" in daemon.log()
@@ -136,3 +189,21 @@ def test_sigint_is_a_clean_shutdown(start_daemon: Callable[..., Daemon]) -> None
     assert daemon.stop(signal.SIGINT) == 0
     assert time.monotonic() - started < 5
     assert "Traceback" not in daemon.log()
+
+
+def assert_own_process_metrics(families: dict[str, Metric], started: float) -> None:
+    """The daemon's own footprint, in the standard ``process_*`` names, with sane values."""
+    value = {name: families[name].samples[0].value for name in (
+        "process_resident_memory_bytes", "process_virtual_memory_bytes",
+        "process_cpu_seconds", "process_open_fds", "process_max_fds",
+        "process_start_time_seconds",
+    )}
+    assert 4 << 20 < value["process_resident_memory_bytes"] < 1 << 30  # a Python daemon
+    assert value["process_virtual_memory_bytes"] >= value["process_resident_memory_bytes"]
+    assert families["process_cpu_seconds"].type == "counter"
+    assert 0 < value["process_cpu_seconds"] < 120
+    assert 3 <= value["process_open_fds"] <= value["process_max_fds"]
+    # started while the test waited: within a few seconds after ``started``
+    assert started - 2 < value["process_start_time_seconds"] < started + 60
+    success = {s.labels["collector"]: s.value for s in families["trainmon_collector_success"].samples}
+    assert success["process"] == 1.0

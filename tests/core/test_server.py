@@ -71,6 +71,38 @@ def test_gzip_when_accepted(serve: Callable[..., ExporterHTTPServer]) -> None:
     assert b"example_value" in gzip.decompress(body)
 
 
+@pytest.mark.parametrize(
+    ("accept_encoding", "gzipped"),
+    [
+        ("gzip", True),
+        ("GZip", True),  # codings are case-insensitive
+        ("x-gzip", True),
+        ("deflate, gzip;q=0.5", True),
+        ("br;q=1.0, gzip;q=0.8, *;q=0.1", True),
+        ("*", True),
+        ("identity;q=0.5, gzip", True),
+        ("gzip;q=0", False),  # a refusal, although the word gzip is there
+        ("gzip; Q=0.000", False),
+        ("gzip;q=0, *", False),  # the named coding wins over *
+        ("*;q=0", False),
+        ("identity", False),
+        ("br, deflate", False),
+        ("gzip;q=0.5, identity", False),  # identity (q=1) is preferred
+        ("gzip;q=bogus", False),  # an entry that does not parse is ignored
+        ("", False),
+    ],
+)
+def test_gzip_follows_the_accept_encoding_weights(
+    serve: Callable[..., ExporterHTTPServer], accept_encoding: str, gzipped: bool
+) -> None:
+    response = requests.get(
+        url(serve(), "/metrics"), headers={"Accept-Encoding": accept_encoding}, timeout=5
+    )
+    assert response.status_code == 200
+    assert response.headers.get("Content-Encoding") == ("gzip" if gzipped else None)
+    assert "example_value" in response.text  # requests decodes the gzip body
+
+
 def test_fresh_values_every_scrape(serve: Callable[..., ExporterHTTPServer]) -> None:
     source = SteadySource()
     server = serve([source])

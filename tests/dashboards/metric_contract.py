@@ -6,7 +6,9 @@
 * dcgm-exporter's come from the checked-in copy of its ``etc/default-counters.csv``:
   uncommented rows are exported by default, commented rows exist but have to be
   enabled by the operator (``opt_in``).
-* ``up`` and ``ALERTS`` are Prometheus' own series.
+* ``up`` and ``ALERTS`` are Prometheus' own series;
+* recording rules: every ``record`` of the shipped ``alerts/*/trainmon.rules.yml``
+  (a dashboard may read a rule the bundle loads, e.g. the straggler ratio).
 """
 
 from __future__ import annotations
@@ -15,9 +17,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[2]
 METRICS_DOC = REPO / "docs" / "metrics.md"
 DCGM_COUNTERS = Path(__file__).resolve().parent / "dcgm-exporter-default-counters.csv"
+RULE_FILES = tuple(sorted((REPO / "alerts").glob("*/trainmon.rules.yml")))
 PROMETHEUS_SERIES = frozenset({"up", "ALERTS"})
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
@@ -58,9 +63,12 @@ class Contract:
     trainmon: frozenset[str]
     dcgm_default: frozenset[str]
     dcgm_opt_in: frozenset[str]
+    recorded: frozenset[str] = frozenset()
 
     def allows(self, name: str) -> bool:
         if name in PROMETHEUS_SERIES or name in self.dcgm_default or name in self.dcgm_opt_in:
+            return True
+        if name in self.recorded:
             return True
         if name in self.trainmon:
             return True
@@ -93,6 +101,15 @@ def dcgm_fields(csv: Path = DCGM_COUNTERS) -> tuple[frozenset[str], frozenset[st
     return frozenset(default), frozenset(opt_in - default)
 
 
+def recording_rules(files: tuple[Path, ...] = RULE_FILES) -> frozenset[str]:
+    """Every ``record`` name of the shipped rules files."""
+    names: set[str] = set()
+    for path in files:
+        for group in yaml.safe_load(path.read_text(encoding="utf-8"))["groups"]:
+            names.update(str(rule["record"]) for rule in group["rules"] if "record" in rule)
+    return frozenset(names)
+
+
 def load_contract() -> Contract:
     default, opt_in = dcgm_fields()
-    return Contract(trainmon_metrics(), default, opt_in)
+    return Contract(trainmon_metrics(), default, opt_in, recording_rules())

@@ -16,7 +16,13 @@ from tests.dashboards.dashboard_files import (
     Dashboard,
     panel_queries,
 )
-from tests.dashboards.metric_contract import Contract, dcgm_fields, metric_names, trainmon_metrics
+from tests.dashboards.metric_contract import (
+    Contract,
+    dcgm_fields,
+    metric_names,
+    recording_rules,
+    trainmon_metrics,
+)
 
 UID_PREFIX = {"dcgm": "trainmon-dcgm", "tencent-cloud": "trainmon-tencent"}
 REQUIRED_VARIABLES = {"training": {"job", "node"}, "node": {"node", "gpu"}, "fleet": {"node"}}
@@ -52,6 +58,7 @@ def test_the_contract_sources_are_read() -> None:
     assert {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"} <= default
     assert "DCGM_FI_PROF_SM_ACTIVE" in opt_in
     assert not default & opt_in
+    assert "job_rank:trainmon_training_straggler:ratio_rate10m" in recording_rules()
 
 
 def test_every_dashboard_exists_with_a_stable_uid_and_current_schema(

@@ -39,7 +39,7 @@ def test_committed_prometheusrule_equals_the_rules_in_alerts(variant: str) -> No
     alerts = [rule for group in expected for rule in group["rules"] if "alert" in rule]
     assert alerts, f"alerts/{variant}/ has no alerting rules"
     assert manifest_groups(KUBERNETES, variant) == expected, (
-        "stale PrometheusRule: run `python -m deploy.prometheusrule`"
+        "stale PrometheusRule: run `make generate` (python -m deploy.prometheusrule)"
     )
 
 

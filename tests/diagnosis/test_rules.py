@@ -1,7 +1,7 @@
 """Each verdict rule through the diagnosis collector, fed by a contract-metric source.
 
 The source stands in for the GPU, training, network and attribution
-collectors: it emits the DESIGN §3 samples with values set here, and an
+collectors: it emits the docs/metrics.md samples with values set here, and an
 injected clock moves time, so each rule is shown to fire and not to fire.
 """
 
@@ -192,16 +192,31 @@ def test_synchronised_straggler_is_scheduling_not_communication() -> None:
 
 
 def test_two_rank_job_with_a_straggler() -> None:
+    # The median of two ranks is their mean, the straggler included (as PromQL's
+    # quantile(0.5, ...) of the recording rule): 0.4 / 0.3.
+    node = Node()
+    healthy_job(node, ranks=2)
+    node.ranks[("llm", "1")].work = 0.4
+    result = node.run()
+    assert job_verdicts(result) == {"llm": "scheduling"}
+    assert result.value("trainmon_diagnosis_straggler_ratio", job="llm") == pytest.approx(
+        0.4 / 0.3)
+
+
+def test_a_rank_slower_than_the_factor_of_the_other_rank_alone_is_fine_in_two() -> None:
+    # 0.3 s against 0.2 s is 1.5x the other rank but 1.2x the job's median.
     node = Node()
     healthy_job(node, ranks=2)
     node.ranks[("llm", "1")].work = 0.3
-    assert job_verdicts(node.run()) == {"llm": "scheduling"}
+    result = node.run()
+    assert job_verdicts(result) == {"llm": "compute"}
+    assert result.value("trainmon_diagnosis_straggler_ratio", job="llm") == pytest.approx(1.2)
 
 
 def test_ranks_within_the_straggler_factor_are_fine() -> None:
     node = Node()
     healthy_job(node)
-    node.ranks[("llm", "3")].work = 0.25  # 1.25x
+    node.ranks[("llm", "3")].work = 0.24  # 1.2x, below the contract's 1.25
     assert job_verdicts(node.run()) == {"llm": "compute"}
 
 

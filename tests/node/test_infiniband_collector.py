@@ -119,7 +119,7 @@ def test_host_without_sysfs_exports_nothing(tmp_path: Path, scrape) -> None:
 
 def test_unreadable_counter_is_logged_once_at_debug(tree, scrape, caplog) -> None:
     infiniband = InfinibandCollector(tree("kernel-5.15") / "sys")
-    with caplog.at_level(logging.DEBUG, logger="trainmon.collectors.infiniband"):
+    with caplog.at_level(logging.DEBUG, logger="trainmon.node.infiniband"):
         for _ in range(3):
             scrape(infiniband)
 

@@ -131,7 +131,7 @@ def test_header_without_byte_columns_omits_only_the_byte_counters(tree, scrape) 
 
 def test_unreadable_speed_is_logged_once_at_debug(tree, scrape, caplog) -> None:
     network = collector(tree("kernel-5.15"))
-    with caplog.at_level(logging.DEBUG, logger="trainmon.collectors.network"):
+    with caplog.at_level(logging.DEBUG, logger="trainmon.node.netdev"):
         scrape(network)
         scrape(network)
 

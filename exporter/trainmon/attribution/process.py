@@ -12,7 +12,11 @@ daemon needs the host's PID namespace view because NVML reports host PIDs):
 - the kubelet's pod list (``KubeletPodDirectory``, optional): pod UID → pod,
   namespace and container names.
 
-Nothing is cached per PID: both files are tiny and PIDs are reused.
+Nothing is cached per PID: both files are tiny and PIDs are reused. The files
+are read here rather than through psutil: psutil takes its procfs root from a
+module global (``psutil.PROCFS_PATH``), not per reader, so it cannot honour the
+injected root (a host mount, a test's fixture tree) beside the collectors that
+read the real one, and it has no cgroup reader.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from pathlib import Path
 
 from trainmon.attribution.cgroup import parse_cgroup
 from trainmon.attribution.kubelet import KubeletPodDirectory
+from trainmon.logthrottle import LogThrottle
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +85,7 @@ class ProcessAttributor:
     def __init__(self, proc_root: Path, pods: KubeletPodDirectory | None = None) -> None:
         self._proc = proc_root
         self._pods = pods
-        self._warned_unreadable = False
+        self._unreadable_warned = LogThrottle(None)  # once at warning level, then debug
 
     def attribute(self, pid: int) -> ProcessAttribution:
         """Everything known about ``pid``; a vanished process gives only its PID."""
@@ -114,8 +119,8 @@ class ProcessAttributor:
             return read_environ(self._proc, pid)
         except EnvironUnreadable as error:
             # Warn once: without ptrace access every process would repeat it.
-            level = logging.DEBUG if self._warned_unreadable else logging.WARNING
-            self._warned_unreadable = True
+            first = self._unreadable_warned.allow("environ")
+            level = logging.WARNING if first else logging.DEBUG
             log.log(
                 level,
                 "cannot read the environment of %s; Slurm job ids from SLURM_JOB_ID and NCCL "

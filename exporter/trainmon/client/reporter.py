@@ -34,6 +34,7 @@ from typing import TypeVar
 
 from trainmon.client.identity import detect_gpu, rank_identity
 from trainmon.client.transport import DEFAULT_ENDPOINT, Sender, open_sender
+from trainmon.logthrottle import LogThrottle
 from trainmon.training.protocol import (
     DEFAULT_MAX_LABEL_LENGTH,
     MAX_PHASES,
@@ -54,8 +55,6 @@ OTHER_PHASE = "other"
 #: Raw phase names whose cleaned form is remembered; names past this many are
 #: cleaned on every call (bounds memory when callers pass unbounded names).
 MAX_CACHED_PHASE_NAMES = 4 * MAX_PHASES
-#: Delivery failures are logged at most once per this many seconds.
-FAILURE_LOG_INTERVAL_SECONDS = 300.0
 
 _perf_counter = time.perf_counter
 
@@ -118,7 +117,8 @@ class Reporter:
         self._phase_names: dict[str, str] = {}
         self._phase_set: set[str] = set()
         self._dropped = 0
-        self._last_failure_log = -math.inf
+        # Delivery failures are logged once per 5 minutes.
+        self._failures_logged = LogThrottle()
 
         self._closed = False
         self._closing = threading.Event()
@@ -287,9 +287,7 @@ class Reporter:
                 self.gpu = detected
 
     def _log_failure(self) -> None:
-        now = time.monotonic()
-        if now - self._last_failure_log >= FAILURE_LOG_INTERVAL_SECONDS:
-            self._last_failure_log = now
+        if self._failures_logged.allow("delivery"):
             log.warning(
                 "trainmon: cannot deliver step reports (%s); training continues, "
                 "%d report(s) undelivered so far", self._sender.last_error, self._dropped,

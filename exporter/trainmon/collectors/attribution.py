@@ -127,7 +127,7 @@ class AttributionCollector(Collector):
             families.extend(self._nccl_families(attributed.values()))
         if self._pods is not None:
             requests = CounterMetricFamily(
-                "trainmon_attribution_kubelet_requests",
+                "trainmon_attribution_kubelet_requests_total",
                 "Pod list requests to the kubelet (for pod and container names), by result.",
                 labels=["result"],
             )

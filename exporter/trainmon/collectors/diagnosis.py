@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Sequence
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from trainmon.core.collector import Collector
-from trainmon.diagnosis import KINDS, Snapshot, Verdict, Window, diagnose, measure
+from trainmon.diagnosis import KINDS, ScrapedSamples, Verdict, Window, diagnose, measure
 from trainmon.diagnosis.config import DiagnosisConfig
 from trainmon.diagnosis.measure import MEASURED_SAMPLES
 
@@ -63,7 +63,7 @@ class DiagnosisCollector(Collector):
         self._observed: Sequence[Metric] = ()
         self._clock = clock
         self._wall_clock = wall_clock
-        self._snapshots: deque[Snapshot] = deque(maxlen=MAX_SNAPSHOTS)
+        self._snapshots: deque[ScrapedSamples] = deque(maxlen=MAX_SNAPSHOTS)
         self._min_interval = config.window_seconds / EVALUATIONS_PER_WINDOW
         self._verdicts: list[Verdict] = []
         self._window_seconds = 0.0
@@ -83,7 +83,7 @@ class DiagnosisCollector(Collector):
         now = self._clock()
         if self._snapshots and now - self._snapshots[-1].at < self._min_interval:
             return verdict_families(self._verdicts, self._window_seconds)
-        self._snapshots.append(Snapshot.from_families(
+        self._snapshots.append(ScrapedSamples.from_families(
             self._observed, now, self._wall_clock(), MEASURED_SAMPLES))
         horizon = now - self._config.window_seconds
         while len(self._snapshots) > 1 and self._snapshots[1].at <= horizon:
@@ -109,16 +109,23 @@ def verdict_families(verdicts: Sequence[Verdict], window_seconds: float) -> list
         labels=["job", "kind", "finding"],
     )
     gauges = {
-        name: GaugeMetricFamily(f"trainmon_diagnosis_{name}", help_text, labels=["job"])
+        name: GaugeMetricFamily(name, help_text, labels=["job"])
         for name, help_text in (
-            ("data_wait_ratio", "Data wait / step time of the job's worst rank over the window."),
-            ("comm_ratio", "Comm-phase time / step time of the job's median rank."),
-            ("gpu_utilization_ratio", "Mean utilization of the job's GPUs over the window."),
-            ("straggler_ratio", "Largest per-step work (step - data wait - comm) of a rank "
-                                "over the median of the other ranks."),
-            ("idle_gpus", "GPUs of the job below the idle utilization threshold."),
-            ("stalled_ranks", "Ranks of the job without a step for diagnosis.stall_seconds."),
-            ("step_seconds", "Median step duration of the job's ranks over the window."),
+            ("trainmon_diagnosis_data_wait_ratio",
+             "Data wait / step time of the job's worst rank over the window."),
+            ("trainmon_diagnosis_comm_ratio",
+             "Comm-phase time / step time of the job's median rank."),
+            ("trainmon_diagnosis_gpu_utilization_ratio",
+             "Mean utilization of the job's GPUs over the window."),
+            ("trainmon_diagnosis_straggler_ratio",
+             "Largest per-step work (step - data wait - comm) of a rank "
+             "over the median of the job's ranks."),
+            ("trainmon_diagnosis_idle_gpus",
+             "GPUs of the job below the idle utilization threshold."),
+            ("trainmon_diagnosis_stalled_ranks",
+             "Ranks of the job without a step for diagnosis.stall_seconds."),
+            ("trainmon_diagnosis_step_seconds",
+             "Median step duration of the job's ranks over the window."),
         )
     }
     for verdict in verdicts:
@@ -128,13 +135,15 @@ def verdict_families(verdicts: Sequence[Verdict], window_seconds: float) -> list
             findings.add_metric([verdict.job, finding.kind, finding.code], 1.0)
         evidence = verdict.evidence
         values = {
-            "data_wait_ratio": evidence.data_wait_ratio,
-            "comm_ratio": evidence.comm_ratio,
-            "gpu_utilization_ratio": evidence.gpu_utilization_ratio,
-            "straggler_ratio": evidence.straggler_ratio,
-            "idle_gpus": float(len(evidence.idle_gpus)) if evidence.gpus else None,
-            "stalled_ranks": float(len(evidence.stalled_ranks)) if evidence.ranks else None,
-            "step_seconds": evidence.step_seconds,
+            "trainmon_diagnosis_data_wait_ratio": evidence.data_wait_ratio,
+            "trainmon_diagnosis_comm_ratio": evidence.comm_ratio,
+            "trainmon_diagnosis_gpu_utilization_ratio": evidence.gpu_utilization_ratio,
+            "trainmon_diagnosis_straggler_ratio": evidence.straggler_ratio,
+            "trainmon_diagnosis_idle_gpus":
+                float(len(evidence.idle_gpus)) if evidence.gpus else None,
+            "trainmon_diagnosis_stalled_ranks":
+                float(len(evidence.stalled_ranks)) if evidence.ranks else None,
+            "trainmon_diagnosis_step_seconds": evidence.step_seconds,
         }
         for name, value in values.items():
             if value is not None:

@@ -31,7 +31,7 @@ from trainmon.gpu.types import GPULost, GPUProcess, GPUReadings, NVMLUnavailable
 log = logging.getLogger(__name__)
 
 class GPUCollector(Collector):
-    """Every GPU metric of DESIGN §3 (GPU block) for the GPUs NVML enumerates."""
+    """Every GPU metric of docs/metrics.md ("GPU") for the GPUs NVML enumerates."""
 
     name = "gpu"
 
@@ -162,43 +162,47 @@ class _Families:
             "trainmon_gpu_power_limit_watts", "Enforced power limit, watts.", labels=gpu
         )
         self.energy = c(
-            "trainmon_gpu_energy_joules", "Energy used since the driver loaded, joules.", labels=gpu
+            "trainmon_gpu_energy_joules_total",
+            "Energy used since the driver loaded, joules.",
+            labels=gpu,
         )
         self.temperature = g(
             "trainmon_gpu_temperature_celsius", "GPU die temperature, degrees Celsius.", labels=gpu
         )
         self.sm_clock = g("trainmon_gpu_sm_clock_hertz", "Current SM clock, hertz.", labels=gpu)
         self.throttle = c(
-            "trainmon_gpu_throttle_seconds",
+            "trainmon_gpu_throttle_seconds_total",
             "Time clocks were held below target, per reason, seconds "
             "(nvmlDeviceGetViolationStatus).",
             labels=["gpu", "reason"],
         )
         self.pcie_tx = c(
-            "trainmon_gpu_pcie_transmit_bytes", "Bytes sent over PCIe (NVML field 197).", labels=gpu
+            "trainmon_gpu_pcie_transmit_bytes_total",
+            "Bytes sent over PCIe (NVML field 197).",
+            labels=gpu,
         )
         self.pcie_rx = c(
-            "trainmon_gpu_pcie_receive_bytes",
+            "trainmon_gpu_pcie_receive_bytes_total",
             "Bytes received over PCIe (NVML field 198).",
             labels=gpu,
         )
         self.nvlink_tx = c(
-            "trainmon_gpu_nvlink_transmit_bytes",
+            "trainmon_gpu_nvlink_transmit_bytes_total",
             "NVLink data bytes sent, all links (NVML field 138).",
             labels=gpu,
         )
         self.nvlink_rx = c(
-            "trainmon_gpu_nvlink_receive_bytes",
+            "trainmon_gpu_nvlink_receive_bytes_total",
             "NVLink data bytes received, all links (NVML field 139).",
             labels=gpu,
         )
         self.ecc = c(
-            "trainmon_gpu_ecc_errors",
+            "trainmon_gpu_ecc_errors_total",
             "ECC memory errors since the driver loaded (volatile counters), by severity.",
             labels=["gpu", "severity"],
         )
         self.xid_errors = c(
-            "trainmon_gpu_xid_errors",
+            "trainmon_gpu_xid_errors_total",
             "XID critical errors seen by the event thread.",
             labels=["gpu", "xid"],
         )
@@ -208,17 +212,17 @@ class _Families:
             labels=["gpu", "xid"],
         )
         self.samples = c(
-            "trainmon_gpu_util_samples",
+            "trainmon_gpu_util_samples_total",
             "Driver utilization samples seen by the sampler (~6/s).",
             labels=gpu,
         )
         self.idle_samples = c(
-            "trainmon_gpu_util_idle_samples",
+            "trainmon_gpu_util_idle_samples_total",
             "Utilization samples below the idle threshold.",
             labels=gpu,
         )
         self.transitions = c(
-            "trainmon_gpu_util_transitions",
+            "trainmon_gpu_util_transitions_total",
             "Busy/idle transitions of the utilization (with hysteresis).",
             labels=gpu,
         )

@@ -173,14 +173,14 @@ class TencentCollector(Collector):
     def _api_families(self) -> Iterable[Metric]:
         stats = self._stats.snapshot()
         requests_total = CounterMetricFamily(
-            "trainmon_tencent_api_requests",
+            "trainmon_tencent_api_requests_total",
             "Tencent Cloud API requests sent, retries included.",
             labels=["action"],
         )
         for action, count in sorted(stats.requests.items()):
             requests_total.add_metric([action], count)
         errors = CounterMetricFamily(
-            "trainmon_tencent_api_errors",
+            "trainmon_tencent_api_errors_total",
             "Failed Tencent Cloud API requests by error code (Tencent's, or Timeout, "
             "NetworkError, MalformedResponse, HTTP<status>, CredentialsUnavailable).",
             labels=["action", "code"],

@@ -3,7 +3,7 @@
 Reports arrive on the unix datagram socket (``SocketReceiver``) and through
 ``POST /api/v1/steps`` (``StepPushHandler``, registered via ``push_routes()``);
 both feed one ``TrainingStore``. ``collect()`` only reads a snapshot of it.
-Metric names follow DESIGN §3 (Training block); ``docs/metrics.md`` documents
+Metric names follow the contract; ``docs/metrics.md`` ("Training") documents
 each one.
 """
 
@@ -25,7 +25,7 @@ from trainmon.core.collector import Collector
 from trainmon.http.push import PushHandler, PushRequest, PushResponse
 from trainmon.training.protocol import STEP_SECONDS_BOUNDS, STEPS_PATH
 from trainmon.training.receiver import SocketReceiver, StepPushHandler, read_token
-from trainmon.training.store import StoreSnapshot, TrainingStore
+from trainmon.training.store import TrainingStore, TrainingStoreView
 
 log = logging.getLogger(__name__)
 
@@ -142,19 +142,19 @@ class TrainingCollector(Collector):
         yield from _rank_families(snapshot)
         yield from self._intake_families(snapshot)
 
-    def _intake_families(self, snapshot: StoreSnapshot) -> Iterable[Metric]:
+    def _intake_families(self, snapshot: TrainingStoreView) -> Iterable[Metric]:
         yield _counter_by(
-            "trainmon_training_reports",
+            "trainmon_training_reports_total",
             "Step reports accepted, by transport (unix socket or http).",
             "transport", snapshot.accepted,
         )
         yield _counter_by(
-            "trainmon_training_rejected_reports",
+            "trainmon_training_rejected_reports_total",
             "Step reports (lines, datagrams or bodies) refused, by reason; see docs/protocol.md.",
             "reason", snapshot.rejected,
         )
         yield _counter_by(
-            "trainmon_training_evicted_ranks",
+            "trainmon_training_evicted_ranks_total",
             "Ranks dropped with their series: silent past the TTL, or least recently "
             "updated when max_jobs / max_ranks_per_job was reached.",
             "reason", snapshot.evicted,
@@ -179,12 +179,12 @@ def _counter_by(
     return family
 
 
-def _rank_families(snapshot: StoreSnapshot) -> Iterable[Metric]:
+def _rank_families(snapshot: TrainingStoreView) -> Iterable[Metric]:
     steps = CounterMetricFamily(
-        "trainmon_training_steps", "Training steps completed by the rank.", labels=_RANK
+        "trainmon_training_steps_total", "Training steps completed by the rank.", labels=_RANK
     )
     samples = CounterMetricFamily(
-        "trainmon_training_samples", "Training samples processed by the rank.", labels=_RANK
+        "trainmon_training_samples_total", "Training samples processed by the rank.", labels=_RANK
     )
     step_seconds = HistogramMetricFamily(
         "trainmon_training_step_seconds",
@@ -192,12 +192,12 @@ def _rank_families(snapshot: StoreSnapshot) -> Iterable[Metric]:
         labels=_RANK,
     )
     data_wait = CounterMetricFamily(
-        "trainmon_training_data_wait_seconds",
+        "trainmon_training_data_wait_seconds_total",
         "Seconds the rank's training loop was blocked waiting for the next batch.",
         labels=_RANK,
     )
     phases = CounterMetricFamily(
-        "trainmon_training_phase_seconds",
+        "trainmon_training_phase_seconds_total",
         "Seconds spent in named phases of steps (e.g. comm, checkpoint).",
         labels=[*_RANK, "phase"],
     )
@@ -229,13 +229,13 @@ def _rank_families(snapshot: StoreSnapshot) -> Iterable[Metric]:
         labels=["job"],
     )
     dropped = CounterMetricFamily(
-        "trainmon_training_dropped_reports",
+        "trainmon_training_dropped_reports_total",
         "Reports the rank's client could not deliver (daemon down, socket full), "
         "as told by its later reports.",
         labels=_RANK,
     )
     resets = CounterMetricFamily(
-        "trainmon_training_counter_resets",
+        "trainmon_training_counter_resets_total",
         "Reporter restarts (new reporter_id or totals going backwards) absorbed "
         "into the rank's monotonic counters.",
         labels=_RANK,

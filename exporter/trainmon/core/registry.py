@@ -22,11 +22,9 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from trainmon import __version__
 from trainmon.core.collector import Collector, CollectorUnavailable
+from trainmon.logthrottle import LogThrottle
 
 log = logging.getLogger(__name__)
-
-#: A failing collector logs its error at most once per this many seconds.
-ERROR_LOG_INTERVAL_SECONDS = 300.0
 
 
 @dataclass
@@ -37,8 +35,6 @@ class CollectorState:
     error: str | None = None
     duration_seconds: float = 0.0
     last_success_timestamp: float | None = None
-    last_logged_error: str | None = None
-    last_logged_at: float = float("-inf")
 
 
 class CollectorRegistry:
@@ -61,6 +57,8 @@ class CollectorRegistry:
         self._clock = clock
         self._wall_clock = wall_clock
         self._states = {name: CollectorState() for name in names}
+        # A failing collector logs its error once per 5 minutes, and at once when it changes.
+        self._errors_logged = LogThrottle(clock=clock)
         # Scrapes are serialised: collectors keep per-scrape state (counter
         # wrap tracking) and two concurrent full reads of /proc buy nothing.
         self._lock = threading.Lock()
@@ -173,18 +171,12 @@ class CollectorRegistry:
         entry.duration_seconds = duration
         if state == "ok":
             entry.last_success_timestamp = self._wall_clock()
-            if entry.last_logged_error is not None:
+            if self._errors_logged.forget(name):
                 log.info("collector %s recovered", name)
-                entry.last_logged_error = None
             return
-        now = self._clock()
-        if error != entry.last_logged_error or now - entry.last_logged_at >= (
-            ERROR_LOG_INTERVAL_SECONDS
-        ):
+        if self._errors_logged.allow(name, (state, error)):
             level = logging.INFO if state == "unavailable" else logging.ERROR
             log.log(level, "collector %s %s: %s", name, state, error)
-            entry.last_logged_error = error
-            entry.last_logged_at = now
 
 
 def _describe(error: BaseException) -> str:

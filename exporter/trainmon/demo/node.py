@@ -21,10 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainmon.background import BackgroundThread
+from trainmon.node.diskstats import SECTOR_BYTES
 
 log = logging.getLogger(__name__)
-
-SECTOR_BYTES = 512
 
 
 @dataclass(frozen=True)

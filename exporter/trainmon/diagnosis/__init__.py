@@ -8,7 +8,7 @@ per job, ``text`` into plain language (English, Chinese). The daemon's
 
 from trainmon.diagnosis.measure import NodeMeasurements, measure
 from trainmon.diagnosis.rules import ACTIONABLE_KINDS, KINDS, Evidence, Finding, Verdict, diagnose
-from trainmon.diagnosis.samples import Snapshot, Window
+from trainmon.diagnosis.samples import ScrapedSamples, Window
 
 __all__ = [
     "ACTIONABLE_KINDS",
@@ -16,7 +16,7 @@ __all__ = [
     "Evidence",
     "Finding",
     "NodeMeasurements",
-    "Snapshot",
+    "ScrapedSamples",
     "Verdict",
     "Window",
     "diagnose",

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainmon import contract
 from trainmon.settings import ConfigError, Section
 
 
 @dataclass(frozen=True)
 class DiagnosisConfig:
-    """Thresholds of the compute/communication/storage/scheduling verdict (DESIGN §6).
+    """Thresholds of the compute/communication/storage/scheduling verdict (docs/diagnosis.md).
 
-    Every ratio is 0-1; docs/diagnosis.md gives the reasoning and sources.
+    Every ratio is 0-1; docs/diagnosis.md gives the reasoning and sources. The
+    thresholds the alert rules and dashboards share come from ``trainmon.contract``.
     """
 
     enabled: bool = True
@@ -20,22 +22,22 @@ class DiagnosisConfig:
     #: Fewer steps than this in the window (all ranks together): kind ``none``.
     min_steps: int = 3
     #: storage: data wait / step time of the worst rank at or above this.
-    data_wait_ratio: float = 0.2
+    data_wait_ratio: float = contract.DATA_WAIT_RATIO
     #: storage, second rule: a GPU sawtooth at or above this ...
-    sawtooth_ratio: float = 0.5
+    sawtooth_ratio: float = contract.SAWTOOTH_FLAG
     #: ... with a rising data wait that reached this.
     sawtooth_data_wait_ratio: float = 0.1
     #: communication: comm-phase time / step time of the median rank at or above this.
-    comm_ratio: float = 0.3
+    comm_ratio: float = contract.COMM_RATIO
     #: Phase names counted as communication.
     comm_phases: tuple[str, ...] = ("comm",)
     #: communication without a comm phase: a NIC or IB port this busy (of its link rate).
-    link_utilization_ratio: float = 0.8
+    link_utilization_ratio: float = contract.LINK_SATURATION_RATIO
     #: scheduling: a rank whose per-step work (step - data wait - comm) is this many
-    #: times the median of the other ranks' is a straggler.
-    straggler_factor: float = 1.3
+    #: times the median of the job's ranks (itself included) is a straggler.
+    straggler_factor: float = contract.STRAGGLER_FACTOR
     #: A GPU whose mean utilization is below this is idle.
-    idle_utilization_ratio: float = 0.05
+    idle_utilization_ratio: float = contract.GPU_IDLE_RATIO
     #: compute: below this GPU utilization the advice points at host-side overhead.
     busy_utilization_ratio: float = 0.6
     #: scheduling: a rank without a step for this long has stalled (seconds).

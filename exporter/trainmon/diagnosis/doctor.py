@@ -34,8 +34,8 @@ from trainmon.core.collector import Collector
 from trainmon.core.registry import CollectorRegistry
 from trainmon.diagnosis.config import DiagnosisConfig
 from trainmon.diagnosis.measure import MEASURED_SAMPLES
-from trainmon.diagnosis.report import build_report, render_text, unmeasured_report
-from trainmon.diagnosis.samples import Snapshot, Window
+from trainmon.diagnosis.report import Source, build_report, render_text, unmeasured_report
+from trainmon.diagnosis.samples import ScrapedSamples, Window
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def run_doctor(
     sleep: Sleep = time.sleep,
 ) -> int:
     """Measure, diagnose, print the report (text or JSON); return the exit code."""
-    source: dict[str, object] = (
+    source: Source = (
         {"kind": "url", "url": metrics_url(options.url)} if options.url else {"kind": "local"}
     )
     try:
@@ -94,7 +94,7 @@ def run_doctor(
         out.write(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     else:
         out.write(render_text(report))
-    return int(report["exit_code"])
+    return report["exit_code"]
 
 
 def scrape_url(
@@ -112,11 +112,11 @@ def scrape_url(
     target = metrics_url(url)
     http = session if session is not None else requests.Session()
 
-    def snapshot() -> Snapshot:
+    def snapshot() -> ScrapedSamples:
         try:
             response = http.get(target, timeout=timeout, headers={"Accept": "text/plain"})
             response.raise_for_status()
-            return Snapshot.from_text(response.text, clock(), wall_clock(), MEASURED_SAMPLES)
+            return ScrapedSamples.from_text(response.text, clock(), wall_clock(), MEASURED_SAMPLES)
         except requests.RequestException as error:
             raise MeasurementError(f"cannot read {target}: {_reason(error)}") from None
         except ValueError as error:
@@ -159,8 +159,8 @@ def sample_collectors(
     )
     registry.start()
 
-    def snapshot() -> Snapshot:
-        return Snapshot.from_families(
+    def snapshot() -> ScrapedSamples:
+        return ScrapedSamples.from_families(
             registry.collect(), clock(), wall_clock(), MEASURED_SAMPLES
         )
 
@@ -171,7 +171,7 @@ def sample_collectors(
 
 
 def _sample(
-    snapshot: Callable[[], Snapshot], seconds: float, interval: float,
+    snapshot: Callable[[], ScrapedSamples], seconds: float, interval: float,
     clock: Callable[[], float], sleep: Sleep,
 ) -> Window:
     snapshots = [snapshot()]

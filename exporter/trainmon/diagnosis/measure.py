@@ -1,6 +1,6 @@
 """What a window of snapshots says about the node: GPUs, ranks, disks, links, processes.
 
-Every value is read from the metric contract (DESIGN §3), never from a
+Every value is read from the metric contract (docs/metrics.md), never from a
 collector's internals, so the same code serves the daemon and ``doctor``:
 
 - GPUs: ``trainmon_gpu_utilization_ratio`` (mean over the window),

@@ -43,9 +43,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainmon.collectors.infiniband import infiniband_ports, port_active
-from trainmon.collectors.network import parse_net_dev
+from trainmon.node.infiniband import infiniband_ports, port_active
 from trainmon.node.kernelfiles import KernelFileReader
+from trainmon.node.netdev import parse_net_dev
 
 log = logging.getLogger(__name__)
 

@@ -9,12 +9,24 @@ Chinese (``text``). The JSON keys are stable; the messages follow ``lang``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict
-from typing import Any
+from typing import TypedDict
 
 from trainmon.diagnosis.config import DiagnosisConfig
-from trainmon.diagnosis.measure import NodeMeasurements, measure
-from trainmon.diagnosis.rules import ACTIONABLE_KINDS, Verdict, diagnose, process_jobs
+from trainmon.diagnosis.measure import (
+    DiskState,
+    GPUProcessState,
+    LinkState,
+    NcclState,
+    NodeMeasurements,
+    measure,
+)
+from trainmon.diagnosis.rules import (
+    ACTIONABLE_KINDS,
+    Evidence,
+    Verdict,
+    diagnose,
+    process_jobs,
+)
 from trainmon.diagnosis.samples import Window
 from trainmon.diagnosis.text import (
     advice_text,
@@ -27,11 +39,153 @@ from trainmon.diagnosis.text import (
 
 #: ``status`` → ``doctor`` exit code.
 EXIT_CODES = {"healthy": 0, "bottleneck": 1, "unmeasured": 2}
-Report = dict[str, Any]
+
+
+# -- the JSON document ------------------------------------------------------------
+
+
+class _SourceKind(TypedDict):
+    kind: str  # "url" or "local"
+
+
+class Source(_SourceKind, total=False):
+    """What was measured: ``url`` for a daemon; ``seconds`` and ``snapshots`` once measured."""
+
+    url: str
+    seconds: float
+    snapshots: int
+
+
+class ProcessEntry(TypedDict):
+    """A process on a GPU and who runs it (``measure.GPUProcessState``), with its job."""
+
+    gpu: str
+    pid: str
+    pod: str
+    namespace: str
+    container: str
+    slurm_job: str
+    pod_uid: str
+    job: str
+
+
+class GPUEntry(TypedDict):
+    gpu: str
+    utilization_ratio: float | None
+    sawtooth_ratio: float | None
+    memory_used_bytes: float | None
+    #: The job and rank that report this GPU; empty strings when none does.
+    job: str
+    rank: str
+    processes: list[ProcessEntry]
+
+
+class StorageJobEntry(TypedDict):
+    job: str
+    data_wait_ratio: float
+    #: The rank that waits longest for data.
+    rank: str
+
+
+class DiskEntry(TypedDict):
+    device: str
+    busy_ratio: float | None
+    read_bytes_per_second: float | None
+    write_bytes_per_second: float | None
+
+
+class StorageSection(TypedDict):
+    jobs: list[StorageJobEntry]
+    disks: list[DiskEntry]
+
+
+class NetworkJobEntry(TypedDict):
+    job: str
+    comm_ratio: float
+
+
+class LinkEntry(TypedDict):
+    kind: str  # "nic" or "infiniband"
+    device: str
+    #: Empty for a NIC.
+    port: str
+    receive_bytes_per_second: float | None
+    transmit_bytes_per_second: float | None
+    rate_bytes_per_second: float | None
+    #: The busier direction over the link rate.
+    utilization_ratio: float | None
+
+
+class NcclEntry(TypedDict):
+    pid: str
+    problem: str
+    variable: str
+    value: str
+    message: str
+
+
+class NetworkSection(TypedDict):
+    jobs: list[NetworkJobEntry]
+    links: list[LinkEntry]
+    nccl: list[NcclEntry]
+
+
+class FindingEntry(TypedDict):
+    kind: str
+    code: str
+    values: dict[str, float | str]
+    message: str
+
+
+class EvidenceEntry(TypedDict):
+    """``rules.Evidence``, field for field."""
+
+    ranks: int
+    steps: float
+    step_seconds: float | None
+    data_wait_ratio: float | None
+    worst_data_wait_rank: str
+    comm_ratio: float | None
+    straggler_ratio: float | None
+    straggler_rank: str
+    gpu_utilization_ratio: float | None
+    gpus: list[str]
+    idle_gpus: list[str]
+    sawtooth_ratio: float | None
+    stalled_ranks: list[str]
+    seconds_since_last_step: float | None
+    busiest_link: str
+    busiest_link_utilization: float | None
+
+
+class JobEntry(TypedDict):
+    job: str
+    kind: str
+    kind_name: str
+    #: The deciding finding first.
+    findings: list[FindingEntry]
+    evidence: EvidenceEntry
+    advice: str
+    nccl: list[NcclEntry]
+
+
+class Report(TypedDict):
+    """The ``doctor --json`` document; its keys are stable."""
+
+    source: Source
+    lang: str
+    gpus: list[GPUEntry]
+    storage: StorageSection
+    network: NetworkSection
+    jobs: list[JobEntry]
+    status: str  # "healthy", "bottleneck" or "unmeasured"
+    #: Why nothing could be measured; empty otherwise.
+    reason: str
+    exit_code: int
 
 
 def build_report(
-    window: Window, config: DiagnosisConfig, source: dict[str, object], lang: str = "en"
+    window: Window, config: DiagnosisConfig, source: Source, lang: str = "en"
 ) -> Report:
     """The whole report as JSON-ready data."""
     node = measure(window, config.comm_phases)
@@ -46,14 +200,13 @@ def build_report(
             "jobs": [{"job": v.job, "data_wait_ratio": v.evidence.data_wait_ratio,
                       "rank": v.evidence.worst_data_wait_rank}
                      for v in verdicts if v.evidence.data_wait_ratio is not None],
-            "disks": [asdict(disk) for disk in node.disks],
+            "disks": [_disk_entry(disk) for disk in node.disks],
         },
         "network": {
             "jobs": [{"job": v.job, "comm_ratio": v.evidence.comm_ratio}
                      for v in verdicts if v.evidence.comm_ratio is not None],
-            "links": [{**asdict(link), "utilization_ratio": link.utilization}
-                      for link in node.links],
-            "nccl": [_nccl_entry(asdict(problem), lang) for problem in node.nccl],
+            "links": [_link_entry(link) for link in node.links],
+            "nccl": [_nccl_entry(problem, lang) for problem in node.nccl],
         },
         "jobs": [_job_entry(verdict, lang) for verdict in verdicts],
         "status": status,
@@ -62,7 +215,7 @@ def build_report(
     }
 
 
-def unmeasured_report(source: dict[str, object], reason: str, lang: str = "en") -> Report:
+def unmeasured_report(source: Source, reason: str, lang: str = "en") -> Report:
     """The report when the source could not be read at all."""
     return {
         "source": source, "lang": lang, "gpus": [],
@@ -88,10 +241,10 @@ def _status(node: NodeMeasurements, verdicts: Sequence[Verdict]) -> tuple[str, s
     return "unmeasured", "no GPU and no training job seen (is NVML present? do jobs report?)"
 
 
-def _gpu_section(node: NodeMeasurements) -> list[dict[str, Any]]:
+def _gpu_section(node: NodeMeasurements) -> list[GPUEntry]:
     rank_of_gpu = {rank.gpu: rank for rank in node.ranks if rank.gpu}
     jobs = process_jobs(node)
-    section: list[dict[str, Any]] = []
+    section: list[GPUEntry] = []
     for gpu in node.gpus:
         rank = rank_of_gpu.get(gpu.gpu)
         section.append({
@@ -102,14 +255,43 @@ def _gpu_section(node: NodeMeasurements) -> list[dict[str, Any]]:
             "job": rank.job if rank else "",
             "rank": rank.rank if rank else "",
             "processes": [
-                {**asdict(process), "job": jobs[process]}
+                _process_entry(process, jobs[process])
                 for process in node.processes if process.gpu == gpu.gpu
             ],
         })
     return section
 
 
-def _job_entry(verdict: Verdict, lang: str) -> dict[str, object]:
+def _process_entry(process: GPUProcessState, job: str) -> ProcessEntry:
+    return {
+        "gpu": process.gpu, "pid": process.pid, "pod": process.pod,
+        "namespace": process.namespace, "container": process.container,
+        "slurm_job": process.slurm_job, "pod_uid": process.pod_uid, "job": job,
+    }
+
+
+def _disk_entry(disk: DiskState) -> DiskEntry:
+    return {
+        "device": disk.device,
+        "busy_ratio": disk.busy_ratio,
+        "read_bytes_per_second": disk.read_bytes_per_second,
+        "write_bytes_per_second": disk.write_bytes_per_second,
+    }
+
+
+def _link_entry(link: LinkState) -> LinkEntry:
+    return {
+        "kind": link.kind,
+        "device": link.device,
+        "port": link.port,
+        "receive_bytes_per_second": link.receive_bytes_per_second,
+        "transmit_bytes_per_second": link.transmit_bytes_per_second,
+        "rate_bytes_per_second": link.rate_bytes_per_second,
+        "utilization_ratio": link.utilization,
+    }
+
+
+def _job_entry(verdict: Verdict, lang: str) -> JobEntry:
     return {
         "job": verdict.job,
         "kind": verdict.kind,
@@ -119,15 +301,41 @@ def _job_entry(verdict: Verdict, lang: str) -> dict[str, object]:
              "message": finding_text(finding.code, finding.values, lang)}
             for finding in verdict.findings
         ],
-        "evidence": asdict(verdict.evidence),
+        "evidence": _evidence_entry(verdict.evidence),
         "advice": advice_text(verdict.findings[0].code, lang),
-        "nccl": [_nccl_entry(asdict(problem), lang) for problem in verdict.nccl],
+        "nccl": [_nccl_entry(problem, lang) for problem in verdict.nccl],
     }
 
 
-def _nccl_entry(problem: dict[str, Any], lang: str) -> dict[str, Any]:
-    message = nccl_text(problem["problem"], problem["variable"], problem["value"], lang)
-    return {**problem, "message": message}
+def _evidence_entry(evidence: Evidence) -> EvidenceEntry:
+    return {
+        "ranks": evidence.ranks,
+        "steps": evidence.steps,
+        "step_seconds": evidence.step_seconds,
+        "data_wait_ratio": evidence.data_wait_ratio,
+        "worst_data_wait_rank": evidence.worst_data_wait_rank,
+        "comm_ratio": evidence.comm_ratio,
+        "straggler_ratio": evidence.straggler_ratio,
+        "straggler_rank": evidence.straggler_rank,
+        "gpu_utilization_ratio": evidence.gpu_utilization_ratio,
+        "gpus": list(evidence.gpus),
+        "idle_gpus": list(evidence.idle_gpus),
+        "sawtooth_ratio": evidence.sawtooth_ratio,
+        "stalled_ranks": list(evidence.stalled_ranks),
+        "seconds_since_last_step": evidence.seconds_since_last_step,
+        "busiest_link": evidence.busiest_link,
+        "busiest_link_utilization": evidence.busiest_link_utilization,
+    }
+
+
+def _nccl_entry(problem: NcclState, lang: str) -> NcclEntry:
+    return {
+        "pid": problem.pid,
+        "problem": problem.problem,
+        "variable": problem.variable,
+        "value": problem.value,
+        "message": nccl_text(problem.problem, problem.variable, problem.value, lang),
+    }
 
 
 # -- text -----------------------------------------------------------------------
@@ -135,7 +343,7 @@ def _nccl_entry(problem: dict[str, Any], lang: str) -> dict[str, Any]:
 
 def render_text(report: Report) -> str:
     """The human report, in ``report["lang"]``."""
-    lang = str(report.get("lang", "en"))
+    lang = report["lang"]
     source = report["source"]
     lines: list[str] = []
     if "seconds" not in source:  # nothing was measured
@@ -152,17 +360,17 @@ def render_text(report: Report) -> str:
     lines += [_gpu_line(gpu, lang) for gpu in report["gpus"]] or [f"   {heading('no_gpu', lang)}"]
 
     lines += ["", heading("storage", lang)]
-    for job in report["storage"]["jobs"]:
-        lines.append(f"   {word('job', lang)} {job['job']}: {word('data_wait', lang)} "
-                     f"{_percent(job['data_wait_ratio'])} (rank {job['rank']})")
+    for waiting in report["storage"]["jobs"]:
+        lines.append(f"   {word('job', lang)} {waiting['job']}: {word('data_wait', lang)} "
+                     f"{_percent(waiting['data_wait_ratio'])} (rank {waiting['rank']})")
     lines += [_disk_line(disk, lang) for disk in report["storage"]["disks"]]
     if not report["storage"]["jobs"] and not report["storage"]["disks"]:
         lines.append(f"   {heading('no_disks', lang)}")
 
     lines += ["", heading("network", lang)]
-    for job in report["network"]["jobs"]:
-        lines.append(f"   {word('job', lang)} {job['job']}: {word('communication', lang)} "
-                     f"{_percent(job['comm_ratio'])}")
+    for communicating in report["network"]["jobs"]:
+        lines.append(f"   {word('job', lang)} {communicating['job']}: "
+                     f"{word('communication', lang)} {_percent(communicating['comm_ratio'])}")
     lines += [_link_line(link, lang) for link in report["network"]["links"]]
     if not report["network"]["jobs"] and not report["network"]["links"]:
         lines.append(f"   {heading('no_links', lang)}")
@@ -187,7 +395,7 @@ def render_text(report: Report) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _gpu_line(gpu: dict[str, Any], lang: str) -> str:
+def _gpu_line(gpu: GPUEntry, lang: str) -> str:
     parts = [f"   gpu {gpu['gpu']}: {_percent(gpu['utilization_ratio'])} {word('busy', lang)}"]
     if gpu["sawtooth_ratio"] is not None:
         parts.append(f"{word('sawtooth', lang)} {gpu['sawtooth_ratio']:.2f}")
@@ -204,13 +412,13 @@ def _gpu_line(gpu: dict[str, Any], lang: str) -> str:
     return f"{line} — {'; '.join(owners)}" if owners else line
 
 
-def _disk_line(disk: dict[str, Any], lang: str) -> str:
+def _disk_line(disk: DiskEntry, lang: str) -> str:
     return (f"   {word('disk', lang)} {disk['device']}: {_percent(disk['busy_ratio'])} "
             f"{word('busy', lang)}, {word('read', lang)} {_rate(disk['read_bytes_per_second'])}, "
             f"{word('write', lang)} {_rate(disk['write_bytes_per_second'])}")
 
 
-def _link_line(link: dict[str, Any], lang: str) -> str:
+def _link_line(link: LinkEntry, lang: str) -> str:
     name = (f"{link['device']} {word('port', lang)} {link['port']}" if link["port"]
             else link["device"])
     line = (f"   {name}: {word('receive', lang)} {_rate(link['receive_bytes_per_second'])}, "

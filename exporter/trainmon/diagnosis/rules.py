@@ -1,7 +1,7 @@
 """The verdict: which of compute, communication, storage or scheduling holds a job back.
 
-Pure functions of ``NodeMeasurements`` and ``DiagnosisConfig`` (DESIGN §6;
-docs/diagnosis.md explains every threshold). Per job, the evidence is:
+Pure functions of ``NodeMeasurements`` and ``DiagnosisConfig``
+(docs/diagnosis.md explains every threshold). Per job, the evidence is:
 
 - ``data_wait_ratio``: data wait / step time of the *worst* rank — in
   synchronous training every rank waits for the slowest loader at the next
@@ -10,7 +10,9 @@ docs/diagnosis.md explains every threshold). Per job, the evidence is:
   share a collective's time, and a rank with unusually little of it is the one
   the others wait for (a straggler);
 - ``straggler_ratio``: the largest per-step *work* (step − data wait − comm)
-  of a rank over the median work of the other ranks; work excludes the time a
+  of a rank over the median work of the job's ranks (itself included, as the
+  recording rule ``job_rank:trainmon_training_straggler:ratio_rate10m`` behind
+  the alert and the dashboard computes it); work excludes the time a
   fast rank spends waiting for a slow one inside the collective, which is why
   stragglers are visible even though synchronised step times are equal. A rank
   that reports no comm phase has that wait hidden in its step, so its work is
@@ -206,7 +208,12 @@ def _evidence(
 
 
 def _straggler(ranks: Sequence[RankState]) -> tuple[str, float | None]:
-    """The rank with the largest work per step relative to the others' median."""
+    """The rank with the largest work per step, and its work over the median of all ranks'.
+
+    The median includes the slowest rank (``statistics.median`` of an even count
+    is the mean of the middle two, as PromQL's ``quantile(0.5, …)``), so the
+    ratio is the one ``contract.STRAGGLER_RATIO_SERIES`` records.
+    """
     work = {
         rank.rank: (
             max(0.0, rank.step_seconds - rank.data_wait_seconds - rank.comm_seconds)
@@ -217,10 +224,10 @@ def _straggler(ranks: Sequence[RankState]) -> tuple[str, float | None]:
     if len(work) < 2:
         return "", None
     slowest = max(work, key=lambda name: work[name])
-    others = statistics.median(value for name, value in work.items() if name != slowest)
-    if others <= 0:
+    median = statistics.median(work.values())
+    if median <= 0:
         return "", None
-    return slowest, work[slowest] / others
+    return slowest, work[slowest] / median
 
 
 def _job_findings(

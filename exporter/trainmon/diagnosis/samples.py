@@ -31,7 +31,7 @@ def labels_of(mapping: Mapping[str, str]) -> Labels:
 
 
 @dataclass(frozen=True)
-class Snapshot:
+class ScrapedSamples:
     """Every sample of one scrape, with the time it was taken."""
 
     #: Monotonic seconds (rates and windows).
@@ -47,7 +47,7 @@ class Snapshot:
         at: float,
         wall: float,
         names: Collection[str] | None = None,
-    ) -> Snapshot:
+    ) -> ScrapedSamples:
         """Keep the finite samples, only those named in ``names`` when given."""
         samples: dict[str, dict[Labels, float]] = {}
         for family in families:
@@ -59,7 +59,7 @@ class Snapshot:
     @classmethod
     def from_text(
         cls, text: str, at: float, wall: float, names: Collection[str] | None = None
-    ) -> Snapshot:
+    ) -> ScrapedSamples:
         """Parse Prometheus text exposition; raises ``ValueError`` on malformed input."""
         return cls.from_families(text_string_to_metric_families(text), at, wall, names)
 
@@ -70,17 +70,17 @@ class Snapshot:
 class Window:
     """Consecutive snapshots, oldest first (at least one)."""
 
-    def __init__(self, snapshots: Sequence[Snapshot]) -> None:
+    def __init__(self, snapshots: Sequence[ScrapedSamples]) -> None:
         if not snapshots:
             raise ValueError("a window needs at least one snapshot")
         self.snapshots = tuple(snapshots)
 
     @property
-    def first(self) -> Snapshot:
+    def first(self) -> ScrapedSamples:
         return self.snapshots[0]
 
     @property
-    def last(self) -> Snapshot:
+    def last(self) -> ScrapedSamples:
         return self.snapshots[-1]
 
     @property

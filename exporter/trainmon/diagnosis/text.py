@@ -77,9 +77,9 @@ FINDINGS: Mapping[str, Pair] = {
         "GPU utilization saw-tooths ({sawtooth:.2f}) while the data wait rises ({ratio:.0%})",
         "GPU 利用率呈锯齿状（{sawtooth:.2f}），同时数据等待在上升（{ratio:.0%}）"),
     "straggler": (
-        "rank {rank} needs {factor:.2f}x the work time per step of the other ranks "
+        "rank {rank} needs {factor:.2f}x the work time per step of the job's median rank "
         "(threshold {threshold:.2f}x)",
-        "rank {rank} 每步的计算时间是其他 rank 的 {factor:.2f} 倍（阈值 {threshold:.2f} 倍）"),
+        "rank {rank} 每步的计算时间是各 rank 中位数的 {factor:.2f} 倍（阈值 {threshold:.2f} 倍）"),
     "comm_phase": (
         "communication takes {ratio:.0%} of each step (threshold {threshold:.0%})",
         "通信占每步时间的 {ratio:.0%}（阈值 {threshold:.0%}）"),

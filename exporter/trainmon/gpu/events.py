@@ -9,7 +9,7 @@ thread, counting each event per (GPU, XID code) with its wall-clock time.
 Every NVML call goes through the facade's chokepoint (``NVML.query``); a lost
 session (driver reload) ends the subscription and the listener subscribes
 again once NVML is back. Drivers without events leave the listener
-"unsupported" and the XID series empty (DESIGN §3: none lost, none invented).
+"unsupported" and the XID series empty (docs/metrics.md, "GPU": none lost, none invented).
 """
 
 from __future__ import annotations

@@ -43,6 +43,7 @@ from trainmon.gpu.types import (
     NVMLLibrary,
     NVMLUnavailable,
 )
+from trainmon.logthrottle import LogThrottle
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -150,7 +151,7 @@ class NVML:
         self._retry_at = float("-inf")
         self._missing: set[str] = set()
         self._unsupported: set[tuple[int | None, str, object]] = set()
-        self._logged: set[tuple[object, ...]] = set()
+        self._logged = LogThrottle(None)  # once per key
 
     # -- session ---------------------------------------------------------------
 
@@ -330,8 +331,7 @@ class NVML:
         return None
 
     def _log_once(self, key: tuple[object, ...], message: str, *args: object) -> None:
-        if key not in self._logged:
-            self._logged.add(key)
+        if self._logged.allow(key):
             log.warning(message, *args)
 
     def _device(self, index: int) -> tuple[NVMLSession, Any]:

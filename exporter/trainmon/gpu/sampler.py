@@ -43,6 +43,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from trainmon import contract
 from trainmon.background import BackgroundThread
 from trainmon.gpu.nvml import NVML
 from trainmon.gpu.types import GPULost, NVMLUnavailable
@@ -50,7 +51,7 @@ from trainmon.gpu.types import GPULost, NVMLUnavailable
 log = logging.getLogger(__name__)
 
 #: ``sawtooth_ratio`` at or above this is "flagged" (alerts and ``doctor`` use it).
-FLAG_THRESHOLD = 0.5
+FLAG_THRESHOLD = contract.SAWTOOTH_FLAG
 #: Transitions in the look-back at which the ratio saturates at 1 (two full cycles).
 TRANSITIONS_AT_FULL_STRENGTH = 4
 #: The look-back of the ratio, in windows.
@@ -66,8 +67,8 @@ class BusyIdle(enum.Enum):
 class Hysteresis:
     """Thresholds on the busy ratio (0–1) of one utilization sample."""
 
-    idle_threshold: float = 0.1
-    busy_threshold: float = 0.5
+    idle_threshold: float = contract.SAMPLER_IDLE_LEVEL
+    busy_threshold: float = contract.SAMPLER_BUSY_LEVEL
 
     def __post_init__(self) -> None:
         if not 0 < self.idle_threshold < self.busy_threshold <= 1:

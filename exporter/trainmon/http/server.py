@@ -168,7 +168,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_error(HTTPStatus.INTERNAL_SERVER_ERROR)
             return
         extra = {}
-        if "gzip" in self.headers.get("Accept-Encoding", ""):
+        if accepts_gzip(self.headers.get("Accept-Encoding", "")):
             body = gzip.compress(body, compresslevel=1)
             extra["Content-Encoding"] = "gzip"
         self._send(HTTPStatus.OK, body, content_type, head, extra=extra)
@@ -299,6 +299,42 @@ class ExporterHTTPServer(socketserver.ThreadingMixIn, HTTPServer):
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         log.debug("connection from %s ended with an error", client_address[0], exc_info=True)
+
+
+def accepts_gzip(accept_encoding: str) -> bool:
+    """Whether an ``Accept-Encoding`` header (RFC 9110 §12.5.3) lets the body be gzipped.
+
+    Codings are case-insensitive and weighted by ``q`` (default 1; ``q=0`` is a
+    refusal); ``*`` stands for every coding not named, ``identity`` included;
+    ``x-gzip`` is ``gzip``. gzip is chosen when it is acceptable, unless the
+    header weights ``identity`` (by name or through ``*``) above it; an
+    unweighted identity is only the fallback. An entry whose ``q`` does not
+    parse is ignored.
+    """
+    weights: dict[str, float] = {}
+    for entry in accept_encoding.split(","):
+        coding, *parameters = (part.strip() for part in entry.split(";"))
+        weight = _quality(parameters)
+        if coding and weight is not None:
+            coding = coding.lower()
+            weights["gzip" if coding == "x-gzip" else coding] = weight
+    default = weights.get("*")
+    gzip_weight = weights.get("gzip", default or 0.0)
+    identity_weight = weights.get("identity", default or 0.0)
+    return gzip_weight > 0 and gzip_weight >= identity_weight
+
+
+def _quality(parameters: list[str]) -> float | None:
+    """The ``q`` of one ``Accept-Encoding`` entry (1 without one); None if it does not parse."""
+    for parameter in parameters:
+        name, _, value = parameter.partition("=")
+        if name.strip().lower() == "q":
+            try:
+                weight = float(value.strip())
+            except ValueError:
+                return None
+            return weight if 0.0 <= weight <= 1.0 else None
+    return 1.0
 
 
 def _refuse(sock: socket.socket, plaintext: bool) -> None:

@@ -1,7 +1,7 @@
 """Reading procfs/sysfs files, and keeping wrapping kernel counters monotonic.
 
-Shared by the node collectors (network, InfiniBand, disk). Two concerns that
-all three meet:
+Shared by the node readers (``netdev``, ``infiniband``, ``diskstats``) and
+``trainmon.diagnosis.nccl``. Two concerns that the node readers meet:
 
 - **Reading one small kernel file.** A missing attribute file is normal (a virtual NIC
   has no ``speed``, an old HCA has no ``counters_ext``) and gives ``None``
@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Generic, TypeVar
 
 from trainmon.core.collector import CollectorUnavailable
+from trainmon.logthrottle import LogThrottle
 
 #: A 32-bit counter wraps from 2**32 - 1 to 0.
 WRAP_MODULUS = 1 << 32
@@ -35,18 +36,17 @@ K = TypeVar("K", bound=Hashable)
 
 
 class KernelFileReader:
-    """Reads small procfs/sysfs attribute files for one collector.
+    """Reads small procfs/sysfs attribute files for one reader.
 
-    ``logger`` is the collector's module logger, so that the debug lines name
-    the collector. At most ``max_remembered`` unreadable paths are remembered
+    ``logger`` is the reader's module logger, so that the debug lines name
+    the source. At most ``max_remembered`` unreadable paths are remembered
     (the set is cleared when full, so memory stays bounded on hosts whose
     devices come and go).
     """
 
     def __init__(self, logger: logging.Logger, max_remembered: int = 4096) -> None:
         self._log = logger
-        self._max_remembered = max_remembered
-        self._reported: set[Path] = set()
+        self._reported = LogThrottle(None, max_keys=max_remembered)  # once per path
 
     def text(self, path: Path) -> str | None:
         """The stripped ASCII content of ``path``; ``None`` if missing or unreadable."""
@@ -83,12 +83,8 @@ class KernelFileReader:
             return None
 
     def _report_once(self, path: Path, message: str) -> None:
-        if path in self._reported:
-            return
-        if len(self._reported) >= self._max_remembered:
-            self._reported.clear()
-        self._reported.add(path)
-        self._log.debug("%s: %s; the sample is omitted", path, message)
+        if self._reported.allow(path):
+            self._log.debug("%s: %s; the sample is omitted", path, message)
 
 
 class CounterWrapTracker(Generic[K]):

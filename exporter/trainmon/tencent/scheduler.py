@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
 from trainmon.background import BackgroundThread
+from trainmon.logthrottle import LogThrottle
 from trainmon.tencent.catalogue import MetricSpec
 from trainmon.tencent.client import MONITOR, APIError, TencentAPI
 from trainmon.tencent.credentials import CredentialsUnavailable
@@ -50,14 +51,12 @@ from trainmon.tencent.planning import (
     plan_metrics,
     window,
 )
-from trainmon.tencent.store import SampleStore, StoreSnapshot, match_datapoints
+from trainmon.tencent.store import SampleStore, TencentSamples, match_datapoints
 from trainmon.tencent.targets import RegionTargets, Target, TargetSource
 
 log = logging.getLogger(__name__)
 
 SECONDS_PER_MONTH = 30 * 86400
-#: A repeated error (same action and code) is logged at most once per this long.
-ERROR_LOG_INTERVAL_SECONDS = 300.0
 #: Seconds after a period becomes eligible before the aligned refresh starts.
 ALIGN_OFFSET_SECONDS = 1.0
 ABORTING_PREFIXES = ("AuthFailure", "UnauthorizedOperation", "CredentialsUnavailable")
@@ -152,7 +151,8 @@ class TencentPuller:
         self._validated_at = -math.inf
         self._thread = BackgroundThread("tencent-puller", self._run)
         self._executor: ThreadPoolExecutor | None = None
-        self._logged: dict[tuple[str, str], tuple[float, int]] = {}
+        # A repeated error (same action and code) is logged once per 5 minutes.
+        self._errors_logged = LogThrottle(clock=monotonic)
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -190,7 +190,7 @@ class TencentPuller:
         with self._lock:
             return self._status
 
-    def snapshot(self) -> StoreSnapshot:
+    def snapshot(self) -> TencentSamples:
         """Current samples; series older than the request window are left out."""
         settings, status = self.settings, self.status()
         period = max([metric.period for metric in status.metrics] or [settings.period])
@@ -371,14 +371,10 @@ class TencentPuller:
             self._status = replace(self._status, **changes)  # type: ignore[arg-type]
 
     def _log_error(self, action: str, code: str, message: str) -> None:
-        """Log an error once, then at most every ERROR_LOG_INTERVAL_SECONDS per kind."""
-        now = self._monotonic()
-        with self._lock:
-            last, suppressed = self._logged.get((action, code), (-math.inf, 0))
-            if now - last < ERROR_LOG_INTERVAL_SECONDS:
-                self._logged[(action, code)] = (last, suppressed + 1)
-                return
-            self._logged[(action, code)] = (now, 0)
+        """Log an error once, then at most every five minutes per action and code."""
+        suppressed = self._errors_logged.admit((action, code))
+        if suppressed is None:
+            return
         more = f" ({suppressed} more since the last report)" if suppressed else ""
         log.warning("Tencent Cloud %s%s", message, more)
 

@@ -109,7 +109,9 @@ def _labels(target: Target, dimensions: Mapping[str, str]) -> Labels:
 
 
 @dataclass(frozen=True)
-class StoreSnapshot:
+class TencentSamples:
+    """A consistent copy of the store: the Cloud Monitor samples current now, per metric."""
+
     #: metric name → its current samples.
     series: Mapping[str, tuple[Sample, ...]]
     #: metric name → end (Unix seconds) of the newest period ever received.
@@ -148,7 +150,7 @@ class SampleStore:
                 for target in [t for t in per_target if t not in targets]:
                     del per_target[target]
 
-    def snapshot(self, oldest: float) -> StoreSnapshot:
+    def snapshot(self, oldest: float) -> TencentSamples:
         """Current samples, leaving out those whose period started before ``oldest``."""
         with self._lock:
             series = {
@@ -160,4 +162,4 @@ class SampleStore:
                 )
                 for metric, per_target in self._series.items()
             }
-            return StoreSnapshot(series, dict(self._newest_end))
+            return TencentSamples(series, dict(self._newest_end))

@@ -142,7 +142,10 @@ class RankView:
 
 
 @dataclass(frozen=True)
-class StoreSnapshot:
+class TrainingStoreView:
+    """A consistent copy of the whole store: every rank, and the intake counters
+    (reports accepted per transport, rejected per reason, ranks evicted per reason)."""
+
     ranks: list[RankView]
     accepted: Mapping[str, int]
     rejected: Mapping[str, int]
@@ -197,7 +200,7 @@ class TrainingStore:
                 self._jobs[report.job].move_to_end(report.rank)
             self._accepted[transport] += 1
 
-    def snapshot(self) -> StoreSnapshot:
+    def snapshot(self) -> TrainingStoreView:
         with self._lock:
             now = self._clock()
             self._expire(now)
@@ -217,7 +220,7 @@ class TrainingStore:
                 for job, ranks in self._jobs.items()
                 for rank, state in ranks.items()
             ]
-            return StoreSnapshot(
+            return TrainingStoreView(
                 views, dict(self._accepted), dict(self._rejected), dict(self._evicted)
             )
 

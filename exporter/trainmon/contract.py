@@ -1,0 +1,86 @@
+"""The numbers the diagnosis, the alert rules and the dashboards share: one home for each.
+
+A threshold that the daemon's verdict (``trainmon.diagnosis``), an alert rule
+(``alerts/source/*.yml``, assembled by ``alerts/generate.py``) or a dashboard
+panel (``dashboards/*.py``) uses is defined here and read by all of them:
+
+- ``trainmon.diagnosis.config.DiagnosisConfig`` takes its defaults from here
+  (a node's ``collectors.diagnosis`` section may still override them);
+- ``alerts/generate.py`` substitutes them for the ``@TOKEN@`` placeholders of
+  the rule sources (``alerts/generate.py`` lists the tokens);
+- the dashboard generator draws them as threshold steps and writes them into
+  its queries (``dashboards/promql.py``).
+
+``tests/alerts/test_contract_thresholds.py`` parses the generated rule files,
+PrometheusRules and dashboard JSON and fails where a number differs from
+this module. Ratios are 0-1 unless a name says otherwise. Standard library
+only, and no imports: ``alerts/generate.py`` reads it from any checkout.
+"""
+
+from __future__ import annotations
+
+#: storage: data-wait seconds over step seconds (0-1) at which a job is
+#: storage-bound. The verdict takes the worst rank (``data_wait_ratio``), the
+#: alert ``TrainmonDataLoaderBottleneck`` the job's ranks on a node; dashboards
+#: draw it red. A fifth of every step spent waiting for input is where raising
+#: ``num_workers`` or prefetching starts to pay more than any GPU-side change.
+DATA_WAIT_RATIO = 0.2
+
+#: communication: comm-phase seconds over step seconds (0-1) at which a job is
+#: communication-bound (verdict ``comm_ratio``, alert
+#: ``TrainmonCommunicationBound``, dashboards' red step).
+COMM_RATIO = 0.3
+
+#: ``trainmon_gpu_sawtooth_ratio`` (0-1) at or above which a GPU is flagged:
+#: one full busy→idle→busy cycle in the sampler's look-back of two windows
+#: (``trainmon.gpu.sampler``). The verdict's ``sawtooth_ratio``, the alert
+#: ``TrainmonGPUSawtooth`` and the dashboards' red step.
+SAWTOOTH_FLAG = 0.5
+
+#: scheduling: a rank whose per-step *work* (step − data wait − comm phase,
+#: seconds per step) is this many times the median work of its job's ranks is
+#: a straggler. One measure everywhere: the verdict (``straggler_factor``,
+#: configurable per node), the alert ``TrainmonStragglerRank`` and the
+#: dashboards' "Straggler ratio" panel, the latter two through the recording
+#: rule ``STRAGGLER_RATIO_SERIES``. Healthy ranks differ by a few percent;
+#: 1.25 leaves room for that jitter, and a rank 1.25× slower costs the
+#: synchronous job a fifth of its throughput (1 − 1/1.25), the same share of
+#: the step that ``DATA_WAIT_RATIO`` tolerates.
+STRAGGLER_FACTOR = 1.25
+
+#: The alert ``TrainmonStragglerRank`` also needs the straggler's work to
+#: exceed the median by this many seconds per step, so that jobs with
+#: millisecond steps do not page over scheduler noise.
+STRAGGLER_MIN_EXCESS_SECONDS = 0.05
+
+#: A GPU busy for less than this share of the time (0-1) is idle: mean
+#: utilization over the window (the verdict's ``idle_utilization_ratio``), the
+#: share of the sampler's samples at or above ``SAMPLER_IDLE_LEVEL`` (alert
+#: ``TrainmonGPUHeldIdle``; dashboards count a GPU idle in more than
+#: ``1 − GPU_IDLE_RATIO`` of its samples).
+GPU_IDLE_RATIO = 0.05
+
+#: A NIC or InfiniBand port carrying this share (0-1) of its link rate in its
+#: busier direction is saturated (the verdict's ``link_utilization_ratio``, the
+#: Node detail's link utilization panels).
+LINK_SATURATION_RATIO = 0.8
+
+#: The sampler's hysteresis on one utilization sample (0-1): below
+#: ``SAMPLER_IDLE_LEVEL`` the GPU is idle, at or above ``SAMPLER_BUSY_LEVEL``
+#: busy (``collectors.gpu.idle_threshold``/``busy_threshold`` defaults,
+#: ``trainmon.gpu.sampler``). The scraped sawtooth fallbacks of the alert rules
+#: count crossings of the busy level.
+SAMPLER_IDLE_LEVEL = 0.1
+SAMPLER_BUSY_LEVEL = 0.5
+
+#: Rate window (a Prometheus duration) of the training recording rules
+#: (``trainmon-training.rules``, ``trainmon-diagnosis.rules``): ten minutes
+#: smooth over checkpoints and evaluation passes. Their names end in it
+#: (``…:ratio_rate10m``), and ``alerts/generate.py`` refuses a rule whose name
+#: and range selectors disagree with it.
+TRAINING_RULE_WINDOW = "10m"
+
+#: The recording rule of the straggler measure: each rank's per-step work over
+#: the median of its job's ranks on every node, over ``TRAINING_RULE_WINDOW``.
+#: Produced by ``alerts/source/common.yml``; read by the alert and the dashboards.
+STRAGGLER_RATIO_SERIES = "job_rank:trainmon_training_straggler:ratio_rate10m"

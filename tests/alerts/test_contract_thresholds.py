@@ -1,0 +1,220 @@
+"""The generated rules, PrometheusRules and dashboards use the numbers of ``trainmon.contract``.
+
+Every check parses a generated file — ``alerts/<variant>/trainmon.rules.yml``,
+``deploy/kubernetes/overlays/<variant>/prometheusrule.yaml``,
+``dashboards/<variant>/<kind>.json`` — and compares the threshold it finds
+with the contract, so a literal edited into a source (or a generator that
+stops reading the contract) fails here. Nothing of the generators is imported.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.alerts.alert_bundle import REPO, VARIANTS, rules_path, run_script
+from tests.dashboards.dashboard_files import Dashboard, load_dashboards
+from trainmon import contract
+
+#: ``<comparison> <number>`` in PromQL (``> 0.2``, ``>= bool 50``).
+_COMPARED = re.compile(r"(?:>=|<=|==|!=|>|<)\s*(?:bool\s+)?(-?\d+(?:\.\d+)?)")
+_RANGE = re.compile(r"\[\s*(\d+(?:ms|s|m|h|d|w|y))\s*[]:]")
+
+
+def rule_documents() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """(file, rule groups) of every generated rules file and PrometheusRule."""
+    for variant in VARIANTS:
+        path = rules_path(variant)
+        yield str(path.relative_to(REPO)), yaml.safe_load(path.read_text())["groups"]
+        manifest = REPO / "deploy" / "kubernetes" / "overlays" / variant / "prometheusrule.yaml"
+        yield (str(manifest.relative_to(REPO)),
+               yaml.safe_load(manifest.read_text())["spec"]["groups"])
+
+
+RULE_DOCUMENTS = list(rule_documents())
+
+
+def rules(groups: list[dict[str, Any]], key: str) -> dict[str, dict[str, Any]]:
+    """Rules by their ``alert`` or ``record`` name."""
+    return {str(rule[key]): rule for group in groups for rule in group["rules"] if key in rule}
+
+
+def numbers_after(expr: str, left: str) -> list[float]:
+    """Every number compared with ``left`` (a regex for the left-hand side) in ``expr``."""
+    return [float(n) for n in re.findall(left + r"\s*" + _COMPARED.pattern, expr)]
+
+
+#: alert → (left-hand side, contract value): each comparison it makes against the contract.
+ALERT_THRESHOLDS: dict[str, list[tuple[str, float]]] = {
+    "TrainmonDataLoaderBottleneck": [
+        (r"job_instance:trainmon_training_data_wait:ratio_rate10m", contract.DATA_WAIT_RATIO)],
+    "TrainmonCommunicationBound": [
+        (r"job:trainmon_training_comm:ratio_rate10m", contract.COMM_RATIO)],
+    "TrainmonStragglerRank": [
+        (re.escape(contract.STRAGGLER_RATIO_SERIES), contract.STRAGGLER_FACTOR),
+        (r"\)\s*\)", contract.STRAGGLER_MIN_EXCESS_SECONDS)],
+    "TrainmonGPUSawtooth": [(r"trainmon_gpu_sawtooth_ratio", contract.SAWTOOTH_FLAG)],
+    "TrainmonGPUHeldIdle": [(r"\)\s*\)", contract.GPU_IDLE_RATIO)],
+}
+#: The scraped sawtooth fallbacks count crossings of the sampler's busy level.
+FALLBACK_BUSY_LEVEL = {
+    "dcgm": (r"DCGM_FI_DEV_GPU_UTIL", contract.SAMPLER_BUSY_LEVEL * 100),
+    "tencent-cloud": (r"trainmon_tencent_cvm_gpu_utilization_ratio", contract.SAMPLER_BUSY_LEVEL),
+}
+#: alert → the contract ratio its description quotes as "(threshold N %)".
+QUOTED_PERCENT = {
+    "TrainmonDataLoaderBottleneck": contract.DATA_WAIT_RATIO,
+    "TrainmonCommunicationBound": contract.COMM_RATIO,
+}
+
+
+@pytest.mark.parametrize(("where", "groups"), RULE_DOCUMENTS, ids=[w for w, _ in RULE_DOCUMENTS])
+def test_alert_thresholds_are_the_contracts(where: str, groups: list[dict[str, Any]]) -> None:
+    alerts = rules(groups, "alert")
+    for name, comparisons in ALERT_THRESHOLDS.items():
+        expr = str(alerts[name]["expr"])
+        for left, expected in comparisons:
+            found = numbers_after(expr, left)
+            assert found, f"{where}: {name}: no comparison after {left!r} in {expr!r}"
+            assert found == pytest.approx([expected] * len(found)), f"{where}: {name}: {expr}"
+    for name, ratio in QUOTED_PERCENT.items():
+        quoted = re.findall(r"threshold (\d+(?:\.\d+)?) %", alerts[name]["annotations"]
+                            ["description"])
+        assert [float(q) for q in quoted] == pytest.approx([ratio * 100]), f"{where}: {name}"
+    variant = next(v for v in VARIANTS if f"/{v}/" in f"/{where}")
+    left, level = FALLBACK_BUSY_LEVEL[variant]
+    found = numbers_after(str(alerts["TrainmonGPUSawtoothScraped"]["expr"]), left + r"\s*")
+    assert found == pytest.approx([level]), where
+
+
+@pytest.mark.parametrize(("where", "groups"), RULE_DOCUMENTS, ids=[w for w, _ in RULE_DOCUMENTS])
+def test_training_recording_rules_use_the_contract_window(
+    where: str, groups: list[dict[str, Any]],
+) -> None:
+    training = [group for group in groups
+                if group["name"] in ("trainmon-training.rules", "trainmon-diagnosis.rules")]
+    windows = {
+        rule["record"]: set(_RANGE.findall(str(rule["expr"])))
+        for group in training for rule in group["rules"]
+        if "record" in rule and _RANGE.search(str(rule["expr"]))
+    }
+    assert contract.STRAGGLER_RATIO_SERIES in rules(groups, "record"), where
+    assert len(windows) >= 4, f"{where}: expected the rate10m training rules, got {windows}"
+    for record, ranges in windows.items():
+        assert ranges == {contract.TRAINING_RULE_WINDOW}, f"{where}: {record} selects {ranges}"
+        assert record.endswith(contract.TRAINING_RULE_WINDOW), record
+
+
+# -- dashboards -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Measure:
+    """Panels that show one contract quantity, and the threshold they must use."""
+
+    name: str
+    shows: Callable[[dict[str, Any], str], bool]
+    threshold: float
+
+
+def _unit(panel: dict[str, Any]) -> str:
+    return str(panel.get("fieldConfig", {}).get("defaults", {}).get("unit", ""))
+
+
+MEASURES = (
+    Measure("data wait", lambda p, q: "trainmon_training_data_wait" in q
+            and _unit(p) == "percentunit", contract.DATA_WAIT_RATIO),
+    Measure("comm", lambda p, q: 'phase="comm"' in q and _unit(p) == "percentunit",
+            contract.COMM_RATIO),
+    Measure("sawtooth", lambda p, q: "trainmon_gpu_sawtooth_ratio" in q, contract.SAWTOOTH_FLAG),
+    Measure("straggler", lambda p, q: "straggler" in str(p.get("title", "")).lower(),
+            contract.STRAGGLER_FACTOR),
+    Measure("idle fraction", lambda p, q: "trainmon_gpu_util_idle_samples_total" in q,
+            1 - contract.GPU_IDLE_RATIO),
+    Measure("link utilization", lambda p, q: _unit(p) == "percentunit" and re.search(
+        r"/\s*trainmon_(network_speed|infiniband_rate)_bytes", q) is not None,
+        contract.LINK_SATURATION_RATIO),
+)
+
+
+def red_steps(panel: dict[str, Any]) -> list[float]:
+    steps = panel.get("fieldConfig", {}).get("defaults", {}).get("thresholds", {}).get("steps")
+    return [float(step["value"]) for step in steps or []
+            if step.get("color") == "red" and step.get("value") is not None]
+
+
+def checked_panels(dashboards: list[Dashboard], measure: Measure) -> list[str]:
+    """Check every panel of ``measure``; the panels that had a threshold to check.
+
+    A panel either draws the quantity (its red threshold step is the contract's)
+    or counts what crosses it (the number its query compares with is).
+    """
+    checked = []
+    for dashboard in dashboards:
+        for panel in dashboard.data_panels():
+            query = " ".join(str(t.get("expr", "")) for t in panel.get("targets", []))
+            if not measure.shows(panel, query):
+                continue
+            where = f"{dashboard.name} · {panel['title']!r}"
+            compared = [float(n) for n in _COMPARED.findall(query)]
+            values = compared or red_steps(panel)
+            assert values == pytest.approx([measure.threshold] * len(values)), (
+                f"{where}: {measure.name} threshold {values}, contract {measure.threshold}")
+            if values:
+                checked.append(where)
+    return checked
+
+
+@pytest.mark.parametrize("measure", MEASURES, ids=[m.name for m in MEASURES])
+def test_dashboard_thresholds_are_the_contracts(measure: Measure) -> None:
+    dashboards = load_dashboards()
+    checked = checked_panels(dashboards, measure)
+    # every variant draws each quantity somewhere
+    assert {where.split("/")[0] for where in checked} == set(VARIANTS), checked
+
+
+def test_the_straggler_panels_show_the_recording_rule_of_the_alert() -> None:
+    straggler_alert = rules(RULE_DOCUMENTS[0][1], "alert")["TrainmonStragglerRank"]
+    assert contract.STRAGGLER_RATIO_SERIES in straggler_alert["expr"]
+    panels = [
+        (dashboard.name, panel) for dashboard in load_dashboards()
+        for panel in dashboard.data_panels() if "Straggler" in str(panel.get("title", ""))
+    ]
+    assert len(panels) == 2 * len(VARIANTS), [name for name, _ in panels]
+    for name, panel in panels:
+        for target in panel["targets"]:
+            assert contract.STRAGGLER_RATIO_SERIES in target["expr"], (name, target["expr"])
+            assert "step_seconds" not in target["expr"], (name, target["expr"])
+
+
+def test_generator_refuses_a_training_rule_whose_window_is_not_the_contracts(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "repo"
+    shutil.copytree(REPO / "alerts", root / "alerts", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "docs" / "runbooks", root / "docs" / "runbooks")
+    shutil.copy(REPO / "docs" / "alerts.md", root / "docs" / "alerts.md")
+    source = root / "alerts" / "source" / "common.yml"
+    text = source.read_text()
+    edited = text.replace("rate(trainmon_training_phase_seconds_total{phase=\"comm\"}[10m]))\n"
+                          "          / sum by (job) (rate(trainmon_training_step_seconds_sum[10m]))",
+                          "rate(trainmon_training_phase_seconds_total{phase=\"comm\"}[5m]))\n"
+                          "          / sum by (job) (rate(trainmon_training_step_seconds_sum[5m]))")
+    assert edited != text
+    source.write_text(edited)
+    result = run_script("alerts/generate.py", "--check", cwd=root)
+    assert result.returncode == 2
+    assert "job:trainmon_training_comm:ratio_rate10m: its name says 10m" in result.stderr
+    renamed = edited.replace("job:trainmon_training_comm:ratio_rate10m",
+                             "job:trainmon_training_comm:ratio_rate5m")
+    source.write_text(renamed)
+    result = run_script("alerts/generate.py", "--check", cwd=root)
+    assert result.returncode == 2
+    assert "training rules use the contract's window 10m" in result.stderr

@@ -1,0 +1,215 @@
+"""Imports point down: the package's layering, read from the source with ``ast``.
+
+- Only the collectors (``trainmon/collectors/``) and the wiring (``cli.py``,
+  ``__main__.py``) may import ``trainmon.collectors``; every source package
+  (``node``, ``gpu``, ``training``, ``diagnosis``, ``tencent``...) stands below
+  them. Imports inside functions count too.
+- The training client (``trainmon/client/`` without the framework callbacks
+  ``lightning.py`` and ``transformers.py``) runs inside users' training
+  processes and must need nothing but the standard library: neither it nor any
+  ``trainmon`` module it imports, at any depth, may import a third-party module.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import trainmon
+
+PACKAGE_ROOT = Path(trainmon.__file__).resolve().parent
+COLLECTORS = "trainmon.collectors"
+#: Modules allowed to import the collectors besides ``trainmon.collectors.*``.
+WIRING = frozenset({"trainmon.cli", "trainmon.__main__"})
+CLIENT = "trainmon.client"
+#: Client modules that exist to be imported with a framework installed.
+FRAMEWORK_CALLBACKS = frozenset({"trainmon.client.lightning", "trainmon.client.transformers"})
+IMPORT_FUNCTIONS = frozenset({"import_module", "__import__"})
+
+
+@dataclass(frozen=True)
+class Import:
+    """One imported module name, and where the import statement is."""
+
+    module: str
+    #: ``trainmon/node/netdev.py:12``
+    where: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: imports {self.module}"
+
+
+@dataclass(frozen=True)
+class Module:
+    name: str
+    path: Path
+    #: The path from the package's parent directory (``trainmon/node/netdev.py``).
+    shown: str
+
+
+def all_modules(root: Path = PACKAGE_ROOT) -> dict[str, Module]:
+    """Every module of the package at ``root``, by dotted name."""
+    modules = {}
+    for path in sorted(root.rglob("*.py")):
+        relative = path.relative_to(root.parent)
+        parts = relative.with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = Module(name, path, relative.as_posix())
+    return modules
+
+
+def imports(module: Module) -> Iterator[Import]:
+    """Every module ``module`` imports, wherever the statement is (functions and
+    ``try`` blocks included), relative imports resolved. ``from x import y``
+    gives both ``x`` and ``x.y`` (``y`` may be a submodule); an
+    ``importlib.import_module("...")`` with a literal name counts as an import."""
+    name = module.name
+    package = name if module.path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(module.path.read_text(encoding="utf-8"), str(module.path))
+    for node in ast.walk(tree):
+        where = f"{module.shown}:{getattr(node, 'lineno', 0)}"
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield Import(alias.name, where)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            yield Import(base, where)
+            for alias in node.names:
+                if alias.name != "*":
+                    yield Import(f"{base}.{alias.name}", where)
+        elif (
+            isinstance(node, ast.Call)
+            and _called_name(node.func) in IMPORT_FUNCTIONS
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            yield Import(node.args[0].value, where)
+
+
+def _called_name(func: ast.expr) -> str | None:
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return None
+
+
+def within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def collector_imports_outside_collectors(modules: dict[str, Module]) -> list[str]:
+    return [
+        str(found)
+        for name, module in modules.items()
+        if not within(name, COLLECTORS) and name not in WIRING
+        for found in imports(module)
+        if within(found.module, COLLECTORS)
+    ]
+
+
+def client_closure(modules: dict[str, Module]) -> dict[str, Module]:
+    """The stdlib-only client modules and every ``trainmon`` module they load,
+    package ``__init__``s included (importing ``a.b.c`` runs ``a`` and ``a.b``)."""
+    pending = [
+        name for name in modules
+        if within(name, CLIENT) and name not in FRAMEWORK_CALLBACKS
+    ]  # fmt: skip
+    closure: dict[str, Module] = {}
+    while pending:
+        name = pending.pop()
+        if name in closure or name not in modules:
+            continue
+        closure[name] = modules[name]
+        parts = name.split(".")
+        pending.extend(".".join(parts[:end]) for end in range(1, len(parts)))
+        pending.extend(
+            found.module for found in imports(modules[name]) if within(found.module, "trainmon")
+        )
+    return closure
+
+
+def third_party_imports(modules: dict[str, Module]) -> list[str]:
+    allowed = set(sys.stdlib_module_names) | {"__future__", "trainmon"}
+    return [
+        str(found)
+        for module in modules.values()
+        for found in imports(module)
+        if found.module.partition(".")[0] not in allowed
+    ]
+
+
+def test_only_collectors_and_wiring_import_the_collectors() -> None:
+    modules = all_modules()
+    assert "trainmon.node.netdev" in modules, "the walk missed the source packages"
+
+    assert collector_imports_outside_collectors(modules) == []
+
+
+def test_the_client_needs_only_the_standard_library() -> None:
+    closure = client_closure(all_modules())
+    assert {"trainmon.client.reporter", "trainmon.training.protocol", "trainmon"} <= set(closure)
+    assert not FRAMEWORK_CALLBACKS & set(closure)
+
+    assert third_party_imports(closure) == []
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("from trainmon.collectors.network import parse_net_dev\n", "trainmon.collectors.network"),
+        ("import trainmon.collectors.disk\n", "trainmon.collectors.disk"),
+        ("from trainmon import collectors\n", "trainmon.collectors"),
+        ("from ..collectors import gpu\n", "trainmon.collectors"),
+        ("def later():\n    from trainmon.collectors import gpu\n", "trainmon.collectors.gpu"),
+        ("import importlib\nimportlib.import_module('trainmon.collectors.gpu')\n",
+         "trainmon.collectors.gpu"),
+    ],
+)
+def test_every_spelling_of_a_collector_import_is_caught(
+    tmp_path: Path, source: str, expected: str
+) -> None:
+    """The check runs on a copy of the package with one import added to a source module."""
+    root = _package_copy(tmp_path)
+    module = root / "node" / "netdev.py"
+    module.write_text(module.read_text(encoding="utf-8") + "\n" + source, encoding="utf-8")
+
+    found = collector_imports_outside_collectors(all_modules(root))
+
+    assert len(found) >= 1
+    assert all(entry.startswith("trainmon/node/netdev.py:") for entry in found)
+    assert any(entry.endswith(f"imports {expected}") for entry in found)
+
+
+def test_a_third_party_import_deep_in_the_client_is_caught(tmp_path: Path) -> None:
+    """``training/protocol.py`` is not in ``client/`` but the client imports it."""
+    root = _package_copy(tmp_path)
+    protocol = root / "training" / "protocol.py"
+    protocol.write_text(
+        protocol.read_text(encoding="utf-8") + "\ndef later():\n    import requests\n",
+        encoding="utf-8",
+    )
+
+    found = third_party_imports(client_closure(all_modules(root)))
+
+    assert [entry.rpartition(": ")[2] for entry in found] == ["imports requests"]
+    assert found[0].startswith("trainmon/training/protocol.py:")
+
+
+def _package_copy(tmp_path: Path) -> Path:
+    """A copy of the package's Python sources, to add an import to."""
+    copy = tmp_path / "trainmon"
+    for path in PACKAGE_ROOT.rglob("*.py"):
+        target = copy / path.relative_to(PACKAGE_ROOT)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(path.read_bytes())
+    return copy
