@@ -13,8 +13,8 @@ panel (``dashboards/*.py``) uses is defined here and read by all of them:
 
 ``tests/alerts/test_contract_thresholds.py`` parses the generated rule files,
 PrometheusRules and dashboard JSON and fails where a number differs from
-this module. Ratios are 0-1 unless a name says otherwise. Standard library
-only, and no imports: ``alerts/generate.py`` reads it from any checkout.
+this module. Ratios are 0-1 unless a name says otherwise. No imports, so that
+the training-side client and the generators can read it anywhere.
 """
 
 from __future__ import annotations
