@@ -1,5 +1,6 @@
-"""Fixtures shared by every test folder: running a real ``trainmon serve``, and the
-fake ``libnvidia-ml.so.1`` (``tests/support/fakenvml``) compiled once per session."""
+"""Fixtures shared by every test folder: running a real ``trainmon serve``, a real
+Prometheus, simulated training ranks, and the fake ``libnvidia-ml.so.1``
+(``tests/support/fakenvml``) compiled once per session."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import yaml
 
 from tests.support.daemon import Daemon, free_port, trainmon_command, wait_ready
 from tests.support.fakenvml import build as fake_nvml_build
+from tests.support.prometheus import Prometheus
+from tests.support.workloads import Workload
 
 __all__ = ["Daemon", "free_port", "trainmon_command", "wait_ready"]
 
@@ -68,6 +71,27 @@ def start_daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
     yield start
     for daemon in daemons:
         daemon.stop()
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path) -> Iterator[Prometheus]:
+    server = Prometheus(tmp_path)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def workload() -> Iterator[Callable[[str], Workload]]:
+    """``workload(endpoint)``: ranks reporting to a client endpoint, stopped at teardown."""
+    started: list[Workload] = []
+
+    def start(endpoint: str) -> Workload:
+        started.append(Workload(endpoint))
+        return started[-1]
+
+    yield start
+    for running in started:
+        running.stop()
 
 
 def _build_fake_nvml(directory: Path, old_driver: bool = False) -> Path:

@@ -11,7 +11,7 @@ sink plays the on-call webhook and 企业微信 (WeCom)'s API.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +29,6 @@ SAWTOOTH_GPUS = {"0", "1", "2", "3"}
 STEADY_GPUS = {"4", "5", "6", "7"}
 #: The whole chain must deliver within this (rule `for` 15 s + group_wait 10 s + scrapes).
 PAGE_DEADLINE_SECONDS = 120.0
-
-
-@pytest.fixture
-def prometheus(tmp_path: Path) -> Iterator[Prometheus]:
-    server = Prometheus(tmp_path)
-    yield server
-    server.stop()
 
 
 def _paged_alerts(sink: WebhookSink) -> list[tuple[dict[str, Any], dict[str, Any]]]:

@@ -1,7 +1,7 @@
 """The straggler panel, the straggler alert and the daemon's verdict name the same rank.
 
 A real ``trainmon serve`` receives step reports (``trainmon.client.Reporter``
-over HTTP, ``tests/diagnosis/workloads.py``) from two synchronised 4-rank
+over HTTP, ``tests/support/workloads.py``) from two synchronised 4-rank
 jobs: in ``straggler-job`` rank 3 computes three times as long as the others,
 who wait for it in their ``comm`` phase, so every rank's step time is the
 same; ``balanced-job`` has four equal ranks. A real Prometheus scrapes the
@@ -25,18 +25,17 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import yaml
 
 from tests.alerts.alert_bundle import REPO, rules_path
-from tests.diagnosis.workloads import Workload, ranks
 from tests.support.daemon import Daemon, trainmon_command
 from tests.support.exposition import parse
 from tests.support.prometheus import Prometheus, wait_until
+from tests.support.workloads import Workload, ranks
 from trainmon import contract
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -47,26 +46,6 @@ BALANCED_JOB = "balanced-job"
 #: (above the alert's 50 ms margin).
 SLOW_RANK, SLOW_FACTOR = "3", 3.0
 SETTLE_SECONDS = 60.0
-
-
-@pytest.fixture
-def prometheus(tmp_path: Path) -> Iterator[Prometheus]:
-    server = Prometheus(tmp_path)
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def workload() -> Iterator[Callable[[str], Workload]]:
-    started: list[Workload] = []
-
-    def start(endpoint: str) -> Workload:
-        started.append(Workload(endpoint))
-        return started[-1]
-
-    yield start
-    for running in started:
-        running.stop()
 
 
 def training_panel(title: str) -> dict[str, Any]:

@@ -31,9 +31,9 @@ from pathlib import Path
 import pytest
 
 from tests.diagnosis.diagnosis_support import job_verdicts
-from tests.diagnosis.workloads import Workload, ranks
 from tests.support.daemon import Daemon, trainmon_command
 from tests.support.exposition import parse
+from tests.support.workloads import Workload, ranks
 
 pytestmark = pytest.mark.integration
 
@@ -88,20 +88,6 @@ def idle_process() -> Iterator[int]:
     yield process.pid
     process.kill()
     process.wait()
-
-
-@pytest.fixture
-def workload() -> Iterator[Callable[[str], Workload]]:
-    """``workload(endpoint)``: ranks reporting to a client endpoint, stopped at teardown."""
-    started: list[Workload] = []
-
-    def start(endpoint: str) -> Workload:
-        started.append(Workload(endpoint))
-        return started[-1]
-
-    yield start
-    for running in started:
-        running.stop()
 
 
 def test_each_bottleneck_is_named_by_doctor_and_the_daemon(

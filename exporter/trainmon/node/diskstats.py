@@ -49,7 +49,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainmon.core.collector import CollectorUnavailable
-from trainmon.node.kernelfiles import CounterWrapTracker, KernelFileReader
+from trainmon.node.kernelfiles import (
+    CounterWrapTracker,
+    DeviceFilter,
+    KernelFileReader,
+    any_device,
+)
 
 log = logging.getLogger(__name__)
 
@@ -137,12 +142,7 @@ class DiskstatsReader:
     wrap tracker sees them in order.
     """
 
-    def __init__(
-        self,
-        proc_root: Path,
-        sys_root: Path,
-        accepts: Callable[[str], bool] = lambda device: True,
-    ) -> None:
+    def __init__(self, proc_root: Path, sys_root: Path, accepts: DeviceFilter = any_device) -> None:
         self._diskstats = proc_root / "diskstats"
         self._sys_block = sys_root / "block"
         self._sys_class_block = sys_root / "class" / "block"

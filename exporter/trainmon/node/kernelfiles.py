@@ -22,7 +22,7 @@ Shared by the node readers (``netdev``, ``infiniband``, ``diskstats``) and
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from pathlib import Path
 from typing import Generic, TypeVar
 
@@ -30,6 +30,15 @@ from trainmon.core.collector import CollectorUnavailable
 from trainmon.logthrottle import LogThrottle
 
 #: A 32-bit counter wraps from 2**32 - 1 to 0.
+#: Which devices (interfaces, disks) a reader keeps, by name: the configured include/exclude.
+DeviceFilter = Callable[[str], bool]
+
+
+def any_device(name: str) -> bool:
+    """The default ``DeviceFilter``: keep everything."""
+    return True
+
+
 WRAP_MODULUS = 1 << 32
 
 K = TypeVar("K", bound=Hashable)

@@ -27,11 +27,16 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainmon.node.kernelfiles import CounterWrapTracker, KernelFileReader
+from trainmon.node.kernelfiles import (
+    CounterWrapTracker,
+    DeviceFilter,
+    KernelFileReader,
+    any_device,
+)
 
 log = logging.getLogger(__name__)
 
@@ -109,12 +114,7 @@ class NetDevReader:
     Thread-safe: reads are serialised so the wrap tracker sees them in order.
     """
 
-    def __init__(
-        self,
-        proc_root: Path,
-        sys_root: Path,
-        accepts: Callable[[str], bool] = lambda device: True,
-    ) -> None:
+    def __init__(self, proc_root: Path, sys_root: Path, accepts: DeviceFilter = any_device) -> None:
         self._net_dev = proc_root / "net" / "dev"
         self._class_net = sys_root / "class" / "net"
         self._accepts = accepts
