@@ -94,6 +94,15 @@ class StepReport:
     pid: int | None = None
     #: Unix time (seconds) at which the reporter's last step ended.
     last_step_time: float | None = None
+    #: Communication measured inside the job (``Reporter.instrument``), cumulative;
+    #: ``None`` where the reporter does not measure it (unknown, not zero).
+    #: Wall (or GPU-timeline) seconds with a collective of the job in flight.
+    comm_seconds: float | None = None
+    #: The part of the steps spent waiting for communication after the rank's
+    #: own compute was done (never more than ``comm_seconds``).
+    comm_exposed_seconds: float | None = None
+    #: Bytes of the collectives' buffers (the payload each rank contributes).
+    comm_bytes: int | None = None
 
 
 def sanitize_label(value: str, max_length: int = DEFAULT_MAX_LABEL_LENGTH) -> str:
@@ -184,6 +193,7 @@ def _build(data: dict[str, object], max_label_length: int) -> StepReport:
     if not isinstance(reporter_id, str) or not REPORTER_ID_PATTERN.fullmatch(reporter_id):
         raise ReportError("invalid_field", "reporter_id must match [A-Za-z0-9_-]{1,64}")
     last_step = data.get("last_step_time")
+    comm, exposed, comm_bytes = _comm(data, step_seconds)
     return StepReport(
         job=_label(data.get("job"), "job", max_label_length),
         rank=rank,
@@ -200,7 +210,28 @@ def _build(data: dict[str, object], max_label_length: int) -> StepReport:
         gpu=_gpu(data.get("gpu")),
         pid=_optional_int(data, "pid", 1, MAX_RANK),
         last_step_time=None if last_step is None else _seconds(data, "last_step_time"),
+        comm_seconds=comm,
+        comm_exposed_seconds=exposed,
+        comm_bytes=comm_bytes,
     )
+
+
+def _comm(
+    data: Mapping[str, object], step_seconds: float
+) -> tuple[float | None, float | None, int | None]:
+    """The optional measured-communication totals: each absent (None) or valid."""
+    comm = None if data.get("comm_seconds") is None else _seconds(data, "comm_seconds")
+    exposed = (
+        None if data.get("comm_exposed_seconds") is None
+        else _seconds(data, "comm_exposed_seconds")
+    )
+    comm_bytes = None if data.get("comm_bytes") is None else _count(data, "comm_bytes")
+    if exposed is not None:
+        if comm is None or exposed > comm * (1 + 1e-9) + 1e-6:
+            raise ReportError("invalid_field", "comm_exposed_seconds exceeds comm_seconds")
+        if exposed > step_seconds * (1 + 1e-9) + 1e-6:
+            raise ReportError("invalid_field", "comm_exposed_seconds exceeds step_seconds")
+    return comm, exposed, comm_bytes
 
 
 def _integer(data: Mapping[str, object], key: str, minimum: int, maximum: int) -> int:
