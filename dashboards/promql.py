@@ -85,6 +85,32 @@ def job_ratio(numerator: str, selector: str, *, window: str = RATE) -> str:
     )
 
 
+def comm_wait(selector: str, *, by: str = "node, rank", window: str = RATE) -> str:
+    """Seconds per second each rank (``by``) waited for communication.
+
+    The exposed communication measured inside the job
+    (``trainmon_training_comm_exposed_seconds_total``) where the rank measures
+    it, else its ``comm`` phase: ``or`` keeps the left side's series and adds
+    only ranks (label sets ``by``) it lacks, so a rank never counts both. The
+    same choice as the diagnosis and the recording rule
+    ``job_rank:trainmon_training_comm_wait_seconds:rate10m``.
+    """
+    return (
+        f"(sum by ({by}) (rate(trainmon_training_comm_exposed_seconds_total{{{selector}}}"
+        f"[{window}]))"
+        f" or sum by ({by}) (rate(trainmon_training_phase_seconds_total"
+        f'{{{selector}, phase="comm"}}[{window}])))'
+    )
+
+
+def comm_wait_ratio(selector: str, *, per_rank: bool, window: str = RATE) -> str:
+    """``comm_wait`` over step time (0–1), per rank (by node, rank) or over all ranks."""
+    step = f"rate(trainmon_training_step_seconds_sum{{{selector}}}[{window}])"
+    if per_rank:
+        return f"{comm_wait(selector, window=window)} / sum by (node, rank) ({step})"
+    return f"sum({comm_wait(selector, window=window)}) / sum({step})"
+
+
 def phase_shares(selector: str, *, window: str = RATE) -> str:
     """Each phase's seconds per second of step time over all ranks (0–1), by ``phase``.
 

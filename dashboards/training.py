@@ -19,7 +19,15 @@ from dashboards.panels import (
     timeseries,
     value_mappings,
 )
-from dashboards.promql import JOB, JOB_GPUS, job_gpus, job_ratio, per_rank_ratio, phase_shares
+from dashboards.promql import (
+    JOB,
+    JOB_GPUS,
+    comm_wait_ratio,
+    job_gpus,
+    job_ratio,
+    per_rank_ratio,
+    phase_shares,
+)
 from dashboards.variant import FLEET, NODE, TITLES, TRAINING, Variant
 
 #: ``trainmon_bottleneck`` kinds and the number each is drawn as (docs/diagnosis.md).
@@ -40,7 +48,13 @@ STEP_BUCKETS = f"trainmon_training_step_seconds_bucket{{{JOB}}}"
 STEP_SUM = f"trainmon_training_step_seconds_sum{{{JOB}}}"
 STEP_COUNT = f"trainmon_training_step_seconds_count{{{JOB}}}"
 DATA_WAIT = f"trainmon_training_data_wait_seconds_total{{{JOB}}}"
-COMM = f'trainmon_training_phase_seconds_total{{{JOB}, phase="comm"}}'
+#: Communication measured inside the job (Reporter.instrument): all seconds with a
+#: collective in flight, the exposed part of them, and the collectives' bytes.
+COMM_MEASURED = f"trainmon_training_comm_seconds_total{{{JOB}}}"
+COMM_EXPOSED = f"trainmon_training_comm_exposed_seconds_total{{{JOB}}}"
+COMM_BYTES = f"trainmon_training_comm_bytes_total{{{JOB}}}"
+#: Step time of the ranks that measure their exposed communication.
+MEASURED_STEP = f"sum(rate({STEP_SUM}[{RATE}]) and on(node, rank) {COMM_EXPOSED})"
 RANK_MEAN_STEP = (
     f"sum by (node, rank) (rate({STEP_SUM}[{RATE}]))"
     f" / sum by (node, rank) (rate({STEP_COUNT}[{RATE}]))"
@@ -82,7 +96,8 @@ def _verdict_row(board: Board) -> None:
         "What the daemon's diagnosis (trainmon_bottleneck) names as the job's limit, in the "
         "order an engineer checks: GPU first, then storage, then network. Good: compute "
         "(the GPU is the limit, so kernels, AMP and batch size are the levers). storage: "
-        "data wait above 20 % of step time; communication: comm above ~30 %; scheduling: idle "
+        "data wait above 20 % of step time; communication: exposed comm above ~30 %; "
+        "scheduling: idle "
         "GPUs, stragglers or a stalled job. `trainmon doctor` prints the evidence.",
         [Query(VERDICT, instant=True)],
         mappings=VERDICT_MAPPINGS,
@@ -122,15 +137,18 @@ def _verdict_row(board: Board) -> None:
     ), width=3, height=4)
     board.add(stat_panel(
         "Comm ratio", "percentunit",
-        "Time in the `comm` phase (gradient sync, reported with reporter.phase(\"comm\")) "
-        "per second of step time. Good: below 20 %; above 30 % the job is "
-        "communication-bound (check NCCL_IB_*, NVLink/IB link rates).",
-        [Query(job_ratio(COMM, JOB))],
+        "Time the ranks wait for gradient sync per second of step time: the exposed "
+        "communication measured inside the job (reporter.instrument(model)) where a rank "
+        "measures it, else its `comm` phase (reporter.phase(\"comm\")), never both. "
+        "Good: below 20 %; above 30 % the job is communication-bound (check NCCL_IB_*, "
+        "NCCL_SOCKET_IFNAME, NVLink/IB link rates, bucket size and overlap).",
+        [Query(comm_wait_ratio(JOB, per_rank=False))],
         steps=(Step(None, "green"), Step(0.2, "yellow"), Step(promql.COMM_LIMIT, "red")),
     ), width=3, height=4)
     board.add(stat_panel(
         "Straggler ratio", "none",
-        "Largest per-step work (step time minus data wait minus comm phase) of a rank over "
+        "Largest per-step work (step time minus data wait minus exposed comm, else the "
+        "comm phase) of a rank over "
         "the median of the job's ranks on every node, last 10 minutes: the measure of the "
         "TrainmonStragglerRank alert and the daemon's straggler verdict. Step times cannot "
         "show a straggler, as synchronised ranks all wait for it. Good: below 1.1; at "
@@ -177,11 +195,12 @@ def _step_row(board: Board) -> None:
     ), width=8)
     board.add(timeseries(
         "Straggler ratio per rank", "none",
-        "Each rank's per-step work (step time minus data wait minus comm phase) over the "
+        "Each rank's per-step work (step time minus data wait minus exposed comm, else the "
+        "comm phase) over the "
         "median of the job's ranks on every node, last 10 minutes "
         f"({promql.STRAGGLER_RATIO}). Good: every rank near 1; a rank at "
         f"{promql.STRAGGLER_FACTOR:g} (dashed) or above is the straggler the others wait for "
-        "in their comm phase — check its node's GPU clocks, throttling and data wait.",
+        "in their collectives — check its node's GPU clocks, throttling and data wait.",
         [Query(STRAGGLER, "rank {{rank}} ({{instance}})")],
         minimum=0, steps=(Step(None, "green"), Step(promql.STRAGGLER_FACTOR, "red")),
     ), width=8)
@@ -223,18 +242,59 @@ def _comm_row(board: Board, variant: Variant) -> None:
     board.row("Communication (通)")
     board.add(timeseries(
         "Comm ratio per rank", "percentunit",
-        "Share of each rank's step time in the `comm` phase. Good: below 20 %; the dashed "
-        "line is the 30 % communication verdict. Ranks that report no comm phase are absent.",
-        [Query(per_rank_ratio(COMM, JOB), RANK_LEGEND)],
+        "Share of each rank's step time spent waiting for communication: its exposed comm "
+        "where the rank measures it (reporter.instrument(model)), else its `comm` phase. "
+        "Good: below 20 %; the dashed line is the 30 % communication verdict. Ranks that "
+        "neither measure nor report a comm phase are absent.",
+        [Query(comm_wait_ratio(JOB, per_rank=True), RANK_LEGEND)],
         minimum=0, steps=(Step(None, "green"), Step(promql.COMM_LIMIT, "red")),
+    ), width=8)
+    board.add(timeseries(
+        "Communication: exposed vs overlapped", "percentunit",
+        "Collective time of the ranks that measure it, as a share of their step time: "
+        "exposed (the ranks wait with their compute done: it costs step time) and "
+        "overlapped (hidden under backward: free). NVML counts NCCL kernels as GPU busy, "
+        "so busy GPUs with a high exposed share are still communication-bound. Good: "
+        "exposed below 20 % (the dashed line is the 30 % verdict); a large overlapped "
+        "share with little exposed is healthy overlap. Empty when no rank measures.",
+        [
+            Query(f"sum(rate({COMM_EXPOSED}[{RATE}])) / {MEASURED_STEP}", "exposed"),
+            Query(
+                f"(sum(rate({COMM_MEASURED}[{RATE}])) - sum(rate({COMM_EXPOSED}[{RATE}])))"
+                f" / {MEASURED_STEP}",
+                "overlapped",
+            ),
+        ],
+        minimum=0, steps=(Step(None, "green"), Step(promql.COMM_LIMIT, "red")),
+    ), width=8)
+    board.add(timeseries(
+        "Effective bandwidth vs link rate", "Bps",
+        "Bytes of the collectives' buffers per second a collective was in flight, per rank "
+        "(rate of trainmon_training_comm_bytes_total over trainmon_training_comm_seconds_total), "
+        "and each node's collective bytes per second over the window, against the rate of "
+        "one InfiniBand/RoCE port and one NIC of the job's nodes. Good: the in-flight rate "
+        "near what nccl-tests all_reduce_perf reaches on these links; far below a port's "
+        "rate points at a TCP fallback (NCCL_IB_*, NCCL_SOCKET_IFNAME), a degraded link or "
+        "small buckets.",
+        [
+            Query(f"sum(rate({COMM_BYTES}[{RATE}])) / sum(rate({COMM_MEASURED}[{RATE}]))",
+                  "in flight, per rank"),
+            Query(f"sum by (node) (rate({COMM_BYTES}[{RATE}]))", "{{node}} collective bytes/s"),
+            Query(f"max by (node) (trainmon_infiniband_rate_bytes and on(node) {JOB_GPUS})",
+                  "{{node}} InfiniBand port rate"),
+            Query(f"max by (node) (trainmon_network_speed_bytes and on(node) {JOB_GPUS})",
+                  "{{node}} NIC link rate"),
+        ],
+        minimum=0,
     ), width=8)
     board.add(timeseries(
         "Step time by phase", "percentunit",
         "Every named phase (comm, checkpoint, …) as a share of step time. Good: comm well "
-        "below 30 %, checkpoint a small, periodic share.",
+        "below 30 %, checkpoint a small, periodic share. A comm phase times the whole "
+        "collective, overlapped part included; the panels above show what the steps wait for.",
         [Query(phase_shares(JOB), "{{phase}}")],
         minimum=0,
-    ), width=8)
+    ), width=12)
     board.add(timeseries(
         "Network throughput of the job's nodes", "Bps",
         "InfiniBand/RoCE and Ethernet bytes per second (receive + transmit) on the nodes "
@@ -257,7 +317,7 @@ def _comm_row(board: Board, variant: Variant) -> None:
         minimum=0,
         # Open the node behind a series in Node detail.
     ).data_links([variant.series_link(NODE, "node")]),
-        width=8)
+        width=12)
 
 
 def _gpu_row(board: Board) -> None:

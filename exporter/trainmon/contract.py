@@ -26,9 +26,11 @@ from __future__ import annotations
 #: ``num_workers`` or prefetching starts to pay more than any GPU-side change.
 DATA_WAIT_RATIO = 0.2
 
-#: communication: comm-phase seconds over step seconds (0-1) at which a job is
-#: communication-bound (verdict ``comm_ratio``, alert
-#: ``TrainmonCommunicationBound``, dashboards' red step).
+#: communication: seconds the ranks wait for communication over step seconds
+#: (0-1) at which a job is communication-bound (verdict ``comm_ratio``, alert
+#: ``TrainmonCommunicationBound``, dashboards' red step). The wait is the
+#: exposed communication measured inside the job where a rank measures it,
+#: else its comm phase, never both.
 COMM_RATIO = 0.3
 
 #: ``trainmon_gpu_sawtooth_ratio`` (0-1) at or above which a GPU is flagged:
@@ -37,8 +39,9 @@ COMM_RATIO = 0.3
 #: ``TrainmonGPUSawtooth`` and the dashboards' red step.
 SAWTOOTH_FLAG = 0.5
 
-#: scheduling: a rank whose per-step *work* (step − data wait − comm phase,
-#: seconds per step) is this many times the median work of its job's ranks is
+#: scheduling: a rank whose per-step *work* (step − data wait − exposed comm
+#: where measured, else the comm phase; seconds per step) is this many times
+#: the median work of its job's ranks is
 #: a straggler. One measure everywhere: the verdict (``straggler_factor``,
 #: configurable per node), the alert ``TrainmonStragglerRank`` and the
 #: dashboards' "Straggler ratio" panel, the latter two through the recording

@@ -203,9 +203,9 @@ def test_generator_refuses_a_training_rule_whose_window_is_not_the_contracts(
     shutil.copy(REPO / "docs" / "alerts.md", root / "docs" / "alerts.md")
     source = root / "alerts" / "source" / "common.yml"
     text = source.read_text()
-    edited = text.replace("rate(trainmon_training_phase_seconds_total{phase=\"comm\"}[10m]))\n"
+    edited = text.replace("(job_rank:trainmon_training_comm_wait_seconds:rate10m)\n"
                           "          / sum by (job) (rate(trainmon_training_step_seconds_sum[10m]))",
-                          "rate(trainmon_training_phase_seconds_total{phase=\"comm\"}[5m]))\n"
+                          "(job_rank:trainmon_training_comm_wait_seconds:rate10m)\n"
                           "          / sum by (job) (rate(trainmon_training_step_seconds_sum[5m]))")
     assert edited != text
     source.write_text(edited)

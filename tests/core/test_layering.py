@@ -27,8 +27,11 @@ COLLECTORS = "trainmon.collectors"
 #: Modules allowed to import the collectors besides ``trainmon.collectors.*``.
 WIRING = frozenset({"trainmon.cli", "trainmon.__main__"})
 CLIENT = "trainmon.client"
-#: Client modules that exist to be imported with a framework installed.
-FRAMEWORK_CALLBACKS = frozenset({"trainmon.client.lightning", "trainmon.client.transformers"})
+#: Client modules that exist to be imported with a framework installed
+#: (``distributed`` needs torch; ``Reporter.instrument()`` imports it when called).
+FRAMEWORK_CALLBACKS = frozenset({
+    "trainmon.client.lightning", "trainmon.client.transformers", "trainmon.client.distributed",
+})
 IMPORT_FUNCTIONS = frozenset({"import_module", "__import__"})
 
 
@@ -127,8 +130,8 @@ def client_closure(modules: dict[str, Module]) -> dict[str, Module]:
     closure: dict[str, Module] = {}
     while pending:
         name = pending.pop()
-        if name in closure or name not in modules:
-            continue
+        if name in closure or name not in modules or name in FRAMEWORK_CALLBACKS:
+            continue  # framework modules: loaded only inside a function (checked below)
         closure[name] = modules[name]
         parts = name.split(".")
         pending.extend(".".join(parts[:end]) for end in range(1, len(parts)))
@@ -136,6 +139,26 @@ def client_closure(modules: dict[str, Module]) -> dict[str, Module]:
             found.module for found in imports(modules[name]) if within(found.module, "trainmon")
         )
     return closure
+
+
+def import_time_framework_imports(modules: dict[str, Module]) -> list[str]:
+    """Framework modules that ``modules`` load at import time (outside a function body)."""
+    found = []
+    for module in modules.values():
+        tree = ast.parse(module.path.read_text(encoding="utf-8"), str(module.path))
+        nodes: list[ast.AST] = list(ast.iter_child_nodes(tree))
+        while nodes:
+            node = nodes.pop()
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            nodes.extend(ast.iter_child_nodes(node))
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else (
+                [f"{node.module}.{alias.name}" for alias in node.names] + [node.module or ""]
+                if isinstance(node, ast.ImportFrom) else []
+            )
+            found += [f"{module.shown}:{node.lineno}: imports {name}"  # type: ignore[attr-defined]
+                      for name in names if name in FRAMEWORK_CALLBACKS]
+    return found
 
 
 def third_party_imports(modules: dict[str, Module]) -> list[str]:
@@ -161,6 +184,7 @@ def test_the_client_needs_only_the_standard_library() -> None:
     assert not FRAMEWORK_CALLBACKS & set(closure)
 
     assert third_party_imports(closure) == []
+    assert import_time_framework_imports(closure) == []
 
 
 @pytest.mark.parametrize(

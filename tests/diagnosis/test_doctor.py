@@ -196,3 +196,86 @@ def test_a_url_that_is_not_prometheus_text(daemon: tuple[str, StarvedNode]) -> N
 )
 def test_metrics_url(given: str, expected: str) -> None:
     assert metrics_url(given) == expected
+
+
+class CommunicatingNode:
+    """One 2-rank job on busy GPUs whose ranks wait 40 % of each 0.5 s step for
+    communication: measured inside the job (exposed 0.2 s of 0.3 s of collectives,
+    1.2 GB a step) or only as a ``comm`` phase."""
+
+    def __init__(self, measured: bool) -> None:
+        self.source = ContractSource(name="training")
+        self.measured = measured
+
+    def advance(self) -> None:
+        s = self.source
+        for rank in ("0", "1"):
+            key = {"job": "llm", "rank": rank}
+            s.set("trainmon_training_rank_info", 1, **key, gpu=rank, pid=str(200 + int(rank)))
+            s.add("trainmon_training_step_seconds_count", 2, **key)
+            s.add("trainmon_training_step_seconds_sum", 1.0, **key)
+            s.add("trainmon_training_data_wait_seconds_total", 0.02, **key)
+            s.set("trainmon_training_last_step_timestamp_seconds", 1.9e9, **key)
+            if self.measured:
+                s.add("trainmon_training_comm_seconds_total", 0.6, **key)
+                s.add("trainmon_training_comm_exposed_seconds_total", 0.4, **key)
+                s.add("trainmon_training_comm_bytes_total", 2.4e9, **key)
+            else:
+                s.add("trainmon_training_phase_seconds_total", 0.4, **key, phase="comm")
+            s.set("trainmon_gpu_utilization_ratio", 0.97, gpu=rank)
+
+
+def communicating_report(measured: bool, lang: str, json_out: bool) -> tuple[int, str]:
+    node = CommunicatingNode(measured)
+    out = io.StringIO()
+    code = run_doctor(DoctorOptions(seconds=0.05, interval_seconds=0.01, json=json_out,
+                                    lang=lang),
+                      DiagnosisConfig(), lambda: [node.source], out,
+                      sleep=lambda seconds: node.advance())
+    return code, out.getvalue()
+
+
+def test_measured_exposed_comm_names_communication_with_its_evidence() -> None:
+    code, text = communicating_report(measured=True, lang="en", json_out=True)
+    report = json.loads(text)
+    [job] = report["jobs"]
+    assert code == 1 and job["kind"] == "communication"
+    assert [f["code"] for f in job["findings"]] == ["comm_exposed"]
+    evidence = job["evidence"]
+    assert evidence["comm_source"] == "measured"
+    assert evidence["comm_ratio"] == pytest.approx(0.4)
+    assert evidence["comm_overlapped_ratio"] == pytest.approx(0.2)
+    assert evidence["comm_bytes_per_second"] == pytest.approx(4e9)
+    assert evidence["gpu_utilization_ratio"] == pytest.approx(0.97)
+    assert report["network"]["jobs"] == [{
+        "job": "llm", "comm_ratio": pytest.approx(0.4), "comm_source": "measured",
+        "comm_overlapped_ratio": pytest.approx(0.2), "comm_bytes_per_second": pytest.approx(4e9),
+    }]
+
+
+@pytest.mark.parametrize(
+    ("measured", "lang", "evidence", "next_step"),
+    [
+        (True, "en", "communication 40% (measured exposed communication; overlapped with "
+         "compute 20%; 4.0 GB/s while communicating)", "NCCL_SOCKET_IFNAME"),
+        (True, "zh", "通信 40% (实测暴露通信; 与计算重叠 20%; 4.0 GB/s 通信时带宽)",
+         "NCCL_SOCKET_IFNAME"),
+        (False, "en", "communication 40% (comm phase, not measured inside the job)",
+         "reporter.instrument(model)"),
+        (False, "zh", "通信 40% (comm 阶段，任务内未实测)", "reporter.instrument(model)"),
+    ],
+)
+def test_doctor_text_says_which_comm_evidence_it_used(
+    measured: bool, lang: str, evidence: str, next_step: str
+) -> None:
+    code, text = communicating_report(measured, lang, json_out=False)
+    assert code == 1
+    assert evidence in text, text
+    verdict = next(line for line in text.splitlines() if line.startswith("   llm:"))
+    assert ("通（通信）" if lang == "zh" else "COMMUNICATION") in verdict
+    basis = {(True, "en"): "measured exposed communication", (True, "zh"): "实测的暴露通信",
+             (False, "en"): "the comm phase", (False, "zh"): "依据 comm 阶段"}
+    assert basis[measured, lang] in verdict
+    advice = next(line for line in text.splitlines()
+                  if line.strip().startswith("next:" if lang == "en" else "下一步:"))
+    assert next_step in advice and "NCCL_IB" in advice and "bucket_cap_mb" in advice

@@ -46,6 +46,15 @@ class Rank:
     pid: str = ""
     stepping: bool = True
     comm_phase: bool = True
+    #: Measured inside the job (Reporter.instrument): ``comm`` is then the exposed
+    #: part, ``overlapped`` more seconds of collectives hidden under compute, and
+    #: ``comm_bytes`` the bytes per step.
+    measured: bool = False
+    overlapped: float = 0.0
+    comm_bytes: float = 0.0
+    #: Seconds of compute that the comm phase's timer also covers (a phase
+    #: wrapped around backward and its allreduce).
+    phase_covers_work: float = 0.0
 
 
 @dataclass
@@ -76,8 +85,13 @@ class Node:
             s.add("trainmon_training_step_seconds_sum", steps * step, **key)
             s.add("trainmon_training_data_wait_seconds_total", steps * r.wait, **key)
             if r.comm_phase:
-                s.add("trainmon_training_phase_seconds_total", steps * r.comm, **key,
-                      phase="comm")
+                s.add("trainmon_training_phase_seconds_total",
+                      steps * (r.comm + r.phase_covers_work), **key, phase="comm")
+            if r.measured:
+                s.add("trainmon_training_comm_seconds_total", steps * (r.comm + r.overlapped),
+                      **key)
+                s.add("trainmon_training_comm_exposed_seconds_total", steps * r.comm, **key)
+                s.add("trainmon_training_comm_bytes_total", steps * r.comm_bytes, **key)
             if r.stepping or ("trainmon_training_last_step_timestamp_seconds" not in s.samples):
                 s.set("trainmon_training_last_step_timestamp_seconds", self.wall(), **key)
         for gpu, utilization in self.gpus.items():
@@ -131,6 +145,8 @@ def test_storage_when_one_rank_waits_for_data() -> None:
     assert job_verdicts(result) == {"llm": "storage"}
     assert result.value("trainmon_diagnosis_data_wait_ratio", job="llm") == pytest.approx(
         0.08 / 0.30, rel=1e-6)
+    assert [row["rank"] for row in result.labelsets("trainmon_diagnosis_finding_info")
+            if row["finding"] == "data_wait"] == ["2"]
 
 
 def test_data_wait_just_below_the_threshold_is_not_storage() -> None:
@@ -189,6 +205,125 @@ def test_synchronised_straggler_is_scheduling_not_communication() -> None:
     assert job_verdicts(result) == {"llm": "scheduling"}
     assert {"straggler", "comm_phase"} <= findings(result, "llm")
     assert result.value("trainmon_diagnosis_straggler_ratio", job="llm") == pytest.approx(1.5)
+
+
+def measured_job(node: Node, exposed: float, overlapped: float, phase: bool = False) -> None:
+    """The healthy job, measuring its communication (and reporting a comm phase or not)."""
+    healthy_job(node)
+    for rank in node.ranks.values():
+        rank.measured, rank.comm_phase = True, phase
+        rank.comm, rank.overlapped, rank.comm_bytes = exposed, overlapped, 2e9
+
+
+def test_measured_exposed_comm_is_communication_although_the_gpus_look_busy() -> None:
+    # NVML counts NCCL kernels as busy: the GPUs read 95 %, but the ranks wait
+    # 0.087 s of each 0.217 s step for communication after their compute (40 %).
+    node = Node()
+    measured_job(node, exposed=0.087, overlapped=0.05)
+    for rank in node.ranks.values():
+        rank.work = 0.12
+    result = node.run()
+    assert job_verdicts(result) == {"llm": "communication"}
+    assert findings(result, "llm") == {"comm_exposed"}
+    assert result.value("trainmon_diagnosis_gpu_utilization_ratio", job="llm") == pytest.approx(
+        0.95)
+    assert result.value("trainmon_diagnosis_comm_ratio", job="llm") == pytest.approx(
+        0.087 / 0.217, rel=1e-6)
+
+
+def test_overlapped_comm_is_not_communication() -> None:
+    # 0.3 s of collectives per 0.23 s step, all but 0.02 s hidden under the backward
+    # pass: the comm phase (the whole collective time) would say 130 %.
+    node = Node()
+    measured_job(node, exposed=0.02, overlapped=0.28)
+    result = node.run()
+    assert job_verdicts(result) == {"llm": "compute"}
+    assert findings(result, "llm") == {"gpu_bound"}
+    assert result.value("trainmon_diagnosis_comm_ratio", job="llm") == pytest.approx(
+        0.02 / 0.23, rel=1e-6)
+
+
+def test_measured_exposed_comm_wins_over_the_comm_phase_and_is_never_added() -> None:
+    # The comm phase wraps backward and its allreduce: 0.1 s of each 0.22 s step
+    # (45 %). Measured inside the job, 0.01 s of it is exposed (4.5 %); the
+    # measurement wins, and adding both (50 %) would be wrong.
+    node = Node()
+    measured_job(node, exposed=0.01, overlapped=0.08, phase=True)
+    for rank in node.ranks.values():
+        rank.phase_covers_work = 0.09
+    result = node.run()
+    assert job_verdicts(result) == {"llm": "compute"}
+    assert result.value("trainmon_diagnosis_comm_ratio", job="llm") == pytest.approx(
+        0.01 / 0.22, rel=1e-6)
+
+
+def test_slow_rank_with_little_exposed_comm_is_scheduling_not_communication() -> None:
+    # Measured inside the job: the fast ranks wait 0.12 s a step exposed in the
+    # allreduce, 0.1 s of it for rank 3, whose own exposed comm (the transfer
+    # itself) is 0.02 s. The fast ranks' exposed share (36 %) is a straggler's
+    # doing, not the network's: scheduling, rank 3 named, no communication finding.
+    node = Node()
+    measured_job(node, exposed=0.12, overlapped=0.03)
+    for name, rank in node.ranks.items():
+        slow = name[1] == "3"
+        rank.work = 0.3 if slow else 0.2
+        rank.comm = 0.02 if slow else 0.12
+    result = node.run()
+    assert job_verdicts(result) == {"llm": "scheduling"}
+    assert findings(result, "llm") == {"straggler"}
+    assert result.value("trainmon_diagnosis_straggler_ratio", job="llm") == pytest.approx(1.5)
+    assert result.value("trainmon_diagnosis_comm_ratio", job="llm") == pytest.approx(
+        0.02 / 0.33, rel=1e-6)
+    [straggler] = [row for row in result.labelsets("trainmon_diagnosis_finding_info")
+                   if row["job"] == "llm"]
+    assert (straggler["kind"], straggler["rank"]) == ("scheduling", "3")
+
+
+def test_straggler_work_subtracts_exposed_comm_not_the_comm_phase() -> None:
+    # Rank 3 computes 0.3 s against 0.2 s; the others wait 0.1 s for it, exposed.
+    # Every comm phase also covers 0.15 s of backward: subtracting it would leave
+    # the fast ranks 0.05 s of work and call rank 3 3x; the exposed comm gives 1.5x.
+    node = Node()
+    healthy_job(node)
+    for name, rank in node.ranks.items():
+        slow = name[1] == "3"
+        rank.measured, rank.phase_covers_work = True, 0.15
+        rank.work = 0.3 if slow else 0.2
+        rank.comm = 0.02 if slow else 0.12
+    result = node.run()
+    assert job_verdicts(result) == {"llm": "scheduling"}
+    assert result.value("trainmon_diagnosis_straggler_ratio", job="llm") == pytest.approx(1.5)
+
+
+def test_ranks_without_measured_comm_fall_back_to_their_comm_phase() -> None:
+    # Ranks 0-2 measure; rank 3 only reports its comm phase. Each rank's wait
+    # comes from its own evidence, and the finding says communication was
+    # measured (comm_exposed).
+    node = Node()
+    measured_job(node, exposed=0.087, overlapped=0.0)
+    for rank in node.ranks.values():
+        rank.work = 0.12
+    node.ranks[("llm", "3")].measured = False
+    node.ranks[("llm", "3")].comm_phase = True
+    result = node.run()
+    assert job_verdicts(result) == {"llm": "communication"}
+    assert findings(result, "llm") == {"comm_exposed"}
+    assert result.value("trainmon_diagnosis_straggler_ratio", job="llm") == pytest.approx(1.0)
+
+
+def test_a_rank_with_too_few_steps_of_its_own_is_not_compared() -> None:
+    # Rank 0 has only its first, slow steps in the window (2.4 < min_steps 3: a
+    # DDP rank that just started); the others run normally. Counting the job's
+    # steps together would call rank 0 a straggler at 60x the median.
+    node = Node()
+    healthy_job(node)
+    node.ranks[("llm", "0")].work = 12.0
+    result = node.run()
+    assert "straggler" not in findings(result, "llm")
+    assert job_verdicts(result) == {"llm": "compute"}
+    # With enough of its own steps (a longer window), the same rank is named.
+    longer = node.run(DiagnosisConfig(window_seconds=120), ticks=24)
+    assert "straggler" in findings(longer, "llm")
 
 
 def test_two_rank_job_with_a_straggler() -> None:

@@ -121,6 +121,97 @@ def test_phases_accumulate_across_restarts_and_stay_monotonic(make_collector: Ma
     assert result.value("trainmon_training_phase_seconds_total", phase="checkpoint", **rank) == 0.5
 
 
+COMM_FAMILIES = (
+    "trainmon_training_comm_seconds_total",
+    "trainmon_training_comm_exposed_seconds_total",
+    "trainmon_training_comm_bytes_total",
+)
+
+
+def test_measured_comm_is_exported_per_rank(make_collector: Make) -> None:
+    collector = make_collector()
+    accept(collector, totals(10, 5.0, 0.5, comm_seconds=2.0, comm_exposed_seconds=0.5,
+                             comm_bytes=4_000_000))
+    accept(collector, totals(10, 5.0, 0.5, rank=1))  # measures no communication
+    result = scrape(collector)
+    rank0 = {"job": "resnet50", "rank": "0"}
+    assert result.value("trainmon_training_comm_seconds_total", **rank0) == 2.0
+    assert result.value("trainmon_training_comm_exposed_seconds_total", **rank0) == 0.5
+    assert result.value("trainmon_training_comm_bytes_total", **rank0) == 4_000_000
+    for name in COMM_FAMILIES:
+        # Unknown is not zero: the rank that does not measure has no sample.
+        assert result.labelsets(name) == [rank0], name
+        assert f"# TYPE {name} counter" in result.text
+
+
+def test_comm_without_exposed_or_bytes_exports_only_what_is_measured(
+    make_collector: Make,
+) -> None:
+    collector = make_collector()
+    accept(collector, totals(10, 5.0, 0.5, comm_seconds=2.0))
+    result = scrape(collector)
+    assert result.value("trainmon_training_comm_seconds_total", job="resnet50", rank="0") == 2.0
+    assert result.labelsets("trainmon_training_comm_exposed_seconds_total") == []
+    assert result.labelsets("trainmon_training_comm_bytes_total") == []
+
+
+def test_measured_comm_stays_monotonic_across_restarts_and_resets(make_collector: Make) -> None:
+    collector = make_collector()
+    measured = {"comm_seconds": 3.0, "comm_exposed_seconds": 1.0, "comm_bytes": 1000}
+    accept(collector, totals(100, 50.0, 10.0, reporter_id="first", **measured))
+    accept(collector, totals(120, 60.0, 12.0, reporter_id="first", comm_seconds=4.0,
+                             comm_exposed_seconds=1.5, comm_bytes=1500))
+    accept(collector, totals(120, 60.0, 12.0, reporter_id="first", comm_seconds=4.0,
+                             comm_exposed_seconds=1.5, comm_bytes=1500))  # repeated
+    accept(collector, totals(5, 2.5, 0.5, reporter_id="second", comm_seconds=0.5,
+                             comm_exposed_seconds=0.25, comm_bytes=100))  # restarted
+    # The same reporter's comm totals going backwards is a reset too.
+    accept(collector, totals(6, 3.0, 0.6, reporter_id="second", comm_seconds=0.2,
+                             comm_exposed_seconds=0.1, comm_bytes=10))
+    result = scrape(collector)
+    rank = {"job": "resnet50", "rank": "0"}
+    assert result.value("trainmon_training_comm_seconds_total", **rank) == pytest.approx(4.7)
+    assert result.value(
+        "trainmon_training_comm_exposed_seconds_total", **rank) == pytest.approx(1.85)
+    assert result.value("trainmon_training_comm_bytes_total", **rank) == 1610
+    assert result.value("trainmon_training_counter_resets_total", **rank) == 2
+    assert result.value("trainmon_training_steps_total", **rank) == 120 + 5 + 6
+
+
+def test_a_report_without_comm_neither_resets_nor_double_counts_it(make_collector: Make) -> None:
+    collector = make_collector()
+    accept(collector, totals(10, 5.0, 0.5, comm_seconds=2.0, comm_exposed_seconds=0.5))
+    accept(collector, totals(12, 6.0, 0.6))  # this report lacks the comm totals
+    accept(collector, totals(14, 7.0, 0.7, comm_seconds=2.8, comm_exposed_seconds=0.7))
+    result = scrape(collector)
+    rank = {"job": "resnet50", "rank": "0"}
+    assert result.value("trainmon_training_comm_seconds_total", **rank) == pytest.approx(2.8)
+    assert result.value(
+        "trainmon_training_comm_exposed_seconds_total", **rank) == pytest.approx(0.7)
+    assert result.value("trainmon_training_counter_resets_total", **rank) == 0
+    assert result.value("trainmon_training_steps_total", **rank) == 14
+
+
+def test_a_rank_that_starts_measuring_comm_gets_its_series_then(make_collector: Make) -> None:
+    collector = make_collector()
+    accept(collector, totals(10, 5.0, 0.5))
+    assert scrape(collector).labelsets("trainmon_training_comm_seconds_total") == []
+    accept(collector, totals(12, 6.0, 0.6, comm_seconds=1.0))
+    accept(collector, totals(14, 7.0, 0.7, comm_seconds=1.5))
+    assert scrape(collector).value(
+        "trainmon_training_comm_seconds_total", job="resnet50", rank="0") == 1.5
+
+
+def test_measured_comm_goes_with_the_expired_rank(make_collector: Make, clock: FakeClock) -> None:
+    collector = make_collector(ttl_seconds=60.0)
+    accept(collector, totals(10, 5.0, 0.5, comm_seconds=2.0, comm_exposed_seconds=0.5,
+                             comm_bytes=10))
+    clock.advance(61.0)
+    result = scrape(collector)
+    for name in COMM_FAMILIES:
+        assert result.labelsets(name) == [], name
+
+
 def test_dropped_reports_told_by_the_client_are_exported(make_collector: Make) -> None:
     collector = make_collector()
     accept(collector, line(dropped_reports=7))

@@ -92,6 +92,10 @@ def target(start_daemon: Callable[..., Any]) -> Target:
          "invalid_field"),
         (json.dumps(report(samples=-1)).encode(), "invalid_field"),
         (json.dumps(report(step_seconds=-2.0)).encode(), "invalid_field"),
+        (json.dumps(report(comm_seconds=1.0, comm_exposed_seconds=1.5)).encode(),
+         "invalid_field"),  # exposed communication longer than all communication
+        (json.dumps(report(comm_seconds=-1.0)).encode(), "invalid_field"),
+        (json.dumps(report(comm_seconds=1.0, comm_bytes="lots")).encode(), "invalid_field"),
     ],
 )
 def test_bad_report_over_http_and_socket(target: Target, body: bytes, reason: str) -> None:

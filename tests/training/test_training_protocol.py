@@ -44,6 +44,57 @@ def test_optional_fields_may_be_absent_or_null() -> None:
     )
 
 
+def test_measured_comm_fields_parse_and_absent_means_unmeasured() -> None:
+    parsed = parse_report(json.dumps(report(
+        comm_seconds=1.5, comm_exposed_seconds=0.25, comm_bytes=2**40)).encode())
+    assert (parsed.comm_seconds, parsed.comm_exposed_seconds, parsed.comm_bytes) == (
+        1.5, 0.25, 2**40)
+    plain = parse_report(line().rstrip(b"\n"))
+    nulls = parse_report(json.dumps(report(
+        comm_seconds=None, comm_exposed_seconds=None, comm_bytes=None)).encode())
+    for parsed in (plain, nulls):
+        assert (parsed.comm_seconds, parsed.comm_exposed_seconds, parsed.comm_bytes) == (
+            None, None, None)
+    # Communication fully overlapped with compute: comm time may exceed the step time.
+    assert parse_report(json.dumps(report(
+        comm_seconds=5.0, comm_exposed_seconds=0.0)).encode()).comm_seconds == 5.0
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"comm_seconds": 1.0, "comm_exposed_seconds": 1.5},  # exposed > comm
+        {"comm_exposed_seconds": 0.1},  # exposed without comm
+        {"comm_seconds": 3.0, "comm_exposed_seconds": 2.5},  # exposed > step_seconds (2.0)
+        {"comm_seconds": -0.5},
+        {"comm_seconds": "1.0"},
+        {"comm_seconds": True},
+        {"comm_seconds": [1.0]},
+        {"comm_seconds": 1.0, "comm_exposed_seconds": -0.1},
+        {"comm_seconds": 1.0, "comm_exposed_seconds": "0.1"},
+        {"comm_bytes": 1.5},
+        {"comm_bytes": -1},
+        {"comm_bytes": "1000"},
+        {"comm_bytes": False},
+        {"comm_bytes": 2**60},
+    ],
+)
+def test_hostile_comm_fields_are_invalid(changes: dict[str, object]) -> None:
+    with pytest.raises(ReportError) as raised:
+        parse_report(json.dumps(report(**changes)).encode())
+    assert raised.value.reason == "invalid_field"
+
+
+@pytest.mark.parametrize("number", [b"NaN", b"Infinity", b"-Infinity", b"1e999"])
+def test_non_finite_comm_seconds_are_invalid(number: bytes) -> None:
+    payload = line(comm_seconds=1.0).rstrip(b"\n").replace(b'"comm_seconds": 1.0',
+                                                          b'"comm_seconds": ' + number)
+    assert number in payload
+    with pytest.raises(ReportError) as raised:
+        parse_report(payload)
+    assert raised.value.reason == "invalid_field"
+
+
 def test_encode_roundtrip_and_nan_refused() -> None:
     assert parse_report(encode_report(report()).rstrip(b"\n")).samples == 320
     with pytest.raises(ValueError):

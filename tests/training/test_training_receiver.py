@@ -103,6 +103,28 @@ def test_socket_receives_reports(make_collector: Make, socket_path: Path) -> Non
     assert collector.socket_endpoint == f"unix://{socket_path}"
 
 
+def test_measured_comm_arrives_over_socket_and_http_alike(
+    make_collector: Make, socket_path: Path
+) -> None:
+    collector = make_collector(socket=socket_path)
+    measured = {"comm_seconds": 1.2, "comm_exposed_seconds": 0.3, "comm_bytes": 5_000}
+    send_datagram(socket_path, line(rank=0, **measured)
+                  + line(rank=1, comm_seconds=1.0, comm_exposed_seconds=1.1))  # refused
+    assert collector.handle_push(push(line(rank=2, **measured))).status == 200
+    wait_until(lambda: scrape(collector).value(
+        "trainmon_training_rejected_reports_total", reason="invalid_field") == 1, 5.0,
+        "the datagram's two lines handled", interval=0.01)
+    result = scrape(collector)
+    assert result.value("trainmon_training_reports_total", transport="unix") == 1
+    for rank in ("0", "2"):
+        labels = {"job": "resnet50", "rank": rank}
+        assert result.value("trainmon_training_comm_seconds_total", **labels) == 1.2
+        assert result.value("trainmon_training_comm_exposed_seconds_total", **labels) == 0.3
+        assert result.value("trainmon_training_comm_bytes_total", **labels) == 5_000
+    assert sorted(labels["rank"] for labels in result.labelsets(
+        "trainmon_training_steps_total")) == ["0", "2"]
+
+
 def test_socket_folder_created_with_mode_and_buffer(
     make_collector: Make, socket_path: Path
 ) -> None:

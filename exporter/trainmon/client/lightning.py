@@ -24,6 +24,15 @@ What is measured, and how exactly:
 
 Rank, local rank and world size come from the ``Trainer``; the GPU from the
 strategy's root device, mapped through ``CUDA_VISIBLE_DEVICES``.
+
+**Communication** (``instrument=True``, the default, with more than one
+process): at ``on_train_start`` the model the strategy wrapped
+(``trainer.strategy.model``: ``DistributedDataParallel``, FSDP) goes through
+``Reporter.instrument`` (see docs/protocol.md, "Measured communication").
+DDP takes one communication hook, so a ``DDPStrategy(ddp_comm_hook=...)``
+(with its ``ddp_comm_wrapper``) is taken over at ``setup``: the strategy
+registers the same hook wrapped in ``timed_comm_hook``, which the
+instrumentation then times; the gradients are what the hook alone makes.
 """
 
 from __future__ import annotations
@@ -55,14 +64,29 @@ _clock = time.perf_counter
 class TrainmonCallback(Callback):
     """Reports every training batch as a step; ``reporter_options`` go to ``Reporter``."""
 
-    def __init__(self, job: str | None = None, **reporter_options: Any) -> None:
+    def __init__(
+        self, job: str | None = None, *, instrument: bool = True, **reporter_options: Any
+    ) -> None:
         super().__init__()
         self.job = job
+        self.instrument = instrument
         self.reporter_options = reporter_options
         self.reporter: Reporter | None = None
         self._gap_started: float | None = None
         self._excluded = 0.0
         self._validation_started: float | None = None
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        # Runs before the strategy wraps the model and registers its DDP hook.
+        strategy = trainer.strategy
+        hook = getattr(strategy, "_ddp_comm_hook", None)
+        if self.instrument and hook is not None:
+            from trainmon.client.distributed import timed_comm_hook
+
+            wrapper = getattr(strategy, "_ddp_comm_wrapper", None)
+            timed = timed_comm_hook(hook if wrapper is None else wrapper(hook))
+            strategy._ddp_comm_hook = timed  # type: ignore[attr-defined]
+            strategy._ddp_comm_wrapper = None  # type: ignore[attr-defined]
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.reporter is None:
@@ -72,6 +96,8 @@ class TrainmonCallback(Callback):
                 self.job, rank=trainer.global_rank, local_rank=trainer.local_rank,
                 world_size=trainer.world_size, **options,
             )
+            if self.instrument and trainer.world_size > 1:
+                self.reporter.instrument(trainer.strategy.model)
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._start_gap()

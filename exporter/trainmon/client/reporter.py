@@ -10,6 +10,11 @@
         reporter.step(samples=len(batch))     # ends one step
     reporter.close()
 
+``model = reporter.instrument(DDP(net))`` measures the communication of a
+``DistributedDataParallel`` or FSDP model inside the job (``distributed``,
+which imports torch, is loaded only then); ``add_comm()`` adds communication
+measured elsewhere.
+
 A step runs from the end of the previous ``step()`` to this one (the first
 from the first ``next()`` of ``track()``, or from construction). Everything is
 aggregated in process; a daemon thread sends the cumulative totals about once
@@ -29,8 +34,8 @@ import threading
 import time
 import weakref
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator, Mapping
-from typing import TypeVar
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Protocol, TypeVar
 
 from trainmon.client.identity import detect_gpu, rank_identity
 from trainmon.client.transport import DEFAULT_ENDPOINT, Sender, open_sender
@@ -48,6 +53,7 @@ from trainmon.training.protocol import (
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+M = TypeVar("M")
 
 DEFAULT_INTERVAL_SECONDS = 1.0
 #: Phase name that absorbs phases beyond the protocol's MAX_PHASES.
@@ -57,6 +63,19 @@ OTHER_PHASE = "other"
 MAX_CACHED_PHASE_NAMES = 4 * MAX_PHASES
 
 _perf_counter = time.perf_counter
+
+
+class CommSource(Protocol):
+    """Communication measured by instrumentation, folded into the totals.
+
+    ``fold()`` hands what completed since the last call to
+    ``Reporter.add_comm``; ``step()``, the sender thread and ``close()`` call
+    it. It must not block (events still in flight wait for the next call).
+    """
+
+    def fold(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class Reporter:
@@ -117,6 +136,16 @@ class Reporter:
         self._phase_names: dict[str, str] = {}
         self._phase_set: set[str] = set()
         self._dropped = 0
+        # Measured communication (add_comm): None until the first add, so an
+        # unmeasured reporter sends no comm fields (unknown, not zero).
+        self._comm_seconds: float | None = None
+        self._comm_bytes = 0
+        self._comm_exposed: float | None = None
+        # Exposed comm of the step in progress, committed by step() (at most
+        # the step's duration, so the total never exceeds step_seconds).
+        self._pending_exposed = 0.0
+        # Set by instrument(); step() folds it when present.
+        self._comm_source: CommSource | None = None
         # Delivery failures are logged once per 5 minutes.
         self._failures_logged = LogThrottle()
 
@@ -135,6 +164,8 @@ class Reporter:
         now = _perf_counter()
         if samples.__class__ is not int or samples < 0:
             samples = _as_count(samples)
+        if self._comm_source is not None:
+            self._comm_source.fold()
         lock = self._lock
         lock.acquire()  # cheaper than `with` on this hot path
         try:
@@ -149,6 +180,8 @@ class Reporter:
                 self._pending_wait = 0.0
             if self._pending_phases:
                 self._commit_phases()
+            if self._pending_exposed:
+                self._commit_exposed(duration)
         finally:  # a KeyboardInterrupt must not leave the lock held
             lock.release()
 
@@ -188,6 +221,76 @@ class Reporter:
             with self._lock:
                 self._pending_phases[key] = self._pending_phases.get(key, 0.0) + seconds
 
+    def add_comm(
+        self, seconds: float, exposed_seconds: float | None = None, nbytes: int = 0
+    ) -> None:
+        """Add measured communication: ``seconds`` with a collective in flight,
+        of which ``exposed_seconds`` the rank waited with its own compute done
+        (``None``: not known), moving ``nbytes`` bytes of collective buffers.
+
+        Thread-safe (collective callbacks arrive on backend threads). From the
+        first call on, reports carry ``comm_seconds`` and ``comm_bytes``; from
+        the first call with ``exposed_seconds``, ``comm_exposed_seconds``.
+        Exposed time is clamped to ``seconds`` here and counts when the step
+        in progress ends, at most that step's duration (exposed time after the
+        last step belongs to no step and is dropped, like data wait). Negative
+        or non-finite values are ignored, never raised.
+        """
+        if not (isinstance(seconds, (int, float)) and 0 <= seconds < math.inf):
+            log.debug("trainmon: ignoring add_comm(seconds=%r)", seconds)
+            return
+        exposed: float | None = None
+        if exposed_seconds is not None:
+            if isinstance(exposed_seconds, (int, float)) and 0 <= exposed_seconds < math.inf:
+                exposed = min(float(exposed_seconds), float(seconds))
+            else:
+                log.debug("trainmon: ignoring add_comm(exposed_seconds=%r)", exposed_seconds)
+        count = nbytes if nbytes.__class__ is int and nbytes >= 0 else _as_count(nbytes)
+        with self._lock:
+            self._comm_seconds = (self._comm_seconds or 0.0) + seconds
+            self._comm_bytes += count
+            if exposed is not None:
+                if self._comm_exposed is None:
+                    self._comm_exposed = 0.0
+                self._pending_exposed += exposed
+
+    def instrument(
+        self,
+        model: M,
+        *,
+        comm_hook: Callable[[Any, Any], Any] | None = None,
+        comm_state: object = None,
+    ) -> M:
+        """Measure the communication of ``model`` (DDP or FSDP) and return it.
+
+        ``model = reporter.instrument(DistributedDataParallel(net))``. DDP gets a
+        communication hook that times each gradient bucket, wrapping
+        ``comm_hook`` (called with ``comm_state``) or the default all-reduce;
+        FSDP's collectives are timed on its process groups. See
+        docs/protocol.md, "Measured communication". Imports torch (only
+        here). Never raises into training: a model it cannot measure is
+        returned unmeasured with one warning; instrumenting a model twice is
+        a no-op.
+        """
+        try:
+            from trainmon.client import distributed
+        except ImportError as missing:
+            log.warning("trainmon: instrument() needs torch.distributed (%s); "
+                        "communication is not measured", missing)
+            return model
+        try:
+            source = distributed.instrument(
+                self, model, comm_hook=comm_hook, comm_state=comm_state,
+                source=self._comm_source,
+            )
+        except Exception:  # whatever torch raises here must not stop training
+            log.warning("trainmon: cannot instrument %s; communication is not measured",
+                        type(model).__name__, exc_info=True)
+            return model
+        if source is not None:
+            self._comm_source = source
+        return model
+
     def close(self) -> None:
         """Send the final totals and stop the sender thread; safe to call twice."""
         if self._closed:
@@ -196,6 +299,10 @@ class Reporter:
         _OPEN_REPORTERS.discard(self)
         self._closing.set()
         self._thread.join(timeout=5.0)
+        source = self._comm_source
+        if source is not None:
+            source.fold()  # what completed since the last step
+            source.close()
         with self._lock:
             # Phase time after the last step (a final validation, a checkpoint)
             # still counts; data wait without a step to contain it does not.
@@ -235,6 +342,11 @@ class Reporter:
                 "step_buckets": list(self._buckets),
                 "dropped_reports": self._dropped,
             }
+            if self._comm_seconds is not None:
+                report["comm_seconds"] = self._comm_seconds
+                report["comm_bytes"] = self._comm_bytes
+                if self._comm_exposed is not None:
+                    report["comm_exposed_seconds"] = self._comm_exposed
         if last_step is not None:
             report["last_step_time"] = time.time() - (_perf_counter() - last_step)
         return report
@@ -259,8 +371,18 @@ class Reporter:
             phases[name] = phases.get(name, 0.0) + seconds
         self._pending_phases.clear()
 
+    def _commit_exposed(self, duration: float) -> None:
+        """Move the pending exposed comm into the total, at most ``duration`` (lock held)."""
+        assert self._comm_exposed is not None and self._comm_seconds is not None
+        total = self._comm_exposed + min(self._pending_exposed, duration)
+        self._comm_exposed = min(total, self._comm_seconds)
+        self._pending_exposed = 0.0
+
     def _run(self) -> None:
         while not self._closing.wait(self._interval):
+            source = self._comm_source
+            if source is not None:
+                source.fold()  # bounds what instrumentation holds between steps
             self.flush()
 
     def _phase_name(self, name: str) -> str:

@@ -25,11 +25,25 @@ What is measured, and how exactly:
 Rank, local rank and world size come from ``TrainingArguments``
 (``process_index``, ``local_process_index``, ``world_size``); the GPU from
 ``args.device``, mapped through ``CUDA_VISIBLE_DEVICES``.
+
+**Communication** (``instrument=True``, the default, with more than one
+process): at ``on_train_begin`` the model ``Trainer`` wrapped
+(``trainer.model_wrapped``: ``DistributedDataParallel`` from accelerate, FSDP)
+goes through ``Reporter.instrument`` (docs/protocol.md, "Measured
+communication"). Callbacks are handed only the unwrapped model, so the
+callback finds the ``Trainer`` that calls it on the call stack (the caller
+whose ``callback_handler`` holds this callback) and reads its
+``model_wrapped``. A hook set through accelerate's
+``DistributedDataParallelKwargs(comm_hook=...)`` is registered before any
+callback runs; DDP takes only one, so such a job is left unmeasured (a
+warning says so).
 """
 
 from __future__ import annotations
 
+import sys
 import time
+from types import FrameType
 from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
@@ -38,13 +52,18 @@ from trainmon.client.identity import device_gpu
 from trainmon.client.reporter import Reporter
 
 _clock = time.perf_counter
+#: How far up the call stack ``on_train_begin`` looks for its ``Trainer``.
+MAX_CALLER_FRAMES = 8
 
 
 class TrainmonCallback(TrainerCallback):
     """Reports every optimizer step; ``reporter_options`` go to ``Reporter``."""
 
-    def __init__(self, job: str | None = None, **reporter_options: Any) -> None:
+    def __init__(
+        self, job: str | None = None, *, instrument: bool = True, **reporter_options: Any
+    ) -> None:
         self.job = job
+        self.instrument = instrument
         self.reporter_options = reporter_options
         self.reporter: Reporter | None = None
         self._last_event = _clock()
@@ -60,6 +79,8 @@ class TrainmonCallback(TrainerCallback):
                 self.job, rank=args.process_index, local_rank=max(args.local_process_index, 0),
                 world_size=args.world_size, **options,
             )
+            if self.instrument and args.world_size > 1:
+                self.reporter.instrument(self._wrapped_model(kwargs.get("model")))
         self._last_event = _clock()
 
     def on_step_begin(
@@ -103,6 +124,19 @@ class TrainmonCallback(TrainerCallback):
         if self.reporter is not None:
             self.reporter.close()
             self.reporter = None
+
+    def _wrapped_model(self, model: object) -> object:
+        """``model_wrapped`` of the ``Trainer`` calling this callback, else ``model``."""
+        frame: FrameType | None = sys._getframe(1)
+        for _ in range(MAX_CALLER_FRAMES):
+            if frame is None:
+                break
+            caller = frame.f_locals.get("self")
+            handler = getattr(caller, "callback_handler", None)
+            if any(callback is self for callback in getattr(handler, "callbacks", ())):
+                return getattr(caller, "model_wrapped", model)
+            frame = frame.f_back
+        return model
 
     def _phase_ended(self, name: str) -> None:
         now = _clock()

@@ -13,7 +13,9 @@ for GPU processes that report no steps):
 
 - ``trainmon_bottleneck{job,kind}``: 1 for the verdict, 0 for the other kinds
   (``compute``, ``communication``, ``storage``, ``scheduling``, ``none``);
-- ``trainmon_diagnosis_finding_info{job,kind,finding}``: every rule that fired;
+- ``trainmon_diagnosis_finding_info{job,kind,finding,rank}``: every rule that
+  fired; ``rank`` is the rank it names (the straggler, the worst data wait),
+  empty for the others;
 - evidence gauges ``trainmon_diagnosis_{data_wait,comm,gpu_utilization,
   straggler}_ratio{job}``, ``..._idle_gpus{job}``, ``..._stalled_ranks{job}``,
   ``..._step_seconds{job}`` (omitted where the sources do not tell);
@@ -104,9 +106,9 @@ def verdict_families(verdicts: Sequence[Verdict], window_seconds: float) -> list
     )
     findings = GaugeMetricFamily(
         "trainmon_diagnosis_finding_info",
-        "A diagnosis rule that fired for the job (the verdict is the first in rule order); "
-        "always 1.",
-        labels=["job", "kind", "finding"],
+        "A diagnosis rule that fired for the job (the verdict is the first in rule order), "
+        "with the rank it names (straggler, data_wait; empty for the others); always 1.",
+        labels=["job", "kind", "finding", "rank"],
     )
     gauges = {
         name: GaugeMetricFamily(name, help_text, labels=["job"])
@@ -114,12 +116,13 @@ def verdict_families(verdicts: Sequence[Verdict], window_seconds: float) -> list
             ("trainmon_diagnosis_data_wait_ratio",
              "Data wait / step time of the job's worst rank over the window."),
             ("trainmon_diagnosis_comm_ratio",
-             "Comm-phase time / step time of the job's median rank."),
+             "Communication waited for / step time: the measured exposed communication of "
+             "the measuring rank that waits least, else the comm phase of the median rank."),
             ("trainmon_diagnosis_gpu_utilization_ratio",
              "Mean utilization of the job's GPUs over the window."),
             ("trainmon_diagnosis_straggler_ratio",
-             "Largest per-step work (step - data wait - comm) of a rank "
-             "over the median of the job's ranks."),
+             "Largest per-step work (step - data wait - exposed comm, else comm phase) "
+             "of a rank over the median of the job's ranks."),
             ("trainmon_diagnosis_idle_gpus",
              "GPUs of the job below the idle utilization threshold."),
             ("trainmon_diagnosis_stalled_ranks",
@@ -132,7 +135,10 @@ def verdict_families(verdicts: Sequence[Verdict], window_seconds: float) -> list
         for kind in KINDS:
             bottleneck.add_metric([verdict.job, kind], 1.0 if kind == verdict.kind else 0.0)
         for finding in verdict.findings:
-            findings.add_metric([verdict.job, finding.kind, finding.code], 1.0)
+            rank = finding.values.get("rank", "")
+            findings.add_metric(
+                [verdict.job, finding.kind, finding.code, rank if isinstance(rank, str) else ""],
+                1.0)
         evidence = verdict.evidence
         values = {
             "trainmon_diagnosis_data_wait_ratio": evidence.data_wait_ratio,

@@ -240,6 +240,23 @@ def _rank_families(snapshot: TrainingStoreView) -> Iterable[Metric]:
         "into the rank's monotonic counters.",
         labels=_RANK,
     )
+    comm = CounterMetricFamily(
+        "trainmon_training_comm_seconds_total",
+        "Seconds with a collective of the job in flight, measured inside the rank "
+        "(Reporter.instrument or add_comm); only ranks that measure it.",
+        labels=_RANK,
+    )
+    comm_exposed = CounterMetricFamily(
+        "trainmon_training_comm_exposed_seconds_total",
+        "Seconds the rank waited for communication after its own compute was done "
+        "(the part of comm_seconds not overlapped with compute); only ranks that measure it.",
+        labels=_RANK,
+    )
+    comm_bytes = CounterMetricFamily(
+        "trainmon_training_comm_bytes_total",
+        "Bytes of the collectives' buffers the rank contributed; only ranks that measure it.",
+        labels=_RANK,
+    )
     world_sizes: dict[str, int] = {}
     for view in snapshot.ranks:
         labels = [view.job, str(view.rank)]
@@ -264,9 +281,15 @@ def _rank_families(snapshot: TrainingStoreView) -> Iterable[Metric]:
         info.add_metric([*labels, view.gpu or "", pid], 1.0)
         dropped.add_metric(labels, totals.dropped_reports)
         resets.add_metric(labels, view.counter_resets)
+        if totals.comm_seconds is not None:
+            comm.add_metric(labels, totals.comm_seconds)
+        if totals.comm_exposed_seconds is not None:
+            comm_exposed.add_metric(labels, totals.comm_exposed_seconds)
+        if totals.comm_bytes is not None:
+            comm_bytes.add_metric(labels, totals.comm_bytes)
         if view.world_size is not None:
             world_sizes[view.job] = max(world_sizes.get(view.job, 0), view.world_size)
     for job, size in world_sizes.items():
         world_size.add_metric([job], size)
     return [steps, samples, step_seconds, data_wait, phases, ratio, last_step, last_report, info,
-            world_size, dropped, resets]
+            world_size, dropped, resets, comm, comm_exposed, comm_bytes]

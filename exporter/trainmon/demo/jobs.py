@@ -3,13 +3,18 @@
 Each rank is a thread running an ordinary ``Reporter`` loop (``track`` →
 compute → ``phase("comm")`` → ``step``) whose loader and compute are sleeps, and
 the reports travel over the daemon's real socket or HTTP route, so the demo
-exercises exactly the path a training job uses:
+exercises exactly the path a training job uses. Each rank also measures its
+communication as ``Reporter.instrument`` would, through ``add_comm``: the
+``comm`` phase is the exposed part (the rank waits with its compute done),
+``overlapped_comm_seconds`` more of collectives run hidden under compute, and
+``comm_bytes`` bytes of gradient buckets move each step:
 
 - ``demo-starved`` on GPUs 0–3: 0.4 s steps of which 0.14 s wait for data
   (data-wait ratio ≈ 0.35), the input pipeline cannot keep up; the GPU demo's
   saw-toothing utilization on these GPUs is its device-side picture;
-- ``demo-healthy`` on GPUs 4–7: 0.25 s steps, 0.01 s data wait (≈ 0.04), 0.04 s
-  of gradient sync in the ``comm`` phase.
+- ``demo-healthy`` on GPUs 4–7: 0.25 s steps, 0.01 s data wait (≈ 0.04); 0.16 s
+  of gradient sync a step, of which 0.04 s exposed (≈ 0.16 of the step), at
+  about 10 GB/s while in flight.
 
 Durations jitter by ±10 % (seeded per rank) so the series look alive.
 """
@@ -19,6 +24,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -36,8 +42,13 @@ class SimulatedJob:
     first_gpu: int
     data_wait_seconds: float
     compute_seconds: float
+    #: Exposed communication per step (the ``comm`` phase).
     comm_seconds: float
     batch_size: int
+    #: Communication per step overlapped with compute (measured, not in the step).
+    overlapped_comm_seconds: float = 0.0
+    #: Bytes of gradient buckets per step.
+    comm_bytes: int = 0
 
     @property
     def data_wait_ratio(self) -> float:
@@ -48,9 +59,11 @@ class SimulatedJob:
 
 DEMO_JOBS = (
     SimulatedJob("demo-starved", first_gpu=0, data_wait_seconds=0.14, compute_seconds=0.20,
-                 comm_seconds=0.06, batch_size=64),
+                 comm_seconds=0.06, batch_size=64, overlapped_comm_seconds=0.06,
+                 comm_bytes=600_000_000),
     SimulatedJob("demo-healthy", first_gpu=4, data_wait_seconds=0.01, compute_seconds=0.20,
-                 comm_seconds=0.04, batch_size=128),
+                 comm_seconds=0.04, batch_size=128, overlapped_comm_seconds=0.12,
+                 comm_bytes=1_600_000_000),
 )
 
 
@@ -102,8 +115,12 @@ def _run_rank(job: SimulatedJob, rank: int, endpoint: str, stopping: threading.E
     try:
         for batch_size in reporter.track(loader()):
             pause(job.compute_seconds)
+            started = time.perf_counter()
             with reporter.phase("comm"):
                 pause(job.comm_seconds)
+            exposed = time.perf_counter() - started
+            reporter.add_comm(exposed + job.overlapped_comm_seconds, exposed_seconds=exposed,
+                              nbytes=job.comm_bytes)
             if stopping.is_set():
                 break
             reporter.step(samples=batch_size)

@@ -27,13 +27,14 @@ class DiagnosisConfig:
     sawtooth_ratio: float = contract.SAWTOOTH_FLAG
     #: ... with a rising data wait that reached this.
     sawtooth_data_wait_ratio: float = 0.1
-    #: communication: comm-phase time / step time of the median rank at or above this.
+    #: communication: communication waited for (measured exposed comm, else the comm
+    #: phase) / step time of the median rank at or above this.
     comm_ratio: float = contract.COMM_RATIO
     #: Phase names counted as communication.
     comm_phases: tuple[str, ...] = ("comm",)
     #: communication without a comm phase: a NIC or IB port this busy (of its link rate).
     link_utilization_ratio: float = contract.LINK_SATURATION_RATIO
-    #: scheduling: a rank whose per-step work (step - data wait - comm) is this many
+    #: scheduling: a rank whose per-step work (step - data wait - comm wait) is this many
     #: times the median of the job's ranks (itself included) is a straggler.
     straggler_factor: float = contract.STRAGGLER_FACTOR
     #: A GPU whose mean utilization is below this is idle.

@@ -6,8 +6,11 @@ collector's internals, so the same code serves the daemon and ``doctor``:
 - GPUs: ``trainmon_gpu_utilization_ratio`` (mean over the window),
   ``trainmon_gpu_sawtooth_ratio`` (latest), ``trainmon_gpu_memory_used_bytes``;
 - ranks: increases of ``trainmon_training_step_seconds_sum``/``_count``,
-  ``trainmon_training_data_wait_seconds_total`` and
-  ``trainmon_training_phase_seconds_total{phase}``; the latest
+  ``trainmon_training_data_wait_seconds_total``,
+  ``trainmon_training_phase_seconds_total{phase}`` and, for ranks that measure
+  communication, ``trainmon_training_comm_seconds_total``,
+  ``trainmon_training_comm_exposed_seconds_total`` and
+  ``trainmon_training_comm_bytes_total``; the latest
   ``trainmon_training_last_step_timestamp_seconds``,
   ``trainmon_training_last_report_timestamp_seconds`` (when exported) and
   ``trainmon_training_rank_info{gpu,pid}``;
@@ -36,6 +39,8 @@ MEASURED_SAMPLES = frozenset({
     "trainmon_training_last_report_timestamp_seconds",
     "trainmon_training_step_seconds_count", "trainmon_training_step_seconds_sum",
     "trainmon_training_data_wait_seconds_total", "trainmon_training_phase_seconds_total",
+    "trainmon_training_comm_seconds_total", "trainmon_training_comm_exposed_seconds_total",
+    "trainmon_training_comm_bytes_total",
     "trainmon_disk_io_time_seconds_total", "trainmon_disk_read_bytes_total",
     "trainmon_disk_written_bytes_total",
     "trainmon_network_receive_bytes_total", "trainmon_network_transmit_bytes_total",
@@ -74,6 +79,22 @@ class RankState:
     last_step_timestamp: float | None
     #: When the rank's reporter last sent anything (its heartbeat), if exported.
     last_report_timestamp: float | None = None
+    #: Communication measured inside the job (``Reporter.instrument``), increases over
+    #: the window; None where the rank does not measure it. All seconds with a
+    #: collective in flight, the part of them the rank waited for after its own
+    #: compute (exposed), and the collectives' bytes.
+    measured_comm_seconds: float | None = None
+    exposed_comm_seconds: float | None = None
+    comm_bytes: float | None = None
+
+    @property
+    def comm_wait_seconds(self) -> float | None:
+        """The step time spent waiting for communication: the measured exposed
+        communication where the rank measures it, else its comm phases, else None.
+        Never both added: a measurement wins over the phase."""
+        if self.exposed_comm_seconds is not None:
+            return self.exposed_comm_seconds
+        return self.comm_seconds if self.reports_comm else None
 
 
 @dataclass(frozen=True)
@@ -210,6 +231,10 @@ def _ranks(window: Window, comm_phases: tuple[str, ...]) -> tuple[RankState, ...
             data_wait_recent=_wait_ratio(halves[1], labels) if halves else None,
             last_step_timestamp=last_step.get(labels),
             last_report_timestamp=last_report.get(labels),
+            measured_comm_seconds=window.increase("trainmon_training_comm_seconds_total", labels),
+            exposed_comm_seconds=window.increase(
+                "trainmon_training_comm_exposed_seconds_total", labels),
+            comm_bytes=window.increase("trainmon_training_comm_bytes_total", labels),
         ))
     ranks.sort(key=lambda state: (state.job, _numeric_first(state.rank)))
     return tuple(ranks)

@@ -101,7 +101,15 @@ class StorageSection(TypedDict):
 
 class NetworkJobEntry(TypedDict):
     job: str
+    #: Communication waited for / step time of the median rank.
     comm_ratio: float
+    #: ``measured`` (exposed communication measured inside the job), ``phase``
+    #: (the comm phase) or ``mixed``: what ``comm_ratio`` rests on.
+    comm_source: str
+    #: Communication overlapped with compute / step time; None when not measured.
+    comm_overlapped_ratio: float | None
+    #: Collective bytes / seconds in flight; None when not measured.
+    comm_bytes_per_second: float | None
 
 
 class LinkEntry(TypedDict):
@@ -146,6 +154,9 @@ class EvidenceEntry(TypedDict):
     data_wait_ratio: float | None
     worst_data_wait_rank: str
     comm_ratio: float | None
+    comm_source: str
+    comm_overlapped_ratio: float | None
+    comm_bytes_per_second: float | None
     straggler_ratio: float | None
     straggler_rank: str
     gpu_utilization_ratio: float | None
@@ -203,7 +214,10 @@ def build_report(
             "disks": [_disk_entry(disk) for disk in node.disks],
         },
         "network": {
-            "jobs": [{"job": v.job, "comm_ratio": v.evidence.comm_ratio}
+            "jobs": [{"job": v.job, "comm_ratio": v.evidence.comm_ratio,
+                      "comm_source": v.evidence.comm_source,
+                      "comm_overlapped_ratio": v.evidence.comm_overlapped_ratio,
+                      "comm_bytes_per_second": v.evidence.comm_bytes_per_second}
                      for v in verdicts if v.evidence.comm_ratio is not None],
             "links": [_link_entry(link) for link in node.links],
             "nccl": [_nccl_entry(problem, lang) for problem in node.nccl],
@@ -315,6 +329,9 @@ def _evidence_entry(evidence: Evidence) -> EvidenceEntry:
         "data_wait_ratio": evidence.data_wait_ratio,
         "worst_data_wait_rank": evidence.worst_data_wait_rank,
         "comm_ratio": evidence.comm_ratio,
+        "comm_source": evidence.comm_source,
+        "comm_overlapped_ratio": evidence.comm_overlapped_ratio,
+        "comm_bytes_per_second": evidence.comm_bytes_per_second,
         "straggler_ratio": evidence.straggler_ratio,
         "straggler_rank": evidence.straggler_rank,
         "gpu_utilization_ratio": evidence.gpu_utilization_ratio,
@@ -368,9 +385,7 @@ def render_text(report: Report) -> str:
         lines.append(f"   {heading('no_disks', lang)}")
 
     lines += ["", heading("network", lang)]
-    for communicating in report["network"]["jobs"]:
-        lines.append(f"   {word('job', lang)} {communicating['job']}: "
-                     f"{word('communication', lang)} {_percent(communicating['comm_ratio'])}")
+    lines += [_communication_line(job, lang) for job in report["network"]["jobs"]]
     lines += [_link_line(link, lang) for link in report["network"]["links"]]
     if not report["network"]["jobs"] and not report["network"]["links"]:
         lines.append(f"   {heading('no_links', lang)}")
@@ -410,6 +425,19 @@ def _gpu_line(gpu: GPUEntry, lang: str) -> str:
         owners.append(f"pid {process['pid']} ({process['job']}{', ' + where if where else ''})")
     line = ", ".join(parts)
     return f"{line} — {'; '.join(owners)}" if owners else line
+
+
+def _communication_line(job: NetworkJobEntry, lang: str) -> str:
+    """``job llm: communication 12% (measured exposed; overlapped 30%, 9.1 GB/s)``."""
+    source = job["comm_source"]
+    details = [word(f"comm_{source}", lang)] if source else []
+    if job["comm_overlapped_ratio"] is not None:
+        details.append(f"{word('overlapped', lang)} {_percent(job['comm_overlapped_ratio'])}")
+    if job["comm_bytes_per_second"] is not None:
+        details.append(f"{_rate(job['comm_bytes_per_second'])} {word('in_flight', lang)}")
+    line = (f"   {word('job', lang)} {job['job']}: {word('communication', lang)} "
+            f"{_percent(job['comm_ratio'])}")
+    return f"{line} ({'; '.join(details)})" if details else line
 
 
 def _disk_line(disk: DiskEntry, lang: str) -> str:

@@ -6,20 +6,31 @@ Pure functions of ``NodeMeasurements`` and ``DiagnosisConfig``
 - ``data_wait_ratio``: data wait / step time of the *worst* rank — in
   synchronous training every rank waits for the slowest loader at the next
   collective, so one starved rank holds back all;
-- ``comm_ratio``: comm-phase time / step time of the *median* rank — all ranks
-  share a collective's time, and a rank with unusually little of it is the one
-  the others wait for (a straggler);
-- ``straggler_ratio``: the largest per-step *work* (step − data wait − comm)
-  of a rank over the median work of the job's ranks (itself included, as the
+- ``comm_ratio``: the communication the ranks wait for / step time. Where
+  ranks measure it (``comm_exposed_seconds``, ``Reporter.instrument``), the
+  **measured exposed communication** of the measuring rank that waits *least*:
+  the last rank to reach each collective waits for the transfer itself, the
+  others also for that rank, so a straggler's peers are not mistaken for a
+  slow network. Else the comm phase of the *median* rank — all ranks share a
+  collective's time, and a rank with unusually little of it is the one the
+  others wait for. Measured wins; the two are never added (``comm_source``
+  says which was used). Communication overlapped with compute costs no step
+  time and is not counted; the overlapped share and the effective bandwidth
+  (collective bytes / seconds in flight) are kept as evidence;
+- ``straggler_ratio``: the largest per-step *work* (step − data wait − comm
+  wait, the same measured-or-phase choice) of a rank over the median work of
+  the job's ranks (itself included, as the
   recording rule ``job_rank:trainmon_training_straggler:ratio_rate10m`` behind
   the alert and the dashboard computes it); work excludes the time a
   fast rank spends waiting for a slow one inside the collective, which is why
   stragglers are visible even though synchronised step times are equal. A rank
-  that reports no comm phase has that wait hidden in its step, so its work is
-  its whole step time (equal in synchronised jobs: no false straggler; unequal
-  in independent ones);
+  that neither measures communication nor reports a comm phase has that wait
+  hidden in its step, so its work is its whole step time (equal in
+  synchronised jobs: no false straggler; unequal in independent ones);
 - ``gpu_utilization_ratio``: mean utilization of the job's GPUs (the ``gpu``
   of its ranks, and GPUs its processes hold), plus the count of idle ones.
+  NVML counts a GPU running NCCL kernels as busy, so measured exposed
+  communication outranks it (rule 6 comes before the compute verdict).
 
 Rules, in order; the first that fires is the verdict, every rule that fires is
 kept as a finding:
@@ -33,9 +44,11 @@ kept as a finding:
    rising data wait (later half above earlier half) that reached
    ``sawtooth_data_wait_ratio``;
 5. scheduling ``straggler``: ``straggler_ratio`` ≥ ``straggler_factor``;
-6. communication ``comm_phase``: ``comm_ratio`` ≥ threshold;
-7. communication ``link_saturated``: the job reports no comm phase and a NIC or
-   InfiniBand port ran at ≥ ``link_utilization_ratio`` of its rate;
+6. communication ``comm_exposed`` (a rank measures its exposed communication)
+   or ``comm_phase`` (the comm phases only): ``comm_ratio`` ≥ threshold;
+7. communication ``link_saturated``: the job neither measures communication nor
+   reports a comm phase, and a NIC or InfiniBand port ran at ≥
+   ``link_utilization_ratio`` of its rate;
 8. scheduling ``idle_gpus``: a GPU of the job is idle while it steps;
 9. compute, when nothing above fired: ``gpu_bound`` (GPUs busy or unknown) or
    ``host_bound`` (GPUs below ``busy_utilization_ratio`` with nothing to wait for).
@@ -90,6 +103,16 @@ class Evidence:
     data_wait_ratio: float | None = None
     worst_data_wait_rank: str = ""
     comm_ratio: float | None = None
+    #: What ``comm_ratio`` and the work per step rest on: ``measured`` (every
+    #: stepping rank measures its exposed communication), ``phase`` (none does:
+    #: the comm phases), ``mixed`` (the ratio from the measuring ranks, the work
+    #: of each rank from its own evidence); empty without stepping ranks.
+    comm_source: str = ""
+    #: Communication overlapped with compute (measured − exposed) / step time of
+    #: the median measuring rank.
+    comm_overlapped_ratio: float | None = None
+    #: Median over the measuring ranks of collective bytes / seconds in flight.
+    comm_bytes_per_second: float | None = None
     straggler_ratio: float | None = None
     straggler_rank: str = ""
     gpu_utilization_ratio: float | None = None
@@ -173,8 +196,22 @@ def _evidence(
     stepping = [rank for rank in ranks if rank.step_seconds > 0 and rank.steps > 0]
     waits = {rank.rank: rank.data_wait_seconds / rank.step_seconds for rank in stepping}
     worst = max(waits, key=lambda name: waits[name]) if waits else ""
-    comms = [rank.comm_seconds / rank.step_seconds for rank in stepping]
-    straggler_rank, straggler = _straggler(stepping)
+    measuring = [rank for rank in stepping if rank.exposed_comm_seconds is not None]
+    exposed = [(rank.exposed_comm_seconds or 0.0) / rank.step_seconds for rank in measuring]
+    phases = [(rank.comm_wait_seconds or 0.0) / rank.step_seconds for rank in stepping]
+    overlapped = [
+        max(0.0, rank.measured_comm_seconds - (rank.exposed_comm_seconds or 0.0))
+        / rank.step_seconds
+        for rank in measuring if rank.measured_comm_seconds is not None
+    ]
+    bandwidths = [
+        rank.comm_bytes / rank.measured_comm_seconds for rank in stepping
+        if rank.comm_bytes is not None and rank.measured_comm_seconds
+    ]
+    # Only ranks with ``min_steps`` steps of their own in the window are compared:
+    # a rank that has just (re)started has only its slow first steps to show.
+    straggler_rank, straggler = _straggler(
+        [rank for rank in stepping if rank.steps >= config.min_steps])
     mean_utilization, idle_gpus = _gpu_usage(gpus, config)
     sawtooths = [gpu.sawtooth for gpu in gpus if gpu.sawtooth is not None]
     last_steps = {rank.rank: rank.last_step_timestamp for rank in ranks
@@ -187,7 +224,11 @@ def _evidence(
         if stepping else None,
         data_wait_ratio=min(1.0, waits[worst]) if waits else None,
         worst_data_wait_rank=worst,
-        comm_ratio=min(1.0, statistics.median(comms)) if comms else None,
+        comm_ratio=min(1.0, min(exposed) if exposed else statistics.median(phases))
+        if stepping else None,
+        comm_source=_comm_source(len(measuring), len(stepping)),
+        comm_overlapped_ratio=min(1.0, statistics.median(overlapped)) if overlapped else None,
+        comm_bytes_per_second=statistics.median(bandwidths) if bandwidths else None,
         straggler_ratio=straggler,
         straggler_rank=straggler_rank,
         gpu_utilization_ratio=mean_utilization,
@@ -207,20 +248,30 @@ def _evidence(
     )
 
 
+def _comm_source(measuring: int, stepping: int) -> str:
+    if not stepping:
+        return ""
+    if measuring == stepping:
+        return "measured"
+    return "mixed" if measuring else "phase"
+
+
 def _straggler(ranks: Sequence[RankState]) -> tuple[str, float | None]:
     """The rank with the largest work per step, and its work over the median of all ranks'.
 
-    The median includes the slowest rank (``statistics.median`` of an even count
-    is the mean of the middle two, as PromQL's ``quantile(0.5, …)``), so the
-    ratio is the one ``contract.STRAGGLER_RATIO_SERIES`` records.
+    Work is step − data wait − the communication waited for (measured exposed
+    communication, else the comm phase: ``RankState.comm_wait_seconds``), or
+    the whole step where neither is known. The median includes the slowest
+    rank (``statistics.median`` of an even count is the mean of the middle two,
+    as PromQL's ``quantile(0.5, …)``), so the ratio is the one
+    ``contract.STRAGGLER_RATIO_SERIES`` records.
     """
-    work = {
-        rank.rank: (
-            max(0.0, rank.step_seconds - rank.data_wait_seconds - rank.comm_seconds)
-            if rank.reports_comm else rank.step_seconds
-        ) / rank.steps
-        for rank in ranks
-    }
+    work = {}
+    for rank in ranks:
+        comm = rank.comm_wait_seconds
+        seconds = (rank.step_seconds if comm is None
+                   else max(0.0, rank.step_seconds - rank.data_wait_seconds - comm))
+        work[rank.rank] = seconds / rank.steps
     if len(work) < 2:
         return "", None
     slowest = max(work, key=lambda name: work[name])
@@ -259,10 +310,11 @@ def _job_findings(
             "threshold": config.straggler_factor}))
     comm = evidence.comm_ratio or 0.0
     if comm >= config.comm_ratio:
-        findings.append(Finding("communication", "comm_phase", {
+        code = "comm_phase" if evidence.comm_source == "phase" else "comm_exposed"
+        findings.append(Finding("communication", code, {
             "ratio": comm, "threshold": config.comm_ratio}))
     link = evidence.busiest_link_utilization
-    if (not any(rank.reports_comm for rank in ranks) and link is not None
+    if (not any(rank.comm_wait_seconds is not None for rank in ranks) and link is not None
             and link >= config.link_utilization_ratio):
         findings.append(Finding("communication", "link_saturated", {
             "link": evidence.busiest_link, "ratio": link,

@@ -61,6 +61,12 @@ WORDS: Mapping[str, Pair] = {
     "transmit": ("transmit", "发送"),
     "of": ("of", "/"),
     "port": ("port", "端口"),
+    "comm_measured": ("measured exposed communication", "实测暴露通信"),
+    "comm_phase": ("comm phase, not measured inside the job", "comm 阶段，任务内未实测"),
+    "comm_mixed": ("measured exposed communication where measured, else the comm phase",
+                   "有实测的 rank 用实测暴露通信，其余用 comm 阶段"),
+    "overlapped": ("overlapped with compute", "与计算重叠"),
+    "in_flight": ("while communicating", "通信时带宽"),
 }
 
 FINDINGS: Mapping[str, Pair] = {
@@ -80,9 +86,16 @@ FINDINGS: Mapping[str, Pair] = {
         "rank {rank} needs {factor:.2f}x the work time per step of the job's median rank "
         "(threshold {threshold:.2f}x)",
         "rank {rank} 每步的计算时间是各 rank 中位数的 {factor:.2f} 倍（阈值 {threshold:.2f} 倍）"),
+    "comm_exposed": (
+        "the ranks wait for communication after their compute {ratio:.0%} of each step "
+        "(measured exposed communication; threshold {threshold:.0%})",
+        "各 rank 每步有 {ratio:.0%} 的时间在算完后等待通信"
+        "（实测的暴露通信；阈值 {threshold:.0%}）"),
     "comm_phase": (
-        "communication takes {ratio:.0%} of each step (threshold {threshold:.0%})",
-        "通信占每步时间的 {ratio:.0%}（阈值 {threshold:.0%}）"),
+        "communication takes {ratio:.0%} of each step (the comm phase: not measured inside "
+        "the job, so time overlapped with compute may count; threshold {threshold:.0%})",
+        "通信占每步时间的 {ratio:.0%}（依据 comm 阶段：任务内未实测，与计算重叠的时间也可能计入；"
+        "阈值 {threshold:.0%}）"),
     "link_saturated": (
         "{link} runs at {ratio:.0%} of its link rate (threshold {threshold:.0%})",
         "{link} 的流量达到链路速率的 {ratio:.0%}（阈值 {threshold:.0%}）"),
@@ -133,15 +146,36 @@ ADVICE: Mapping[str, Pair] = {
         "shard or sequence lengths; drain the node if its hardware is at fault.",
         "检查慢 rank 所在节点：GPU 频率与降频（trainmon_gpu_throttle_seconds_total）、"
         "同一 GPU 或 CPU 上的其他负载、数据分片或序列长度不均；若是硬件问题，请将该节点下线。"),
+    "comm_exposed": (
+        "The steps wait for the network. Check the channel first: run once with "
+        "NCCL_DEBUG=INFO and look for NET/IB, not NET/Socket; NCCL_IB_DISABLE unset, "
+        "NCCL_IB_HCA naming the active HCAs, NCCL_SOCKET_IFNAME the right NIC "
+        "(NCCL_IB_GID_INDEX on RoCE). Then the link: ibstat/ibstatus port rate and state, "
+        "ib_write_bw between two nodes, nccl-tests all_reduce_perf against the nominal "
+        "bandwidth, the NIC and IB error alerts. Then overlap: DDP bucket_cap_mb, FSDP "
+        "prefetch, gradient accumulation with no_sync, bf16 gradients. Then placement: the "
+        "job's nodes in one availability zone and VPC (cloud) or under one leaf switch.",
+        "各步在等网络。先查通道：用 NCCL_DEBUG=INFO 跑一次，日志应为 NET/IB 而不是 NET/Socket；"
+        "不要设置 NCCL_IB_DISABLE，NCCL_IB_HCA 指向在用的 HCA，NCCL_SOCKET_IFNAME 指向正确的网卡"
+        "（RoCE 还要 NCCL_IB_GID_INDEX）。再查链路：ibstat/ibstatus 的端口速率与状态、"
+        "两节点间 ib_write_bw、用 nccl-tests 的 all_reduce_perf 对比标称带宽、网卡与 IB 错误告警。"
+        "再查重叠：DDP bucket_cap_mb、FSDP 预取、梯度累积时用 no_sync、bf16 梯度。"
+        "最后查放置：云上让任务的节点在同一可用区、同一 VPC，"
+        "自建集群让它们在同一台 leaf 交换机下。"),
     "comm_phase": (
-        "Make communication cheaper: check that NCCL uses RDMA (NCCL_IB_HCA, NCCL_IB_DISABLE "
-        "unset; NCCL_DEBUG=INFO once shows NET/IB), overlap it with backward (DDP "
-        "bucket_cap_mb, no_sync with gradient accumulation), send less (bf16 gradients, "
-        "FSDP/ZeRO settings).",
-        "降低通信开销：确认 NCCL 走 RDMA（NCCL_IB_HCA，不要设置 NCCL_IB_DISABLE；"
-        "临时用 NCCL_DEBUG=INFO "
-        "查看是否为 NET/IB），让通信与反向计算重叠（DDP bucket_cap_mb、梯度累积时用 no_sync），"
-        "减少通信量（bf16 梯度、FSDP/ZeRO 配置）。"),
+        "Measure it inside the job first (reporter.instrument(model)): the comm phase also "
+        "counts communication overlapped with compute. Then check the channel (NCCL_DEBUG=INFO "
+        "once shows NET/IB, not NET/Socket; NCCL_IB_DISABLE unset, NCCL_IB_HCA and "
+        "NCCL_SOCKET_IFNAME right), the link (ibstat port rate, ib_write_bw, nccl-tests "
+        "all_reduce_perf), overlap with backward (DDP bucket_cap_mb, no_sync with gradient "
+        "accumulation), sending less (bf16 gradients, FSDP/ZeRO settings) and placement "
+        "(one availability zone, one leaf switch).",
+        "先在任务内实测通信（reporter.instrument(model)）：comm 阶段会把与计算重叠的通信也算进去。"
+        "再查通道（临时用 NCCL_DEBUG=INFO 确认是 NET/IB 而不是 NET/Socket；不要设置 "
+        "NCCL_IB_DISABLE，NCCL_IB_HCA 与 NCCL_SOCKET_IFNAME 要正确）、链路（ibstat 端口速率、"
+        "ib_write_bw、nccl-tests 的 all_reduce_perf）、与反向计算的重叠（DDP bucket_cap_mb、"
+        "梯度累积时用 no_sync）、减少通信量（bf16 梯度、FSDP/ZeRO 配置）和放置（同一可用区、"
+        "同一台 leaf 交换机）。"),
     "link_saturated": (
         "The network runs near its link rate: use RDMA/GPUDirect where available, accumulate "
         "or compress gradients, and report a comm phase (reporter.phase('comm')) to confirm.",

@@ -7,6 +7,10 @@ from a new ``reporter_id`` (a restarted process) or one whose totals went
 backwards is a counter reset; its totals are then added whole, so the
 exported counters stay monotonic across restarts and Prometheus never sees a
 reset while the rank's series lives. A repeated or stale report adds nothing.
+The optional measured-communication totals (``comm_seconds``,
+``comm_exposed_seconds``, ``comm_bytes``) follow the same rules; a rank has
+them only from its first report that carries them (unknown is not zero), and
+a report that lacks them neither resets nor adds to them.
 
 Memory is bounded by ``max_jobs`` × ``max_ranks_per_job`` ranks (least recently
 updated first out), ``MAX_REPORTERS_PER_RANK`` remembered reporters and
@@ -21,7 +25,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from trainmon.training.protocol import (
     MAX_PHASES,
@@ -45,7 +49,11 @@ EXPIRY_INTERVAL_SECONDS = 1.0
 
 @dataclass
 class Totals:
-    """Cumulative counts and seconds of one rank (or one reporter)."""
+    """Cumulative counts and seconds of one rank (or one reporter).
+
+    The measured-communication totals are ``None`` until a report carries them
+    (the rank does not measure communication: unknown, not zero).
+    """
 
     steps: int = 0
     samples: int = 0
@@ -54,6 +62,9 @@ class Totals:
     step_buckets: list[int] = field(default_factory=lambda: [0] * STEP_BUCKET_COUNT)
     phase_seconds: dict[str, float] = field(default_factory=dict)
     dropped_reports: int = 0
+    comm_seconds: float | None = None
+    comm_exposed_seconds: float | None = None
+    comm_bytes: int | None = None
 
     @classmethod
     def of(cls, report: StepReport) -> Totals:
@@ -65,16 +76,22 @@ class Totals:
             step_buckets=list(report.step_buckets),
             phase_seconds=dict(report.phase_seconds),
             dropped_reports=report.dropped_reports,
+            comm_seconds=report.comm_seconds,
+            comm_exposed_seconds=report.comm_exposed_seconds,
+            comm_bytes=report.comm_bytes,
         )
 
     def copy(self) -> Totals:
-        return Totals(
-            self.steps, self.samples, self.step_seconds, self.data_wait_seconds,
-            list(self.step_buckets), dict(self.phase_seconds), self.dropped_reports,
+        return replace(
+            self, step_buckets=list(self.step_buckets), phase_seconds=dict(self.phase_seconds)
         )
 
     def covers(self, earlier: Totals) -> bool:
-        """True when no total is below ``earlier``'s (same reporter, no reset)."""
+        """True when no total is below ``earlier``'s (same reporter, no reset).
+
+        A measured-communication total that this report lacks tells nothing
+        (the reporter stopped sending it), so it does not count as a reset.
+        """
         return (
             self.steps >= earlier.steps
             and self.samples >= earlier.samples
@@ -84,10 +101,17 @@ class Totals:
             and all(map(operator.ge, self.step_buckets, earlier.step_buckets))
             and all(self.phase_seconds.get(name, -1.0) >= value
                     for name, value in earlier.phase_seconds.items())
+            and all(now is None or then is None or now >= then
+                    for now, then in zip(self._comm(), earlier._comm(), strict=True))
         )
 
     def add_difference(self, newer: Totals, older: Totals) -> None:
-        """Add ``newer - older`` field by field (``older`` all zero for a new reporter)."""
+        """Add ``newer - older`` field by field (``older`` all zero for a new reporter).
+
+        A measured-communication total counts from zero where ``older`` lacks
+        it (the reporter's first report that carries it) and adds nothing
+        where ``newer`` lacks it.
+        """
         self.steps += newer.steps - older.steps
         self.samples += newer.samples - older.samples
         self.step_seconds += newer.step_seconds - older.step_seconds
@@ -102,6 +126,28 @@ class Totals:
         for name, value in newer.phase_seconds.items():
             increase = value - older.phase_seconds.get(name, 0.0)
             self.phase_seconds[name] = self.phase_seconds.get(name, 0.0) + increase
+        if newer.comm_seconds is not None:
+            self.comm_seconds = (self.comm_seconds or 0.0) + (
+                newer.comm_seconds - (older.comm_seconds or 0.0))
+        if newer.comm_exposed_seconds is not None:
+            self.comm_exposed_seconds = (self.comm_exposed_seconds or 0.0) + (
+                newer.comm_exposed_seconds - (older.comm_exposed_seconds or 0.0))
+        if newer.comm_bytes is not None:
+            self.comm_bytes = (self.comm_bytes or 0) + (
+                newer.comm_bytes - (older.comm_bytes or 0))
+
+    def keep_comm_of(self, older: Totals) -> None:
+        """Carry ``older``'s measured-communication totals over where this lacks them,
+        so a reporter that skips them in one report is not counted twice when they return."""
+        if self.comm_seconds is None:
+            self.comm_seconds = older.comm_seconds
+        if self.comm_exposed_seconds is None:
+            self.comm_exposed_seconds = older.comm_exposed_seconds
+        if self.comm_bytes is None:
+            self.comm_bytes = older.comm_bytes
+
+    def _comm(self) -> tuple[float | None, float | None, float | None]:
+        return self.comm_seconds, self.comm_exposed_seconds, self.comm_bytes
 
 
 _ZERO = Totals()
@@ -272,6 +318,8 @@ class TrainingStore:
         if previous is None:
             state.resets += 1
         state.totals.add_difference(new, previous or _ZERO)
+        if previous is not None:
+            new.keep_comm_of(previous)
         state.reporters[report.reporter_id] = new
         state.reporters.move_to_end(report.reporter_id)
         while len(state.reporters) > MAX_REPORTERS_PER_RANK:
