@@ -42,6 +42,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 
+from tests.support.torch_job import train
 from trainmon.client import Reporter
 
 BATCH_SIZE = 8
@@ -132,12 +133,7 @@ def main(argv: list[str] | None = None) -> None:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         samples = Samples(scenario.widths[0], options.steps * BATCH_SIZE, scenario.sample_seconds)
         loader = DataLoader(samples, batch_size=BATCH_SIZE, num_workers=0)
-        for features, labels in reporter.track(loader):
-            optimizer.zero_grad()
-            loss = nn.functional.cross_entropy(model(features), labels)
-            loss.backward()  # type: ignore[no-untyped-call]
-            optimizer.step()
-            reporter.step(samples=len(labels))
+        train(reporter, model, loader, optimizer)
         reporter.close()
     finally:
         dist.destroy_process_group()

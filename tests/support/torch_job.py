@@ -38,7 +38,19 @@ def main(endpoint: str, job: str, gpu: str, seconds: float) -> None:
     loader = DataLoader(SlowDataset(), batch_size=BATCH_SIZE, num_workers=0)
     reporter = Reporter(job=job, rank=0, world_size=1, gpu=gpu, endpoint=endpoint,
                         interval_seconds=0.5)
-    deadline = time.monotonic() + seconds
+    train(reporter, model, loader, optimizer, deadline=time.monotonic() + seconds)
+    reporter.close()
+
+
+def train(
+    reporter: Reporter,
+    model: nn.Module,
+    loader: DataLoader[tuple[torch.Tensor, torch.Tensor]],
+    optimizer: torch.optim.Optimizer,
+    deadline: float = float("inf"),
+) -> None:
+    """The plain classification loop the README shows, reported step by step, until
+    the loader is exhausted or the ``time.monotonic()`` deadline has passed."""
     for features, labels in reporter.track(loader):
         optimizer.zero_grad()
         loss = nn.functional.cross_entropy(model(features), labels)
@@ -47,7 +59,6 @@ def main(endpoint: str, job: str, gpu: str, seconds: float) -> None:
         reporter.step(samples=len(labels))
         if time.monotonic() > deadline:
             break
-    reporter.close()
 
 
 if __name__ == "__main__":
