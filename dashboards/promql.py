@@ -104,11 +104,21 @@ def comm_wait(selector: str, *, by: str = "node, rank", window: str = RATE) -> s
 
 
 def comm_wait_ratio(selector: str, *, per_rank: bool, window: str = RATE) -> str:
-    """``comm_wait`` over step time (0–1), per rank (by node, rank) or over all ranks."""
+    """``comm_wait`` over step time (0–1), per rank (by node, rank) or the job's.
+
+    The job's is the ratio of the rank that waits least (``min`` of the per-rank
+    ratios): in synchronous training the last rank to reach a collective waits
+    only for the transfer, the others also for that rank, so time fast ranks
+    spend waiting for a straggler is not shown as communication — the measure of
+    the daemon's ``comm_ratio`` and of the recording rule
+    ``job:trainmon_training_comm:ratio_rate10m`` behind
+    ``TrainmonCommunicationBound``. A rank without a step in the range divides
+    0 by 0: ``min`` passes over its NaN (the rule leaves it out with ``> 0``; a
+    comparison here would read as a threshold to the contract test).
+    """
     step = f"rate(trainmon_training_step_seconds_sum{{{selector}}}[{window}])"
-    if per_rank:
-        return f"{comm_wait(selector, window=window)} / sum by (node, rank) ({step})"
-    return f"sum({comm_wait(selector, window=window)}) / sum({step})"
+    ratio = f"{comm_wait(selector, window=window)} / sum by (node, rank) ({step})"
+    return ratio if per_rank else f"min({ratio})"
 
 
 def phase_shares(selector: str, *, window: str = RATE) -> str:

@@ -137,11 +137,15 @@ def _verdict_row(board: Board) -> None:
     ), width=3, height=4)
     board.add(stat_panel(
         "Comm ratio", "percentunit",
-        "Time the ranks wait for gradient sync per second of step time: the exposed "
-        "communication measured inside the job (reporter.instrument(model)) where a rank "
-        "measures it, else its `comm` phase (reporter.phase(\"comm\")), never both. "
-        "Good: below 20 %; above 30 % the job is communication-bound (check NCCL_IB_*, "
-        "NCCL_SOCKET_IFNAME, NVLink/IB link rates, bucket size and overlap).",
+        "Time the rank that waits least spends waiting for gradient sync per second of its "
+        "step time: the exposed communication measured inside the job "
+        "(reporter.instrument(model)) where a rank measures it, else its `comm` phase "
+        "(reporter.phase(\"comm\")), never both. The least-waiting rank waits only for "
+        "the transfer, so fast ranks waiting for a straggler do not count (see Straggler "
+        "ratio) — the measure of the TrainmonCommunicationBound alert and the daemon's "
+        "communication verdict. Good: below 20 %; above 30 % the job is "
+        "communication-bound (check NCCL_IB_*, NCCL_SOCKET_IFNAME, NVLink/IB link rates, "
+        "bucket size and overlap).",
         [Query(comm_wait_ratio(JOB, per_rank=False))],
         steps=(Step(None, "green"), Step(0.2, "yellow"), Step(promql.COMM_LIMIT, "red")),
     ), width=3, height=4)
@@ -244,8 +248,9 @@ def _comm_row(board: Board, variant: Variant) -> None:
         "Comm ratio per rank", "percentunit",
         "Share of each rank's step time spent waiting for communication: its exposed comm "
         "where the rank measures it (reporter.instrument(model)), else its `comm` phase. "
-        "Good: below 20 %; the dashed line is the 30 % communication verdict. Ranks that "
-        "neither measure nor report a comm phase are absent.",
+        "Good: below 20 %; the dashed line is the 30 % communication verdict, which the "
+        "lowest line must cross (fast ranks above a low straggler are waiting for it, not "
+        "for the network). Ranks that neither measure nor report a comm phase are absent.",
         [Query(comm_wait_ratio(JOB, per_rank=True), RANK_LEGEND)],
         minimum=0, steps=(Step(None, "green"), Step(promql.COMM_LIMIT, "red")),
     ), width=8)

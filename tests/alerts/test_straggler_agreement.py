@@ -16,8 +16,13 @@ the 10 m rate windows already give a value from the first two scrapes). Then
     exactly that rank;
 (c) the daemon names ``straggler-job`` scheduling-bound with a straggler
     finding, and ``trainmon doctor`` over the daemon names rank 3;
+(d) neither the expression of ``TrainmonCommunicationBound``, the Training
+    overview's "Comm ratio" nor the daemon
+    calls ``straggler-job`` communication-bound, although its fast ranks
+    spend most of each step waiting in the comm phase: both read the rank
+    that waits least, rank 3 itself;
 
-and ``balanced-job`` trips none of the three.
+and ``balanced-job`` trips none of them.
 """
 
 from __future__ import annotations
@@ -65,10 +70,10 @@ def panel_query(panel: dict[str, Any], job: str) -> str:
     return str(target["expr"]).replace("$job", job)
 
 
-def straggler_alert_expr() -> str:
+def alert_expr(alert: str) -> str:
     document = yaml.safe_load(rules_path("dcgm").read_text())
     return next(str(rule["expr"]) for group in document["groups"] for rule in group["rules"]
-                if rule.get("alert") == "TrainmonStragglerRank")
+                if rule.get("alert") == alert)
 
 
 def daemon_verdicts(daemon: Daemon) -> tuple[dict[str, str], set[tuple[str, str]]]:
@@ -139,7 +144,7 @@ def test_panel_alert_and_verdict_name_the_same_straggler(
 
     # (b) the alert's expression, evaluated now
     selected = {(s["metric"]["job"], s["metric"]["rank"])
-                for s in prometheus.query(straggler_alert_expr())}
+                for s in prometheus.query(alert_expr("TrainmonStragglerRank"))}
     assert selected == {(STRAGGLER_JOB, SLOW_RANK)}
 
     # (c) the daemon's verdict, and the rank behind it
@@ -152,3 +157,25 @@ def test_panel_alert_and_verdict_name_the_same_straggler(
     assert straggler["straggler_ratio"] >= contract.STRAGGLER_FACTOR
     assert reported[BALANCED_JOB]["evidence"]["straggler_ratio"] < contract.STRAGGLER_FACTOR
     assert all(f["code"] != "straggler" for f in reported[BALANCED_JOB]["findings"])
+
+    # (d) the fast ranks' wait for rank 3 is not communication, to the alert or the daemon
+    def comm_ratios() -> dict[str, float]:
+        return {s["metric"]["job"]: float(s["value"][1])
+                for s in prometheus.query("job:trainmon_training_comm:ratio_rate10m")}
+
+    wait_until(lambda: set(comm_ratios()) == {STRAGGLER_JOB, BALANCED_JOB}, SETTLE_SECONDS,
+               f"job:trainmon_training_comm:ratio_rate10m for both jobs; got {comm_ratios()}")
+    waits = {s["metric"]["rank"]: float(s["value"][1]) for s in prometheus.query(
+        f'job_rank:trainmon_training_comm:ratio_rate10m{{job="{STRAGGLER_JOB}"}}')}
+    assert min(waits, key=lambda rank: waits[rank]) == SLOW_RANK, waits
+    assert max(waits.values()) >= contract.COMM_RATIO, waits  # the fast ranks do wait
+    assert prometheus.query(alert_expr("TrainmonCommunicationBound")) == [], comm_ratios()
+    comm_panel = training_panel("Comm ratio")
+    assert red_step(comm_panel) == contract.COMM_RATIO
+    (stat,) = prometheus.query(panel_query(comm_panel, STRAGGLER_JOB).replace(
+        "$__rate_interval", "10m").replace('node=~"$node"', 'node=~".+"'))
+    assert float(stat["value"][1]) < contract.COMM_RATIO, stat
+    kinds, findings = daemon_verdicts(daemon)
+    assert not {code for job, code in findings if job == STRAGGLER_JOB} & {
+        "comm_phase", "comm_exposed"}, findings
+    assert straggler["comm_ratio"] < contract.COMM_RATIO, straggler

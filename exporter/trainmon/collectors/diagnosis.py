@@ -116,8 +116,8 @@ def verdict_families(verdicts: Sequence[Verdict], window_seconds: float) -> list
             ("trainmon_diagnosis_data_wait_ratio",
              "Data wait / step time of the job's worst rank over the window."),
             ("trainmon_diagnosis_comm_ratio",
-             "Communication waited for / step time: the measured exposed communication of "
-             "the measuring rank that waits least, else the comm phase of the median rank."),
+             "Communication waited for / step time of the rank that waits least (its "
+             "measured exposed communication, else its comm phase)."),
             ("trainmon_diagnosis_gpu_utilization_ratio",
              "Mean utilization of the job's GPUs over the window."),
             ("trainmon_diagnosis_straggler_ratio",

@@ -28,7 +28,7 @@ class DiagnosisConfig:
     #: ... with a rising data wait that reached this.
     sawtooth_data_wait_ratio: float = 0.1
     #: communication: communication waited for (measured exposed comm, else the comm
-    #: phase) / step time of the median rank at or above this.
+    #: phase) / step time of the rank that waits least at or above this.
     comm_ratio: float = contract.COMM_RATIO
     #: Phase names counted as communication.
     comm_phases: tuple[str, ...] = ("comm",)

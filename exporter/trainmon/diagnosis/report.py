@@ -101,7 +101,7 @@ class StorageSection(TypedDict):
 
 class NetworkJobEntry(TypedDict):
     job: str
-    #: Communication waited for / step time of the median rank.
+    #: Communication waited for / step time of the rank that waits least.
     comm_ratio: float
     #: ``measured`` (exposed communication measured inside the job), ``phase``
     #: (the comm phase) or ``mixed``: what ``comm_ratio`` rests on.

@@ -6,17 +6,21 @@ Pure functions of ``NodeMeasurements`` and ``DiagnosisConfig``
 - ``data_wait_ratio``: data wait / step time of the *worst* rank — in
   synchronous training every rank waits for the slowest loader at the next
   collective, so one starved rank holds back all;
-- ``comm_ratio``: the communication the ranks wait for / step time. Where
-  ranks measure it (``comm_exposed_seconds``, ``Reporter.instrument``), the
-  **measured exposed communication** of the measuring rank that waits *least*:
-  the last rank to reach each collective waits for the transfer itself, the
-  others also for that rank, so a straggler's peers are not mistaken for a
-  slow network. Else the comm phase of the *median* rank — all ranks share a
-  collective's time, and a rank with unusually little of it is the one the
-  others wait for. Measured wins; the two are never added (``comm_source``
-  says which was used). Communication overlapped with compute costs no step
-  time and is not counted; the overlapped share and the effective bandwidth
-  (collective bytes / seconds in flight) are kept as evidence;
+- ``comm_ratio``: the communication waited for / step time of the rank that
+  waits *least*. Per rank the wait is its **measured exposed communication**
+  (``comm_exposed_seconds``, ``Reporter.instrument``) where it measures it,
+  else its comm phase (``RankState.comm_wait_seconds``; measured wins, the two
+  are never added, ``comm_source`` says which the job's ranks use); ranks with
+  neither are left out. In synchronous training the last rank to reach each
+  collective waits only for the transfer, the others also for that rank: the
+  least wait is the network's own cost, so a straggler's peers are not taken
+  for a slow network — with a measured exposed wait and with a hand-timed
+  ``phase("comm")`` alike. The recording rule
+  ``job:trainmon_training_comm:ratio_rate10m`` behind
+  ``TrainmonCommunicationBound`` takes the same minimum over the job's ranks on
+  every node, the daemon over the node's ranks. Communication overlapped with
+  compute costs no step time and is not counted; the overlapped share and the
+  effective bandwidth (collective bytes / seconds in flight) are kept as evidence;
 - ``straggler_ratio``: the largest per-step *work* (step − data wait − comm
   wait, the same measured-or-phase choice) of a rank over the median work of
   the job's ranks (itself included, as the
@@ -105,8 +109,8 @@ class Evidence:
     comm_ratio: float | None = None
     #: What ``comm_ratio`` and the work per step rest on: ``measured`` (every
     #: stepping rank measures its exposed communication), ``phase`` (none does:
-    #: the comm phases), ``mixed`` (the ratio from the measuring ranks, the work
-    #: of each rank from its own evidence); empty without stepping ranks.
+    #: the comm phases), ``mixed`` (some do: the wait and the work of each rank
+    #: from its own evidence); empty without stepping ranks.
     comm_source: str = ""
     #: Communication overlapped with compute (measured − exposed) / step time of
     #: the median measuring rank.
@@ -197,8 +201,10 @@ def _evidence(
     waits = {rank.rank: rank.data_wait_seconds / rank.step_seconds for rank in stepping}
     worst = max(waits, key=lambda name: waits[name]) if waits else ""
     measuring = [rank for rank in stepping if rank.exposed_comm_seconds is not None]
-    exposed = [(rank.exposed_comm_seconds or 0.0) / rank.step_seconds for rank in measuring]
-    phases = [(rank.comm_wait_seconds or 0.0) / rank.step_seconds for rank in stepping]
+    # Each rank's own wait (measured exposed, else its comm phase); ranks with
+    # neither do not tell, and are left out rather than counted as 0.
+    comm_waits = [rank.comm_wait_seconds / rank.step_seconds for rank in stepping
+                  if rank.comm_wait_seconds is not None]
     overlapped = [
         max(0.0, rank.measured_comm_seconds - (rank.exposed_comm_seconds or 0.0))
         / rank.step_seconds
@@ -224,8 +230,7 @@ def _evidence(
         if stepping else None,
         data_wait_ratio=min(1.0, waits[worst]) if waits else None,
         worst_data_wait_rank=worst,
-        comm_ratio=min(1.0, min(exposed) if exposed else statistics.median(phases))
-        if stepping else None,
+        comm_ratio=min(1.0, min(comm_waits)) if comm_waits else None,
         comm_source=_comm_source(len(measuring), len(stepping)),
         comm_overlapped_ratio=min(1.0, statistics.median(overlapped)) if overlapped else None,
         comm_bytes_per_second=statistics.median(bandwidths) if bandwidths else None,
