@@ -6,6 +6,7 @@
 #   make generate  regenerate the dashboards (dashboards/*/*.json), the alert rules
 #                (alerts/*/trainmon.rules.yml) and the PrometheusRules (deploy/kubernetes)
 #   make stack   trainmon --demo, Prometheus and Alertmanager on loopback (docs/deploy.md)
+#   make bench   every benchmark that runs without a GPU (bash bench/gpu_check.sh runs the rest)
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -64,7 +65,7 @@ lint: $(VENV)/.test-installed
 bench: $(VENV)/.test-installed debian-packages
 	@for script in bench/*.py; do \
 		name=$$(basename $$script .py); \
-		case $$name in __init__|benchlib|gpu_baseline_exporter) continue;; esac; \
+		case $$name in __init__|benchlib|gpu_baseline_exporter|gpm_check|nvml_call_cost) continue;; esac; \
 		echo "== python -m bench.$$name"; $(BIN)/python -m bench.$$name || exit 1; \
 	done
 

@@ -89,6 +89,16 @@ TOKENS: Mapping[str, str] = {
     "GPU_IDLE_PERCENT": _number(contract.GPU_IDLE_RATIO * 100),
     "SAMPLER_BUSY_LEVEL": _number(contract.SAMPLER_BUSY_LEVEL),
     "SAMPLER_BUSY_PERCENT": _number(contract.SAMPLER_BUSY_LEVEL * 100),
+    # GPU activity (NVML GPM or DCGM profiling) and memory; memory is "nearly full"
+    # once less than contract.GPU_MEMORY_HEADROOM_RATIO of it is left.
+    "GPU_BUSY_UTILIZATION_RATIO": _number(contract.GPU_BUSY_UTILIZATION_RATIO),
+    "GPU_BUSY_UTILIZATION_PERCENT": _number(contract.GPU_BUSY_UTILIZATION_RATIO * 100),
+    "GPU_SM_ACTIVE_LOW": _number(contract.GPU_SM_ACTIVE_LOW),
+    "GPU_SM_ACTIVE_LOW_PERCENT": _number(contract.GPU_SM_ACTIVE_LOW * 100),
+    "GPU_TENSOR_IDLE": _number(contract.GPU_TENSOR_IDLE),
+    "GPU_TENSOR_IDLE_PERCENT": _number(contract.GPU_TENSOR_IDLE * 100),
+    "GPU_MEMORY_FULL_RATIO": _number(1 - contract.GPU_MEMORY_HEADROOM_RATIO),
+    "GPU_MEMORY_FULL_PERCENT": _number((1 - contract.GPU_MEMORY_HEADROOM_RATIO) * 100),
     "XID_CRITICAL": "|".join(str(code) for code in XID_CRITICAL),
     "XID_CRITICAL_LIST": ", ".join(str(code) for code in XID_CRITICAL),
     "DCGM_XID_CRITICAL": "\n  or ".join(

@@ -140,3 +140,16 @@ def build_fake_nvml(folder: Path) -> Path:
     from tests.support.fakenvml import build as fake_nvml_build
 
     return Path(fake_nvml_build.build(folder)).parent
+
+
+def fake_nvml_env(folder: Path, scenario: str) -> dict[str, str]:
+    """This environment plus what loads the fake NVML (built into ``folder/lib``) with
+    ``scenario`` (its text format: tests/support/fakenvml/README.md) in a child process."""
+    scenario_path = folder / "scenario.txt"
+    scenario_path.write_text(scenario)
+    return {
+        **os.environ,
+        "LD_LIBRARY_PATH": str(build_fake_nvml(folder / "lib")),
+        "FAKENVML_SCENARIO": str(scenario_path),
+        "PYTHONPATH": str(ROOT),
+    }

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# GPU checks of the communication instrumentation (Reporter.instrument) on one NVIDIA GPU:
-#   1. the `gpu`-marked tests (.venv/bin/pytest -m gpu -q);
-#   2. a world-size-1 NCCL DDP job with instrument(), printing comm seconds,
-#      exposed seconds and bytes per step as measured with CUDA events.
+# The checks that need a real NVIDIA GPU, in one run:
+#   1. the `gpu`-marked tests (.venv/bin/pytest -m gpu -q): NVML, GPM, doctor, instrument();
+#   2. world-size-1 NCCL DDP and FSDP jobs with instrument(), printing comm seconds,
+#      exposed seconds and bytes per step as measured with CUDA events;
+#   3. GPM activity of GPU 0 under a bf16 matmul load and under sleep (bench.gpm_check;
+#      Hopper or newer: older GPUs print why they have no GPM series);
+#   4. the per-call cost of every NVML call the daemon makes (bench.nvml_call_cost).
 # Run from the repository root after `make test` (which builds .venv):
 #   bash bench/gpu_check.sh
 # Without a GPU it says so and exits 0 without running anything (skipped).
@@ -42,3 +45,6 @@ print(f"gpu_check: {mode} NCCL world size 1, {steps} steps of {report['step_seco
       f"{report['comm_bytes'] // steps:,} bytes/step")
 PYEOF
 done
+
+"$PY" -m bench.gpm_check --seconds 10 || echo "gpu_check: no GPM on this GPU (see above)"
+"$PY" -m bench.nvml_call_cost --seconds 30

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -212,14 +211,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="trainmon-gpu-bench-") as name:
         folder = Path(name)
-        scenario = folder / "scenario.txt"
-        scenario.write_text(SCENARIO)
-        env = {
-            **os.environ,
-            "LD_LIBRARY_PATH": str(benchlib.build_fake_nvml(folder / "lib")),
-            "FAKENVML_SCENARIO": str(scenario),
-            "PYTHONPATH": str(ROOT),
-        }
+        env = benchlib.fake_nvml_env(folder, SCENARIO)
 
         def child(part: str) -> dict[str, object]:
             done = subprocess.run(

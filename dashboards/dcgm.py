@@ -8,8 +8,11 @@ ratios, PCIe ``DCGM_FI_PROF_PCIE_*_BYTES`` as bytes/s gauges. dcgm-exporter
 labels every series with ``gpu`` (the NVML index, as trainmon does), so a
 Prometheus that gives both targets the same ``node`` label joins them.
 
-``DCGM_FI_PROF_SM_ACTIVE`` is commented out in the default counters; the panels
-that use it say so and stay empty until it is enabled (``OPT_IN_FIELDS``).
+The SM, tensor-pipe and DRAM activity panels (``dashboards/activity.py``) read
+``DCGM_FI_PROF_SM_ACTIVE``, ``…_PIPE_TENSOR_ACTIVE`` and ``…_DRAM_ACTIVE`` where
+dcgm-exporter exports them and the daemon's NVML GPM series for every other GPU
+(``promql.either_activity``). ``DCGM_FI_PROF_SM_ACTIVE`` is commented out in the
+default counters (``OPT_IN_FIELDS``); the panels say so.
 """
 
 from __future__ import annotations
@@ -17,68 +20,32 @@ from __future__ import annotations
 from dashboards.builder import Board
 from dashboards.panels import (
     GPU,
-    NODE_GPU,
     RED_FROM_ONE,
     TEMPERATURE_STEPS,
     Query,
     stat_panel,
-    state_timeline,
     table_panel,
     timeseries,
 )
-from dashboards.promql import FLEET, NODE_GPUS, job_gpus
-from dashboards.variant import NODE, Variant
+from dashboards.promql import FLEET, NODE_GPUS, either_activity, either_memory_share
+from dashboards.variant import Variant
 
 #: Fields the panels use that dcgm-exporter's default counters leave commented out.
 OPT_IN_FIELDS = ("DCGM_FI_PROF_SM_ACTIVE",)
 MIB = 1048576
 MHZ = 1000000
-OPT_IN = (
-    " DCGM_FI_PROF_SM_ACTIVE is not in dcgm-exporter's default counters: uncomment it in "
-    "default-counters.csv (or use dcp-metrics-included.csv) to fill this panel."
-)
-
-
-def _training_rows(board: Board, variant: Variant) -> None:
-    board.row("The job's GPUs as DCGM profiles them")
-    board.add(state_timeline(
-        "SM active (job's GPUs)", "percentunit",
-        "Share of cycles with at least one warp on an SM (DCGM profiling, averaged over the "
-        "GPU's SMs). Good: above ~80 % for large models; utilization near 100 % with low SM "
-        "activity means small kernels that leave most of the GPU idle." + OPT_IN,
-        [Query(job_gpus("DCGM_FI_PROF_SM_ACTIVE"), NODE_GPU)],
-    ))
-    board.add(state_timeline(
-        "Tensor pipe active (job's GPUs)", "percentunit",
-        "Share of cycles the tensor (HMMA) pipe is busy. Good: well above 0 for "
-        "mixed-precision training; near 0 means the model is not using tensor cores "
-        "(check AMP / bf16).",
-        [Query(job_gpus("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"), NODE_GPU)],
-    ))
 
 
 def _node_rows(board: Board, variant: Variant) -> None:
     board.row("GPUs (DCGM, dcgm-exporter)")
-    profiling = (
-        ("SM active", "DCGM_FI_PROF_SM_ACTIVE",
-         "Share of cycles with at least one warp assigned to an SM. Good: above ~80 % in "
-         "training; the gap to utilization is GPU capacity the kernels leave unused."
-         + OPT_IN),
-        ("Graphics engine active", "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
-         "Share of time the graphics/compute engine is active (DCGM's finer-grained "
-         "utilization). Good: near 100 % while training."),
-        ("Tensor pipe active", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
-         "Share of cycles the tensor (HMMA) pipe is busy. Good: clearly above 0 with "
-         "mixed precision; near 0 means no tensor cores are used."),
-        ("DRAM active", "DCGM_FI_PROF_DRAM_ACTIVE",
-         "Share of cycles device memory is sending or receiving data. Good: below ~80 %; "
-         "near 100 % the model is memory-bandwidth bound."),
-    )
-    for title, field, description in profiling:
-        board.add(timeseries(
-            title, "percentunit", description,
-            [Query(f"{field}{{{NODE_GPUS}}}", GPU)], minimum=0, maximum=1,
-        ), width=6)
+    board.add(timeseries(
+        "Graphics engine active", "percentunit",
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE: share of time the graphics/compute engine is "
+        "active (DCGM's finer-grained utilization). Good: near 100 % while training. SM, "
+        "tensor-pipe and DRAM activity are in the GPU activity row, from DCGM where it "
+        "exports them.",
+        [Query(f"DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{NODE_GPUS}}}", GPU)], minimum=0, maximum=1,
+    ), width=8)
     board.add(timeseries(
         "GPU utilization (DCGM)", "percentunit",
         "DCGM_FI_DEV_GPU_UTIL: the driver's duty cycle as DCGM samples it. Good: matches "
@@ -145,19 +112,12 @@ def _node_rows(board: Board, variant: Variant) -> None:
 
 def _fleet_rows(board: Board, variant: Variant) -> None:
     board.row("DCGM across the fleet")
-    to_node = [variant.series_link(NODE, "node")]
-    board.add(state_timeline(
-        "Tensor pipe active, every GPU", "percentunit",
-        "Every GPU's tensor-pipe activity (red none → green busy). Good: green where "
-        "mixed-precision training runs; red rows under a training job mean no tensor cores.",
-        [Query(f"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{{FLEET}}}", NODE_GPU)],
-    ).data_links(to_node), width=16, height=10)
     board.add(stat_panel(
         "GPUs with an XID (DCGM)", "short",
         "GPUs whose last DCGM XID value is not 0. Good: 0.",
         [Query(f"count(DCGM_FI_DEV_XID_ERRORS{{{FLEET}}} > 0) or vector(0)")],
         steps=RED_FROM_ONE,
-    ), width=4, height=5)
+    ), width=12, height=5)
     board.add(stat_panel(
         "GPUs seen by dcgm-exporter", "short",
         "GPUs dcgm-exporter reports, next to those trainmon's NVML collector reports. Good: "
@@ -165,7 +125,7 @@ def _fleet_rows(board: Board, variant: Variant) -> None:
         [Query(f"count(DCGM_FI_DEV_GPU_UTIL{{{FLEET}}})", "dcgm-exporter"),
          Query(f"count(trainmon_gpu_up{{{FLEET}}})", "trainmon")],
         show_name=True,
-    ), width=4, height=5)
+    ), width=12, height=5)
 
 
 DCGM = Variant(
@@ -176,7 +136,19 @@ DCGM = Variant(
         "Self-hosted variant: GPU device metrics from dcgm-exporter (DCGM_FI_*, profiling "
         "fields included) beside the trainmon daemon's NVML, network, disk and training series."
     ),
-    training_rows=_training_rows,
+    gpu_activity=either_activity,
+    gpu_memory_share=either_memory_share,
+    activity_source=(
+        "Source: DCGM profiling (dcgm-exporter's DCGM_FI_PROF_* fields) where dcgm-exporter "
+        "exports the field, else the trainmon daemon's NVML GPM counters (Hopper and "
+        "newer GPUs); DCGM_FI_PROF_SM_ACTIVE is not in dcgm-exporter's default counters: "
+        "uncomment it in default-counters.csv (or use dcp-metrics-included.csv) to take SM "
+        "activity from DCGM."
+    ),
+    memory_source=(
+        "Source: the trainmon daemon (NVML), else DCGM_FI_DEV_FB_USED over FB_USED + FB_FREE "
+        "for GPUs the daemon does not see."
+    ),
     node_rows=_node_rows,
     fleet_rows=_fleet_rows,
 )

@@ -117,6 +117,15 @@ def _gpu_row(board: Board, variant: Variant) -> None:
         "red/green stripes are sawtooth GPUs, solid red rows idle ones.",
         [Query(f"trainmon_gpu_utilization_ratio{{{FLEET}}}", NODE_GPU)],
     ).data_links(to_node), width=24, height=10)
+    board.add(state_timeline(
+        "Tensor pipe active, every GPU", "percentunit",
+        "Every GPU's tensor-pipe activity: red below "
+        f"{promql.TENSOR_IDLE:.0%}, green above. Good: green where mixed-precision training "
+        "runs; red rows under a busy GPU mean no tensor cores (check bf16/AMP). "
+        + variant.activity_source,
+        [Query(variant.gpu_activity(promql.TENSOR_ACTIVE, FLEET), NODE_GPU)],
+        steps=(Step(None, "red"), Step(promql.TENSOR_IDLE, "green")),
+    ).data_links(to_node), width=24, height=10)
     board.add(bar_gauge(
         "Most idle GPUs", "percentunit",
         "The ten GPUs with the largest idle share of the high-rate samples over the selected "

@@ -9,6 +9,7 @@ ranks running here.
 from __future__ import annotations
 
 from dashboards import promql
+from dashboards.activity import add_activity_panels
 from dashboards.builder import RATE, Board, query_variable
 from dashboards.panels import (
     GPU,
@@ -48,6 +49,8 @@ def build(variant: Variant) -> Board:
         board.variable(variable)
     _summary_row(board)
     _gpu_row(board)
+    board.row("GPU activity: how much of each GPU the kernels use (算)")
+    add_activity_panels(board, variant, NODE_GPUS, GPU)
     variant.node_rows(board, variant)
     _network_row(board)
     _disk_row(board)
@@ -104,7 +107,7 @@ def _gpu_row(board: Board) -> None:
         "GPU utilization", "percentunit",
         "Share of time a kernel was running (NVML duty cycle, latest sample). Good: steady "
         "near 100 % during training. It says nothing about how much of the GPU a kernel "
-        "uses; the DCGM SM-active series does.",
+        "uses; SM active (GPU activity row) does.",
         [Query(f"trainmon_gpu_utilization_ratio{{{NODE_GPUS}}}", GPU)],
         minimum=0, maximum=1,
     ), width=8)

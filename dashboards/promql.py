@@ -16,6 +16,8 @@ their one home.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from dashboards.builder import RATE
 from trainmon import contract
 
@@ -35,6 +37,17 @@ LINK_SATURATION = contract.LINK_SATURATION_RATIO
 STRAGGLER_RATIO = contract.STRAGGLER_RATIO_SERIES
 #: At this straggler ratio one rank holds the job back.
 STRAGGLER_FACTOR = contract.STRAGGLER_FACTOR
+
+#: SM activity below this on a busy GPU is launch-bound (``TrainmonGPULowSMActivity``).
+SM_ACTIVE_LOW = contract.GPU_SM_ACTIVE_LOW
+#: Tensor-pipe activity below this on a busy GPU is no mixed precision
+#: (``TrainmonGPUTensorCoresIdle``).
+TENSOR_IDLE = contract.GPU_TENSOR_IDLE
+#: DRAM activity at or above this is memory-bandwidth bound.
+DRAM_ACTIVE_CEILING = contract.GPU_DRAM_ACTIVE_CEILING
+#: Memory used at or above this share of the total is nearly full
+#: (``TrainmonGPUMemoryNearlyFull``: less than ``GPU_MEMORY_HEADROOM_RATIO`` left).
+MEMORY_FULL = round(1 - contract.GPU_MEMORY_HEADROOM_RATIO, 9)
 
 #: Nodes running the node daemon: its node collectors report, a cloud puller's do not.
 NODE_VARIABLE = 'label_values(trainmon_collector_success{collector=~"gpu|network|disk"}, node)'
@@ -131,4 +144,60 @@ def phase_shares(selector: str, *, window: str = RATE) -> str:
         f"sum by (phase) (rate(trainmon_training_phase_seconds_total{{{selector}}}[{window}]))"
         " / ignoring(phase) group_left()"
         f" sum(rate(trainmon_training_step_seconds_sum{{{selector}}}[{window}]))"
+    )
+
+
+@dataclass(frozen=True)
+class Activity:
+    """A per-GPU activity ratio (0–1) that two sources measure from the same counters.
+
+    ``daemon`` is the trainmon daemon's NVML GPM series (Hopper and newer GPUs),
+    ``dcgm`` dcgm-exporter's DCGM profiling field; both are labelled ``gpu``.
+    """
+
+    daemon: str
+    dcgm: str
+
+
+SM_ACTIVE = Activity("trainmon_gpu_sm_active_ratio", "DCGM_FI_PROF_SM_ACTIVE")
+TENSOR_ACTIVE = Activity("trainmon_gpu_tensor_active_ratio", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE")
+DRAM_ACTIVE = Activity("trainmon_gpu_dram_active_ratio", "DCGM_FI_PROF_DRAM_ACTIVE")
+
+
+def _matchers(selector: str) -> str:
+    return f"{{{selector}}}" if selector else ""
+
+
+def daemon_activity(activity: Activity, selector: str) -> str:
+    """The daemon's GPM reading of ``activity`` (``selector``: label matchers or "")."""
+    return f"{activity.daemon}{_matchers(selector)}"
+
+
+def either_activity(activity: Activity, selector: str) -> str:
+    """DCGM's reading of ``activity`` where dcgm-exporter exports the field, the daemon's
+    GPM reading for every other GPU.
+
+    ``or on(node, gpu)`` keeps each GPU once: DCGM profiling and NVML GPM share
+    the GPU's performance counters, so a node runs one of them, and the
+    alerts (``alerts/source/dcgm.yml``) make the same choice. Parenthesized,
+    so it can be combined with ``and`` (which binds tighter than ``or``).
+    """
+    m = _matchers(selector)
+    return f"({activity.dcgm}{m} or on(node, gpu) {activity.daemon}{m})"
+
+
+def daemon_memory_share(selector: str) -> str:
+    """Share of each GPU's memory in use (0–1), as the daemon reads it through NVML."""
+    m = _matchers(selector)
+    return f"(trainmon_gpu_memory_used_bytes{m} / trainmon_gpu_memory_total_bytes{m})"
+
+
+def either_memory_share(selector: str) -> str:
+    """The daemon's memory share, and DCGM's (``FB_USED / (FB_USED + FB_FREE)``) for GPUs
+    the daemon does not see: the choice of ``TrainmonGPUMemoryNearlyFull``."""
+    m = _matchers(selector)
+    return (
+        f"(trainmon_gpu_memory_used_bytes{m} / trainmon_gpu_memory_total_bytes{m}"
+        f" or on(node, gpu) DCGM_FI_DEV_FB_USED{m}"
+        f" / (DCGM_FI_DEV_FB_USED{m} + DCGM_FI_DEV_FB_FREE{m}))"
     )

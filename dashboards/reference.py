@@ -8,6 +8,7 @@ good looks like.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -41,10 +42,13 @@ def dashboard_table(kind_title: str, variants: Sequence[tuple[str, Model]]) -> s
     """
     uids = ", ".join(f"`{model['uid']}` ({slug})" for slug, model in variants)
     rows: dict[str, dict[str, tuple[Model, list[str]]]] = {}
+    descriptions: dict[tuple[str, str], dict[str, str]] = {}
     for slug, model in variants:
         for row, panel in _panels(model):
             panels = rows.setdefault(row, {})
             panels.setdefault(panel["title"], (panel, []))[1].append(slug)
+            descriptions.setdefault((row, panel["title"]), {})[slug] = _cell(
+                panel.get("description", ""))
     lines = [f"### {kind_title}", "", f"UIDs: {uids}.", ""]
     for row, panels in rows.items():
         row_slugs = {slug for _, slugs in panels.values() for slug in slugs}
@@ -56,9 +60,25 @@ def dashboard_table(kind_title: str, variants: Sequence[tuple[str, Model]]) -> s
             where = "both" if len(slugs) == len(variants) else ", ".join(slugs)
             unit = panel.get("fieldConfig", {}).get("defaults", {}).get("unit", "")
             lines.append(f"| {_cell(title)} | `{unit}` | {where} | "
-                         f"{_cell(panel.get('description', ''))} |")
+                         f"{_described(descriptions[(row, title)])} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def _described(by_variant: Mapping[str, str]) -> str:
+    """One panel's description; where the variants' differ (a variant-specific source
+    sentence), the sentences they share followed by each variant's own ending."""
+    texts = list(by_variant.values())
+    if len(set(texts)) == 1:
+        return texts[0]
+    split = [re.split(r"(?<=\.) ", text) for text in texts]
+    shared = 0
+    while all(len(sentences) > shared and sentences[shared] == split[0][shared]
+              for sentences in split):
+        shared += 1
+    endings = " ".join(f"*{slug}:* {' '.join(sentences[shared:])}"
+                       for slug, sentences in zip(by_variant, split, strict=True))
+    return " ".join([*split[0][:shared], endings])
 
 
 def reference(kinds: Sequence[tuple[str, Sequence[tuple[str, Model]]]]) -> str:

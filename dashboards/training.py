@@ -8,6 +8,7 @@ per question: step time and stragglers (调), data loading (存), gradient sync
 from __future__ import annotations
 
 from dashboards import promql
+from dashboards.activity import add_activity_panels
 from dashboards.builder import RATE, Board, dashboard_url, link, query_variable
 from dashboards.panels import (
     NODE_GPU,
@@ -83,7 +84,7 @@ def build(variant: Variant) -> Board:
     _step_row(board)
     _data_row(board)
     _comm_row(board, variant)
-    _gpu_row(board)
+    _gpu_row(board, variant)
     variant.training_rows(board, variant)
     _alerts_row(board, variant)
     return board
@@ -325,7 +326,7 @@ def _comm_row(board: Board, variant: Variant) -> None:
         width=12)
 
 
-def _gpu_row(board: Board) -> None:
+def _gpu_row(board: Board, variant: Variant) -> None:
     board.row("The job's GPUs (算) — sawtooth")
     board.add(state_timeline(
         "GPU utilization (job's GPUs)", "percentunit",
@@ -351,6 +352,8 @@ def _gpu_row(board: Board) -> None:
         [Query(job_gpus(f"({promql.idle_fraction('')})"), NODE_GPU)],
         minimum=0, maximum=1,
     ))
+    board.row("The job's GPUs (算) — how much of each GPU the kernels use")
+    add_activity_panels(board, variant, "", NODE_GPU, scope=job_gpus, suffix=" (job's GPUs)")
 
 
 def _alerts_row(board: Board, variant: Variant) -> None:

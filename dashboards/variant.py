@@ -14,6 +14,7 @@ from grafana_foundation_sdk.builders.dashboard import DashboardLink
 from grafana_foundation_sdk.models.dashboard import DashboardLinkType
 
 from dashboards.builder import Board, LinkBuilder, VariableBuilder, dashboard_url, link
+from dashboards.promql import Activity, daemon_activity, daemon_memory_share
 
 TRAINING = "training"
 NODE = "node"
@@ -49,6 +50,18 @@ class Variant:
     node_rows: RowsHook = _no_rows
     fleet_rows: RowsHook = _no_rows
     node_variables: Callable[[], Sequence[VariableBuilder]] = field(default=_no_variables)
+    #: PromQL of an activity ratio per (node, gpu) for a label-matcher list ("" for all):
+    #: the daemon's NVML GPM series, or DCGM profiling where the variant has it.
+    gpu_activity: Callable[[Activity, str], str] = daemon_activity
+    #: PromQL of each GPU's memory used share (0–1) for a label-matcher list.
+    gpu_memory_share: Callable[[str], str] = daemon_memory_share
+    #: Where the activity panels' numbers come from, for their descriptions.
+    activity_source: str = (
+        "Source: the trainmon daemon's NVML GPM counters (Hopper and newer GPUs; empty on "
+        "older ones)."
+    )
+    #: Where the memory used share comes from, for its description.
+    memory_source: str = "Source: the trainmon daemon (NVML)."
 
     def uid(self, kind: str) -> str:
         """The stable UID of this variant's ``training``, ``node`` or ``fleet`` dashboard."""

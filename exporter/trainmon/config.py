@@ -129,6 +129,14 @@ class GPUConfig:
     busy_threshold: float = contract.SAMPLER_BUSY_LEVEL
     #: Seconds between attempts to (re)open NVML or to probe a lost GPU.
     retry_seconds: float = 10.0
+    #: Read SM, tensor-core and DRAM activity through NVML GPM where the GPU has it.
+    gpm: bool = True
+    #: Seconds between two GPM samples (>= 0.1; 0 turns GPM off like ``gpm: false``).
+    gpm_interval_seconds: float = 1.0
+
+    @property
+    def gpm_enabled(self) -> bool:
+        return self.gpm and self.gpm_interval_seconds > 0
 
 
 @dataclass(frozen=True)
@@ -286,8 +294,17 @@ def _gpu(section: Section) -> GPUConfig:
         idle_threshold=section.number("idle_threshold", default.idle_threshold, 0.01, 0.9),
         busy_threshold=section.number("busy_threshold", default.busy_threshold, 0.1, 1),
         retry_seconds=section.number("retry_seconds", default.retry_seconds, 1, 3600),
+        gpm=section.boolean("gpm", default.gpm),
+        gpm_interval_seconds=section.number(
+            "gpm_interval_seconds", default.gpm_interval_seconds, 0, 60
+        ),
     )
     section.finish()
+    if 0 < result.gpm_interval_seconds < 0.1:
+        raise ConfigError(
+            section.key_path("gpm_interval_seconds"),
+            "must be 0 (GPM off) or at least 0.1 (GPM metrics need 100 ms between samples)",
+        )
     if result.busy_threshold - result.idle_threshold < 0.1:
         raise ConfigError(
             section.key_path("busy_threshold"),

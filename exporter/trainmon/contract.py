@@ -87,3 +87,44 @@ TRAINING_RULE_WINDOW = "10m"
 #: the median of its job's ranks on every node, over ``TRAINING_RULE_WINDOW``.
 #: Produced by ``alerts/source/common.yml``; read by the alert and the dashboards.
 STRAGGLER_RATIO_SERIES = "job_rank:trainmon_training_straggler:ratio_rate10m"
+
+#: compute, GPM (Hopper and newer): a GPU busy by ``trainmon_gpu_utilization_ratio``
+#: whose ``trainmon_gpu_sm_active_ratio`` (share of SMs busy over the GPM
+#: interval, 0-1; DCGM's SM active) stays below this runs kernels that leave most SMs idle:
+#: small kernels, launch-bound or host-overhead-bound steps (finding
+#: ``launch_bound``). NVML utilization counts any kernel as busy; DCGM's
+#: profiling guide reads SM activity below 0.5 as ineffective use of the GPU
+#: (0.8 or more being necessary for effective use).
+GPU_SM_ACTIVE_LOW = 0.5
+
+#: compute, GPM: ``trainmon_gpu_tensor_active_ratio`` (share of cycles a tensor
+#: pipe is active, 0-1) below this on a GPU whose SMs are active is tensor cores
+#: left idle: matrix multiplies in FP32 on the CUDA cores, mixed precision
+#: (bf16/AMP, TF32) not in use (finding ``tensor_idle``). A bf16 or TF32
+#: transformer keeps them busy for tens of percent of its cycles; a few
+#: percent is what convolution or attention kernels alone leave behind.
+GPU_TENSOR_IDLE = 0.05
+
+#: compute, GPM: ``trainmon_gpu_dram_active_ratio`` (DRAM bandwidth used over
+#: its peak, 0-1) at or above this is memory-bound: the kernels wait for HBM
+#: bandwidth, not for math (finding ``memory_bound``). Streaming kernels reach
+#: about 0.8-0.9 of the theoretical peak; from 0.7 bandwidth, not arithmetic,
+#: sets the pace.
+GPU_DRAM_ACTIVE_CEILING = 0.7
+
+#: compute, memory headroom (显存是否够用): a GPU whose
+#: ``trainmon_gpu_memory_used_bytes`` is within this share (0-1) of its
+#: ``trainmon_gpu_memory_total_bytes`` is at risk of running out of memory
+#: (finding ``oom_risk``, naming the job and its GPUs). NVML's "used" includes
+#: what PyTorch's caching allocator keeps reserved, so a job near this line
+#: has no room left for a longer sequence, a larger batch or fragmentation.
+GPU_MEMORY_HEADROOM_RATIO = 0.05
+
+#: The alerts' "looks busy": mean NVML utilization (0-1) over 15 minutes above
+#: which a GPU counts as busy for ``TrainmonGPULowSMActivity`` and
+#: ``TrainmonGPUTensorCoresIdle`` (``trainmon_gpu_utilization_ratio``, or
+#: dcgm-exporter's ``DCGM_FI_DEV_GPU_UTIL`` in percent), so that a GPU between
+#: jobs or in an evaluation pass does not trip them. Their activity thresholds
+#: are ``GPU_SM_ACTIVE_LOW`` and ``GPU_TENSOR_IDLE``; the Node detail's activity
+#: panels draw the same lines.
+GPU_BUSY_UTILIZATION_RATIO = 0.8

@@ -9,6 +9,7 @@ stops reading the contract) fails here. Nothing of the generators is imported.
 
 from __future__ import annotations
 
+import itertools
 import re
 import shutil
 from collections.abc import Callable, Iterator
@@ -62,6 +63,33 @@ ALERT_THRESHOLDS: dict[str, list[tuple[str, float]]] = {
         (r"\)\s*\)", contract.STRAGGLER_MIN_EXCESS_SECONDS)],
     "TrainmonGPUSawtooth": [(r"trainmon_gpu_sawtooth_ratio", contract.SAWTOOTH_FLAG)],
     "TrainmonGPUHeldIdle": [(r"\)\s*\)", contract.GPU_IDLE_RATIO)],
+    # the daemon's NVML GPM source, in both variants
+    "TrainmonGPULowSMActivity": [
+        (r"trainmon_gpu_sm_active_ratio\[15m\]\)", contract.GPU_SM_ACTIVE_LOW),
+        (r"trainmon_gpu_utilization_ratio\[15m\]\)", contract.GPU_BUSY_UTILIZATION_RATIO)],
+    "TrainmonGPUTensorCoresIdle": [
+        (r"trainmon_gpu_tensor_active_ratio\[15m\]\)", contract.GPU_TENSOR_IDLE),
+        (r"trainmon_gpu_utilization_ratio\[15m\]\)", contract.GPU_BUSY_UTILIZATION_RATIO)],
+    "TrainmonGPUMemoryNearlyFull": [
+        (r"trainmon_gpu_memory_total_bytes", 1 - contract.GPU_MEMORY_HEADROOM_RATIO)],
+}
+#: variant → alert → comparisons of the variant's other GPU source (DCGM, Cloud Monitor).
+VARIANT_ALERT_THRESHOLDS: dict[str, dict[str, list[tuple[str, float]]]] = {
+    "dcgm": {
+        "TrainmonGPULowSMActivity": [
+            (r"DCGM_FI_PROF_SM_ACTIVE\[15m\]\)", contract.GPU_SM_ACTIVE_LOW),
+            (r"DCGM_FI_DEV_GPU_UTIL\[15m\]\)", contract.GPU_BUSY_UTILIZATION_RATIO * 100)],
+        "TrainmonGPUTensorCoresIdle": [
+            (r"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE\[15m\]\)", contract.GPU_TENSOR_IDLE),
+            (r"DCGM_FI_DEV_GPU_UTIL\[15m\]\)", contract.GPU_BUSY_UTILIZATION_RATIO * 100)],
+        "TrainmonGPUMemoryNearlyFull": [
+            (r"DCGM_FI_DEV_FB_FREE\)", 1 - contract.GPU_MEMORY_HEADROOM_RATIO)],
+    },
+    "tencent-cloud": {
+        "TrainmonGPUMemoryNearlyFull": [
+            (r"trainmon_tencent_cvm_gpu_memory_total_bytes",
+             1 - contract.GPU_MEMORY_HEADROOM_RATIO)],
+    },
 }
 #: The scraped sawtooth fallbacks count crossings of the sampler's busy level.
 FALLBACK_BUSY_LEVEL = {
@@ -78,17 +106,21 @@ QUOTED_PERCENT = {
 @pytest.mark.parametrize(("where", "groups"), RULE_DOCUMENTS, ids=[w for w, _ in RULE_DOCUMENTS])
 def test_alert_thresholds_are_the_contracts(where: str, groups: list[dict[str, Any]]) -> None:
     alerts = rules(groups, "alert")
-    for name, comparisons in ALERT_THRESHOLDS.items():
+    variant = next(v for v in VARIANTS if f"/{v}/" in f"/{where}")
+    checks = [(name, comparison) for name, comparisons in ALERT_THRESHOLDS.items()
+              for comparison in comparisons]
+    checks += [(name, comparison)
+               for name, comparisons in VARIANT_ALERT_THRESHOLDS[variant].items()
+               for comparison in comparisons]
+    for name, (left, expected) in checks:
         expr = str(alerts[name]["expr"])
-        for left, expected in comparisons:
-            found = numbers_after(expr, left)
-            assert found, f"{where}: {name}: no comparison after {left!r} in {expr!r}"
-            assert found == pytest.approx([expected] * len(found)), f"{where}: {name}: {expr}"
+        found = numbers_after(expr, left)
+        assert found, f"{where}: {name}: no comparison after {left!r} in {expr!r}"
+        assert found == pytest.approx([expected] * len(found)), f"{where}: {name}: {expr}"
     for name, ratio in QUOTED_PERCENT.items():
         quoted = re.findall(r"threshold (\d+(?:\.\d+)?) %", alerts[name]["annotations"]
                             ["description"])
         assert [float(q) for q in quoted] == pytest.approx([ratio * 100]), f"{where}: {name}"
-    variant = next(v for v in VARIANTS if f"/{v}/" in f"/{where}")
     left, level = FALLBACK_BUSY_LEVEL[variant]
     found = numbers_after(str(alerts["TrainmonGPUSawtoothScraped"]["expr"]), left + r"\s*")
     assert found == pytest.approx([level]), where
@@ -122,6 +154,9 @@ class Measure:
     name: str
     shows: Callable[[dict[str, Any], str], bool]
     threshold: float
+    #: Too little is the problem (SM, tensor activity): red below the threshold, so the
+    #: step to check is the one where red ends.
+    low_is_bad: bool = False
 
 
 def _unit(panel: dict[str, Any]) -> str:
@@ -138,15 +173,29 @@ MEASURES = (
             contract.STRAGGLER_FACTOR),
     Measure("idle fraction", lambda p, q: "trainmon_gpu_util_idle_samples_total" in q,
             1 - contract.GPU_IDLE_RATIO),
+    Measure("SM active", lambda p, q: "trainmon_gpu_sm_active_ratio" in q,
+            contract.GPU_SM_ACTIVE_LOW, low_is_bad=True),
+    Measure("tensor active", lambda p, q: "trainmon_gpu_tensor_active_ratio" in q,
+            contract.GPU_TENSOR_IDLE, low_is_bad=True),
+    Measure("DRAM active", lambda p, q: "trainmon_gpu_dram_active_ratio" in q,
+            contract.GPU_DRAM_ACTIVE_CEILING),
+    Measure("memory used share", lambda p, q: _unit(p) == "percentunit"
+            and "/ trainmon_gpu_memory_total_bytes" in q,
+            1 - contract.GPU_MEMORY_HEADROOM_RATIO),
     Measure("link utilization", lambda p, q: _unit(p) == "percentunit" and re.search(
         r"/\s*trainmon_(network_speed|infiniband_rate)_bytes", q) is not None,
         contract.LINK_SATURATION_RATIO),
 )
 
 
-def red_steps(panel: dict[str, Any]) -> list[float]:
+def red_steps(panel: dict[str, Any], *, low_is_bad: bool = False) -> list[float]:
+    """The values where red starts (or, ``low_is_bad``, where a red base ends)."""
     steps = panel.get("fieldConfig", {}).get("defaults", {}).get("thresholds", {}).get("steps")
-    return [float(step["value"]) for step in steps or []
+    steps = list(steps or [])
+    if low_is_bad:
+        return [float(after["value"]) for before, after in itertools.pairwise(steps)
+                if before.get("color") == "red" and after.get("color") != "red"]
+    return [float(step["value"]) for step in steps
             if step.get("color") == "red" and step.get("value") is not None]
 
 
@@ -164,7 +213,7 @@ def checked_panels(dashboards: list[Dashboard], measure: Measure) -> list[str]:
                 continue
             where = f"{dashboard.name} · {panel['title']!r}"
             compared = [float(n) for n in _COMPARED.findall(query)]
-            values = compared or red_steps(panel)
+            values = compared or red_steps(panel, low_is_bad=measure.low_is_bad)
             assert values == pytest.approx([measure.threshold] * len(values)), (
                 f"{where}: {measure.name} threshold {values}, contract {measure.threshold}")
             if values:

@@ -3,7 +3,9 @@
 The stack, all on loopback:
 
 * ``trainmon serve --demo``: the simulated 8-GPU node with its two training jobs;
-* a fake dcgm-exporter (``fake_dcgm_exporter.py``) for the ``dcgm`` variant;
+* a fake dcgm-exporter (``fake_dcgm_exporter.py``) for the ``dcgm`` variant,
+  watching GPUs 0–5 of the node (``--devices g:0-5``), so GPUs 6 and 7 are the
+  daemon's alone and the either-source panels show both of their sources;
 * ``trainmon serve`` with only the ``tencent`` collector, pulling from the fake
   Tencent Cloud API of ``tests/support/fake_tencent_api.py`` (TC3 signatures,
   rate limit, per-GPU answers), for the ``tencent-cloud`` variant;
@@ -61,6 +63,10 @@ SETTLE_SECONDS = 8.0
 DEADLINE_SECONDS = 60.0
 NODE = "gpu-node-1"
 PULLER_NODE = "cloud-puller"
+#: GPUs the fake dcgm-exporter watches; the daemon's demo node has 0–7.
+DCGM_DEVICES = tuple(range(6))
+#: How an either-source query joins its sources (dashboards/promql.py).
+EITHER_SOURCE = "or on(node, gpu)"
 SECRET_ID = "AKIDdashboardtest0001"
 SECRET_KEY = "dashboard-test-secret-key-0123456789"
 
@@ -127,7 +133,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     cloud.add_account(SECRET_ID, SECRET_KEY)
     cloud.add_fleet("ap-shanghai", 2, disks_per_instance=2, gpus=8)
     try:
-        with cloud, FakeDCGMExporter(opt_in=["DCGM_FI_PROF_SM_ACTIVE"]) as dcgm:
+        with cloud, FakeDCGMExporter(opt_in=["DCGM_FI_PROF_SM_ACTIVE"],
+                                        devices=DCGM_DEVICES) as dcgm:
             node = _start_trainmon(
                 tmp, "node", {"collectors": {"training": {"socket": str(tmp / "steps.sock")}}},
                 ["--demo"], {})
@@ -282,3 +289,56 @@ def test_training_job_label_survives_the_scrape(stack: Stack) -> None:
     assert scrape_jobs == ["trainmon"]
     nodes = prometheus.label_values("node", "DCGM_FI_DEV_GPU_UTIL", now - 60, now)
     assert nodes == [NODE]
+
+
+def _sources_by_gpu(series: list[dict[str, Any]]) -> dict[str, set[str]]:
+    """gpu → the sources of its series: ``dcgm`` (dcgm-exporter labels ``UUID``) or ``daemon``."""
+    sources: dict[str, set[str]] = {}
+    for item in series:
+        labels = item["metric"]
+        sources.setdefault(labels["gpu"], set()).add("dcgm" if "UUID" in labels else "daemon")
+    return sources
+
+
+def test_either_source_panels_read_dcgm_where_it_exports_and_the_daemon_elsewhere(
+    stack: Stack, dashboards: list[Dashboard],
+) -> None:
+    """Each GPU once: DCGM profiling for the GPUs dcgm-exporter watches, the daemon's GPM
+    series for the others; memory from the daemon, which sees every GPU."""
+    prometheus = stack.prometheus["dcgm"]
+    now = time.time()
+    window = Window(start=stack.started, end=now, step=SCRAPE_SECONDS,
+                    scrape_interval=SCRAPE_SECONDS)
+    dcgm_gpus = {str(gpu) for gpu in DCGM_DEVICES}
+    checked: list[str] = []
+    for dashboard in dashboards:
+        if dashboard.variant != "dcgm":
+            continue
+        either = [q for q in panel_queries(dashboard) if EITHER_SOURCE in q.expr]
+        selection = next(selections(dashboard.variables(), prometheus, window))
+        for query in either:
+            series = prometheus.query(interpolate(query.expr, selection.values), now)
+            sources = _sources_by_gpu(series)
+            assert sources, f"{query.where}: no data"
+            assert all(len(found) == 1 for found in sources.values()), (query.where, sources)
+            if "DCGM_FI_PROF_" in query.expr.split(EITHER_SOURCE)[0]:
+                expected = {gpu: {"dcgm"} if gpu in dcgm_gpus else {"daemon"} for gpu in sources}
+                assert sources == expected, query.where
+                if dashboard.kind != "training":  # the Training overview shows one job's GPUs
+                    assert dcgm_gpus & sources.keys() and sources.keys() - dcgm_gpus, (
+                        f"{query.where}: the GPUs shown do not include both sources: {sources}")
+            else:
+                assert set().union(*sources.values()) == {"daemon"}, (query.where, sources)
+            if dashboard.kind == "node":  # "(LEFT or on(node, gpu) RIGHT)": each side alone
+                left, right = interpolate(query.expr, selection.values)[1:-1].split(EITHER_SOURCE)
+                for side in (left, right):
+                    side_sources = _sources_by_gpu(prometheus.query(side, now))
+                    dcgm_side = "DCGM_" in side
+                    assert side_sources == {
+                        gpu: {"dcgm" if dcgm_side else "daemon"}
+                        for gpu in (dcgm_gpus if dcgm_side else sources.keys())
+                    }, (query.where, side, side_sources)
+            checked.append(query.where)
+    titles = {where.split(" · ")[1] for where in checked}
+    assert {"'SM active'", "'Tensor pipe active'", "'DRAM active'",
+            "'Memory used share'"} <= titles, checked

@@ -279,3 +279,176 @@ def test_doctor_text_says_which_comm_evidence_it_used(
     advice = next(line for line in text.splitlines()
                   if line.strip().startswith("next:" if lang == "en" else "下一步:"))
     assert next_step in advice and "NCCL_IB" in advice and "bucket_cap_mb" in advice
+
+
+class GPMNode:
+    """One 2-rank job that hardly waits, on GPUs at ``utilization`` by NVML, with
+    GPM activity ``gpm`` = (SM active, SM occupancy, tensor active, DRAM active)
+    or none (GPUs before Hopper), and ``used`` of 80 GiB memory."""
+
+    def __init__(self, gpm: tuple[float, float, float, float] | None,
+                 utilization: float = 1.0, used: float = 20 * 2**30,
+                 exposed_comm: float = 0.0) -> None:
+        self.source = ContractSource(name="gpu")
+        self.gpm, self.utilization, self.used = gpm, utilization, used
+        self.exposed_comm = exposed_comm
+
+    def advance(self) -> None:
+        s = self.source
+        for rank in ("0", "1"):
+            key = {"job": "llm", "rank": rank}
+            s.set("trainmon_training_rank_info", 1, **key, gpu=rank, pid=str(300 + int(rank)))
+            s.add("trainmon_training_step_seconds_count", 2, **key)
+            s.add("trainmon_training_step_seconds_sum", 1.0, **key)
+            s.add("trainmon_training_data_wait_seconds_total", 0.01, **key)
+            s.add("trainmon_training_comm_seconds_total", self.exposed_comm, **key)
+            s.add("trainmon_training_comm_exposed_seconds_total", self.exposed_comm, **key)
+            s.set("trainmon_training_last_step_timestamp_seconds", 1.9e9, **key)
+            s.set("trainmon_gpu_utilization_ratio", self.utilization, gpu=rank)
+            s.set("trainmon_gpu_memory_used_bytes", self.used, gpu=rank)
+            s.set("trainmon_gpu_memory_total_bytes", 80 * 2**30, gpu=rank)
+            if self.gpm is not None:
+                sm_active, occupancy, tensor, dram = self.gpm
+                s.set("trainmon_gpu_sm_active_ratio", sm_active, gpu=rank)
+                s.set("trainmon_gpu_sm_occupancy_ratio", occupancy, gpu=rank)
+                s.set("trainmon_gpu_tensor_active_ratio", tensor, gpu=rank)
+                s.set("trainmon_gpu_dram_active_ratio", dram, gpu=rank)
+                s.set("trainmon_gpu_pipe_active_ratio", tensor, gpu=rank, pipe="tensor_hmma")
+                s.set("trainmon_gpu_pipe_active_ratio", 0.05, gpu=rank, pipe="fp32")
+
+
+def gpm_report(node: GPMNode, lang: str = "en", json_out: bool = True) -> tuple[int, str]:
+    out = io.StringIO()
+    code = run_doctor(DoctorOptions(seconds=0.05, interval_seconds=0.01, json=json_out,
+                                    lang=lang),
+                      DiagnosisConfig(), lambda: [node.source], out,
+                      sleep=lambda seconds: node.advance())
+    return code, out.getvalue()
+
+
+def verdict_lines(text: str) -> tuple[str, str]:
+    """The job's verdict line and its next step."""
+    lines = text.splitlines()
+    verdict = next(index for index, line in enumerate(lines) if line.startswith("   llm:"))
+    advice = next(line for line in lines[verdict:]
+                  if line.strip().startswith(("next:", "下一步:")))
+    return lines[verdict], advice
+
+
+def test_busy_gpus_with_idle_sms_are_launch_bound_in_json() -> None:
+    # Acceptance: 100 % busy by NVML, 20 % SM active: compute, inefficient.
+    code, text = gpm_report(GPMNode(gpm=(0.2, 0.15, 0.0, 0.1)))
+    report = json.loads(text)
+    [job] = report["jobs"]
+    assert (code, job["kind"]) == (0, "compute")  # compute is not an actionable verdict
+    assert [f["code"] for f in job["findings"]] == ["launch_bound", "tensor_idle"]
+    values = job["findings"][0]["values"]
+    assert values["sm_active"] == pytest.approx(0.2) and values["utilization"] == 1.0
+    assert values["threshold"] == 0.5 and values["gpus"] == "0,1"
+    evidence = job["evidence"]
+    assert evidence["sm_active_ratio"] == pytest.approx(0.2)
+    assert evidence["sm_occupancy_ratio"] == pytest.approx(0.15)
+    assert evidence["tensor_active_ratio"] == 0.0
+    assert evidence["dram_active_ratio"] == pytest.approx(0.1)
+    assert evidence["pipe_active_ratio"] == {"fp32": pytest.approx(0.05), "tensor_hmma": 0.0}
+    assert evidence["gpm_gpus"] == ["0", "1"]
+    assert evidence["memory_used_ratio"] == pytest.approx(0.25)
+    assert evidence["memory_full_gpus"] == []
+    gpu = report["gpus"][0]
+    assert gpu["sm_active_ratio"] == pytest.approx(0.2)
+    assert gpu["memory_total_bytes"] == 80 * 2**30
+    assert "CUDA graphs" in job["advice"] and "torch.compile" in job["advice"]
+
+
+@pytest.mark.parametrize(("lang", "gpu_line", "verdict", "next_step"), [
+    ("en", "gpu 0: 100% busy, SM active 20%, occupancy 15%, tensor 0%, DRAM 10%, "
+     "20.0 of 80.0 GiB used (25%)",
+     "llm: COMPUTE — GPUs 0,1 look 100% busy but their SMs are active only 20% "
+     "(threshold 50%): small kernels, launch-bound or host overhead", "CUDA graphs"),
+    ("zh", "gpu 0: 100% 繁忙, SM 活跃 20%, 占用率 15%, Tensor Core 0%, 显存带宽 10%, "
+     "20.0 / 80.0 GiB 已用 (25%)",
+     "llm: 算（计算） — GPU 0,1 利用率显示 100%，但 SM 只有 20% 在活跃（阈值 50%）", "CUDA Graphs"),
+])
+def test_launch_bound_text_gives_the_numbers_and_next_steps(
+    lang: str, gpu_line: str, verdict: str, next_step: str
+) -> None:
+    code, text = gpm_report(GPMNode(gpm=(0.2, 0.15, 0.0, 0.1)), lang, json_out=False)
+    assert code == 0
+    assert f"   {gpu_line} — " in text, text
+    line, advice = verdict_lines(text)
+    assert verdict in line, text
+    assert next_step in advice and "batch" in advice
+    assert ("mixed precision" if lang == "en" else "混合精度") in text  # tensor_idle, below
+    assert "utilization alone" not in text and "仅依据利用率" not in text
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_high_tensor_activity_is_compute_efficient_in_json_and_text(lang: str) -> None:
+    code, text = gpm_report(GPMNode(gpm=(0.85, 0.6, 0.7, 0.4)), lang)
+    [job] = json.loads(text)["jobs"]
+    assert (code, job["kind"]) == (0, "compute")
+    assert [f["code"] for f in job["findings"]] == ["gpu_efficient"]
+    assert job["evidence"]["tensor_active_ratio"] == pytest.approx(0.7)
+    code, text = gpm_report(GPMNode(gpm=(0.85, 0.6, 0.7, 0.4)), lang, json_out=False)
+    line, advice = verdict_lines(text)
+    expected = ({"en": "GPUs 0,1 compute efficiently: 100% busy, SM active 85%, "
+                       "tensor pipes 70%, DRAM 40%",
+                 "zh": "GPU 0,1 计算高效：繁忙 100%，SM 活跃 85%，Tensor Core 70%，显存带宽 40%"}
+                [lang])
+    assert expected in line, text
+    assert "FlashAttention" in advice
+    assert text.rstrip().endswith("No bottleneck that needs action." if lang == "en"
+                                  else "没有需要处理的瓶颈。")
+
+
+@pytest.mark.parametrize(("lang", "note"), [
+    ("en", "rests on utilization alone"), ("zh", "仅依据利用率")])
+def test_without_gpm_doctor_says_the_compute_verdict_rests_on_utilization(
+    lang: str, note: str
+) -> None:
+    code, text = gpm_report(GPMNode(gpm=None), lang, json_out=False)
+    assert code == 0
+    gpu_section = text[text.index("1. GPU"):text.index("2. ")]
+    assert note in gpu_section, text
+    line, _ = verdict_lines(text)
+    assert note in line
+    code, text = gpm_report(GPMNode(gpm=None), lang)
+    [job] = json.loads(text)["jobs"]
+    assert [f["code"] for f in job["findings"]] == ["gpu_bound"]
+    assert job["evidence"]["sm_active_ratio"] is None and job["evidence"]["gpm_gpus"] == []
+
+
+def test_nearly_full_gpu_memory_is_an_oom_risk_of_the_job() -> None:
+    node = GPMNode(gpm=(0.85, 0.6, 0.7, 0.4), used=79 * 2**30)
+    code, text = gpm_report(node)
+    [job] = json.loads(text)["jobs"]
+    assert (code, job["job"], job["kind"]) == (0, "llm", "compute")  # a risk, not a bottleneck
+    assert [f["code"] for f in job["findings"]] == ["gpu_efficient", "oom_risk"]
+    assert job["evidence"]["memory_full_gpus"] == ["0", "1"]
+    assert job["evidence"]["memory_used_ratio"] == pytest.approx(79 / 80)
+    assert "FlashAttention" in job["advice"] and "activation checkpointing" in job["advice"]
+    _, text = gpm_report(GPMNode(gpm=(0.85, 0.6, 0.7, 0.4), used=79 * 2**30), json_out=False)
+    lines = text.splitlines()
+    verdict = next(index for index, line in enumerate(lines) if line.startswith("   llm:"))
+    assert ("      + GPU(s) 0,1 of the job use 99% of their memory (less than 5% free): "
+            "out-of-memory risk") in lines[verdict:], text
+
+
+@pytest.mark.parametrize(("lang", "note"), [
+    ("en", "the GPUs look 97% busy but their SMs are active only 20%: that busy time is "
+     "communication kernels, not compute"),
+    ("zh", "GPU 利用率显示 97%，但 SM 只有 20% 在活跃：这些繁忙时间是通信 kernel，不是计算"),
+])
+def test_busy_gpus_with_idle_sms_count_for_communication(lang: str, note: str) -> None:
+    node = GPMNode(gpm=(0.2, 0.1, 0.0, 0.05), utilization=0.97, exposed_comm=0.4)
+    code, text = gpm_report(node, lang)
+    [job] = json.loads(text)["jobs"]
+    assert (code, job["kind"]) == (1, "communication")
+    assert [f["code"] for f in job["findings"]] == ["comm_exposed"]
+    assert job["findings"][0]["values"]["sm_active"] == pytest.approx(0.2)
+    assert note in job["findings"][0]["message"]
+    # the same job on GPUs without GPM: nothing to add
+    plain = GPMNode(gpm=None, utilization=0.97, exposed_comm=0.4)
+    [job] = json.loads(gpm_report(plain, lang)[1])["jobs"]
+    assert "sm_active" not in job["findings"][0]["values"]
+    assert "SM" not in job["findings"][0]["message"]

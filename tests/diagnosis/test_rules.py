@@ -64,6 +64,13 @@ class Node:
     ranks: dict[tuple[str, str], Rank] = field(default_factory=dict)
     gpus: dict[str, float] = field(default_factory=dict)
     sawtooth: dict[str, float] = field(default_factory=dict)
+    #: GPM readings of GPUs that have GPM: (SM active, SM occupancy, tensor
+    #: active, DRAM active), 0-1; GPUs left out export no GPM series.
+    gpm: dict[str, tuple[float, float, float, float]] = field(default_factory=dict)
+    #: ``trainmon_gpu_pipe_active_ratio`` by GPU and pipe.
+    pipes: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: (used, total) memory bytes by GPU.
+    memory: dict[str, tuple[float, float]] = field(default_factory=dict)
     now: float = 1000.0
     source: ContractSource = field(default_factory=ContractSource)
 
@@ -97,6 +104,17 @@ class Node:
         for gpu, utilization in self.gpus.items():
             s.set("trainmon_gpu_utilization_ratio", utilization, gpu=gpu)
             s.set("trainmon_gpu_sawtooth_ratio", self.sawtooth.get(gpu, 0.0), gpu=gpu)
+        for gpu, (sm_active, occupancy, tensor, dram) in self.gpm.items():
+            s.set("trainmon_gpu_sm_active_ratio", sm_active, gpu=gpu)
+            s.set("trainmon_gpu_sm_occupancy_ratio", occupancy, gpu=gpu)
+            s.set("trainmon_gpu_tensor_active_ratio", tensor, gpu=gpu)
+            s.set("trainmon_gpu_dram_active_ratio", dram, gpu=gpu)
+        for gpu, pipes in self.pipes.items():
+            for pipe, ratio in pipes.items():
+                s.set("trainmon_gpu_pipe_active_ratio", ratio, gpu=gpu, pipe=pipe)
+        for gpu, (used, total) in self.memory.items():
+            s.set("trainmon_gpu_memory_used_bytes", used, gpu=gpu)
+            s.set("trainmon_gpu_memory_total_bytes", total, gpu=gpu)
 
     def run(self, config: DiagnosisConfig | None = None, ticks: int = 6) -> Scrape:
         collector = diagnosing(config or DiagnosisConfig(), self.source,
@@ -548,6 +566,10 @@ def test_old_snapshots_leave_the_window() -> None:
         ({"idle_utilization_ratio": 0.7}, "idle_utilization_ratio"),
         ({"comm_phases": []}, "comm_phases"),
         ({"stall_seconds": "soon"}, "stall_seconds"),
+        ({"sm_active_low_ratio": 1.5}, "sm_active_low_ratio"),
+        ({"tensor_idle_ratio": -0.1}, "tensor_idle_ratio"),
+        ({"dram_active_ceiling_ratio": 2}, "dram_active_ceiling_ratio"),
+        ({"memory_headroom_ratio": "some"}, "memory_headroom_ratio"),
     ],
 )
 def test_diagnosis_config_is_validated(settings: dict[str, object], key: str) -> None:
@@ -610,3 +632,170 @@ def test_a_stall_needs_a_live_reporter_when_heartbeats_are_exported(
                                 job=job, rank=rank_name)
         result = scrape(collector)
     assert job_verdicts(result) == {"llm": verdict}
+
+
+# -- compute with GPM activity (Hopper and newer) -------------------------------------
+
+
+def gpm_job(node: Node, sm_active: float, tensor: float, dram: float,
+            utilization: float = 1.0, ranks: int = 2) -> None:
+    """The healthy job on GPUs with GPM, at ``utilization`` by NVML."""
+    healthy_job(node, ranks=ranks)
+    for gpu in list(node.gpus):
+        node.gpus[gpu] = utilization
+        node.gpm[gpu] = (sm_active, 0.15, tensor, dram)
+
+
+def finding_order(result: Scrape, job: str) -> list[str]:
+    return [row["finding"] for row in result.labelsets("trainmon_diagnosis_finding_info")
+            if row["job"] == job]
+
+
+def test_busy_gpu_with_idle_sms_is_compute_inefficient_launch_bound() -> None:
+    # Acceptance: 100 % utilization by NVML, but only 20 % of SM cycles have a
+    # warp resident: small kernels launched one by one. The tensor pipes are
+    # idle as well; launch-bound decides (it comes first).
+    node = Node()
+    gpm_job(node, sm_active=0.2, tensor=0.0, dram=0.1)
+    result = node.run()
+    assert job_verdicts(result) == {"llm": "compute"}
+    assert finding_order(result, "llm") == ["launch_bound", "tensor_idle"]
+    assert result.value("trainmon_diagnosis_gpu_utilization_ratio", job="llm") == 1.0
+    assert result.value("trainmon_diagnosis_sm_active_ratio", job="llm") == pytest.approx(0.2)
+    assert result.value("trainmon_diagnosis_sm_occupancy_ratio", job="llm") == pytest.approx(
+        0.15)
+    assert result.value("trainmon_diagnosis_tensor_active_ratio", job="llm") == 0.0
+    assert result.value("trainmon_diagnosis_dram_active_ratio", job="llm") == pytest.approx(0.1)
+
+
+def test_high_tensor_activity_is_compute_efficient() -> None:
+    node = Node()
+    gpm_job(node, sm_active=0.85, tensor=0.7, dram=0.4)
+    result = node.run()
+    assert job_verdicts(result) == {"llm": "compute"}
+    assert finding_order(result, "llm") == ["gpu_efficient"]
+    assert result.value("trainmon_diagnosis_tensor_active_ratio", job="llm") == pytest.approx(
+        0.7)
+
+
+@pytest.mark.parametrize(("sm_active", "expected"), [
+    (0.45, ["launch_bound"]), (0.5, ["gpu_efficient"]), (0.55, ["gpu_efficient"])])
+def test_launch_bound_below_the_sm_active_low_level(sm_active: float,
+                                                     expected: list[str]) -> None:
+    node = Node()
+    gpm_job(node, sm_active=sm_active, tensor=0.3, dram=0.3)
+    assert finding_order(node.run(), "llm") == expected
+
+
+def test_idle_tensor_pipes_on_a_busy_gpu_mean_no_mixed_precision() -> None:
+    node = Node()
+    gpm_job(node, sm_active=0.9, tensor=0.01, dram=0.3)
+    result = node.run()
+    assert job_verdicts(result) == {"llm": "compute"}
+    assert finding_order(result, "llm") == ["tensor_idle"]
+    # just above the idle level the tensor cores count as used
+    used = Node()
+    gpm_job(used, sm_active=0.9, tensor=0.06, dram=0.3)
+    assert finding_order(used.run(), "llm") == ["gpu_efficient"]
+
+
+def test_dram_near_its_ceiling_is_memory_bound() -> None:
+    node = Node()
+    gpm_job(node, sm_active=0.9, tensor=0.3, dram=0.85)
+    result = node.run()
+    assert job_verdicts(result) == {"llm": "compute"}
+    assert finding_order(result, "llm") == ["memory_bound"]
+    below = Node()
+    gpm_job(below, sm_active=0.9, tensor=0.3, dram=0.65)
+    assert finding_order(below.run(), "llm") == ["gpu_efficient"]
+
+
+def test_gpm_thresholds_follow_the_config() -> None:
+    node = Node()
+    gpm_job(node, sm_active=0.6, tensor=0.1, dram=0.5)
+    config = parse_config({"collectors": {"diagnosis": {
+        "sm_active_low_ratio": 0.7, "tensor_idle_ratio": 0.2,
+        "dram_active_ceiling_ratio": 0.5}}}).collectors.diagnosis
+    assert finding_order(node.run(config), "llm") == ["launch_bound", "memory_bound",
+                                                      "tensor_idle"]
+
+
+def test_gpm_activity_is_the_mean_of_the_job_gpus_that_have_it() -> None:
+    # GPU 1 has no GPM (an older GPU beside a Hopper, or GPM unsupported): the
+    # activity is GPU 0's, and GPU 1 does not count as 0.
+    node = Node()
+    gpm_job(node, sm_active=0.3, tensor=0.2, dram=0.2)
+    del node.gpm["1"]
+    result = node.run()
+    assert result.value("trainmon_diagnosis_sm_active_ratio", job="llm") == pytest.approx(0.3)
+    assert finding_order(result, "llm") == ["launch_bound"]
+
+
+def test_tensor_activity_from_the_tensor_pipes_when_the_total_is_missing() -> None:
+    node = Node()
+    healthy_job(node, ranks=1)
+    node.source.set("trainmon_gpu_sm_active_ratio", 0.9, gpu="0")
+    node.pipes["0"] = {"tensor_hmma": 0.6, "tensor_imma": 0.0, "fp32": 0.2}
+    result = node.run()
+    assert result.value("trainmon_diagnosis_tensor_active_ratio", job="llm") == pytest.approx(
+        0.6)
+    assert finding_order(result, "llm") == ["gpu_efficient"]
+
+
+def test_without_gpm_the_busy_case_stays_gpu_bound_on_utilization_alone() -> None:
+    node = Node()
+    healthy_job(node)
+    result = node.run()
+    assert finding_order(result, "llm") == ["gpu_bound"]
+    for name in ("sm_active", "sm_occupancy", "tensor_active", "dram_active"):
+        assert result.value(f"trainmon_diagnosis_{name}_ratio", job="llm") is None
+
+
+def test_low_utilization_is_host_bound_whatever_the_sms_say() -> None:
+    node = Node()
+    gpm_job(node, sm_active=0.2, tensor=0.0, dram=0.1, utilization=0.3)
+    assert finding_order(node.run(), "llm") == ["host_bound"]
+
+
+def test_busy_gpus_with_idle_sms_and_exposed_comm_are_communication() -> None:
+    # NVML reads 97 % busy, the SMs are active 20 %: NCCL kernels keep the GPU
+    # "busy" while the ranks wait 40 % of each step for exposed communication.
+    # The communication rule decides; no launch-bound finding stands beside it.
+    node = Node()
+    measured_job(node, exposed=0.087, overlapped=0.0)
+    for gpu in node.gpus:
+        node.gpus[gpu] = 0.97
+        node.gpm[gpu] = (0.2, 0.1, 0.0, 0.05)
+    for rank in node.ranks.values():
+        rank.work = 0.12
+    result = node.run()
+    assert job_verdicts(result) == {"llm": "communication"}
+    assert finding_order(result, "llm") == ["comm_exposed"]
+    assert result.value("trainmon_diagnosis_sm_active_ratio", job="llm") == pytest.approx(0.2)
+
+
+def test_memory_within_the_headroom_is_an_oom_risk_beside_the_verdict() -> None:
+    node = Node()
+    gpm_job(node, sm_active=0.85, tensor=0.7, dram=0.4)
+    node.memory = {"0": (78 * 2**30, 80 * 2**30), "1": (60 * 2**30, 80 * 2**30)}
+    result = node.run()
+    assert job_verdicts(result) == {"llm": "compute"}
+    assert finding_order(result, "llm") == ["gpu_efficient", "oom_risk"]
+    assert result.value("trainmon_diagnosis_memory_used_ratio", job="llm") == pytest.approx(
+        78 / 80)
+    # beside a storage verdict too: the risk is the job's, whatever holds it back
+    starved = Node()
+    gpm_job(starved, sm_active=0.85, tensor=0.7, dram=0.4)
+    starved.ranks[("llm", "1")].wait = 0.1
+    starved.memory = {"1": (79 * 2**30, 80 * 2**30)}
+    result = starved.run()
+    assert job_verdicts(result) == {"llm": "storage"}
+    assert finding_order(result, "llm") == ["data_wait", "oom_risk"]
+    # 93 % used leaves more than the 5 % headroom
+    roomy = Node()
+    gpm_job(roomy, sm_active=0.85, tensor=0.7, dram=0.4)
+    roomy.memory = {"0": (74.4 * 2**30, 80 * 2**30)}
+    result = roomy.run()
+    assert finding_order(result, "llm") == ["gpu_efficient"]
+    assert result.value("trainmon_diagnosis_memory_used_ratio", job="llm") == pytest.approx(
+        0.93)

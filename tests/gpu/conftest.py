@@ -13,16 +13,21 @@ folders in the same session still see a machine without a usable GPU.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pynvml
 import pytest
 
-from tests.gpu.harness import FakeNVML
+from tests.gpu.harness import Clock, FakeNVML
 from tests.support import exposition
 from tests.support.exposition import Scrape
+from trainmon.collectors.gpu import GPUCollector
+from trainmon.config import GPUConfig
 from trainmon.core.collector import Collector
+from trainmon.gpu.nvml import NVML
 
 
 @pytest.fixture(scope="session")
@@ -69,3 +74,25 @@ def gpu_env(fake_nvml_dir: Path, tmp_path: Path) -> Callable[..., dict[str, str]
 @pytest.fixture
 def scrape() -> Callable[[Collector], Scrape]:
     return exposition.scrape
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def make_collector(clock: Clock) -> Iterator[Callable[..., GPUCollector]]:
+    """``make_collector(**gpu_settings)``: a GPU collector on the fake, on the test's clock."""
+    collectors: list[GPUCollector] = []
+
+    def make(**settings: Any) -> GPUCollector:
+        config = dataclasses.replace(GPUConfig(retry_seconds=5.0), **settings)
+        nvml = NVML(retry_seconds=config.retry_seconds, clock=clock)
+        collector = GPUCollector(nvml, config, clock=clock)
+        collectors.append(collector)
+        return collector
+
+    yield make
+    for collector in collectors:
+        collector.stop()

@@ -9,6 +9,16 @@ from dataclasses import dataclass
 from tests.support.prometheus import wait_until
 
 
+class Clock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 @dataclass
 class FakeNVML:
     """The fake loaded into this process, with its two test controls."""
@@ -23,6 +33,20 @@ class FakeNVML:
         """NVML calls made so far."""
         self.library.fakenvml_calls.restype = ctypes.c_ulonglong
         return int(self.library.fakenvml_calls())
+
+    def gpm_counts(self) -> tuple[int, int, int]:
+        """GPM sample buffers allocated and freed, and samples taken, so far."""
+        counts = []
+        for name in ("fakenvml_gpm_allocs", "fakenvml_gpm_frees", "fakenvml_gpm_samples"):
+            function = getattr(self.library, name)
+            function.restype = ctypes.c_ulonglong
+            counts.append(int(function()))
+        return counts[0], counts[1], counts[2]
+
+    def gpm_buffers_live(self) -> int:
+        """GPM sample buffers allocated and not freed."""
+        allocs, frees, _ = self.gpm_counts()
+        return allocs - frees
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:

@@ -23,7 +23,10 @@ def test_defaults() -> None:
         idle_threshold=0.1,
         busy_threshold=0.5,
         retry_seconds=10.0,
+        gpm=True,
+        gpm_interval_seconds=1.0,
     )
+    assert gpu({}).gpm_enabled
 
 
 def test_every_key_is_read() -> None:
@@ -35,8 +38,24 @@ def test_every_key_is_read() -> None:
         "idle_threshold": 0.05,
         "busy_threshold": 0.7,
         "retry_seconds": 2,
+        "gpm": False,
+        "gpm_interval_seconds": 0.25,
     }
-    assert gpu(section) == GPUConfig(True, 30.0, 0.5, 60.0, 0.05, 0.7, 2.0)
+    assert gpu(section) == GPUConfig(True, 30.0, 0.5, 60.0, 0.05, 0.7, 2.0, False, 0.25)
+
+
+@pytest.mark.parametrize(
+    ("section", "enabled"),
+    [
+        ({"gpm": False}, False),
+        ({"gpm_interval_seconds": 0}, False),
+        ({"gpm_interval_seconds": 0.1}, True),
+    ],
+)
+def test_gpm_is_off_with_gpm_false_or_a_zero_interval(
+    section: dict[str, object], enabled: bool
+) -> None:
+    assert gpu(section).gpm_enabled is enabled
 
 
 @pytest.mark.parametrize(
@@ -51,6 +70,9 @@ def test_every_key_is_read() -> None:
             "half of window_seconds",
         ),
         ({"enabled": "yes"}, "collectors.gpu.enabled", "true, false or auto"),
+        ({"gpm_interval_seconds": 0.05}, "collectors.gpu.gpm_interval_seconds", "at least 0.1"),
+        ({"gpm_interval_seconds": -1}, "collectors.gpu.gpm_interval_seconds", ">= 0"),
+        ({"gpm": "on"}, "collectors.gpu.gpm", "true or false"),
         ({"windows": 60}, "collectors.gpu.windows", "unknown key"),
     ],
 )

@@ -143,8 +143,16 @@ def test_an_old_driver_loses_only_the_readings_it_lacks(
         assert name not in result.samples
     assert result.by_gpu("trainmon_gpu_power_watts") == {"0": 250, "1": 251}
     assert gpu_health(daemon)["xid_events"] == "unsupported"
+    assert "trainmon_gpu_sm_active_ratio" not in result.samples
+    assert gpu_health(daemon)["gpm"] == dict.fromkeys(
+        ("0", "1"), "unsupported: nvmlGpmQueryDeviceSupport: NVML_ERROR_FUNCTION_NOT_FOUND"
+    )
     log = daemon.log()
-    for function in ("nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetFieldValues"):
+    for function in (
+        "nvmlDeviceGetTotalEnergyConsumption",
+        "nvmlDeviceGetFieldValues",
+        "nvmlGpmQueryDeviceSupport",
+    ):
         assert log.count(f"{function} is not in this NVIDIA driver's NVML") == 1, log
 
 
@@ -173,3 +181,33 @@ def test_demo_mode_simulates_a_sawtoothing_job_on_gpus_0_to_3(start_daemon: Star
     assert names == {"NVIDIA H100 80GB HBM3 (simulated)"}
     build = result.samples["trainmon_build_info"]
     assert [dict(key)["mode"] for key in build] == ["demo"]
+
+
+def test_demo_tensor_cores_are_busy_on_the_healthy_job_only_while_the_starved_one_idles(
+    start_daemon: StartDaemon,
+) -> None:
+    daemon = start_daemon(config=CONFIG, args=["--demo"], env={"LD_LIBRARY_PATH": "/nonexistent"})
+    result = scrape_until(
+        daemon, lambda r: len(r.by_gpu("trainmon_gpu_sm_active_ratio")) == 8, timeout=10
+    )
+    sm = result.by_gpu("trainmon_gpu_sm_active_ratio")
+    tensor = result.by_gpu("trainmon_gpu_tensor_active_ratio")
+    assert all(0.7 <= sm[gpu] <= 0.9 for gpu in "4567"), sm
+    assert all(0.5 <= tensor[gpu] <= 0.7 for gpu in "4567"), tensor
+    assert all(sm[gpu] <= 0.9 for gpu in "0123"), sm
+    pipes = result.series("trainmon_gpu_pipe_active_ratio", "gpu", "pipe")
+    assert {pipe for gpu, pipe in pipes if gpu == "4"} == {
+        "fp16",
+        "fp32",
+        "fp64",
+        "tensor_hmma",
+        "tensor_imma",
+        "tensor_dfma",
+    }
+    starved_idle = []  # the sawtooth: over 10 s each starved GPU has idle intervals
+    deadline = time.monotonic() + 12
+    while time.monotonic() < deadline and len(starved_idle) < 4:
+        current = parse(daemon.metrics()).by_gpu("trainmon_gpu_sm_active_ratio")
+        starved_idle = sorted({*starved_idle, *(g for g in "0123" if current.get(g, 1) < 0.3)})
+        time.sleep(0.5)
+    assert starved_idle == ["0", "1", "2", "3"], daemon.log()

@@ -69,3 +69,15 @@ def test_a_real_gpu_reports_every_family() -> None:
         assert f"\n{name}{{" in text, name
     assert "NaN" not in text
     assert report["cycle_seconds"] < 0.5
+    # GPM: every GPU either samples (values 0-1) or says why not (e.g. before Hopper).
+    gpm = report["health"]["gpm"]
+    for index in range(gpus):
+        state = gpm[str(index)]
+        assert state == "sampling" or state.startswith("unsupported: "), gpm
+        if state == "sampling":
+            line = next(
+                row
+                for row in text.splitlines()
+                if row.startswith(f'trainmon_gpu_sm_active_ratio{{gpu="{index}"}}')
+            )
+            assert 0.0 <= float(line.split()[-1]) <= 1.0, line

@@ -7,7 +7,9 @@ sample labelled ``gpu``, ``UUID``, ``pci_bus_id``, ``device``, ``modelName``,
 ``hostname`` and the ``DCGM_FI_DRIVER_VERSION`` attribute, values in DCGM's
 own units (MHz, MiB, %, W, °C; profiling fields as 0–1 ratios; PCIe as
 bytes/s). Like the trainmon demo, GPUs 0–3 saw-tooth (a data-starved job)
-and GPUs 4–7 are steadily busy.
+and GPUs 4–7 are steadily busy. ``devices`` limits it to some GPUs, as
+``dcgm-exporter --devices g:0-5`` does: the others are then the daemon's alone,
+which is how the dashboard tests see both sources of an either-source panel.
 """
 
 from __future__ import annotations
@@ -72,8 +74,10 @@ def counters(opt_in: Iterable[str] = ()) -> list[tuple[str, str, str]]:
     return rows
 
 
-def render(rows: list[tuple[str, str, str]], now: float) -> str:
-    """The exposition text dcgm-exporter would serve at ``now``."""
+def render(rows: list[tuple[str, str, str]], now: float,
+           devices: Iterable[int] = range(GPUS)) -> str:
+    """The exposition text dcgm-exporter would serve at ``now`` for the GPUs ``devices``."""
+    watched = sorted(set(devices))
     attributes = {field: "" for field, kind, _ in rows if kind == "label"}
     if "DCGM_FI_DRIVER_VERSION" in attributes:
         attributes["DCGM_FI_DRIVER_VERSION"] = DRIVER_VERSION
@@ -82,7 +86,7 @@ def render(rows: list[tuple[str, str, str]], now: float) -> str:
         if kind == "label":
             continue
         lines += [f"# HELP {field} {help_text}", f"# TYPE {field} {kind}"]
-        for gpu in range(GPUS):
+        for gpu in watched:
             labels = (
                 f'gpu="{gpu}",UUID="GPU-6b7d6c2e-0000-4000-8000-00000000000{gpu}",'
                 f'pci_bus_id="00000000:{0x18 + gpu * 0x10:02X}:00.0",device="nvidia{gpu}",'
@@ -97,9 +101,14 @@ def render(rows: list[tuple[str, str, str]], now: float) -> str:
 class FakeDCGMExporter(LoopbackHTTPServer):
     """``with FakeDCGMExporter(opt_in=(...)) as fake: fake.url`` serves /metrics on loopback."""
 
-    def __init__(self, opt_in: Iterable[str] = (), clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, opt_in: Iterable[str] = (), clock: Callable[[], float] = time.time,
+                 devices: Iterable[int] = range(GPUS)) -> None:
         self.rows = counters(opt_in)
         self.clock = clock
+        #: NVML indices of the GPUs it watches (``--devices``); every GPU by default.
+        self.devices = tuple(sorted(set(devices)))
+        if not set(self.devices) <= set(range(GPUS)):
+            raise ValueError(f"devices {self.devices}: the node has GPUs 0-{GPUS - 1}")
         self.scrapes = 0
         super().__init__(self._answer)
 
@@ -107,5 +116,5 @@ class FakeDCGMExporter(LoopbackHTTPServer):
         if request.path != "/metrics":
             return Reply.text("not found", status=404)
         self.scrapes += 1
-        return Reply.text(render(self.rows, self.clock()),
+        return Reply.text(render(self.rows, self.clock(), self.devices),
                           "text/plain; version=0.0.4; charset=utf-8")

@@ -18,7 +18,10 @@ for GPU processes that report no steps):
   empty for the others;
 - evidence gauges ``trainmon_diagnosis_{data_wait,comm,gpu_utilization,
   straggler}_ratio{job}``, ``..._idle_gpus{job}``, ``..._stalled_ranks{job}``,
-  ``..._step_seconds{job}`` (omitted where the sources do not tell);
+  ``..._step_seconds{job}``, the GPM activity of the job's GPUs
+  ``trainmon_diagnosis_{sm_active,sm_occupancy,tensor_active,dram_active}_ratio{job}``
+  (GPUs with GPM only) and ``trainmon_diagnosis_memory_used_ratio{job}`` (omitted
+  where the sources do not tell);
 - ``trainmon_diagnosis_window_seconds``: the span of the evidence.
 
 A source that fails contributes nothing to that snapshot; the registry
@@ -129,6 +132,17 @@ def verdict_families(verdicts: Sequence[Verdict], window_seconds: float) -> list
              "Ranks of the job without a step for diagnosis.stall_seconds."),
             ("trainmon_diagnosis_step_seconds",
              "Median step duration of the job's ranks over the window."),
+            ("trainmon_diagnosis_sm_active_ratio",
+             "Mean SM active ratio (GPM) of the job's GPUs over the window; only GPUs with "
+             "GPM (Hopper and newer)."),
+            ("trainmon_diagnosis_sm_occupancy_ratio",
+             "Mean SM occupancy ratio (GPM) of the job's GPUs over the window."),
+            ("trainmon_diagnosis_tensor_active_ratio",
+             "Mean tensor pipe active ratio (GPM) of the job's GPUs over the window."),
+            ("trainmon_diagnosis_dram_active_ratio",
+             "Mean DRAM active ratio (GPM) of the job's GPUs over the window."),
+            ("trainmon_diagnosis_memory_used_ratio",
+             "Largest memory used / memory total of the job's GPUs."),
         )
     }
     for verdict in verdicts:
@@ -150,6 +164,11 @@ def verdict_families(verdicts: Sequence[Verdict], window_seconds: float) -> list
             "trainmon_diagnosis_stalled_ranks":
                 float(len(evidence.stalled_ranks)) if evidence.ranks else None,
             "trainmon_diagnosis_step_seconds": evidence.step_seconds,
+            "trainmon_diagnosis_sm_active_ratio": evidence.sm_active_ratio,
+            "trainmon_diagnosis_sm_occupancy_ratio": evidence.sm_occupancy_ratio,
+            "trainmon_diagnosis_tensor_active_ratio": evidence.tensor_active_ratio,
+            "trainmon_diagnosis_dram_active_ratio": evidence.dram_active_ratio,
+            "trainmon_diagnosis_memory_used_ratio": evidence.memory_used_ratio,
         }
         for name, value in values.items():
             if value is not None:

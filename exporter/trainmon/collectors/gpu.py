@@ -1,9 +1,11 @@
-"""GPU metrics from NVML: device readings, the utilization sampler, XID events.
+"""GPU metrics from NVML: device readings, the utilization sampler, GPM activity, XID events.
 
 ``GPUCollector`` reads every GPU through the ``NVML`` facade on each scrape
 (17 cheap calls per GPU, 136 for 8 GPUs, as counted by ``bench/gpu_collection.py``
-on the fake NVML; no 20 ms blocking ones) and adds what its two background
-threads keep: the utilization sampler (``trainmon.gpu.sampler``) and the XID
+on the fake NVML; no 20 ms blocking ones) and adds what its three background
+threads keep: the utilization sampler (``trainmon.gpu.sampler``), the GPM
+sampler (``trainmon.gpu.gpm``: SM, tensor-core and DRAM activity, where the GPU
+has GPM and ``collectors.gpu.gpm`` is on) and the XID
 listener (``trainmon.gpu.events``), which waits on an NVML event set so that no
 XID error is lost between scrapes. The ``gpu`` label is the NVML index as a
 decimal string, as in dcgm-exporter. A lost GPU keeps only its ``_info``,
@@ -24,11 +26,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from trainmon.config import GPUConfig
 from trainmon.core.collector import Collector
 from trainmon.gpu.events import XidListener
+from trainmon.gpu.gpm import GPMSampler
 from trainmon.gpu.nvml import NVML
 from trainmon.gpu.sampler import Hysteresis, UtilizationSampler, UtilizationSnapshot
-from trainmon.gpu.types import GPULost, GPUProcess, GPUReadings, NVMLUnavailable
+from trainmon.gpu.types import GPMActivity, GPULost, GPUProcess, GPUReadings, NVMLUnavailable
 
 log = logging.getLogger(__name__)
+
 
 class GPUCollector(Collector):
     """Every GPU metric of docs/metrics.md ("GPU") for the GPUs NVML enumerates."""
@@ -53,6 +57,11 @@ class GPUCollector(Collector):
             hysteresis=Hysteresis(config.idle_threshold, config.busy_threshold),
         )
         self.xid = XidListener(nvml, wall_clock=wall_clock, retry_seconds=config.retry_seconds)
+        self.gpm = (
+            GPMSampler(nvml, interval_seconds=config.gpm_interval_seconds)
+            if config.gpm_enabled
+            else None
+        )
         self._processes: dict[int, tuple[GPUProcess, ...]] = {}
         self._processes_read_at = float("-inf")
         self._process_lock = threading.Lock()
@@ -62,14 +71,19 @@ class GPUCollector(Collector):
         """Start the sampler and XID threads; they wait for NVML if it is absent."""
         self.sampler.start()
         self.xid.start()
+        if self.gpm is not None:
+            self.gpm.start()
 
     def stop(self) -> None:
         self.sampler.stop()
         self.xid.stop()
+        if self.gpm is not None:
+            self.gpm.stop()  # frees its sample buffers before the session closes
         self._nvml.close()
 
     def health(self) -> Mapping[str, object]:
-        return dict(self._health, xid_events=self.xid.state)
+        gpm = {"state": "disabled by configuration"} if self.gpm is None else self.gpm.states()
+        return dict(self._health, xid_events=self.xid.state, gpm=gpm)
 
     def processes(self) -> Mapping[int, tuple[GPUProcess, ...]]:
         """Compute processes per GPU index, re-read at most every
@@ -99,6 +113,7 @@ class GPUCollector(Collector):
         devices, driver = session.devices, session.driver_version
         families = _Families()
         utilization = self.sampler.snapshot()
+        activity = {} if self.gpm is None else self.gpm.snapshot()
         lost = []
         for device in devices:
             gpu = str(device.index)
@@ -116,6 +131,9 @@ class GPUCollector(Collector):
             snapshot = utilization.get(device.index)
             if snapshot is not None:
                 families.add_utilization(gpu, snapshot)
+            gpm = activity.get(device.index)
+            if gpm is not None:
+                families.add_activity(gpu, gpm)
         for (index, xid), count in sorted(self.xid.counts().items()):
             families.xid_errors.add_metric([str(index), str(xid)], count.count)
             families.xid_last.add_metric([str(index), str(xid)], count.last_timestamp_seconds)
@@ -226,6 +244,33 @@ class _Families:
             "Busy/idle transitions of the utilization (with hysteresis).",
             labels=gpu,
         )
+        self.sm_active = g(
+            "trainmon_gpu_sm_active_ratio",
+            "Share of SMs busy over the last GPM interval, 0-1 (NVML GPM SM_UTIL).",
+            labels=gpu,
+        )
+        self.sm_occupancy = g(
+            "trainmon_gpu_sm_occupancy_ratio",
+            "Resident warps over the SMs' maximum, last GPM interval, 0-1 (GPM SM_OCCUPANCY).",
+            labels=gpu,
+        )
+        self.tensor_active = g(
+            "trainmon_gpu_tensor_active_ratio",
+            "Share of time any tensor-core pipe was active, last GPM interval, 0-1 "
+            "(GPM ANY_TENSOR_UTIL).",
+            labels=gpu,
+        )
+        self.pipe_active = g(
+            "trainmon_gpu_pipe_active_ratio",
+            "Share of time an SM pipe was active, last GPM interval, 0-1 "
+            "(GPM FP16/FP32/FP64_UTIL, HMMA/IMMA/DFMA_TENSOR_UTIL).",
+            labels=["gpu", "pipe"],
+        )
+        self.dram_active = g(
+            "trainmon_gpu_dram_active_ratio",
+            "DRAM bandwidth used over the peak, last GPM interval, 0-1 (GPM DRAM_BW_UTIL).",
+            labels=gpu,
+        )
         self.sawtooth = g(
             "trainmon_gpu_sawtooth_ratio",
             "Strength of busy/idle oscillation over the last two sampler windows, 0-1: "
@@ -262,6 +307,19 @@ class _Families:
         self.idle_samples.add_metric([gpu], snapshot.idle_samples_total)
         self.transitions.add_metric([gpu], snapshot.transitions_total)
         self.sawtooth.add_metric([gpu], snapshot.sawtooth_ratio)
+
+    def add_activity(self, gpu: str, activity: GPMActivity) -> None:
+        optional = (
+            (self.sm_active, activity.sm_active_ratio),
+            (self.sm_occupancy, activity.sm_occupancy_ratio),
+            (self.tensor_active, activity.tensor_active_ratio),
+            (self.dram_active, activity.dram_active_ratio),
+        )
+        for family, value in optional:
+            if value is not None:
+                family.add_metric([gpu], value)
+        for pipe, ratio in activity.pipe_active_ratio.items():
+            self.pipe_active.add_metric([gpu, pipe], ratio)
 
     def all(self) -> list[Metric]:
         return [value for value in vars(self).values() if isinstance(value, Metric)]

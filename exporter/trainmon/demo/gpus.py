@@ -6,12 +6,16 @@ run on it unchanged. GPUs 0–3 carry a data-starved job: busy (~97 %) for 6.5 s
 every 10 s, then idle while the input pipeline catches up — the sawtooth the
 detector exists for. GPUs 4–7 run steady at ~95 %. Utilization samples come
 every 1/6 s like the driver's, with small deterministic noise; power,
-temperature and the byte counters follow the load. The GPU names end in
+temperature and the byte counters follow the load. GPM activity (SM,
+tensor-core, DRAM) is the mean utilization between two GPM samples times the
+job's activity profile: the starved job's SMs idle between batches, the
+healthy job's keep ~80 % of SMs and ~60 % tensor activity. The GPU names end in
 "(simulated)" so demo series are never mistaken for real ones.
 """
 
 from __future__ import annotations
 
+import ctypes
 import time
 import zlib
 from collections.abc import Callable
@@ -55,6 +59,21 @@ class _Profile:
 _STARVED = _Profile(SAWTOOTH_BUSY_SHARE * 0.97, 1.6e9, 45e9, 0.0)
 _HEALTHY = _Profile(0.95, 0.4e9, 160e9, 0.03)
 
+#: GPM percent per unit of utilization (a busy GPU ≈ 0.95): SMs ~80 % busy,
+#: tensor cores ~60 %, mixed-precision training (HMMA, some FP32/FP16, no FP64).
+_GPM_PER_BUSY = {
+    nvml.GPM_SM_ACTIVE: 84.0,
+    nvml.GPM_SM_OCCUPANCY: 42.0,
+    nvml.GPM_TENSOR_ACTIVE: 63.0,
+    nvml.GPM_DRAM_ACTIVE: 38.0,
+    nvml.GPM_PIPES["tensor_hmma"]: 63.0,
+    nvml.GPM_PIPES["tensor_imma"]: 0.0,
+    nvml.GPM_PIPES["tensor_dfma"]: 0.0,
+    nvml.GPM_PIPES["fp32"]: 18.0,
+    nvml.GPM_PIPES["fp16"]: 9.0,
+    nvml.GPM_PIPES["fp64"]: 0.0,
+}
+
 
 class SimulatedNVML:
     """pynvml's surface over a simulated node; handles are GPU indexes."""
@@ -64,6 +83,8 @@ class SimulatedNVML:
     def __init__(self, *, wall_clock: Callable[[], float] = time.time) -> None:
         self._clock = wall_clock
         self._started = wall_clock()
+        #: GPM sample buffers by address: [buffer, GPU, timestamp µs] (None until taken).
+        self._gpm_samples: dict[int, list[Any]] = {}
 
     # -- helpers ---------------------------------------------------------------
 
@@ -225,3 +246,47 @@ class SimulatedNVML:
 
     def nvmlEventSetFree(self, event_set: Any) -> None:
         return None
+
+    # -- GPM: samples are small ctypes buffers, like NVML's opaque handles ----------
+
+    def nvmlGpmQueryDeviceSupport(self, handle: Any) -> Any:
+        self._check(handle)
+        return SimpleNamespace(version=1, isSupportedDevice=1)
+
+    def nvmlGpmSampleAlloc(self) -> Any:
+        buffer = ctypes.create_string_buffer(16)
+        self._gpm_samples[ctypes.addressof(buffer)] = [buffer, None, None]
+        return ctypes.cast(buffer, nvml.GPMSample)
+
+    def _gpm_entry(self, sample: Any) -> list[Any]:
+        entry = self._gpm_samples.get(ctypes.cast(sample, ctypes.c_void_p).value or 0)
+        if entry is None:
+            raise SimulatedNVMLError(nvml.ERROR_UNKNOWN)
+        return entry
+
+    def nvmlGpmSampleFree(self, sample: Any) -> None:
+        self._gpm_entry(sample)
+        del self._gpm_samples[ctypes.cast(sample, ctypes.c_void_p).value or 0]
+
+    def nvmlGpmSampleGet(self, handle: Any, sample: Any) -> Any:
+        entry = self._gpm_entry(sample)
+        entry[1], entry[2] = self._check(handle), int(self._clock() * 1e6)
+        return sample
+
+    def nvmlGpmMetricsGet(self, request: Any) -> Any:
+        """Mean utilization between the two samples × the activity profile, percent."""
+        _, gpu, start = self._gpm_entry(request.sample1)
+        _, other, end = self._gpm_entry(request.sample2)
+        if gpu is None or gpu != other or end <= start:
+            raise SimulatedNVMLError(nvml.ERROR_UNKNOWN)
+        periods = range(start // SAMPLE_PERIOD_US + 1, end // SAMPLE_PERIOD_US + 1)
+        busy = [self.utilization_at(gpu, k * SAMPLE_PERIOD_US) for k in periods] or [
+            self.utilization_at(gpu, end)
+        ]
+        mean = sum(busy) / len(busy)
+        for slot in range(request.numMetrics):
+            metric = request.metrics[slot]
+            per_busy = _GPM_PER_BUSY.get(int(metric.metricId))
+            metric.nvmlReturn = 0 if per_busy is not None else nvml.ERROR_NOT_SUPPORTED
+            metric.value = 0.0 if per_busy is None else min(100.0, per_busy * mean)
+        return request

@@ -41,6 +41,14 @@ class DiagnosisConfig:
     idle_utilization_ratio: float = contract.GPU_IDLE_RATIO
     #: compute: below this GPU utilization the advice points at host-side overhead.
     busy_utilization_ratio: float = 0.6
+    #: compute (GPM): a busy GPU whose SMs are active less than this is launch-bound.
+    sm_active_low_ratio: float = contract.GPU_SM_ACTIVE_LOW
+    #: compute (GPM): tensor pipes active less than this on active SMs: no mixed precision.
+    tensor_idle_ratio: float = contract.GPU_TENSOR_IDLE
+    #: compute (GPM): DRAM interface active at least this much: memory-bound.
+    dram_active_ceiling_ratio: float = contract.GPU_DRAM_ACTIVE_CEILING
+    #: compute: memory used within this share of the total is an out-of-memory risk.
+    memory_headroom_ratio: float = contract.GPU_MEMORY_HEADROOM_RATIO
     #: scheduling: a rank without a step for this long has stalled (seconds).
     stall_seconds: float = 120.0
 
@@ -67,6 +75,11 @@ def parse_diagnosis(section: Section) -> DiagnosisConfig:
         straggler_factor=section.number("straggler_factor", default.straggler_factor, 1, 100),
         idle_utilization_ratio=ratio("idle_utilization_ratio", default.idle_utilization_ratio),
         busy_utilization_ratio=ratio("busy_utilization_ratio", default.busy_utilization_ratio),
+        sm_active_low_ratio=ratio("sm_active_low_ratio", default.sm_active_low_ratio),
+        tensor_idle_ratio=ratio("tensor_idle_ratio", default.tensor_idle_ratio),
+        dram_active_ceiling_ratio=ratio(
+            "dram_active_ceiling_ratio", default.dram_active_ceiling_ratio),
+        memory_headroom_ratio=ratio("memory_headroom_ratio", default.memory_headroom_ratio),
         stall_seconds=section.number("stall_seconds", default.stall_seconds, 1, 86400),
     )
     section.finish()

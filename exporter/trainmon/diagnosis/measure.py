@@ -4,7 +4,11 @@ Every value is read from the metric contract (docs/metrics.md), never from a
 collector's internals, so the same code serves the daemon and ``doctor``:
 
 - GPUs: ``trainmon_gpu_utilization_ratio`` (mean over the window),
-  ``trainmon_gpu_sawtooth_ratio`` (latest), ``trainmon_gpu_memory_used_bytes``;
+  ``trainmon_gpu_sawtooth_ratio`` (latest), ``trainmon_gpu_memory_used_bytes``
+  and ``trainmon_gpu_memory_total_bytes`` (latest) and, on GPUs with GPM
+  (Hopper and newer), the means of ``trainmon_gpu_sm_active_ratio``,
+  ``trainmon_gpu_sm_occupancy_ratio``, ``trainmon_gpu_tensor_active_ratio``,
+  ``trainmon_gpu_dram_active_ratio`` and ``trainmon_gpu_pipe_active_ratio{pipe}``;
 - ranks: increases of ``trainmon_training_step_seconds_sum``/``_count``,
   ``trainmon_training_data_wait_seconds_total``,
   ``trainmon_training_phase_seconds_total{phase}`` and, for ranks that measure
@@ -35,6 +39,10 @@ from trainmon.diagnosis.samples import Labels, Window, labels_of
 MEASURED_SAMPLES = frozenset({
     "trainmon_gpu_utilization_ratio", "trainmon_gpu_info", "trainmon_gpu_up",
     "trainmon_gpu_sawtooth_ratio", "trainmon_gpu_memory_used_bytes",
+    "trainmon_gpu_memory_total_bytes",
+    "trainmon_gpu_sm_active_ratio", "trainmon_gpu_sm_occupancy_ratio",
+    "trainmon_gpu_tensor_active_ratio", "trainmon_gpu_dram_active_ratio",
+    "trainmon_gpu_pipe_active_ratio",
     "trainmon_training_rank_info", "trainmon_training_last_step_timestamp_seconds",
     "trainmon_training_last_report_timestamp_seconds",
     "trainmon_training_step_seconds_count", "trainmon_training_step_seconds_sum",
@@ -58,6 +66,29 @@ class GPUState:
     utilization: float | None
     sawtooth: float | None
     memory_used_bytes: float | None
+    memory_total_bytes: float | None = None
+    #: GPM activity, means over the window (0-1); None on GPUs without GPM.
+    #: SMs busy, resident warps over the SMs' maximum, time a tensor pipe was
+    #: active, DRAM bandwidth used over its peak (docs/metrics.md, GPM activity).
+    sm_active: float | None = None
+    sm_occupancy: float | None = None
+    tensor_active: float | None = None
+    dram_active: float | None = None
+    #: ``(pipe, mean active ratio)`` of ``trainmon_gpu_pipe_active_ratio``, by pipe name.
+    pipes: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def memory_used_ratio(self) -> float | None:
+        """Memory used over memory total (0-1), when both are exported."""
+        if self.memory_used_bytes is None or not self.memory_total_bytes:
+            return None
+        return self.memory_used_bytes / self.memory_total_bytes
+
+    @property
+    def has_gpm(self) -> bool:
+        """Whether the GPU exports GPM activity: its SM active ratio, on which the
+        compute findings rest (a GPU lacking that metric counts as without GPM)."""
+        return self.sm_active is not None
 
 
 @dataclass(frozen=True)
@@ -192,8 +223,26 @@ def _gpus(window: Window) -> tuple[GPUState, ...]:
             utilization=window.mean("trainmon_gpu_utilization_ratio", key),
             sawtooth=window.latest("trainmon_gpu_sawtooth_ratio").get(key),
             memory_used_bytes=window.latest("trainmon_gpu_memory_used_bytes").get(key),
+            memory_total_bytes=window.latest("trainmon_gpu_memory_total_bytes").get(key),
+            sm_active=window.mean("trainmon_gpu_sm_active_ratio", key),
+            sm_occupancy=window.mean("trainmon_gpu_sm_occupancy_ratio", key),
+            tensor_active=window.mean("trainmon_gpu_tensor_active_ratio", key),
+            dram_active=window.mean("trainmon_gpu_dram_active_ratio", key),
+            pipes=_pipes(window, gpu),
         ))
     return tuple(states)
+
+
+def _pipes(window: Window, gpu: str) -> tuple[tuple[str, float], ...]:
+    pipes = []
+    for labels in window.label_sets("trainmon_gpu_pipe_active_ratio"):
+        labels_dict = dict(labels)
+        if labels_dict.get("gpu") != gpu or "pipe" not in labels_dict:
+            continue
+        value = window.mean("trainmon_gpu_pipe_active_ratio", labels)
+        if value is not None:
+            pipes.append((labels_dict["pipe"], value))
+    return tuple(sorted(pipes))
 
 
 def _ranks(window: Window, comm_phases: tuple[str, ...]) -> tuple[RankState, ...]:

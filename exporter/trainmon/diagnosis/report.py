@@ -29,6 +29,7 @@ from trainmon.diagnosis.rules import (
 )
 from trainmon.diagnosis.samples import Window
 from trainmon.diagnosis.text import (
+    EXTRA_ADVICE,
     advice_text,
     finding_text,
     heading,
@@ -74,6 +75,14 @@ class GPUEntry(TypedDict):
     utilization_ratio: float | None
     sawtooth_ratio: float | None
     memory_used_bytes: float | None
+    memory_total_bytes: float | None
+    #: GPM activity means (0-1); None on GPUs without GPM (before Hopper).
+    sm_active_ratio: float | None
+    sm_occupancy_ratio: float | None
+    tensor_active_ratio: float | None
+    dram_active_ratio: float | None
+    #: ``trainmon_gpu_pipe_active_ratio`` means by pipe; empty without GPM.
+    pipe_active_ratio: dict[str, float]
     #: The job and rank that report this GPU; empty strings when none does.
     job: str
     rank: str
@@ -167,6 +176,14 @@ class EvidenceEntry(TypedDict):
     seconds_since_last_step: float | None
     busiest_link: str
     busiest_link_utilization: float | None
+    sm_active_ratio: float | None
+    sm_occupancy_ratio: float | None
+    tensor_active_ratio: float | None
+    dram_active_ratio: float | None
+    pipe_active_ratio: dict[str, float]
+    gpm_gpus: list[str]
+    memory_used_ratio: float | None
+    memory_full_gpus: list[str]
 
 
 class JobEntry(TypedDict):
@@ -266,6 +283,12 @@ def _gpu_section(node: NodeMeasurements) -> list[GPUEntry]:
             "utilization_ratio": gpu.utilization,
             "sawtooth_ratio": gpu.sawtooth,
             "memory_used_bytes": gpu.memory_used_bytes,
+            "memory_total_bytes": gpu.memory_total_bytes,
+            "sm_active_ratio": gpu.sm_active,
+            "sm_occupancy_ratio": gpu.sm_occupancy,
+            "tensor_active_ratio": gpu.tensor_active,
+            "dram_active_ratio": gpu.dram_active,
+            "pipe_active_ratio": dict(gpu.pipes),
             "job": rank.job if rank else "",
             "rank": rank.rank if rank else "",
             "processes": [
@@ -316,9 +339,18 @@ def _job_entry(verdict: Verdict, lang: str) -> JobEntry:
             for finding in verdict.findings
         ],
         "evidence": _evidence_entry(verdict.evidence),
-        "advice": advice_text(verdict.findings[0].code, lang),
+        "advice": _advice(verdict, lang),
         "nccl": [_nccl_entry(problem, lang) for problem in verdict.nccl],
     }
+
+
+def _advice(verdict: Verdict, lang: str) -> str:
+    """The deciding finding's next step, then those of findings that need one
+    wherever they stand (``text.EXTRA_ADVICE``: an out-of-memory risk)."""
+    codes = [verdict.findings[0].code]
+    codes += [finding.code for finding in verdict.findings[1:]
+              if finding.code in EXTRA_ADVICE and finding.code not in codes]
+    return " ".join(text for code in codes if (text := advice_text(code, lang)))
 
 
 def _evidence_entry(evidence: Evidence) -> EvidenceEntry:
@@ -342,6 +374,14 @@ def _evidence_entry(evidence: Evidence) -> EvidenceEntry:
         "seconds_since_last_step": evidence.seconds_since_last_step,
         "busiest_link": evidence.busiest_link,
         "busiest_link_utilization": evidence.busiest_link_utilization,
+        "sm_active_ratio": evidence.sm_active_ratio,
+        "sm_occupancy_ratio": evidence.sm_occupancy_ratio,
+        "tensor_active_ratio": evidence.tensor_active_ratio,
+        "dram_active_ratio": evidence.dram_active_ratio,
+        "pipe_active_ratio": dict(evidence.pipe_active),
+        "gpm_gpus": list(evidence.gpm_gpus),
+        "memory_used_ratio": evidence.memory_used_ratio,
+        "memory_full_gpus": list(evidence.memory_full_gpus),
     }
 
 
@@ -375,6 +415,8 @@ def render_text(report: Report) -> str:
 
     lines += ["", heading("gpu", lang)]
     lines += [_gpu_line(gpu, lang) for gpu in report["gpus"]] or [f"   {heading('no_gpu', lang)}"]
+    if report["gpus"] and all(gpu["sm_active_ratio"] is None for gpu in report["gpus"]):
+        lines.append(f"   {word('no_gpm', lang)}")
 
     lines += ["", heading("storage", lang)]
     for waiting in report["storage"]["jobs"]:
@@ -414,8 +456,18 @@ def _gpu_line(gpu: GPUEntry, lang: str) -> str:
     parts = [f"   gpu {gpu['gpu']}: {_percent(gpu['utilization_ratio'])} {word('busy', lang)}"]
     if gpu["sawtooth_ratio"] is not None:
         parts.append(f"{word('sawtooth', lang)} {gpu['sawtooth_ratio']:.2f}")
-    if gpu["memory_used_bytes"] is not None:
-        parts.append(f"{gpu['memory_used_bytes'] / 2**30:.1f} {word('used', lang)}")
+    for key, ratio in (("sm_active", gpu["sm_active_ratio"]),
+                       ("sm_occupancy", gpu["sm_occupancy_ratio"]),
+                       ("tensor_active", gpu["tensor_active_ratio"]),
+                       ("dram_active", gpu["dram_active_ratio"])):
+        if ratio is not None:
+            parts.append(f"{word(key, lang)} {_percent(ratio)}")
+    used, total = gpu["memory_used_bytes"], gpu["memory_total_bytes"]
+    if used is not None and total:
+        parts.append(f"{used / 2**30:.1f} {word('memory_of', lang)} {total / 2**30:.1f} "
+                     f"{word('used', lang)} ({_percent(used / total)})")
+    elif used is not None:
+        parts.append(f"{used / 2**30:.1f} {word('used', lang)}")
     owners = []
     if gpu["job"]:
         owners.append(f"{word('job', lang)} {gpu['job']} rank {gpu['rank']}")

@@ -34,7 +34,15 @@ Pure functions of ``NodeMeasurements`` and ``DiagnosisConfig``
 - ``gpu_utilization_ratio``: mean utilization of the job's GPUs (the ``gpu``
   of its ranks, and GPUs its processes hold), plus the count of idle ones.
   NVML counts a GPU running NCCL kernels as busy, so measured exposed
-  communication outranks it (rule 6 comes before the compute verdict).
+  communication outranks it (rule 6 comes before the compute verdict);
+- on GPUs with GPM (Hopper and newer): ``sm_active_ratio``,
+  ``sm_occupancy_ratio``, ``tensor_active_ratio``, ``dram_active_ratio``
+  (means over the job's GPUs that report them) and ``pipe_active`` (per pipe);
+  these tell a GPU that computes from one that merely runs kernels. A busy GPU
+  whose SMs are mostly idle while the job waits for communication is running
+  NCCL kernels: the communication finding carries the SM activity as evidence;
+- ``memory_used_ratio``: the largest memory used / total of the job's GPUs,
+  and ``memory_full_gpus``, those within ``memory_headroom_ratio`` of full.
 
 Rules, in order; the first that fires is the verdict, every rule that fires is
 kept as a finding:
@@ -54,8 +62,18 @@ kept as a finding:
    reports a comm phase, and a NIC or InfiniBand port ran at ≥
    ``link_utilization_ratio`` of its rate;
 8. scheduling ``idle_gpus``: a GPU of the job is idle while it steps;
-9. compute, when nothing above fired: ``gpu_bound`` (GPUs busy or unknown) or
-   ``host_bound`` (GPUs below ``busy_utilization_ratio`` with nothing to wait for).
+9. compute, when nothing above fired: ``host_bound`` (GPUs below
+   ``busy_utilization_ratio`` with nothing to wait for); else, without GPM
+   series, ``gpu_bound`` (GPUs busy or unknown: the verdict rests on
+   utilization alone); else, from the GPM activity, every one that holds, in
+   this order: ``launch_bound`` (SM active below ``sm_active_low_ratio``:
+   small kernels, launch or host overhead), ``memory_bound`` (DRAM active at
+   or above ``dram_active_ceiling_ratio``), ``tensor_idle`` (tensor pipes
+   active below ``tensor_idle_ratio``: no mixed precision) — or, when none
+   does, ``gpu_efficient``, the healthy case;
+10. compute ``oom_risk``, beside whatever verdict: a GPU of the job with less
+    than ``memory_headroom_ratio`` of its memory free (never the deciding
+    finding: it is a risk, not what holds the job back now).
 
 A GPU process belongs to a job when a rank reports its PID, else when a rank
 reports its GPU (a rank in a container reports the PID of its own namespace,
@@ -127,6 +145,19 @@ class Evidence:
     seconds_since_last_step: float | None = None
     busiest_link: str = ""
     busiest_link_utilization: float | None = None
+    #: GPM activity of the job's GPUs (means over those with GPM, 0-1); None
+    #: where no GPU of the job has GPM. ``gpm_gpus`` are the GPUs reporting it.
+    sm_active_ratio: float | None = None
+    sm_occupancy_ratio: float | None = None
+    tensor_active_ratio: float | None = None
+    dram_active_ratio: float | None = None
+    #: ``(pipe, mean active ratio)`` over the job's GPUs with GPM.
+    pipe_active: tuple[tuple[str, float], ...] = ()
+    gpm_gpus: tuple[str, ...] = ()
+    #: The largest memory used / total of the job's GPUs, and the GPUs within
+    #: ``memory_headroom_ratio`` of full.
+    memory_used_ratio: float | None = None
+    memory_full_gpus: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -219,6 +250,8 @@ def _evidence(
     straggler_rank, straggler = _straggler(
         [rank for rank in stepping if rank.steps >= config.min_steps])
     mean_utilization, idle_gpus = _gpu_usage(gpus, config)
+    activity = _gpm_activity(gpus)
+    memory = {gpu.gpu: ratio for gpu in gpus if (ratio := gpu.memory_used_ratio) is not None}
     sawtooths = [gpu.sawtooth for gpu in gpus if gpu.sawtooth is not None]
     last_steps = {rank.rank: rank.last_step_timestamp for rank in ranks
                   if rank.last_step_timestamp is not None}
@@ -250,6 +283,58 @@ def _evidence(
         seconds_since_last_step=None if newest is None else max(0.0, wall_time - newest),
         busiest_link=_link_name(busiest) if busiest else "",
         busiest_link_utilization=busiest.utilization if busiest else None,
+        sm_active_ratio=activity.sm_active,
+        sm_occupancy_ratio=activity.sm_occupancy,
+        tensor_active_ratio=activity.tensor_active,
+        dram_active_ratio=activity.dram_active,
+        pipe_active=activity.pipes,
+        gpm_gpus=activity.gpus,
+        memory_used_ratio=max(memory.values(), default=None),
+        memory_full_gpus=tuple(gpu for gpu, ratio in memory.items()
+                               if ratio >= 1.0 - config.memory_headroom_ratio),
+    )
+
+
+@dataclass(frozen=True)
+class _Activity:
+    """GPM activity means over the GPUs that report it (``gpus``)."""
+
+    gpus: tuple[str, ...] = ()
+    sm_active: float | None = None
+    sm_occupancy: float | None = None
+    tensor_active: float | None = None
+    dram_active: float | None = None
+    pipes: tuple[tuple[str, float], ...] = ()
+
+
+def _gpm_activity(gpus: Sequence[GPUState]) -> _Activity:
+    """Means of the GPM ratios over the GPUs with GPM. A GPU that exports the
+    tensor pipes but not the tensor total counts its busiest tensor pipe."""
+    with_gpm = [gpu for gpu in gpus if gpu.has_gpm]
+    if not with_gpm:
+        return _Activity()
+
+    def mean(values: Sequence[float | None]) -> float | None:
+        known = [value for value in values if value is not None]
+        return sum(known) / len(known) if known else None
+
+    def tensor(gpu: GPUState) -> float | None:
+        if gpu.tensor_active is not None:
+            return gpu.tensor_active
+        return max((value for pipe, value in gpu.pipes if pipe.startswith("tensor")),
+                   default=None)
+
+    pipes: dict[str, list[float]] = {}
+    for gpu in with_gpm:
+        for pipe, value in gpu.pipes:
+            pipes.setdefault(pipe, []).append(value)
+    return _Activity(
+        gpus=tuple(gpu.gpu for gpu in with_gpm),
+        sm_active=mean([gpu.sm_active for gpu in with_gpm]),
+        sm_occupancy=mean([gpu.sm_occupancy for gpu in with_gpm]),
+        tensor_active=mean([tensor(gpu) for gpu in with_gpm]),
+        dram_active=mean([gpu.dram_active for gpu in with_gpm]),
+        pipes=tuple((pipe, sum(values) / len(values)) for pipe, values in sorted(pipes.items())),
     )
 
 
@@ -289,6 +374,19 @@ def _straggler(ranks: Sequence[RankState]) -> tuple[str, float | None]:
 def _job_findings(
     ranks: Sequence[RankState], evidence: Evidence, config: DiagnosisConfig
 ) -> list[Finding]:
+    """The bottleneck rules in order (1-9), then the memory headroom (10)."""
+    findings = _bottleneck_findings(ranks, evidence, config)
+    if evidence.memory_full_gpus:
+        findings.append(Finding("compute", "oom_risk", {
+            "gpus": ",".join(evidence.memory_full_gpus),
+            "ratio": evidence.memory_used_ratio or 0.0,
+            "threshold": config.memory_headroom_ratio}))
+    return findings
+
+
+def _bottleneck_findings(
+    ranks: Sequence[RankState], evidence: Evidence, config: DiagnosisConfig
+) -> list[Finding]:
     findings: list[Finding] = []
     if evidence.stalled_ranks:
         findings.append(Finding("scheduling", "stalled", {
@@ -316,8 +414,13 @@ def _job_findings(
     comm = evidence.comm_ratio or 0.0
     if comm >= config.comm_ratio:
         code = "comm_phase" if evidence.comm_source == "phase" else "comm_exposed"
-        findings.append(Finding("communication", code, {
-            "ratio": comm, "threshold": config.comm_ratio}))
+        values: dict[str, float | str] = {"ratio": comm, "threshold": config.comm_ratio}
+        if _busy_without_compute(evidence, config):
+            # NVML's "busy" GPUs whose SMs are mostly idle run NCCL kernels: more
+            # evidence for communication, none for compute.
+            values["utilization"] = evidence.gpu_utilization_ratio or 0.0
+            values["sm_active"] = evidence.sm_active_ratio or 0.0
+        findings.append(Finding("communication", code, values))
     link = evidence.busiest_link_utilization
     if (not any(rank.comm_wait_seconds is not None for rank in ranks) and link is not None
             and link >= config.link_utilization_ratio):
@@ -334,12 +437,50 @@ def _job_findings(
         findings.append(Finding("compute", "host_bound", {
             "utilization": utilization, "ratio": wait, "comm": comm,
             "threshold": config.busy_utilization_ratio}))
-    else:
-        values: dict[str, float | str] = {"ratio": wait, "comm": comm}
+    elif evidence.sm_active_ratio is None:
+        compute: dict[str, float | str] = {"ratio": wait, "comm": comm}
         if utilization is not None:
-            values["utilization"] = utilization
-        findings.append(Finding("compute", "gpu_bound", values))
+            compute["utilization"] = utilization
+        findings.append(Finding("compute", "gpu_bound", compute))
+    else:
+        findings += _efficiency_findings(evidence, config)
     return findings
+
+
+def _efficiency_findings(evidence: Evidence, config: DiagnosisConfig) -> list[Finding]:
+    """How well busy GPUs with GPM compute: launch-bound, memory-bound, tensor
+    cores idle (each that holds, in this order), else efficient."""
+    sm_active = evidence.sm_active_ratio or 0.0
+    tensor = evidence.tensor_active_ratio
+    dram = evidence.dram_active_ratio
+    values: dict[str, float | str] = {
+        "utilization": evidence.gpu_utilization_ratio or 0.0,
+        "sm_active": sm_active,
+        "tensor_active": tensor if tensor is not None else 0.0,
+        "dram_active": dram if dram is not None else 0.0,
+        "gpus": ",".join(evidence.gpm_gpus),
+    }
+    if evidence.sm_occupancy_ratio is not None:
+        values["sm_occupancy"] = evidence.sm_occupancy_ratio
+    findings = []
+    if sm_active < config.sm_active_low_ratio:
+        findings.append(Finding("compute", "launch_bound", {
+            **values, "threshold": config.sm_active_low_ratio}))
+    if dram is not None and dram >= config.dram_active_ceiling_ratio:
+        findings.append(Finding("compute", "memory_bound", {
+            **values, "threshold": config.dram_active_ceiling_ratio}))
+    if tensor is not None and tensor < config.tensor_idle_ratio:
+        findings.append(Finding("compute", "tensor_idle", {
+            **values, "threshold": config.tensor_idle_ratio}))
+    return findings or [Finding("compute", "gpu_efficient", values)]
+
+
+def _busy_without_compute(evidence: Evidence, config: DiagnosisConfig) -> bool:
+    """GPUs busy by NVML utilization whose SMs (GPM) are mostly idle."""
+    return (evidence.sm_active_ratio is not None
+            and evidence.gpu_utilization_ratio is not None
+            and evidence.gpu_utilization_ratio >= config.busy_utilization_ratio
+            and evidence.sm_active_ratio < config.sm_active_low_ratio)
 
 
 def _sawtooth_with_rising_wait(

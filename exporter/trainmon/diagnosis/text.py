@@ -67,6 +67,15 @@ WORDS: Mapping[str, Pair] = {
                    "有实测的 rank 用实测暴露通信，其余用 comm 阶段"),
     "overlapped": ("overlapped with compute", "与计算重叠"),
     "in_flight": ("while communicating", "通信时带宽"),
+    "sm_active": ("SM active", "SM 活跃"),
+    "sm_occupancy": ("occupancy", "占用率"),
+    "tensor_active": ("tensor", "Tensor Core"),
+    "dram_active": ("DRAM", "显存带宽"),
+    "memory_of": ("of", "/"),
+    "no_gpm": ("no SM/tensor/DRAM activity (GPM needs Hopper or newer): a compute verdict "
+               "rests on utilization alone",
+               "未测到 SM/Tensor Core/显存带宽活跃度（GPM 需要 Hopper 及更新的 GPU）："
+               "计算类结论仅依据利用率"),
 }
 
 FINDINGS: Mapping[str, Pair] = {
@@ -108,12 +117,41 @@ FINDINGS: Mapping[str, Pair] = {
         "GPU 只有 {utilization:.0%} 在忙，而任务几乎不等数据（{ratio:.0%}）"
         "也不等通信（{comm:.0%}）"),
     "gpu_bound": (
-        "GPUs busy ({utilization:.0%}); data wait {ratio:.0%}, communication {comm:.0%}",
-        "GPU 繁忙（{utilization:.0%}）；数据等待 {ratio:.0%}，通信 {comm:.0%}"),
+        "GPUs busy ({utilization:.0%}); data wait {ratio:.0%}, communication {comm:.0%}; "
+        "no SM or tensor activity (GPM) measured, so this rests on utilization alone",
+        "GPU 繁忙（{utilization:.0%}）；数据等待 {ratio:.0%}，通信 {comm:.0%}；"
+        "未测到 SM 与 Tensor Core 活跃度（GPM），此结论仅依据利用率"),
     "gpu_bound_unmeasured": (
         "the job hardly waits for data ({ratio:.0%}) or communication ({comm:.0%}); "
         "GPU utilization was not measured",
         "任务几乎不等数据（{ratio:.0%}）也不等通信（{comm:.0%}）；未测到 GPU 利用率"),
+    "gpu_efficient": (
+        "GPUs {gpus} compute efficiently: {utilization:.0%} busy, SM active {sm_active:.0%}, "
+        "tensor pipes {tensor_active:.0%}, DRAM {dram_active:.0%}",
+        "GPU {gpus} 计算高效：繁忙 {utilization:.0%}，SM 活跃 {sm_active:.0%}，"
+        "Tensor Core {tensor_active:.0%}，显存带宽 {dram_active:.0%}"),
+    "launch_bound": (
+        "GPUs {gpus} look {utilization:.0%} busy but their SMs are active only "
+        "{sm_active:.0%} (threshold {threshold:.0%}): small kernels, launch-bound or host "
+        "overhead",
+        "GPU {gpus} 利用率显示 {utilization:.0%}，但 SM 只有 {sm_active:.0%} 在活跃"
+        "（阈值 {threshold:.0%}）：kernel 太小、受限于 kernel 启动或主机侧开销"),
+    "memory_bound": (
+        "GPUs {gpus} are memory-bound: DRAM active {dram_active:.0%} (threshold "
+        "{threshold:.0%}), SM active {sm_active:.0%}, tensor pipes {tensor_active:.0%}",
+        "GPU {gpus} 受限于显存带宽：显存带宽活跃 {dram_active:.0%}（阈值 {threshold:.0%}），"
+        "SM 活跃 {sm_active:.0%}，Tensor Core {tensor_active:.0%}"),
+    "tensor_idle": (
+        "the tensor pipes of GPUs {gpus} are active only {tensor_active:.0%} "
+        "(threshold {threshold:.0%}) while they are {utilization:.0%} busy: mixed precision "
+        "(bf16/AMP) is not in use",
+        "GPU {gpus} 繁忙 {utilization:.0%}，但 Tensor Core 只有 {tensor_active:.0%} 在活跃"
+        "（阈值 {threshold:.0%}）：没有使用混合精度（bf16/AMP）"),
+    "oom_risk": (
+        "GPU(s) {gpus} of the job use {ratio:.0%} of their memory (less than "
+        "{threshold:.0%} free): out-of-memory risk",
+        "任务的 GPU {gpus} 显存已用 {ratio:.0%}（剩余不足 {threshold:.0%}）："
+        "有显存不足（OOM）风险"),
     "idle_held": (
         "GPU(s) {gpus} are held by pid(s) {pids}, which do no work on them",
         "GPU {gpus} 被进程 {pids} 占用，但没有在上面做任何计算"),
@@ -197,6 +235,45 @@ ADVICE: Mapping[str, Pair] = {
         "profile with torch.profiler.",
         "瓶颈在 GPU 本身，这是健康的状态。若要更快：混合精度（bf16/AMP）、融合算子（torch.compile、"
         "FlashAttention）、增大单卡 batch；用 torch.profiler 分析。"),
+    "gpu_efficient": (
+        "The GPUs spend their time in tensor-core math, the healthy case. To go faster: "
+        "fused kernels (torch.compile, FlashAttention), FP8 on Hopper (Transformer Engine), "
+        "a larger batch per GPU, or more GPUs; profile with torch.profiler or nsys.",
+        "GPU 的时间主要花在 Tensor Core 的矩阵运算上，这是健康的状态。若要更快：融合算子"
+        "（torch.compile、FlashAttention）、Hopper 上用 FP8（Transformer Engine）、增大单卡 batch "
+        "或增加 GPU；用 torch.profiler 或 nsys 分析。"),
+    "launch_bound": (
+        "The GPU waits for work between small kernels: capture the step in CUDA graphs "
+        "(torch.compile(mode='reduce-overhead') or torch.cuda.CUDAGraph), fuse kernels with "
+        "torch.compile, raise the batch size per GPU, and cut Python work per step; nsys "
+        "shows the gaps between kernels.",
+        "GPU 在小 kernel 之间等待任务：用 CUDA Graphs 捕获整步"
+        "（torch.compile(mode='reduce-overhead') 或 torch.cuda.CUDAGraph），"
+        "用 torch.compile 融合算子，增大单卡 batch size，减少每步的 Python 开销；"
+        "nsys 可以看到 kernel 之间的空隙。"),
+    "memory_bound": (
+        "Memory bandwidth is the limit: fuse element-wise operations (torch.compile, "
+        "FlashAttention, fused optimizers with fused=True), keep activations in bf16 to halve "
+        "the bytes, raise the batch size for more arithmetic per byte; ncu's memory workload "
+        "analysis names the kernels.",
+        "瓶颈在显存带宽：融合逐元素算子（torch.compile、FlashAttention、fused=True 的优化器），"
+        "激活用 bf16 以减半访存量，增大 batch 提高计算访存比；用 ncu 的内存分析找出相关 kernel。"),
+    "tensor_idle": (
+        "Use the tensor cores: train in bf16 with torch.autocast(device_type='cuda', "
+        "dtype=torch.bfloat16) (or AMP with a GradScaler for fp16), or at least allow TF32 "
+        "(torch.set_float32_matmul_precision('high')); keep matrix dimensions multiples of 8.",
+        "用上 Tensor Core：用 torch.autocast(device_type='cuda', dtype=torch.bfloat16) 以 bf16 训练"
+        "（fp16 需配合 GradScaler 的 AMP），至少开启 TF32"
+        "（torch.set_float32_matmul_precision('high')）；矩阵维度保持为 8 的倍数。"),
+    "oom_risk": (
+        "Make room in GPU memory before the job runs out: activation checkpointing, a smaller "
+        "micro-batch with gradient accumulation, FSDP/ZeRO sharding of optimizer state, bf16; "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation "
+        "(torch.cuda.memory_summary shows what the caching allocator holds).",
+        "在显存耗尽前腾出空间：激活重计算（activation checkpointing）、"
+        "减小 micro-batch 并配合梯度累积、用 FSDP/ZeRO 切分优化器状态、使用 bf16；"
+        "设置 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True 减少碎片"
+        "（torch.cuda.memory_summary 可查看缓存分配器占用）。"),
     "idle_held": (
         "Find the owner (pod or Slurm job above) and stop the process or reclaim the GPUs; a "
         "leftover notebook or a crashed job's orphan often holds GPU memory.",
@@ -208,6 +285,15 @@ ADVICE: Mapping[str, Pair] = {
         "在训练循环中用 trainmon.client.Reporter 上报步数，trainmon 才能判断任务被什么拖慢。"),
 }
 ADVICE_ALIASES = {"sawtooth_data_wait": "data_wait", "gpu_bound_unmeasured": "gpu_bound"}
+#: Findings whose advice is added to the deciding finding's, wherever they stand.
+EXTRA_ADVICE = ("oom_risk",)
+
+#: Added to a communication finding whose GPUs look busy with idle SMs (GPM).
+NCCL_BUSY_NOTE: Pair = (
+    "; the GPUs look {utilization:.0%} busy but their SMs are active only {sm_active:.0%}: "
+    "that busy time is communication kernels, not compute",
+    "；GPU 利用率显示 {utilization:.0%}，但 SM 只有 {sm_active:.0%} 在活跃："
+    "这些繁忙时间是通信 kernel，不是计算")
 
 NCCL_PROBLEMS: Mapping[str, Pair] = {
     "ib_disabled_with_rdma": (
@@ -260,7 +346,10 @@ def finding_text(code: str, values: Mapping[str, object], lang: str) -> str:
     if code == "gpu_bound" and "utilization" not in values:
         code = "gpu_bound_unmeasured"
     pair = FINDINGS.get(code)
-    return render(pick(pair, lang), values) if pair else code
+    text = render(pick(pair, lang), values) if pair else code
+    if code in ("comm_exposed", "comm_phase") and "sm_active" in values:
+        text += render(pick(NCCL_BUSY_NOTE, lang), values)
+    return text
 
 
 def advice_text(code: str, lang: str) -> str:

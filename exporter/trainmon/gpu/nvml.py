@@ -13,6 +13,8 @@ NVML call into a plain Python value in base units through one chokepoint,
 - ``UNINITIALIZED`` / ``DRIVER_NOT_LOADED`` / ``LIB_RM_VERSION_MISMATCH``: the
   session is dropped and re-opened (rate-limited) — this is how a driver reload
   is survived; meanwhile ``NVMLUnavailable`` is raised;
+- ``ARGUMENT_VERSION_MISMATCH`` (the driver and nvidia-ml-py disagree on a
+  struct version): omitted like ``NOT_SUPPORTED``, for the rest of the session;
 - anything else: the reading is omitted and the GPU is reported as erroring.
 
 A missing library or driver raises ``NVMLUnavailable`` (a
@@ -20,13 +22,16 @@ A missing library or driver raises ``NVMLUnavailable`` (a
 with pynvml's function names (``NVMLLibrary``): ``pynvml`` itself, or the
 simulated node of ``trainmon.demo.gpus``, so the same code serves both. The
 values and errors handed out, and ``NVMLLibrary``, are in ``trainmon.gpu.types``;
-XID events (an event set and its listener thread) in ``trainmon.gpu.events``.
+XID events (an event set and its listener thread) in ``trainmon.gpu.events``;
+GPM activity (the sample buffers and the thread that owns them) in
+``trainmon.gpu.gpm``, over the ``gpm_*`` calls here.
 Device readings are documented in ``docs/metrics.md`` (GPU section).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -36,6 +41,7 @@ from typing import Any, NamedTuple, TypeVar
 import pynvml
 
 from trainmon.gpu.types import (
+    GPMActivity,
     GPUIdentity,
     GPULost,
     GPUProcess,
@@ -59,6 +65,7 @@ ERROR_LIBRARY_NOT_FOUND: int = pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
 ERROR_FUNCTION_NOT_FOUND: int = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
 ERROR_GPU_IS_LOST: int = pynvml.NVML_ERROR_GPU_IS_LOST
 ERROR_LIB_RM_VERSION_MISMATCH: int = pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH
+ERROR_ARGUMENT_VERSION_MISMATCH: int = pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
 ERROR_UNKNOWN: int = pynvml.NVML_ERROR_UNKNOWN
 GPU_UTILIZATION_SAMPLES: int = pynvml.NVML_GPU_UTILIZATION_SAMPLES
 EVENT_XID_CRITICAL_ERROR: int = pynvml.nvmlEventTypeXidCriticalError
@@ -86,6 +93,30 @@ THROTTLE_REASONS: Mapping[str, int] = {
     "app_clocks": pynvml.NVML_PERF_POLICY_TOTAL_APP_CLOCKS,
     "base_clocks": pynvml.NVML_PERF_POLICY_TOTAL_BASE_CLOCKS,
 }
+#: GPM metric ids (``nvmlGpmMetricId_t``, percent 0–100) read by ``NVML.gpm_activity``.
+GPM_SM_ACTIVE: int = pynvml.NVML_GPM_METRIC_SM_UTIL
+GPM_SM_OCCUPANCY: int = pynvml.NVML_GPM_METRIC_SM_OCCUPANCY
+GPM_TENSOR_ACTIVE: int = pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL
+GPM_DRAM_ACTIVE: int = pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL
+#: ``pipe`` label → GPM metric id of that pipe's activity.
+GPM_PIPES: Mapping[str, int] = {
+    "fp16": pynvml.NVML_GPM_METRIC_FP16_UTIL,
+    "fp32": pynvml.NVML_GPM_METRIC_FP32_UTIL,
+    "fp64": pynvml.NVML_GPM_METRIC_FP64_UTIL,
+    "tensor_hmma": pynvml.NVML_GPM_METRIC_HMMA_TENSOR_UTIL,
+    "tensor_imma": pynvml.NVML_GPM_METRIC_IMMA_TENSOR_UTIL,
+    "tensor_dfma": pynvml.NVML_GPM_METRIC_DFMA_TENSOR_UTIL,
+}
+_GPM_METRICS = (
+    GPM_SM_ACTIVE,
+    GPM_SM_OCCUPANCY,
+    GPM_TENSOR_ACTIVE,
+    GPM_DRAM_ACTIVE,
+    *GPM_PIPES.values(),
+)
+#: The ctypes struct of ``nvmlGpmMetricsGet`` and the sample handle type, for the simulated node.
+GPMMetricsGet = pynvml.c_nvmlGpmMetricsGet_t
+GPMSample = pynvml.c_nvmlGpmSample_t
 _ERROR_NAMES = {
     value: name.removeprefix("NVML_ERROR_")
     for name, value in vars(pynvml).items()
@@ -94,7 +125,9 @@ _ERROR_NAMES = {
 _SESSION_ERRORS = frozenset(
     {ERROR_UNINITIALIZED, ERROR_DRIVER_NOT_LOADED, ERROR_LIB_RM_VERSION_MISMATCH}
 )
-_OMITTED_ERRORS = frozenset({ERROR_NOT_SUPPORTED, ERROR_NO_PERMISSION})
+_OMITTED_ERRORS = frozenset(
+    {ERROR_NOT_SUPPORTED, ERROR_NO_PERMISSION, ERROR_ARGUMENT_VERSION_MISMATCH}
+)
 _UNAVAILABLE_HINTS = {
     ERROR_LIBRARY_NOT_FOUND: "libnvidia-ml.so.1 not found: no NVIDIA driver on this host "
     "(in a container, run with the NVIDIA container toolkit so the driver is mounted)",
@@ -150,7 +183,8 @@ class NVML:
         self._unavailable: str | None = None
         self._retry_at = float("-inf")
         self._missing: set[str] = set()
-        self._unsupported: set[tuple[int | None, str, object]] = set()
+        #: (GPU, function, variant) → the code that made it omitted for this session.
+        self._unsupported: dict[tuple[int | None, str, object], int] = {}
         self._logged = LogThrottle(None)  # once per key
 
     # -- session ---------------------------------------------------------------
@@ -181,6 +215,14 @@ class NVML:
         """False once ``function`` (called without a variant) answered NOT_SUPPORTED or
         NO_PERMISSION for GPU ``index`` in this session, or is missing from the driver."""
         return function not in self._missing and (index, function, None) not in self._unsupported
+
+    def omitted_reason(self, index: int | None, function: str) -> str | None:
+        """Why ``function`` (called without a variant) is omitted for GPU ``index``:
+        ``NVML_ERROR_FUNCTION_NOT_FOUND`` or the code it answered; None if it is not."""
+        if function in self._missing:
+            return "NVML_ERROR_FUNCTION_NOT_FOUND"
+        code = self._unsupported.get((index, function, None))
+        return None if code is None else f"NVML_ERROR_{error_name(code)}"
 
     def close(self) -> None:
         with self._lock:
@@ -297,7 +339,7 @@ class NVML:
                 "%s is not in this NVIDIA driver's NVML; its readings are omitted", function
             )
         elif code in _OMITTED_ERRORS:
-            self._unsupported.add(unsupported_key)
+            self._unsupported[unsupported_key] = code
             self._log_once(
                 ("omitted", function, code),
                 "%s: NVML_ERROR_%s on GPU %s; omitted",
@@ -513,6 +555,88 @@ class NVML:
                 int(info.pid), None if info.usedGpuMemory is None else int(info.usedGpuMemory)
             )
             for info in infos
+        )
+
+    # -- GPM (GPU performance monitoring, Hopper and later) -----------------------
+    # Sample buffers are NVML allocations: ``trainmon.gpu.gpm.GPMSampler`` owns
+    # them on one thread and pairs every ``gpm_sample_alloc`` with a free.
+
+    def gpm_support(self, index: int) -> tuple[bool, str | None]:
+        """Whether GPU ``index`` can be sampled with GPM: ``(True, None)``; else
+        ``(False, why)``, with ``why`` None for a transient failure (ask again).
+
+        ``nvmlGpmQueryDeviceSupport`` (``nvmlGpmSupport_t`` v1): a GPU it calls
+        unsupported, ``NOT_SUPPORTED``, ``FUNCTION_NOT_FOUND`` (a driver before
+        GPM) or ``ARGUMENT_VERSION_MISMATCH``. Raises ``GPULost`` for a lost GPU.
+        """
+        session, handle = self._device(index)
+        function = "nvmlGpmQueryDeviceSupport"
+        support = self.query(
+            index, self._library.nvmlGpmQueryDeviceSupport, handle, session=session
+        )
+        if support is None:
+            reason = self.omitted_reason(index, function)
+            return False, None if reason is None else f"{function}: {reason}"
+        if not int(support.isSupportedDevice):
+            return False, f"{function}: this GPU does not support GPM"
+        return True, None
+
+    def gpm_sample_alloc(self) -> Any | None:
+        """A new GPM sample buffer (``nvmlGpmSampleAlloc``), None if none could be had."""
+        return self.query(None, self._library.nvmlGpmSampleAlloc)
+
+    def gpm_sample_free(self, sample: Any) -> None:
+        """Free a buffer of ``gpm_sample_alloc`` (also after the session is gone)."""
+        library = self._library
+        try:
+            library.nvmlGpmSampleFree(sample)
+        except library.NVMLError as error:
+            log.warning("nvmlGpmSampleFree: NVML_ERROR_%s", error_name(error_code(error)))
+
+    def gpm_sample(self, index: int, sample: Any) -> bool:
+        """Take a GPM sample of GPU ``index`` into ``sample`` (``nvmlGpmSampleGet``).
+
+        False if it failed or is not supported (``omitted_reason`` tells which);
+        ``GPULost`` for a lost GPU, ``NVMLUnavailable`` when the session is gone.
+        """
+        session, handle = self._device(index)
+        failed: list[str] = []
+        self.query(
+            index, self._library.nvmlGpmSampleGet, handle, sample, session=session, failed=failed
+        )
+        return not failed and self.supports(index, "nvmlGpmSampleGet")
+
+    def gpm_activity(self, index: int, older: Any, newer: Any) -> GPMActivity | None:
+        """GPU ``index``'s activity between two of its samples (``nvmlGpmMetricsGet``,
+        ``nvmlGpmMetricsGet_t`` v1), percent → ratio 0–1; metrics NVML does not
+        report on this GPU are left out. None if the call failed or is unsupported.
+        """
+        request = GPMMetricsGet()
+        request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(_GPM_METRICS)
+        request.sample1 = older
+        request.sample2 = newer
+        slots = request.metrics  # one view of the array, not one per access
+        for slot, metric in enumerate(_GPM_METRICS):
+            slots[slot].metricId = metric
+        result = self.query(index, self._library.nvmlGpmMetricsGet, request)
+        if result is None:
+            return None
+        ratios: dict[int, float] = {}
+        slots = result.metrics
+        for slot in range(len(_GPM_METRICS)):
+            metric = slots[slot]
+            value = float(metric.value)
+            if int(metric.nvmlReturn) == 0 and math.isfinite(value):
+                ratios[int(metric.metricId)] = min(1.0, max(0.0, value / 100))  # % → 0–1
+        return GPMActivity(
+            sm_active_ratio=ratios.get(GPM_SM_ACTIVE),
+            sm_occupancy_ratio=ratios.get(GPM_SM_OCCUPANCY),
+            tensor_active_ratio=ratios.get(GPM_TENSOR_ACTIVE),
+            dram_active_ratio=ratios.get(GPM_DRAM_ACTIVE),
+            pipe_active_ratio={
+                pipe: ratios[metric] for pipe, metric in GPM_PIPES.items() if metric in ratios
+            },
         )
 
 

@@ -48,6 +48,11 @@ class NVMLLibrary(Protocol):
     def nvmlDeviceRegisterEvents(self, handle: Any, kinds: int, event_set: Any) -> None: ...
     def nvmlEventSetWait_v2(self, event_set: Any, timeout_ms: int) -> Any: ...
     def nvmlEventSetFree(self, event_set: Any) -> None: ...
+    def nvmlGpmQueryDeviceSupport(self, handle: Any) -> Any: ...
+    def nvmlGpmSampleAlloc(self) -> Any: ...
+    def nvmlGpmSampleFree(self, sample: Any) -> None: ...
+    def nvmlGpmSampleGet(self, handle: Any, sample: Any) -> Any: ...
+    def nvmlGpmMetricsGet(self, request: Any) -> Any: ...
 
 
 class NVMLUnavailable(CollectorUnavailable):
@@ -98,3 +103,23 @@ class GPUProcess:
 
     pid: int
     used_memory_bytes: int | None
+
+
+@dataclass(frozen=True)
+class GPMActivity:
+    """What one GPU's SMs and memory did between two GPM samples, ratios 0–1.
+
+    From ``nvmlGpmMetricsGet`` (NVML reports percent); ``None`` or a missing
+    pipe = NVML does not report that metric on this GPU. ``sm_active_ratio``
+    is the share of SMs busy (``NVML_GPM_METRIC_SM_UTIL``, DCGM's
+    ``PROF_SM_ACTIVE``), ``sm_occupancy_ratio`` resident warps over the maximum,
+    ``tensor_active_ratio`` any tensor pipe, ``dram_active_ratio`` DRAM
+    bandwidth used over the peak; ``pipe_active_ratio`` by pipe (``fp16``,
+    ``fp32``, ``fp64``, ``tensor_hmma``, ``tensor_imma``, ``tensor_dfma``).
+    """
+
+    sm_active_ratio: float | None = None
+    sm_occupancy_ratio: float | None = None
+    tensor_active_ratio: float | None = None
+    dram_active_ratio: float | None = None
+    pipe_active_ratio: Mapping[str, float] = field(default_factory=dict)

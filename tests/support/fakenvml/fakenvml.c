@@ -12,7 +12,7 @@
  * fakenvml_set_time() (tests that need determinism).
  *
  * Build with -DFAKENVML_OLD_DRIVER to leave out the symbols an old driver
- * lacks (field values, energy, event wait v2, process list v3).
+ * lacks (field values, energy, event wait v2, process list v3, GPM).
  */
 #include <math.h>
 #include <pthread.h>
@@ -30,7 +30,7 @@
 enum {
     OK = 0, UNINITIALIZED = 1, INVALID_ARGUMENT = 2, NOT_SUPPORTED = 3,
     NOT_FOUND = 6, INSUFFICIENT_SIZE = 7, DRIVER_NOT_LOADED = 9, TIMEOUT = 10,
-    GPU_IS_LOST = 15, UNKNOWN = 999
+    MEMORY = 20, GPU_IS_LOST = 15, ARGUMENT_VERSION_MISMATCH = 25, UNKNOWN = 999
 };
 
 typedef struct nvmlDevice_st { unsigned int index; } *nvmlDevice_t;
@@ -56,11 +56,13 @@ typedef struct { enum pattern kind; double a, b, c, d; } util_t; /* see util_at(
 typedef struct { int gpu; double at; unsigned long long code; } xid_t;
 typedef struct { int gpu; char name[64]; } unsupported_t;       /* gpu -1 = every GPU */
 typedef struct { int gpu; unsigned int pid; unsigned long long bytes; } process_t;
+typedef struct { double sm, occupancy, tensor, dram; } gpm_t;   /* percent, see gpm_value() */
+typedef struct { int gpu; unsigned int metric; } gpm_metric_rule_t;
 
 static struct {
     char path[4096];
     int count, sparse_idle[MAX_GPUS], no_samples[MAX_GPUS], no_aggregate[MAX_GPUS];
-    double lost_at[MAX_GPUS], unloaded_from, unloaded_to, sample_period;
+    double lost_at[MAX_GPUS], found_at[MAX_GPUS], unloaded_from, unloaded_to, sample_period;
     char name[96], driver[80];
     util_t util[MAX_GPUS];
     xid_t xids[MAX_RULES]; int nxids;
@@ -68,6 +70,8 @@ static struct {
     unsupported_t unsupported_fields[MAX_RULES]; int nunsupported_fields;
     unsupported_t failing[MAX_RULES]; int nfailing;
     process_t processes[MAX_RULES]; int nprocesses;
+    gpm_t gpm[MAX_GPUS]; int gpm_unsupported[MAX_GPUS]; unsigned int gpm_version;
+    gpm_metric_rule_t gpm_missing[MAX_RULES]; int ngpm_missing;
 } sc;
 
 struct nvmlEventSet_st { unsigned long long mask[MAX_GPUS]; double since[MAX_GPUS];
@@ -114,6 +118,11 @@ static void set_flag(int *flags, const char *target) {
     for (int i = 0; i < MAX_GPUS; i++) if (gpu < 0 || gpu == i) flags[i] = 1;
 }
 
+static void set_gpm(const char *target, gpm_t gpm) {
+    int gpu = gpu_arg(target);
+    for (int i = 0; i < MAX_GPUS; i++) if (gpu < 0 || gpu == i) sc.gpm[i] = gpm;
+}
+
 static int load_scenario(const char *path) {
     FILE *file = fopen(path, "r");
     if (!file) { fprintf(stderr, "fakenvml: cannot open scenario %s\n", path); return UNKNOWN; }
@@ -121,9 +130,10 @@ static int load_scenario(const char *path) {
     snprintf(sc.path, sizeof sc.path, "%s", path);
     sc.count = 1; sc.sample_period = 1.0 / 6; sc.unloaded_from = sc.unloaded_to = -1;
     strcpy(sc.name, "NVIDIA H100 80GB HBM3"); strcpy(sc.driver, "550.54.15");
-    for (int i = 0; i < MAX_GPUS; i++) { sc.lost_at[i] = -1; sc.util[i] = (util_t){STEADY, 0, 0, 0, 0}; }
+    for (int i = 0; i < MAX_GPUS; i++) { sc.lost_at[i] = -1; sc.found_at[i] = -1; sc.util[i] = (util_t){STEADY, 0, 0, 0, 0}; }
+    sc.gpm_version = 1;
     char line[512], word[64], target[16], text[96];
-    double a, b, c, d; unsigned long long code; int n;
+    double a, b, c, d; unsigned long long code; int n, k; unsigned int metric;
     while (fgets(line, sizeof line, file)) {
         char *hash = strchr(line, '#'); if (hash) *hash = 0;
         if (sscanf(line, "%63s", word) != 1) continue;
@@ -134,7 +144,13 @@ static int load_scenario(const char *path) {
         else if (sscanf(line, "steady %15s %lf %lf", target, &a, &b) == 3) set_util(target, (util_t){STEADY, a, b, 0, 0});
         else if (sscanf(line, "square %15s %lf %lf %lf %lf", target, &a, &b, &c, &d) == 5) set_util(target, (util_t){SQUARE, a, b, c, d});
         else if (sscanf(line, "saw %15s %lf %lf %lf %lf", target, &a, &b, &c, &d) == 5) set_util(target, (util_t){SAW, a, b, c, d});
-        else if (sscanf(line, "lost %d %lf", &n, &a) == 2 && n >= 0 && n < MAX_GPUS) sc.lost_at[n] = a;
+        else if ((k = sscanf(line, "lost %d %lf %lf", &n, &a, &b)) >= 2 && n >= 0 && n < MAX_GPUS) {
+            sc.lost_at[n] = a; sc.found_at[n] = k == 3 ? b : -1;
+        } else if (sscanf(line, "gpm_unsupported %15s", target) == 1) set_flag(sc.gpm_unsupported, target);
+        else if (sscanf(line, "gpm_metric_unsupported %15s %u", target, &metric) == 2 && sc.ngpm_missing < MAX_RULES)
+            sc.gpm_missing[sc.ngpm_missing++] = (gpm_metric_rule_t){gpu_arg(target), metric};
+        else if (sscanf(line, "gpm_version %u", &metric) == 1) sc.gpm_version = metric;
+        else if (sscanf(line, "gpm %15s %lf %lf %lf %lf", target, &a, &b, &c, &d) == 5) set_gpm(target, (gpm_t){a, b, c, d});
         else if (sscanf(line, "xid %d %lf %llu", &n, &a, &code) == 3 && sc.nxids < MAX_RULES)
             sc.xids[sc.nxids++] = (xid_t){n, a, code};
         else if (sscanf(line, "unsupported_field %15s %63s", target, text) == 2 && sc.nunsupported_fields < MAX_RULES) {
@@ -193,7 +209,8 @@ static int check(nvmlDevice_t dev, const char *function) {
     if (sc.unloaded_from >= 0 && session_start < sc.unloaded_from && t >= sc.unloaded_to) return UNINITIALIZED;
     if (dev == NULL) return OK;
     if (dev < devices || dev >= devices + sc.count) return INVALID_ARGUMENT;
-    if (sc.lost_at[dev->index] >= 0 && t >= sc.lost_at[dev->index]) return GPU_IS_LOST;
+    if (sc.lost_at[dev->index] >= 0 && t >= sc.lost_at[dev->index]
+        && (sc.found_at[dev->index] < 0 || t < sc.found_at[dev->index])) return GPU_IS_LOST;
     if (named(sc.unsupported, sc.nunsupported, dev->index, function)) return NOT_SUPPORTED;
     if (named(sc.failing, sc.nfailing, dev->index, function)) return UNKNOWN;
     return OK;
@@ -470,3 +487,120 @@ EXPORT int nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsign
 #endif
 
 EXPORT int nvmlEventSetFree(nvmlEventSet_t set) { ENTER(NULL); free(set); return OK; }
+
+
+/* -- GPM: sample buffers from a fixed pool (so that a stale or freed pointer
+ * is caught, not dereferenced), each stamped with its GPU and the fake time;
+ * metrics are the scenario's percentages, constant over any interval ------- */
+#define GPM_POOL 512
+#define GPM_METRIC_MAX 477      /* NVML_GPM_METRIC_MAX as pynvml 13 declares it */
+struct nvmlGpmSample_st { int in_use, taken; unsigned int gpu; double t; };
+typedef struct nvmlGpmSample_st *nvmlGpmSample_t;
+typedef struct { unsigned int version, isSupportedDevice; } nvmlGpmSupport_t;
+typedef struct { char *shortName, *longName, *unit; } nvmlGpmMetricInfo_t;
+typedef struct { unsigned int metricId; int nvmlReturn; double value; nvmlGpmMetricInfo_t metricInfo; } nvmlGpmMetric_t;
+typedef struct { unsigned int version, numMetrics; nvmlGpmSample_t sample1, sample2;
+                 nvmlGpmMetric_t metrics[GPM_METRIC_MAX]; } nvmlGpmMetricsGet_t;
+
+static struct nvmlGpmSample_st gpm_pool[GPM_POOL];
+static unsigned long long gpm_allocs, gpm_frees, gpm_samples;
+
+EXPORT unsigned long long fakenvml_gpm_allocs(void) { return __atomic_load_n(&gpm_allocs, __ATOMIC_RELAXED); }
+EXPORT unsigned long long fakenvml_gpm_frees(void) { return __atomic_load_n(&gpm_frees, __ATOMIC_RELAXED); }
+EXPORT unsigned long long fakenvml_gpm_samples(void) { return __atomic_load_n(&gpm_samples, __ATOMIC_RELAXED); }
+
+__attribute__((unused)) static int in_pool(nvmlGpmSample_t s) { return s >= gpm_pool && s < gpm_pool + GPM_POOL && s->in_use; }
+
+/* Percent of metric `id` on GPU i: sm, occupancy, tensor, dram from the scenario;
+ * pipes derived from them (HMMA = tensor, FP32 = sm / 2, FP16 = sm / 4, IMMA,
+ * DFMA, FP64 = 0). Returns NOT_SUPPORTED for a metric the scenario leaves out. */
+__attribute__((unused)) static int gpm_value(unsigned int i, unsigned int id, double *value, const char **name) {
+    gpm_t g = sc.gpm[i];
+    for (int k = 0; k < sc.ngpm_missing; k++)
+        if ((sc.gpm_missing[k].gpu < 0 || sc.gpm_missing[k].gpu == (int)i) && sc.gpm_missing[k].metric == id) return NOT_SUPPORTED;
+    switch (id) {
+    case 2: *value = g.sm; *name = "SM_UTIL"; break;
+    case 3: *value = g.occupancy; *name = "SM_OCCUPANCY"; break;
+    case 5: *value = g.tensor; *name = "ANY_TENSOR_UTIL"; break;
+    case 6: *value = 0; *name = "DFMA_TENSOR_UTIL"; break;
+    case 7: *value = g.tensor; *name = "HMMA_TENSOR_UTIL"; break;
+    case 9: *value = 0; *name = "IMMA_TENSOR_UTIL"; break;
+    case 10: *value = g.dram; *name = "DRAM_BW_UTIL"; break;
+    case 11: *value = 0; *name = "FP64_UTIL"; break;
+    case 12: *value = g.sm / 2; *name = "FP32_UTIL"; break;
+    case 13: *value = g.sm / 4; *name = "FP16_UTIL"; break;
+    default: return NOT_SUPPORTED;
+    }
+    return OK;
+}
+
+#ifndef FAKENVML_OLD_DRIVER
+EXPORT int nvmlGpmQueryDeviceSupport(nvmlDevice_t dev, nvmlGpmSupport_t *support) {
+    ENTER(dev);
+    if (!support) return INVALID_ARGUMENT;
+    if (support->version != sc.gpm_version) return ARGUMENT_VERSION_MISMATCH;
+    support->isSupportedDevice = !sc.gpm_unsupported[dev->index];
+    return OK;
+}
+
+EXPORT int nvmlGpmSampleAlloc(nvmlGpmSample_t *sample) {
+    ENTER(NULL);
+    if (!sample) return INVALID_ARGUMENT;
+    pthread_mutex_lock(&lock);
+    int rc = MEMORY;
+    for (int k = 0; k < GPM_POOL; k++)
+        if (!gpm_pool[k].in_use) {
+            gpm_pool[k] = (struct nvmlGpmSample_st){1, 0, 0, 0};
+            *sample = &gpm_pool[k]; gpm_allocs++; rc = OK;
+            break;
+        }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+/* Like freeing host memory, this works without a session (after a driver
+ * reload too); a pointer not allocated, or freed already, is refused. */
+EXPORT int nvmlGpmSampleFree(nvmlGpmSample_t sample) {
+    __atomic_fetch_add(&calls, 1, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&lock);
+    int rc = in_pool(sample) ? OK : INVALID_ARGUMENT;
+    if (rc == OK) { sample->in_use = 0; gpm_frees++; }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+EXPORT int nvmlGpmSampleGet(nvmlDevice_t dev, nvmlGpmSample_t sample) {
+    ENTER(dev);
+    if (sc.gpm_unsupported[dev->index]) return NOT_SUPPORTED;
+    pthread_mutex_lock(&lock);
+    int rc = in_pool(sample) ? OK : INVALID_ARGUMENT;
+    if (rc == OK) { sample->taken = 1; sample->gpu = dev->index; sample->t = now(); gpm_samples++; }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+/* sample1 must be the older sample of the same GPU as sample2 (as in NVML). */
+EXPORT int nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *request) {
+    ENTER(NULL);
+    if (!request) return INVALID_ARGUMENT;
+    if (request->version != sc.gpm_version) return ARGUMENT_VERSION_MISMATCH;
+    if (request->numMetrics > GPM_METRIC_MAX) return INVALID_ARGUMENT;
+    pthread_mutex_lock(&lock);
+    nvmlGpmSample_t s1 = request->sample1, s2 = request->sample2;
+    int rc = in_pool(s1) && in_pool(s2) && s1->taken && s2->taken && s1->gpu == s2->gpu
+             && s2->t > s1->t ? OK : INVALID_ARGUMENT;
+    unsigned int gpu = rc == OK ? s1->gpu : 0;
+    pthread_mutex_unlock(&lock);
+    if (rc) return rc;
+    static char unit[] = "%", empty[] = "";
+    for (unsigned int k = 0; k < request->numMetrics; k++) {
+        nvmlGpmMetric_t *m = &request->metrics[k];
+        const char *name = empty;
+        m->value = 0;
+        m->nvmlReturn = gpm_value(gpu, m->metricId, &m->value, &name);
+        m->metricInfo.shortName = (char *)name; m->metricInfo.longName = (char *)name;
+        m->metricInfo.unit = m->nvmlReturn == OK ? unit : empty;
+    }
+    return OK;
+}
+#endif
