@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainmon.background import BackgroundThread
-from trainmon.gpu.nvml import NVML
+from trainmon.gpu.nvml import NVML, poll_quietly
 from trainmon.gpu.types import GPMActivity, GPULost, NVMLUnavailable
 
 log = logging.getLogger(__name__)
@@ -231,9 +231,4 @@ class GPMSampler:
             self.release()
 
     def _poll_quietly(self) -> None:
-        try:
-            self.poll()
-        except NVMLUnavailable as reason:
-            log.debug("GPM sampler idle: %s", reason)
-        except Exception:  # the thread must outlive a bad poll; the next one retries
-            log.exception("GPM sampler poll failed")
+        poll_quietly(self.poll, "GPM sampler", log)

@@ -640,6 +640,18 @@ class NVML:
         )
 
 
+def poll_quietly(poll: Callable[[], object], what: str, logger: logging.Logger) -> None:
+    """One poll of a sampler thread (``what``: "GPM sampler"...): NVML being
+    unavailable only idles it (debug); any other failure is logged with its
+    traceback and the thread goes on, the next poll retries."""
+    try:
+        poll()
+    except NVMLUnavailable as reason:
+        logger.debug("%s idle: %s", what, reason)
+    except Exception:  # the thread must outlive a bad poll
+        logger.exception("%s poll failed", what)
+
+
 def error_code(error: BaseException) -> int:
     """The NVML return code an ``NVMLError`` carries (``ERROR_UNKNOWN`` if none)."""
     value = getattr(error, "value", ERROR_UNKNOWN)

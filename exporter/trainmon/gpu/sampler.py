@@ -45,8 +45,8 @@ from dataclasses import dataclass
 
 from trainmon import contract
 from trainmon.background import BackgroundThread
-from trainmon.gpu.nvml import NVML
-from trainmon.gpu.types import GPULost, NVMLUnavailable
+from trainmon.gpu.nvml import NVML, poll_quietly
+from trainmon.gpu.types import GPULost
 
 log = logging.getLogger(__name__)
 
@@ -222,9 +222,4 @@ class UtilizationSampler:
             self._poll_quietly()
 
     def _poll_quietly(self) -> None:
-        try:
-            self.poll()
-        except NVMLUnavailable as reason:
-            log.debug("utilization sampler idle: %s", reason)
-        except Exception:  # the thread must outlive a bad poll; the next one retries
-            log.exception("utilization sampler poll failed")
+        poll_quietly(self.poll, "utilization sampler", log)
