@@ -37,11 +37,10 @@ from tests.support.workloads import Workload, ranks
 
 pytestmark = pytest.mark.integration
 
-# A node before Hopper (no GPM): the compute verdict rests on utilization alone
-# (gpu_bound); test_gpm_scenarios.py covers GPUs with GPM.
+# A node before Hopper (no `gpm` line: no GPM): the compute verdict rests on
+# utilization alone (gpu_bound); test_gpm_scenarios.py covers GPUs with GPM.
 NODE_SCENARIO = """\
 gpus 10
-gpm_unsupported *
 steady * 95 2
 saw 0 4 0.5 90 0
 steady 1 60 5

@@ -70,7 +70,7 @@ static struct {
     unsupported_t unsupported_fields[MAX_RULES]; int nunsupported_fields;
     unsupported_t failing[MAX_RULES]; int nfailing;
     process_t processes[MAX_RULES]; int nprocesses;
-    gpm_t gpm[MAX_GPUS]; int gpm_unsupported[MAX_GPUS]; unsigned int gpm_version;
+    gpm_t gpm[MAX_GPUS]; int gpm_named[MAX_GPUS]; int gpm_unsupported[MAX_GPUS]; unsigned int gpm_version;
     gpm_metric_rule_t gpm_missing[MAX_RULES]; int ngpm_missing;
 } sc;
 
@@ -120,8 +120,12 @@ static void set_flag(int *flags, const char *target) {
 
 static void set_gpm(const char *target, gpm_t gpm) {
     int gpu = gpu_arg(target);
-    for (int i = 0; i < MAX_GPUS; i++) if (gpu < 0 || gpu == i) sc.gpm[i] = gpm;
+    for (int i = 0; i < MAX_GPUS; i++) if (gpu < 0 || gpu == i) { sc.gpm[i] = gpm; sc.gpm_named[i] = 1; }
 }
+
+/* GPM exists on a GPU that a `gpm` line names and no `gpm_unsupported` line takes away:
+ * a scenario without GPM lines is a pre-Hopper node. */
+__attribute__((unused)) static int gpm_supported(unsigned int i) { return sc.gpm_named[i] && !sc.gpm_unsupported[i]; }
 
 static int load_scenario(const char *path) {
     FILE *file = fopen(path, "r");
@@ -539,7 +543,7 @@ EXPORT int nvmlGpmQueryDeviceSupport(nvmlDevice_t dev, nvmlGpmSupport_t *support
     ENTER(dev);
     if (!support) return INVALID_ARGUMENT;
     if (support->version != sc.gpm_version) return ARGUMENT_VERSION_MISMATCH;
-    support->isSupportedDevice = !sc.gpm_unsupported[dev->index];
+    support->isSupportedDevice = gpm_supported(dev->index);
     return OK;
 }
 
@@ -571,7 +575,7 @@ EXPORT int nvmlGpmSampleFree(nvmlGpmSample_t sample) {
 
 EXPORT int nvmlGpmSampleGet(nvmlDevice_t dev, nvmlGpmSample_t sample) {
     ENTER(dev);
-    if (sc.gpm_unsupported[dev->index]) return NOT_SUPPORTED;
+    if (!gpm_supported(dev->index)) return NOT_SUPPORTED;
     pthread_mutex_lock(&lock);
     int rc = in_pool(sample) ? OK : INVALID_ARGUMENT;
     if (rc == OK) { sample->taken = 1; sample->gpu = dev->index; sample->t = now(); gpm_samples++; }
