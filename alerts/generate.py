@@ -72,6 +72,13 @@ def _number(value: float) -> str:
     return format(round(value, 9), "g")
 
 
+def _integer(value: float) -> str:
+    """A whole number without an exponent: ``10000000``, not ``1e+07``."""
+    if value != int(value):
+        raise ValueError(f"{value} is used as a whole number in the rules")
+    return str(int(value))
+
+
 TOKENS: Mapping[str, str] = {
     "TRAINMON_TARGETS": TRAINMON_TARGETS,
     "DCGM_TARGETS": DCGM_TARGETS,
@@ -99,6 +106,19 @@ TOKENS: Mapping[str, str] = {
     "GPU_TENSOR_IDLE_PERCENT": _number(contract.GPU_TENSOR_IDLE * 100),
     "GPU_MEMORY_FULL_RATIO": _number(1 - contract.GPU_MEMORY_HEADROOM_RATIO),
     "GPU_MEMORY_FULL_PERCENT": _number((1 - contract.GPU_MEMORY_HEADROOM_RATIO) * 100),
+    # Platform signals (issue 15): NCCL over sockets, checkpoint age on spot
+    # instances, NUMA locality. Byte rates are written out in full (no exponent)
+    # for PromQL, in MB/s for prose; the checkpoint age also in minutes.
+    "NCCL_SOCKET_MIN_COMM_RATIO": _number(contract.NCCL_SOCKET_MIN_COMM_RATIO),
+    "NCCL_SOCKET_MIN_COMM_PERCENT": _number(contract.NCCL_SOCKET_MIN_COMM_RATIO * 100),
+    "RDMA_IDLE_BYTES_PER_SECOND": _integer(contract.RDMA_IDLE_BYTES_PER_SECOND),
+    "RDMA_IDLE_MB_PER_SECOND": _number(contract.RDMA_IDLE_BYTES_PER_SECOND / 1e6),
+    "SOCKET_BUSY_BYTES_PER_SECOND": _integer(contract.SOCKET_BUSY_BYTES_PER_SECOND),
+    "SOCKET_BUSY_MB_PER_SECOND": _number(contract.SOCKET_BUSY_BYTES_PER_SECOND / 1e6),
+    "CHECKPOINT_MAX_AGE_SECONDS": _integer(contract.CHECKPOINT_MAX_AGE_SECONDS),
+    "CHECKPOINT_MAX_AGE_MINUTES": _number(contract.CHECKPOINT_MAX_AGE_SECONDS / 60),
+    "NUMA_LOCAL_RATIO_MIN": _number(contract.NUMA_LOCAL_RATIO_MIN),
+    "NUMA_LOCAL_PERCENT_MIN": _number(contract.NUMA_LOCAL_RATIO_MIN * 100),
     "XID_CRITICAL": "|".join(str(code) for code in XID_CRITICAL),
     "XID_CRITICAL_LIST": ", ".join(str(code) for code in XID_CRITICAL),
     "DCGM_XID_CRITICAL": "\n  or ".join(

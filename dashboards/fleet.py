@@ -1,4 +1,4 @@
-"""Fleet: every node and GPU at once — idle and sawtooth GPUs, exporters, XIDs, jobs.
+"""Fleet: every node and GPU at once — idle and sawtooth GPUs, exporters, XIDs, jobs, placement.
 
 Ranked panels link to the Node detail of a node and the Training overview of
 a job, so the fleet view is where an investigation starts.
@@ -47,6 +47,7 @@ def build(variant: Variant) -> Board:
     _glance_row(board)
     _gpu_row(board, variant)
     _jobs_row(board, variant)
+    _placement_row(board, variant)
     variant.fleet_rows(board, variant)
     _health_row(board, variant)
     return board
@@ -183,6 +184,39 @@ def _jobs_row(board: Board, variant: Variant) -> None:
                "{{job}}")],
         minimum=0,
     ).data_links(to_job), width=8)
+
+
+def _placement_row(board: Board, variant: Variant) -> None:
+    board.row("Placement and spot instances")
+    board.add(table_panel(
+        "Zones and leaf switches per job", "short",
+        "How many availability zones and leaf switches the nodes of each job's ranks are "
+        "in (trainmon_node_info zone and leaf; nodes without them are not counted). Good: "
+        "1 and 1 — across zones every collective pays inter-zone latency, across leaves "
+        "extra hops through the spine (TrainmonJobSpansZones, TrainmonJobSpansLeaves).",
+        [Query(promql.JOB_ZONES), Query(promql.JOB_LEAVES)],
+        steps=(Step(None, "green"), Step(2, "red")),
+        renames={"Value #A": "zones", "Value #B": "leaf switches"},
+        links=[variant.row_link(TRAINING, "job")],
+    ), width=8)
+    board.add(table_panel(
+        "Nodes: instance and placement", "none",
+        "Every node's provider, instance type, region, zone and configured placement "
+        "labels (leaf, rack). Click a row for the node.",
+        [Query(f"trainmon_node_info{{{FLEET}}}")],
+        hidden=("Value", "instance", "job"),
+        links=[variant.row_link(NODE, "node")],
+    ), width=10)
+    board.add(stat_panel(
+        "Spot instances", "short",
+        "Nodes on spot (竞价) instances, which the cloud can reclaim with two minutes' "
+        "notice, and of those the ones with a reclaim scheduled now. Good: no reclaim; "
+        "jobs on spot nodes checkpoint often.",
+        [Query(f"count(trainmon_node_spot_instance{{{FLEET}}} == 1) or vector(0)", "spot"),
+         Query(f"count(trainmon_node_spot_termination_timestamp_seconds{{{FLEET}}})"
+               " or vector(0)", "reclaim scheduled")],
+        show_name=True,
+    ), width=6)
 
 
 def _health_row(board: Board, variant: Variant) -> None:

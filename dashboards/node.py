@@ -1,9 +1,11 @@
 """Node detail: everything one training node shows about its GPUs, links, disks and ranks.
 
-Rows: the node at a glance, its GPUs as the trainmon daemon sees them through
-NVML, the variant's own device view (dcgm-exporter or Tencent Cloud Monitor),
-NIC and InfiniBand against their link rates, block devices, and the training
-ranks running here.
+Rows: the node at a glance, its platform (cloud instance, spot status and a
+scheduled reclaim, placement labels), its GPUs as the trainmon daemon sees them
+through NVML, the variant's own device view (dcgm-exporter or Tencent Cloud
+Monitor), NIC and InfiniBand against their link rates, block devices and
+NFS/CFS mounts, and the training ranks running here with the NUMA locality of
+the GPU processes.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dashboards.panels import (
     state_timeline,
     table_panel,
     timeseries,
+    value_mappings,
 )
 from dashboards.promql import NODE_GPUS
 from dashboards.variant import NODE, TRAINING, Variant
@@ -48,6 +51,7 @@ def build(variant: Variant) -> Board:
     for variable in variant.node_variables():
         board.variable(variable)
     _summary_row(board)
+    _platform_row(board)
     _gpu_row(board)
     board.row("GPU activity: how much of each GPU the kernels use (算)")
     add_activity_panels(board, variant, NODE_GPUS, GPU)
@@ -99,6 +103,49 @@ def _summary_row(board: Board) -> None:
         [Query(f"trainmon_build_info{{{N}}}", "{{version}} ({{mode}})", instant=True)],
         name_only=True,
     ), width=7, height=4)
+
+
+#: trainmon_node_spot_instance as text: a spot instance can be reclaimed at short notice.
+SPOT_STATES = value_mappings({"1": ("spot", "orange"), "0": ("not spot", "green")})
+#: trainmon_gpu_numa_node -1: the platform does not say (virtualised hosts).
+NUMA_NODE_TEXT = value_mappings({"-1": ("unknown", "blue")})
+
+
+def _platform_row(board: Board) -> None:
+    board.row("Platform: instance, spot reclaim, placement")
+    board.add(table_panel(
+        "Node identity", "none",
+        "What the platform collector knows about this node: provider (tencent from the CVM "
+        "metadata service, or self-hosted), instance id and type, region, zone, and the "
+        "placement labels configured in collectors.platform.labels (leaf switch, rack). "
+        "Jobs should keep within one zone and, where configured, one leaf.",
+        [Query(f"trainmon_node_info{{{N}}}")],
+        hidden=("Value", "instance", "job", "node"),
+    ), width=12, height=5)
+    board.add(stat_panel(
+        "Spot instance", "none",
+        "Whether the cloud can reclaim this instance at short notice (spot / 竞价). "
+        "On a spot instance, checkpoint often and to storage that survives the instance.",
+        [Query(f"trainmon_node_spot_instance{{{N}}}")],
+        mappings=SPOT_STATES, steps=(Step(None, "green"), Step(1, "orange")),
+    ), width=4, height=5)
+    board.add(stat_panel(
+        "Reclaim in", "s",
+        "Time left until the scheduled reclaim of this spot instance (the metadata "
+        "service's termination time minus now). Good: empty, nothing scheduled; "
+        "TrainmonSpotReclaimScheduled pages while it shows.",
+        [Query(f"clamp_min(trainmon_node_spot_termination_timestamp_seconds{{{N}}}"
+               " - time(), 0)")],
+        steps=(Step(None, "red"),),
+    ), width=4, height=5)
+    board.add(stat_panel(
+        "Metadata service", "none",
+        "Whether the last poll of the instance metadata service gave a valid answer. "
+        "Good: up on cloud instances (spot notices come from there); self-hosted nodes "
+        "have no metadata service.",
+        [Query(f"trainmon_platform_metadata_up{{{N}}}")],
+        mappings=UP_DOWN, steps=(Step(None, "red"), Step(1, "green")),
+    ), width=4, height=5)
 
 
 def _gpu_row(board: Board) -> None:
@@ -273,7 +320,7 @@ def _network_row(board: Board) -> None:
 
 
 def _disk_row(board: Board) -> None:
-    board.row("Disks (存)")
+    board.row("Disks and NFS/CFS mounts (存)")
     board.add(timeseries(
         "Disk IOPS", "iops",
         "Reads and writes completed per second per block device. Good: steady while the "
@@ -305,6 +352,43 @@ def _disk_row(board: Board) -> None:
                f" + rate(trainmon_disk_write_time_seconds_total{{{N}}}[{RATE}]))"
                f" / (rate(trainmon_disk_reads_completed_total{{{N}}}[{RATE}])"
                f" + rate(trainmon_disk_writes_completed_total{{{N}}}[{RATE}]))", "{{device}}")],
+        minimum=0,
+    ), width=6)
+
+    board.add(table_panel(
+        "NFS / CFS mounts", "none",
+        "Network file systems mounted on the node (/proc/1/mountstats): server, export, "
+        "protocol version. CFS is NFS on Tencent Cloud.",
+        [Query(f"trainmon_nfs_mount_info{{{N}}}")],
+        hidden=("Value", "instance", "job", "node"),
+    ), width=6)
+    board.add(timeseries(
+        "NFS throughput", "Bps",
+        "Bytes read from and written to the server per second per NFS mount (the READ and "
+        "WRITE RPC payload that crossed the wire; page-cache hits do not count). Good: "
+        "below the share's bandwidth; flat at it while data wait is high means the share "
+        "limits the job.",
+        [Query(f"rate(trainmon_nfs_read_bytes_total{{{N}}}[{RATE}])", "{{mountpoint}} read"),
+         Query(f"rate(trainmon_nfs_write_bytes_total{{{N}}}[{RATE}])", "{{mountpoint}} write")],
+        minimum=0,
+    ), width=6)
+    board.add(timeseries(
+        "NFS operations", "ops",
+        "NFS operations per second per mount and operation. Good: READ/WRITE dominate; "
+        "many GETATTR/LOOKUP/ACCESS per READ mean small files and metadata load.",
+        [Query(f"sum by (mountpoint, operation) (rate(trainmon_nfs_operations_total{{{N}}}"
+               f"[{RATE}]))", "{{mountpoint}} {{operation}}")],
+        minimum=0,
+    ), width=6)
+    board.add(timeseries(
+        "NFS mean RTT per operation", "s",
+        "Mean round trip per operation (time on the wire and at the server) per mount. "
+        "Good: around a millisecond on CFS in the same zone; tens of milliseconds mean a "
+        "saturated share or server.",
+        [Query(f"sum by (mountpoint, operation) (rate(trainmon_nfs_operation_rtt_seconds_total"
+               f"{{{N}}}[{RATE}])) / (sum by (mountpoint, operation) "
+               f"(rate(trainmon_nfs_operations_total{{{N}}}[{RATE}])) > 0)",
+               "{{mountpoint}} {{operation}}")],
         minimum=0,
     ), width=6)
 
@@ -340,4 +424,24 @@ def _ranks_row(board: Board, variant: Variant) -> None:
         "unknown). Good: every busy GPU has an owner; a process without a pod is a leftover.",
         [Query(f"trainmon_gpu_process_info{{{NODE_GPUS}}}")],
         hidden=("Value", "instance"),
+    ))
+    board.add(timeseries(
+        "NUMA locality of GPU processes", "percentunit",
+        "Share of the CPUs each GPU process may run on that are on its GPU's NUMA node. "
+        "Good: 1 (bound to the right socket) or about 0.5 (unbound on two sockets); below "
+        f"{promql.NUMA_LOCAL_MIN:.0%} (red) the process runs on the far socket. Absent where "
+        "the platform does not report the topology (virtualised hosts: NUMA node -1).",
+        [Query(f"trainmon_gpu_process_numa_local_ratio{{{NODE_GPUS}}}", "GPU {{gpu}} pid {{pid}}")],
+        minimum=0, maximum=1,
+        steps=(Step(None, "red"), Step(promql.NUMA_LOCAL_MIN, "green")),
+    ))
+    board.add(table_panel(
+        "NUMA node of each GPU", "none",
+        "The NUMA node of each GPU's PCI device (bind its processes there with numactl "
+        "--cpunodebind/--membind). unknown: the platform reports -1, as virtualised hosts "
+        "do; binding then is guesswork.",
+        [Query(f"trainmon_gpu_numa_node{{{NODE_GPUS}}}")],
+        hidden=("instance", "job", "node"),
+        mappings=NUMA_NODE_TEXT, steps=(Step(None, "green"),),
+        renames={"Value": "NUMA node"},
     ))

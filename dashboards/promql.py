@@ -48,6 +48,16 @@ DRAM_ACTIVE_CEILING = contract.GPU_DRAM_ACTIVE_CEILING
 #: Memory used at or above this share of the total is nearly full
 #: (``TrainmonGPUMemoryNearlyFull``: less than ``GPU_MEMORY_HEADROOM_RATIO`` left).
 MEMORY_FULL = round(1 - contract.GPU_MEMORY_HEADROOM_RATIO, 9)
+#: A checkpoint older than this (seconds) on a spot instance is overdue
+#: (``TrainmonCheckpointOverdue``).
+CHECKPOINT_MAX_AGE = contract.CHECKPOINT_MAX_AGE_SECONDS
+#: A GPU process with less than this share of its CPUs on its GPU's NUMA node runs on
+#: the far socket (``TrainmonGPUProcessFarNUMA``).
+NUMA_LOCAL_MIN = contract.NUMA_LOCAL_RATIO_MIN
+#: Placement recording rules of alerts/source/common.yml (labelled ``job`` only):
+#: distinct zones and leaf switches under the job's ranks.
+JOB_ZONES = "job:trainmon_placement_zones:count"
+JOB_LEAVES = "job:trainmon_placement_leaves:count"
 
 #: Nodes running the node daemon: its node collectors report, a cloud puller's do not.
 NODE_VARIABLE = 'label_values(trainmon_collector_success{collector=~"gpu|network|disk"}, node)'

@@ -1,8 +1,9 @@
 """Training overview: one job, read the way an engineer checks it — 算 通 存 调.
 
 Top row: the daemon's bottleneck verdict and the headline numbers. Then one row
-per question: step time and stragglers (调), data loading (存), gradient sync
-(通), the job's GPUs and their sawtooth (算), and the alerts that concern it.
+per question: step time and stragglers (调), data loading (存), checkpoints —
+how old, how long, on which storage (存), gradient sync (通), the job's GPUs and
+their sawtooth (算), and the alerts that concern it.
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ def build(variant: Variant) -> Board:
     _verdict_row(board)
     _step_row(board)
     _data_row(board)
+    _checkpoint_row(board)
     _comm_row(board, variant)
     _gpu_row(board, variant)
     variant.training_rows(board, variant)
@@ -243,6 +245,37 @@ def _data_row(board: Board) -> None:
     ))
 
 
+def _checkpoint_row(board: Board) -> None:
+    board.row("Checkpoints (存): age, duration, storage")
+    board.add(timeseries(
+        "Checkpoint age", "s",
+        "Time since the newest checkpoint of the job's ranks on each node. Good: a "
+        "sawtooth that drops at every checkpoint; on a spot instance above "
+        f"{promql.CHECKPOINT_MAX_AGE / 60:.0f} min (dashed) is overdue — a reclaim would "
+        "lose that much work (TrainmonCheckpointOverdue).",
+        [Query(f"time() - max by (node) (trainmon_training_last_checkpoint_timestamp_seconds"
+               f"{{{JOB}}})", "{{node}}")],
+        minimum=0, steps=(Step(None, "green"), Step(promql.CHECKPOINT_MAX_AGE, "red")),
+    ), width=8)
+    board.add(timeseries(
+        "Last checkpoint duration", "s",
+        "How long the job's last checkpoint took on each node (the slowest rank). Good: a "
+        "small share of the checkpoint interval; minutes point at slow storage, see the "
+        "Node detail's disks and NFS mounts.",
+        [Query(f"max by (node) (trainmon_training_last_checkpoint_duration_seconds{{{JOB}}})",
+               "{{node}}")],
+        minimum=0,
+    ), width=8)
+    board.add(table_panel(
+        "Checkpoint storage", "none",
+        "Where the job's checkpoints go: mount point, file system and storage kind. Good: "
+        "cloud_disk (CBS), network_fs (CFS, NFS, Lustre) or object_store (COS); local_disk "
+        "and ephemeral are lost with a cloud instance (TrainmonCheckpointOnLocalDisk).",
+        [Query(f"trainmon_training_checkpoint_storage_info{{{JOB}}}")],
+        hidden=("Value", "instance", "job"),
+    ), width=8)
+
+
 def _comm_row(board: Board, variant: Variant) -> None:
     board.row("Communication (通)")
     board.add(timeseries(
@@ -352,6 +385,18 @@ def _gpu_row(board: Board, variant: Variant) -> None:
         [Query(job_gpus(f"({promql.idle_fraction('')})"), NODE_GPU)],
         minimum=0, maximum=1,
     ))
+    board.add(timeseries(
+        "NUMA locality of the job's GPU processes", "percentunit",
+        "Share of the CPUs each process on the job's GPUs may run on that are on the GPU's "
+        "NUMA node. Good: 1 (bound to the GPU's socket) or about 0.5 (unbound on two "
+        f"sockets); below {promql.NUMA_LOCAL_MIN:.0%} (red) it runs on the far socket "
+        "(TrainmonGPUProcessFarNUMA). Absent where the host does not report the topology "
+        "(virtualised hosts).",
+        [Query(job_gpus("trainmon_gpu_process_numa_local_ratio"),
+               "{{node}} GPU {{gpu}} pid {{pid}}")],
+        minimum=0, maximum=1,
+        steps=(Step(None, "red"), Step(promql.NUMA_LOCAL_MIN, "green")),
+    ), width=24, height=6)
     board.row("The job's GPUs (算) — how much of each GPU the kernels use")
     add_activity_panels(board, variant, "", NODE_GPU, scope=job_gpus, suffix=" (job's GPUs)")
 

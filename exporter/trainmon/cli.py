@@ -32,6 +32,8 @@ from trainmon.config import (
     InfinibandConfig,
     ListenAddress,
     NetworkConfig,
+    NFSConfig,
+    NumaConfig,
     PathsConfig,
     TrainingConfig,
     load_config,
@@ -43,6 +45,7 @@ from trainmon.core.registry import CollectorRegistry
 from trainmon.diagnosis.config import DiagnosisConfig
 from trainmon.http.push import PushHandler
 from trainmon.http.webconfig import WebConfig, load_web_config
+from trainmon.platform.config import PlatformConfig
 from trainmon.settings import ConfigError
 from trainmon.tencent.config import TencentConfig
 
@@ -118,7 +121,9 @@ def _gpu(section: GPUConfig, wiring: Wiring) -> Collector:
 def _training(section: TrainingConfig, wiring: Wiring) -> Collector:
     from trainmon.collectors.training import TrainingCollector
 
-    return TrainingCollector(section)
+    return TrainingCollector(
+        section, proc_root=wiring.paths.proc, sys_root=wiring.paths.sys
+    )
 
 
 def _tencent(section: TencentConfig, wiring: Wiring) -> Collector:
@@ -139,6 +144,34 @@ def _attribution(section: AttributionConfig, wiring: Wiring) -> Collector:
     )
 
 
+def _nfs(section: NFSConfig, wiring: Wiring) -> Collector:
+    from trainmon.collectors.nfs import NFSCollector
+
+    return NFSCollector(section, wiring.paths.proc)
+
+
+def _numa(section: NumaConfig, wiring: Wiring) -> Collector:
+    from trainmon.collectors.gpu import GPUCollector
+    from trainmon.collectors.numa import NumaCollector
+
+    gpu = wiring.built["gpu"]
+    if not isinstance(gpu, GPUCollector):
+        raise TypeError(f"numa needs the GPU collector, got {gpu!r}")
+    return NumaCollector(section, wiring.paths.proc, wiring.paths.sys, gpu.processes)
+
+
+def _platform(section: PlatformConfig, wiring: Wiring) -> Collector:
+    """The metadata service over HTTP, or the demo's simulated spot instance."""
+    from trainmon.collectors.platform import PlatformCollector
+
+    transport = None
+    if wiring.demo:
+        from trainmon.demo.platform import SimulatedMetadata
+
+        transport = SimulatedMetadata()
+    return PlatformCollector(section, wiring.paths.sys, transport=transport)
+
+
 def _diagnosis(section: DiagnosisConfig, wiring: Wiring) -> Collector:
     from trainmon.collectors.diagnosis import DiagnosisCollector
 
@@ -151,11 +184,15 @@ COLLECTORS: tuple[CollectorEntry[Any], ...] = (
     CollectorEntry("network", lambda c: c.network, _network),
     CollectorEntry("infiniband", lambda c: c.infiniband, _infiniband),
     CollectorEntry("disk", lambda c: c.disk, _disk),
+    CollectorEntry("nfs", lambda c: c.nfs, _nfs),
     CollectorEntry("gpu", lambda c: c.gpu, _gpu),
     CollectorEntry("training", lambda c: c.training, _training),
+    CollectorEntry("platform", lambda c: c.platform, _platform),
     CollectorEntry("tencent", lambda c: c.tencent, _tencent, real_only=True),
     CollectorEntry("attribution", lambda c: c.attribution, _attribution,
                    derived=True, requires=("gpu",)),
+    # reads the GPUs' bus ids from trainmon_gpu_info of the same scrape
+    CollectorEntry("numa", lambda c: c.numa, _numa, derived=True, requires=("gpu",)),
     # last: the diagnosis reads the families collected before it
     CollectorEntry("diagnosis", lambda c: c.diagnosis, _diagnosis, derived=True),
 )

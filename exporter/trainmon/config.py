@@ -21,6 +21,7 @@ import yaml
 from trainmon import contract
 from trainmon.attribution.config import AttributionConfig, parse_attribution
 from trainmon.diagnosis.config import DiagnosisConfig, parse_diagnosis
+from trainmon.platform.config import PlatformConfig, parse_platform
 from trainmon.settings import Auto, ConfigError, Section
 from trainmon.tencent.config import TencentConfig, parse_tencent
 
@@ -160,6 +161,22 @@ class TrainingConfig:
 
 
 @dataclass(frozen=True)
+class NumaConfig:
+    """NUMA locality of GPU processes (``trainmon.collectors.numa``)."""
+
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class NFSConfig:
+    """NFS/CFS client statistics from mountstats (``trainmon.collectors.nfs``)."""
+
+    enabled: bool = True
+    #: Include/exclude regexes over mount points (``/mnt/cfs``).
+    mountpoints: DeviceFilter = DeviceFilter()
+
+
+@dataclass(frozen=True)
 class CollectorsConfig:
     gpu: GPUConfig = GPUConfig()
     network: NetworkConfig = NetworkConfig()
@@ -169,6 +186,9 @@ class CollectorsConfig:
     tencent: TencentConfig = field(default_factory=TencentConfig)
     attribution: AttributionConfig = field(default_factory=AttributionConfig)
     diagnosis: DiagnosisConfig = field(default_factory=DiagnosisConfig)
+    numa: NumaConfig = NumaConfig()
+    nfs: NFSConfig = NFSConfig()
+    platform: PlatformConfig = field(default_factory=PlatformConfig)
 
 
 @dataclass(frozen=True)
@@ -252,6 +272,23 @@ def _collectors(section: Section) -> CollectorsConfig:
         tencent=parse_tencent(section.section("tencent")),
         attribution=parse_attribution(section.section("attribution")),
         diagnosis=parse_diagnosis(section.section("diagnosis")),
+        numa=_numa(section.section("numa")),
+        nfs=_nfs(section.section("nfs")),
+        platform=parse_platform(section.section("platform")),
+    )
+    section.finish()
+    return result
+
+
+def _numa(section: Section) -> NumaConfig:
+    result = NumaConfig(enabled=section.boolean("enabled", True))
+    section.finish()
+    return result
+
+
+def _nfs(section: Section) -> NFSConfig:
+    result = NFSConfig(
+        enabled=section.boolean("enabled", True), mountpoints=_device_filter(section, None)
     )
     section.finish()
     return result

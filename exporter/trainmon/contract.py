@@ -128,3 +128,51 @@ GPU_MEMORY_HEADROOM_RATIO = 0.05
 #: are ``GPU_SM_ACTIVE_LOW`` and ``GPU_TENSOR_IDLE``; the Node detail's activity
 #: panels draw the same lines.
 GPU_BUSY_UTILIZATION_RATIO = 0.8
+
+#: Platform signals, NCCL transport (article §2.2: "look at the NCCL log: IB or
+#: Socket"). A multi-node job whose ranks wait at least this share (0-1) of each
+#: step for communication (the ``COMM_RATIO`` measure: measured exposed
+#: communication, else the comm phase, of the rank that waits least) moves enough
+#: gradient traffic to show on the links, so ACTIVE RDMA ports that stay idle while
+#: an Ethernet NIC is busy mean NCCL fell back to TCP sockets (diagnosis finding
+#: ``nccl_over_sockets``, alert ``TrainmonNCCLOverSockets``). A third of
+#: ``COMM_RATIO``: the fallback is worth fixing long before the job is
+#: communication-bound.
+NCCL_SOCKET_MIN_COMM_RATIO = 0.1
+
+#: NCCL transport: an ACTIVE InfiniBand/RoCE port (``trainmon_infiniband_port_up``
+#: 1) whose receive + transmit bytes per second stay below this carries no
+#: gradient traffic. Subnet management and RoCE keep-alives are kilobytes per
+#: second; NCCL over IB moves hundreds of MB/s to GB/s per port.
+RDMA_IDLE_BYTES_PER_SECOND = 10e6
+
+#: NCCL transport: an Ethernet NIC (``trainmon_network_*_bytes_total``) whose
+#: receive + transmit bytes per second reach this carries bulk traffic: 100 MB/s
+#: (0.8 Gbit/s) is far above control and logging traffic and well below what
+#: gradients over TCP push through a 10-100 Gbit/s cloud NIC.
+SOCKET_BUSY_BYTES_PER_SECOND = 100e6
+
+#: Checkpoint safety (article §4.1, §6.2): on a spot instance, a job whose last
+#: checkpoint (``trainmon_training_last_checkpoint_timestamp_seconds``) is older
+#: than this many seconds loses that much work when the instance is reclaimed
+#: (diagnosis finding ``checkpoint_overdue``, critical while a reclaim is
+#: scheduled; alert ``TrainmonCheckpointOverdue``). Half an hour is the usual
+#: checkpoint interval of large jobs and what a spot reclaim may cost at most.
+CHECKPOINT_MAX_AGE_SECONDS = 1800.0
+
+#: NUMA binding (article §4.3): a GPU process with less than this share (0-1) of
+#: its allowed CPUs on its GPU's NUMA node
+#: (``trainmon_gpu_process_numa_local_ratio``) runs mostly on the far socket:
+#: host-to-device copies and the NIC cross the inter-socket link (diagnosis
+#: finding ``numa_far``, alert ``TrainmonGPUProcessFarNUMA``). Below a half
+#: most of the process's threads are remote.
+NUMA_LOCAL_RATIO_MIN = 0.5
+
+#: Spot reclaim (article §4.1, §6.2): seconds of notice Tencent Cloud gives
+#: before it reclaims a spot instance ("Two minutes before the interruption, we
+#: will notify you in the form of metadata",
+#: https://intl.cloud.tencent.com/document/product/213/17817). The platform
+#: poller reads ``spot/termination-time`` every 5 s so that most of it is left
+#: (``trainmon_node_spot_termination_timestamp_seconds``); the alert
+#: ``TrainmonSpotReclaimScheduled`` and the dashboards can count down from it.
+SPOT_RECLAIM_NOTICE_SECONDS = 120.0

@@ -72,6 +72,18 @@ ALERT_THRESHOLDS: dict[str, list[tuple[str, float]]] = {
         (r"trainmon_gpu_utilization_ratio\[15m\]\)", contract.GPU_BUSY_UTILIZATION_RATIO)],
     "TrainmonGPUMemoryNearlyFull": [
         (r"trainmon_gpu_memory_total_bytes", 1 - contract.GPU_MEMORY_HEADROOM_RATIO)],
+    # platform signals (issue 15)
+    "TrainmonNCCLOverSockets": [
+        (r"job_rank:trainmon_training_comm:ratio_rate10m\{[^}]*\}\)",
+         contract.NCCL_SOCKET_MIN_COMM_RATIO),
+        (r"trainmon_infiniband_port_up == 1\s*\)", contract.RDMA_IDLE_BYTES_PER_SECOND),
+        (r"trainmon_network_transmit_bytes_total\{[^}]*\}\[10m\]\)\s*\)",
+         contract.SOCKET_BUSY_BYTES_PER_SECOND)],
+    "TrainmonCheckpointOverdue": [
+        (r"\(trainmon_training_last_checkpoint_timestamp_seconds\)",
+         contract.CHECKPOINT_MAX_AGE_SECONDS)],
+    "TrainmonGPUProcessFarNUMA": [
+        (r"trainmon_gpu_process_numa_local_ratio", contract.NUMA_LOCAL_RATIO_MIN)],
 }
 #: variant → alert → comparisons of the variant's other GPU source (DCGM, Cloud Monitor).
 VARIANT_ALERT_THRESHOLDS: dict[str, dict[str, list[tuple[str, float]]]] = {
@@ -100,6 +112,7 @@ FALLBACK_BUSY_LEVEL = {
 QUOTED_PERCENT = {
     "TrainmonDataLoaderBottleneck": contract.DATA_WAIT_RATIO,
     "TrainmonCommunicationBound": contract.COMM_RATIO,
+    "TrainmonGPUProcessFarNUMA": contract.NUMA_LOCAL_RATIO_MIN,
 }
 
 
@@ -124,6 +137,28 @@ def test_alert_thresholds_are_the_contracts(where: str, groups: list[dict[str, A
     left, level = FALLBACK_BUSY_LEVEL[variant]
     found = numbers_after(str(alerts["TrainmonGPUSawtoothScraped"]["expr"]), left + r"\s*")
     assert found == pytest.approx([level]), where
+
+
+@pytest.mark.parametrize(("where", "groups"), RULE_DOCUMENTS, ids=[w for w, _ in RULE_DOCUMENTS])
+def test_platform_alerts_use_and_quote_the_contracts_numbers(
+    where: str, groups: list[dict[str, Any]],
+) -> None:
+    """Both TrainmonCheckpointOverdue twins compare with and quote the contract's age;
+    TrainmonNCCLOverSockets quotes its byte rates in MB/s."""
+    twins = [rule for group in groups for rule in group["rules"]
+             if rule.get("alert") == "TrainmonCheckpointOverdue"]
+    assert sorted(rule["labels"]["severity"] for rule in twins) == ["critical", "warning"], where
+    for rule in twins:
+        found = numbers_after(str(rule["expr"]),
+                              r"\(trainmon_training_last_checkpoint_timestamp_seconds\)")
+        assert found == pytest.approx([contract.CHECKPOINT_MAX_AGE_SECONDS]), (where, rule["expr"])
+        quoted = re.findall(r"limit (\d+(?:\.\d+)?) minutes", rule["annotations"]["description"])
+        assert [float(q) for q in quoted] == pytest.approx(
+            [contract.CHECKPOINT_MAX_AGE_SECONDS / 60]), where
+    nccl = rules(groups, "alert")["TrainmonNCCLOverSockets"]
+    quoted = re.findall(r"less than (\d+(?:\.\d+)?) MB/s", nccl["annotations"]["description"])
+    assert [float(q) for q in quoted] == pytest.approx(
+        [contract.RDMA_IDLE_BYTES_PER_SECOND / 1e6]), where
 
 
 @pytest.mark.parametrize(("where", "groups"), RULE_DOCUMENTS, ids=[w for w, _ in RULE_DOCUMENTS])
@@ -185,6 +220,11 @@ MEASURES = (
     Measure("link utilization", lambda p, q: _unit(p) == "percentunit" and re.search(
         r"/\s*trainmon_(network_speed|infiniband_rate)_bytes", q) is not None,
         contract.LINK_SATURATION_RATIO),
+    Measure("checkpoint age", lambda p, q: "time() - " in q
+            and "trainmon_training_last_checkpoint_timestamp_seconds" in q,
+            contract.CHECKPOINT_MAX_AGE_SECONDS),
+    Measure("NUMA local ratio", lambda p, q: "trainmon_gpu_process_numa_local_ratio" in q,
+            contract.NUMA_LOCAL_RATIO_MIN, low_is_bad=True),
 )
 
 

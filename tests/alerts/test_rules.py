@@ -26,6 +26,7 @@ TESTS_DIR = REPO / "alerts" / "tests"
 TEST_FILES = {
     "common.test.yml": VARIANTS,
     "diagnosis.test.yml": VARIANTS,
+    "platform.test.yml": VARIANTS,
     "dcgm.test.yml": ("dcgm",),
     "tencent-cloud.test.yml": ("tencent-cloud",),
 }

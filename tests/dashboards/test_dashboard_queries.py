@@ -55,7 +55,13 @@ pytestmark = pytest.mark.integration
 EXPECTED_EMPTY: dict[str, str] = {
     "trainmon_gpu_xid_errors_total": "the demo node simulates no XID errors (exporter/trainmon/demo/gpus.py)",
     "trainmon_gpu_xid_last_timestamp_seconds": "the demo node simulates no XID errors",
+    "trainmon_node_spot_termination_timestamp_seconds": (
+        "the demo instance is not being reclaimed (exporter/trainmon/demo/platform.py); "
+        "tests/alerts/test_spot_reclaim_end_to_end.py schedules a reclaim"),
 }
+#: Placement labels of the demo node (collectors.platform.labels), so that the
+#: leaf-switch panels have a leaf to count.
+DEMO_PLACEMENT_LABELS = {"leaf": "leaf-07", "rack": "r12"}
 SCRAPE_SECONDS = 1.0
 #: After every target is up: enough scrapes for rate() over $__rate_interval (4 s).
 SETTLE_SECONDS = 8.0
@@ -136,7 +142,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         with cloud, FakeDCGMExporter(opt_in=["DCGM_FI_PROF_SM_ACTIVE"],
                                         devices=DCGM_DEVICES) as dcgm:
             node = _start_trainmon(
-                tmp, "node", {"collectors": {"training": {"socket": str(tmp / "steps.sock")}}},
+                tmp, "node", {"collectors": {
+                    "training": {"socket": str(tmp / "steps.sock")},
+                    "platform": {"labels": DEMO_PLACEMENT_LABELS},
+                }},
                 ["--demo"], {})
             daemons.append(node)
             off = {"enabled": False}

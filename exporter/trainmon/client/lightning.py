@@ -19,8 +19,15 @@ What is measured, and how exactly:
   epoch) to ``on_train_batch_start`` of the next, minus validation. Lightning
   fetches the batch in that gap, so it is the fetch time plus the host-to-device
   copy, the LR-scheduler update and logger bookkeeping (usually well under a
-  millisecond), and checkpoint writes of callbacks that run after this one;
-- **validation** runs are a ``validation`` phase.
+  millisecond), minus validation and checkpoint saves;
+- **validation** runs are a ``validation`` phase;
+- **checkpoints**: Lightning has no hook after a save (``on_save_checkpoint``
+  runs while the checkpoint dict is being built, before anything is
+  written), so from ``on_train_start`` to the end of training the callback
+  wraps the trainer's ``save_checkpoint`` (the one call ``ModelCheckpoint``
+  and user code save through) in ``Reporter.checkpoint(filepath)``: every
+  save counts with its path and duration (state gathering, the write, the
+  closing barrier). Every process reports it, since all of them wait for it.
 
 Rank, local rank and world size come from the ``Trainer``; the GPU from the
 strategy's root device, mapped through ``CUDA_VISIBLE_DEVICES``.
@@ -37,8 +44,9 @@ instrumentation then times; the gradients are what the hook alone makes.
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 try:
@@ -75,6 +83,7 @@ class TrainmonCallback(Callback):
         self._gap_started: float | None = None
         self._excluded = 0.0
         self._validation_started: float | None = None
+        self._trainer: Trainer | None = None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         # Runs before the strategy wraps the model and registers its DDP hook.
@@ -98,6 +107,7 @@ class TrainmonCallback(Callback):
             )
             if self.instrument and trainer.world_size > 1:
                 self.reporter.instrument(trainer.strategy.model)
+            self._time_checkpoints(trainer)
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._start_gap()
@@ -138,11 +148,36 @@ class TrainmonCallback(Callback):
     ) -> None:
         self._close()
 
+    def _time_checkpoints(self, trainer: Trainer) -> None:
+        """Wrap ``trainer.save_checkpoint`` (this instance only) in ``Reporter.checkpoint``."""
+        if "save_checkpoint" in vars(trainer):
+            return  # already wrapped (by this callback or someone else): leave it
+        original: Callable[..., None] = trainer.save_checkpoint
+
+        def save_checkpoint(filepath: str | os.PathLike[str], *args: Any, **kwargs: Any) -> None:
+            reporter = self.reporter
+            if reporter is None:
+                return original(filepath, *args, **kwargs)
+            started = _clock()
+            try:
+                with reporter.checkpoint(filepath):
+                    original(filepath, *args, **kwargs)
+            finally:
+                if self._gap_started is not None:
+                    self._excluded += _clock() - started  # not data wait
+            return None
+
+        trainer.save_checkpoint = save_checkpoint  # type: ignore[method-assign]
+        self._trainer = trainer
+
     def _start_gap(self) -> None:
         self._gap_started = _clock()
         self._excluded = 0.0
 
     def _close(self) -> None:
+        if self._trainer is not None:
+            vars(self._trainer).pop("save_checkpoint", None)
+            self._trainer = None
         if self.reporter is not None:
             self.reporter.close()
             self.reporter = None

@@ -13,7 +13,9 @@
 ``model = reporter.instrument(DDP(net))`` measures the communication of a
 ``DistributedDataParallel`` or FSDP model inside the job (``distributed``,
 which imports torch, is loaded only then); ``add_comm()`` adds communication
-measured elsewhere.
+measured elsewhere. ``with reporter.checkpoint(path): torch.save(...)`` counts
+and times a checkpoint save and records where it went (``checkpoint_saved()``
+for saves timed elsewhere); the daemon tells what storage that path is on.
 
 A step runs from the end of the previous ``step()`` to this one (the first
 from the first ``next()`` of ``track()``, or from construction). Everything is
@@ -42,6 +44,7 @@ from trainmon.client.transport import DEFAULT_ENDPOINT, Sender, open_sender
 from trainmon.logthrottle import LogThrottle
 from trainmon.training.protocol import (
     DEFAULT_MAX_LABEL_LENGTH,
+    MAX_PATH_BYTES,
     MAX_PHASES,
     PROTOCOL_VERSION,
     STEP_BUCKET_COUNT,
@@ -61,6 +64,9 @@ OTHER_PHASE = "other"
 #: Raw phase names whose cleaned form is remembered; names past this many are
 #: cleaned on every call (bounds memory when callers pass unbounded names).
 MAX_CACHED_PHASE_NAMES = 4 * MAX_PHASES
+
+#: The phase checkpoint saves are timed in (also for failed saves).
+CHECKPOINT_PHASE = "checkpoint"
 
 _perf_counter = time.perf_counter
 
@@ -146,6 +152,13 @@ class Reporter:
         self._pending_exposed = 0.0
         # Set by instrument(); step() folds it when present.
         self._comm_source: CommSource | None = None
+        # Checkpoints: None until the first checkpoint()/checkpoint_saved(),
+        # so a reporter that never checkpoints sends no checkpoint fields.
+        self._checkpoints: int | None = None
+        self._checkpoint_seconds = 0.0
+        self._last_checkpoint_time: float | None = None
+        self._checkpoint_path: str | None = None
+        self._bad_paths_logged = LogThrottle()
         # Delivery failures are logged once per 5 minutes.
         self._failures_logged = LogThrottle()
 
@@ -220,6 +233,44 @@ class Reporter:
             key = self._phase_name(name)
             with self._lock:
                 self._pending_phases[key] = self._pending_phases.get(key, 0.0) + seconds
+
+    def checkpoint(self, path: str | os.PathLike[str]) -> _Checkpoint:
+        """Context manager timing one checkpoint save to ``path``::
+
+            with reporter.checkpoint("/mnt/cfs/run1/step-1000.pt"):
+                torch.save(state, "/mnt/cfs/run1/step-1000.pt")
+
+        On success the save counts (``checkpoints``), its seconds go to
+        ``checkpoint_seconds`` and to the ``checkpoint`` phase, and its time
+        and absolute path (``os.path.abspath``, symlinks kept) are recorded.
+        On an exception only the phase time counts, and the exception goes on.
+        From the first ``checkpoint()`` on, reports carry ``checkpoints``
+        (``0`` while the first save runs), so the daemon knows the job
+        checkpoints. A path the protocol cannot carry (over 4096 bytes,
+        control characters) is not sent; the checkpoint still counts.
+        """
+        with self._lock:
+            if self._checkpoints is None:
+                self._checkpoints = 0
+        return _Checkpoint(self, path)
+
+    def checkpoint_saved(self, path: str | os.PathLike[str] | None, seconds: float) -> None:
+        """Record a checkpoint saved to ``path`` in ``seconds`` (timed by the caller).
+
+        The same as a successful ``with checkpoint(path):`` block of that
+        length. Negative or non-finite ``seconds`` count as 0; never raises.
+        """
+        if not (isinstance(seconds, (int, float)) and 0 <= seconds < math.inf):
+            log.debug("trainmon: checkpoint_saved(seconds=%r) counted as 0", seconds)
+            seconds = 0.0
+        sent = self._checkpoint_path_of(path)
+        finished = time.time()
+        with self._lock:
+            self._checkpoints = (self._checkpoints or 0) + 1
+            self._checkpoint_seconds += seconds
+            self._last_checkpoint_time = finished
+            self._checkpoint_path = sent
+        self.add_phase(CHECKPOINT_PHASE, seconds)
 
     def add_comm(
         self, seconds: float, exposed_seconds: float | None = None, nbytes: int = 0
@@ -347,6 +398,13 @@ class Reporter:
                 report["comm_bytes"] = self._comm_bytes
                 if self._comm_exposed is not None:
                     report["comm_exposed_seconds"] = self._comm_exposed
+            if self._checkpoints is not None:
+                report["checkpoints"] = self._checkpoints
+                report["checkpoint_seconds"] = self._checkpoint_seconds
+                if self._last_checkpoint_time is not None:
+                    report["last_checkpoint_time"] = self._last_checkpoint_time
+                if self._checkpoint_path is not None:
+                    report["checkpoint_path"] = self._checkpoint_path
         if last_step is not None:
             report["last_step_time"] = time.time() - (_perf_counter() - last_step)
         return report
@@ -402,6 +460,26 @@ class Reporter:
                 self._phase_names[name] = cleaned
         return cleaned
 
+    def _checkpoint_path_of(self, path: str | os.PathLike[str] | None) -> str | None:
+        """``path`` made absolute, or None when the protocol cannot carry it."""
+        if path is None:
+            return None
+        try:
+            absolute = os.path.abspath(os.fspath(path))
+            size = len(absolute.encode("utf-8"))
+        except (TypeError, ValueError, UnicodeError) as error:
+            problem = f"not a path ({error})"
+        else:
+            if size > MAX_PATH_BYTES:
+                problem = f"{size} bytes, over {MAX_PATH_BYTES}"
+            elif any(ord(char) < 0x20 or 0x7F <= ord(char) <= 0x9F for char in absolute):
+                problem = "control characters"
+            else:
+                return absolute
+        if self._bad_paths_logged.allow("path"):
+            log.warning("trainmon: checkpoint path %.200r not reported: %s", path, problem)
+        return None
+
     def _refresh_gpu(self) -> None:
         if not self._gpu_fixed:
             detected = detect_gpu(self._environ, self.local_rank)
@@ -432,6 +510,28 @@ class _Phase:
 
     def __exit__(self, *exc_info: object) -> None:
         self._reporter.add_phase(self._name, _perf_counter() - self._started)
+
+
+class _Checkpoint:
+    """Times one ``with reporter.checkpoint(path):`` block."""
+
+    __slots__ = ("_path", "_reporter", "_started")
+
+    def __init__(self, reporter: Reporter, path: str | os.PathLike[str]) -> None:
+        self._reporter = reporter
+        self._path = path
+        self._started = 0.0
+
+    def __enter__(self) -> _Checkpoint:
+        self._started = _perf_counter()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
+        seconds = _perf_counter() - self._started
+        if exc_type is None:
+            self._reporter.checkpoint_saved(self._path, seconds)
+        else:  # the save failed: its time was still spent, nothing was saved
+            self._reporter.add_phase(CHECKPOINT_PHASE, seconds)
 
 
 def _as_count(samples: object) -> int:

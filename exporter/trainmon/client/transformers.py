@@ -20,7 +20,11 @@ What is measured, and how exactly:
   time plus the host-to-device copy of those batches;
 - **evaluation** and **checkpoint** are phases, measured from the previous
   event to ``on_evaluate`` / ``on_save`` (Trainer offers no hook at their start;
-  the logging in between is sub-millisecond).
+  the logging in between is sub-millisecond);
+- each ``on_save`` is also a **checkpoint** (``Reporter.checkpoint_saved``) of
+  that duration, saved to ``args.output_dir/checkpoint-<global step>``, the
+  folder ``Trainer`` writes (every process reports it: all of them wait for
+  the save, and with FSDP or DeepSpeed all of them write).
 
 Rank, local rank and world size come from ``TrainingArguments``
 (``process_index``, ``local_process_index``, ``world_size``); the GPU from
@@ -41,6 +45,7 @@ warning says so).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from types import FrameType
@@ -52,6 +57,9 @@ from trainmon.client.identity import device_gpu
 from trainmon.client.reporter import Reporter
 
 _clock = time.perf_counter
+#: ``transformers.trainer_utils.PREFIX_CHECKPOINT_DIR``: Trainer saves to
+#: ``<output_dir>/checkpoint-<global step>``.
+CHECKPOINT_PREFIX = "checkpoint"
 #: How far up the call stack ``on_train_begin`` looks for its ``Trainer``.
 MAX_CALLER_FRAMES = 8
 
@@ -115,7 +123,12 @@ class TrainmonCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
         **kwargs: Any,
     ) -> None:
-        self._phase_ended("checkpoint")
+        now = _clock()
+        if self.reporter is not None:
+            folder = f"{CHECKPOINT_PREFIX}-{state.global_step}"
+            path = os.path.join(args.output_dir, folder) if args.output_dir else None
+            self.reporter.checkpoint_saved(path, now - self._last_event)
+        self._last_event = now
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl,

@@ -2,7 +2,8 @@
 
 On a scrape it snapshots the samples the diagnosis reads from the families the
 registry has just collected from the other collectors (GPU, network,
-InfiniBand, disk, training, attribution: handed over through
+InfiniBand, disk, training, attribution, and the platform, NUMA and NFS
+sources where present: handed over through
 ``Collector.observe``, so no source is collected twice and the verdict rests
 on exactly the samples exported), keeps the snapshots of the last
 ``diagnosis.window_seconds``, and runs ``trainmon.diagnosis`` over that
@@ -15,7 +16,10 @@ for GPU processes that report no steps):
   (``compute``, ``communication``, ``storage``, ``scheduling``, ``none``);
 - ``trainmon_diagnosis_finding_info{job,kind,finding,rank}``: every rule that
   fired; ``rank`` is the rank it names (the straggler, the worst data wait),
-  empty for the others;
+  empty for the others. The risk findings of ``trainmon.diagnosis.risks``
+  (``spot_reclaim``, ``checkpoint_overdue``, ``checkpoint_missing``,
+  ``checkpoint_local_disk``, ``numa_far``, ``nccl_over_sockets``) are exported
+  the same way beside the verdict's; their severity is fixed per finding (docs/diagnosis.md);
 - evidence gauges ``trainmon_diagnosis_{data_wait,comm,gpu_utilization,
   straggler}_ratio{job}``, ``..._idle_gpus{job}``, ``..._stalled_ranks{job}``,
   ``..._step_seconds{job}``, the GPM activity of the job's GPUs

@@ -5,6 +5,12 @@ Reports arrive on the unix datagram socket (``SocketReceiver``) and through
 both feed one ``TrainingStore``. ``collect()`` only reads a snapshot of it.
 Metric names follow the contract; ``docs/metrics.md`` ("Training") documents
 each one.
+
+Checkpoints: the store keeps each rank's counts and last checkpoint; at
+scrape time the collector takes each job's most recent checkpoint path and
+asks ``trainmon.node.mounts.MountResolver`` (cached mount tables, in the
+reporting process's mount namespace) what storage it is on, so the push path
+never touches ``/proc``.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -23,9 +30,11 @@ from prometheus_client.core import (
 from trainmon.config import TrainingConfig
 from trainmon.core.collector import Collector
 from trainmon.http.push import PushHandler, PushRequest, PushResponse
+from trainmon.logthrottle import LogThrottle
+from trainmon.node.mounts import MountResolver, PathStorage
 from trainmon.training.protocol import STEP_SECONDS_BOUNDS, STEPS_PATH
 from trainmon.training.receiver import SocketReceiver, StepPushHandler, read_token
-from trainmon.training.store import TrainingStore, TrainingStoreView
+from trainmon.training.store import LastCheckpoint, RankView, TrainingStore, TrainingStoreView
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +53,12 @@ class TrainingCollector(Collector):
         *,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        proc_root: Path = Path("/proc"),
+        sys_root: Path = Path("/sys"),
     ) -> None:
         self._config = config
+        self._mounts = MountResolver(proc_root, sys_root, clock=clock)
+        self._mount_errors = LogThrottle()
         self.store = TrainingStore(
             ttl_seconds=config.ttl_seconds,
             max_jobs=config.max_jobs,
@@ -140,7 +153,76 @@ class TrainingCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         snapshot = self.store.snapshot()
         yield from _rank_families(snapshot)
+        yield from self._checkpoint_families(snapshot)
         yield from self._intake_families(snapshot)
+
+    def _checkpoint_families(self, snapshot: TrainingStoreView) -> Iterable[Metric]:
+        count = CounterMetricFamily(
+            "trainmon_training_checkpoints_total",
+            "Checkpoints the rank reported saving (Reporter.checkpoint); only ranks that "
+            "report checkpoints.",
+            labels=_RANK,
+        )
+        seconds = CounterMetricFamily(
+            "trainmon_training_checkpoint_seconds_total",
+            "Seconds the rank spent saving checkpoints; only ranks that report checkpoints.",
+            labels=_RANK,
+        )
+        last_time = GaugeMetricFamily(
+            "trainmon_training_last_checkpoint_timestamp_seconds",
+            "Unix time at which the job's latest checkpoint on this node (any rank) completed.",
+            labels=["job"],
+        )
+        last_duration = GaugeMetricFamily(
+            "trainmon_training_last_checkpoint_duration_seconds",
+            "Seconds the job's latest checkpoint on this node took to save "
+            "(the mean when a report covered several).",
+            labels=["job"],
+        )
+        storage = GaugeMetricFamily(
+            "trainmon_training_checkpoint_storage_info",
+            "Where the job's latest checkpoint path lives: its mount point, filesystem type "
+            "and storage kind (local_disk, cloud_disk, network_fs, object_store, ephemeral, "
+            "unknown); always 1.",
+            labels=["job", "mountpoint", "fstype", "storage"],
+        )
+        latest: dict[str, LastCheckpoint] = {}
+        latest_path: dict[str, tuple[LastCheckpoint, RankView]] = {}
+        for view in snapshot.ranks:
+            totals = view.totals
+            labels = [view.job, str(view.rank)]
+            if totals.checkpoints is not None:
+                count.add_metric(labels, totals.checkpoints)
+                seconds.add_metric(labels, totals.checkpoint_seconds or 0.0)
+            last = view.last_checkpoint
+            if last is None:
+                continue
+            if view.job not in latest or last.time > latest[view.job].time:
+                latest[view.job] = last
+            if last.path is not None and (
+                view.job not in latest_path or last.time > latest_path[view.job][0].time
+            ):
+                latest_path[view.job] = (last, view)
+        for job, last in latest.items():
+            last_time.add_metric([job], last.time)
+            last_duration.add_metric([job], last.duration_seconds)
+        for job, (last, view) in latest_path.items():
+            assert last.path is not None
+            where = self._storage(last.path, view.pid)
+            storage.add_metric([job, where.mountpoint, where.fstype, where.storage], 1.0)
+        return [count, seconds, last_time, last_duration, storage]
+
+    def _storage(self, path: str, pid: int | None) -> PathStorage:
+        """The storage of ``path``; ``unknown`` (logged, rate-limited) when sysfs or
+        procfs cannot be read, so one unreadable file never fails the scrape."""
+        try:
+            where = self._mounts.resolve(path, pid)
+        except OSError as error:
+            if self._mount_errors.allow("resolve", str(error)):
+                log.warning("cannot tell the storage of checkpoint path %s: %s", path, error)
+            return PathStorage("", "", "unknown")
+        self._mount_errors.forget("resolve")
+        return where
 
     def _intake_families(self, snapshot: TrainingStoreView) -> Iterable[Metric]:
         yield _counter_by(

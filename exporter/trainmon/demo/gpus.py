@@ -38,6 +38,17 @@ IDLE_WATTS, BUSY_WATTS = 120.0, 680.0
 NVLINK_LINKS = 18
 
 
+def pci_bus_id(gpu: int) -> str:
+    """NVML's PCI bus id of simulated GPU ``gpu`` (the demo node tree has its sysfs device)."""
+    return f"00000000:{0x18 + 0x10 * gpu:02X}:00.0"
+
+
+def process_pid(gpu: int) -> int:
+    """The pid of the one compute process on simulated GPU ``gpu`` (the demo tree has its
+    ``/proc/<pid>/status``)."""
+    return 41000 + gpu
+
+
 class SimulatedNVMLError(Exception):
     """An NVML error of the simulation; ``value`` is the NVML return code."""
 
@@ -133,7 +144,7 @@ class SimulatedNVML:
         return f"GPU-d3e00000-0000-4000-8000-{self._check(handle):012d}"
 
     def nvmlDeviceGetPciInfo(self, handle: Any) -> Any:
-        return SimpleNamespace(busId=f"00000000:{0x18 + 0x10 * self._check(handle):02X}:00.0")
+        return SimpleNamespace(busId=pci_bus_id(self._check(handle)))
 
     # -- readings -------------------------------------------------------------------
 
@@ -230,7 +241,7 @@ class SimulatedNVML:
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
         gpu = self._check(handle)
-        return [SimpleNamespace(pid=41000 + gpu, usedGpuMemory=(58 + gpu) * 2**30)]
+        return [SimpleNamespace(pid=process_pid(gpu), usedGpuMemory=(58 + gpu) * 2**30)]
 
     # -- events: the simulated node has no XID errors ----------------------------------
 

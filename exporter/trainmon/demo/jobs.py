@@ -16,6 +16,15 @@ communication as ``Reporter.instrument`` would, through ``add_comm``: the
   of gradient sync a step, of which 0.04 s exposed (≈ 0.16 of the step), at
   about 10 GB/s while in flight.
 
+Every rank also saves a (sharded) checkpoint every ``CHECKPOINT_INTERVAL_SECONDS``
+through the real ``Reporter.checkpoint`` (a short sleep stands for the write;
+no file is written): ``demo-healthy`` to the CFS mount ``/mnt/cfs`` (nfs4,
+``network_fs``), ``demo-starved`` to the instance's local NVMe ``/data``
+(``local_disk``, which the checkpoint-on-local-disk alert flags on a cloud
+instance, as intended). The demo node's ``proc/1/mountinfo``
+(``trainmon.demo.node``) holds those mounts. A checkpoint every 30 s adds
+about 0.2 % to the step time, so the ratios above hold.
+
 Durations jitter by ±10 % (seeded per rank) so the series look alive.
 """
 
@@ -34,6 +43,10 @@ log = logging.getLogger(__name__)
 
 RANKS_PER_JOB = 4
 JITTER = 0.10
+#: Seconds between two checkpoints of a rank (the first comes after
+#: ``FIRST_CHECKPOINT_SECONDS``, so a fresh demo shows one soon).
+CHECKPOINT_INTERVAL_SECONDS = 30.0
+FIRST_CHECKPOINT_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -49,6 +62,10 @@ class SimulatedJob:
     overlapped_comm_seconds: float = 0.0
     #: Bytes of gradient buckets per step.
     comm_bytes: int = 0
+    #: Folder the job's checkpoints go to (as the training process sees it).
+    checkpoint_dir: str = "/tmp/checkpoints"
+    #: Seconds one checkpoint save takes.
+    checkpoint_seconds: float = 0.05
 
     @property
     def data_wait_ratio(self) -> float:
@@ -60,10 +77,12 @@ class SimulatedJob:
 DEMO_JOBS = (
     SimulatedJob("demo-starved", first_gpu=0, data_wait_seconds=0.14, compute_seconds=0.20,
                  comm_seconds=0.06, batch_size=64, overlapped_comm_seconds=0.06,
-                 comm_bytes=600_000_000),
+                 comm_bytes=600_000_000, checkpoint_dir="/data/checkpoints/demo-starved",
+                 checkpoint_seconds=0.08),
     SimulatedJob("demo-healthy", first_gpu=4, data_wait_seconds=0.01, compute_seconds=0.20,
                  comm_seconds=0.04, batch_size=128, overlapped_comm_seconds=0.12,
-                 comm_bytes=1_600_000_000),
+                 comm_bytes=1_600_000_000,
+                 checkpoint_dir="/mnt/cfs/checkpoints/demo-healthy", checkpoint_seconds=0.05),
 )
 
 
@@ -112,6 +131,8 @@ def _run_rank(job: SimulatedJob, rank: int, endpoint: str, stopping: threading.E
         job.name, rank=rank, local_rank=rank, world_size=RANKS_PER_JOB,
         gpu=job.first_gpu + rank, endpoint=endpoint, environ={},
     )
+    next_checkpoint = time.monotonic() + FIRST_CHECKPOINT_SECONDS
+    steps = 0
     try:
         for batch_size in reporter.track(loader()):
             pause(job.compute_seconds)
@@ -124,5 +145,11 @@ def _run_rank(job: SimulatedJob, rank: int, endpoint: str, stopping: threading.E
             if stopping.is_set():
                 break
             reporter.step(samples=batch_size)
+            steps += 1
+            if time.monotonic() >= next_checkpoint:
+                next_checkpoint += CHECKPOINT_INTERVAL_SECONDS
+                path = f"{job.checkpoint_dir}/step-{steps}/rank-{rank}.pt"
+                with reporter.checkpoint(path):
+                    pause(job.checkpoint_seconds)
     finally:
         reporter.close()

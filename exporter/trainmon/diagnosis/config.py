@@ -51,6 +51,17 @@ class DiagnosisConfig:
     memory_headroom_ratio: float = contract.GPU_MEMORY_HEADROOM_RATIO
     #: scheduling: a rank without a step for this long has stalled (seconds).
     stall_seconds: float = 120.0
+    #: risk, spot instance: a job whose last checkpoint is older than this (seconds).
+    checkpoint_max_age_seconds: float = contract.CHECKPOINT_MAX_AGE_SECONDS
+    #: risk, NUMA: a GPU process with less than this share of its CPUs on the GPU's node.
+    numa_local_ratio_min: float = contract.NUMA_LOCAL_RATIO_MIN
+    #: risk, NCCL over sockets: a multi-node job communicating at least this share of
+    #: each step, ...
+    nccl_socket_min_comm_ratio: float = contract.NCCL_SOCKET_MIN_COMM_RATIO
+    #: ... while every ACTIVE RDMA port moves less than this (receive + transmit, B/s) ...
+    rdma_idle_bytes_per_second: float = contract.RDMA_IDLE_BYTES_PER_SECOND
+    #: ... and an Ethernet NIC moves at least this (receive + transmit, B/s).
+    socket_busy_bytes_per_second: float = contract.SOCKET_BUSY_BYTES_PER_SECOND
 
 
 def parse_diagnosis(section: Section) -> DiagnosisConfig:
@@ -81,12 +92,26 @@ def parse_diagnosis(section: Section) -> DiagnosisConfig:
             "dram_active_ceiling_ratio", default.dram_active_ceiling_ratio),
         memory_headroom_ratio=ratio("memory_headroom_ratio", default.memory_headroom_ratio),
         stall_seconds=section.number("stall_seconds", default.stall_seconds, 1, 86400),
+        checkpoint_max_age_seconds=section.number(
+            "checkpoint_max_age_seconds", default.checkpoint_max_age_seconds, 60, 7 * 86400),
+        numa_local_ratio_min=ratio("numa_local_ratio_min", default.numa_local_ratio_min),
+        nccl_socket_min_comm_ratio=ratio(
+            "nccl_socket_min_comm_ratio", default.nccl_socket_min_comm_ratio),
+        rdma_idle_bytes_per_second=section.number(
+            "rdma_idle_bytes_per_second", default.rdma_idle_bytes_per_second, 0, 1e12),
+        socket_busy_bytes_per_second=section.number(
+            "socket_busy_bytes_per_second", default.socket_busy_bytes_per_second, 0, 1e12),
     )
     section.finish()
     if result.idle_utilization_ratio >= result.busy_utilization_ratio:
         raise ConfigError(
             section.key_path("idle_utilization_ratio"),
             "must be below busy_utilization_ratio",
+        )
+    if result.rdma_idle_bytes_per_second >= result.socket_busy_bytes_per_second:
+        raise ConfigError(
+            section.key_path("rdma_idle_bytes_per_second"),
+            "must be below socket_busy_bytes_per_second",
         )
     if not result.comm_phases:
         raise ConfigError(section.key_path("comm_phases"), "name at least one phase")

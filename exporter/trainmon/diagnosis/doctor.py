@@ -6,16 +6,21 @@ the daemon runs:
 - ``--url``: scrape a running daemon's ``/metrics`` about once a second for
   ``--seconds`` and parse the text with prometheus_client's parser;
 - no ``--url``: run the node collectors in this process (GPU sampler, training
-  socket, network, InfiniBand, disk, attribution) for ``--seconds`` and
-  snapshot their families the same way. When a daemon already owns the
+  socket, network, InfiniBand, disk, attribution and whatever else the CLI's
+  collector table builds — the platform, NUMA and NFS sources included; only
+  ``LOCAL_EXCLUDED`` are left out) for ``--seconds`` and snapshot their
+  families the same way. When a daemon already owns the
   training socket, the training socket stays with it and ``--url`` is the way
   to see step telemetry.
 
-The report goes GPU → storage → network, the order an engineer checks, then
-gives each job's verdict with its evidence and next action (``--lang en|zh``).
-Exit codes: 0 nothing needs action, 1 a bottleneck was found (communication,
-storage or scheduling), 2 nothing could be measured (daemon unreachable, no
-GPU and no job, or jobs without enough steps yet).
+The report starts with the platform (instance, zone, spot state, a scheduled
+reclaim), then goes GPU → storage → network, the order an engineer checks, and
+gives each job's verdict with its evidence, its risk findings and the next
+action (``--lang en|zh``). Exit codes: 0 nothing needs action, 1 a bottleneck
+was found (communication, storage or scheduling) or a critical or warning risk
+(status ``risk``: a spot reclaim, an overdue checkpoint...), 2 nothing could be
+measured (daemon unreachable, no GPU and no job, or jobs without enough steps
+yet).
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ from trainmon.core.collector import Collector
 from trainmon.core.registry import CollectorRegistry
 from trainmon.diagnosis.config import DiagnosisConfig
 from trainmon.diagnosis.measure import MEASURED_SAMPLES
-from trainmon.diagnosis.report import Source, build_report, render_text, unmeasured_report
+from trainmon.diagnosis.render import render_text
+from trainmon.diagnosis.report import Source, build_report, unmeasured_report
 from trainmon.diagnosis.samples import ScrapedSamples, Window
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,9 @@ collector's internals, so the same code serves the daemon and ``doctor``:
 - links: rates of ``trainmon_network_{receive,transmit}_bytes_total`` against
   ``trainmon_network_speed_bytes``, and of the InfiniBand port counters against
   ``trainmon_infiniband_rate_bytes``;
-- processes: ``trainmon_gpu_process_info``; NCCL: ``trainmon_nccl_problem_info``.
+- processes: ``trainmon_gpu_process_info``; NCCL: ``trainmon_nccl_problem_info``;
+- the platform signals (instance and spot state, checkpoints, NUMA, NFS
+  mounts, RDMA port state): ``trainmon.diagnosis.platform``.
 
 A value a source does not provide is ``None``, never zero.
 """
@@ -31,8 +33,9 @@ A value a source does not provide is ``None``, never zero.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from trainmon.diagnosis.platform import PLATFORM_SAMPLES, PlatformMeasurements, measure_platform
 from trainmon.diagnosis.samples import Labels, Window, labels_of
 
 #: Every sample name ``measure`` reads (snapshots may keep only these).
@@ -56,7 +59,7 @@ MEASURED_SAMPLES = frozenset({
     "trainmon_infiniband_receive_bytes_total", "trainmon_infiniband_transmit_bytes_total",
     "trainmon_infiniband_rate_bytes",
     "trainmon_gpu_process_info", "trainmon_nccl_problem_info",
-})
+}) | PLATFORM_SAMPLES
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,7 @@ class NodeMeasurements:
     links: tuple[LinkState, ...]
     processes: tuple[GPUProcessState, ...]
     nccl: tuple[NcclState, ...]
+    platform: PlatformMeasurements = field(default_factory=PlatformMeasurements)
 
 
 def measure(window: Window, comm_phases: Sequence[str] = ("comm",)) -> NodeMeasurements:
@@ -208,6 +212,7 @@ def measure(window: Window, comm_phases: Sequence[str] = ("comm",)) -> NodeMeasu
                                                               "value")))
             for labels in window.latest("trainmon_nccl_problem_info")
         ),
+        platform=measure_platform(window),
     )
 
 

@@ -1,9 +1,11 @@
-"""The diagnosis as a report: JSON-ready data and its human text (``trainmon doctor``).
+"""The diagnosis as a report: the JSON-ready document of ``trainmon doctor``.
 
-``build_report`` turns a window into the ``--json`` document; ``render_text``
-prints it in the order an engineer checks — GPU, storage, network — followed
-by each job's verdict, its evidence and the next action, in English or
-Chinese (``text``). The JSON keys are stable; the messages follow ``lang``.
+``build_report`` turns a window into the ``--json`` document: the platform,
+GPUs and NUMA binding, storage (disks, NFS/CFS mounts, checkpoints), network,
+then each job's verdict, its findings (risk findings with their severity), its
+evidence and the next action, in English or Chinese (``text``);
+``render.render_text`` prints it for a human. The JSON keys are stable; the
+messages follow ``lang``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Sequence
 from typing import TypedDict
 
 from trainmon.diagnosis.config import DiagnosisConfig
+from trainmon.diagnosis.finding import SEVERITIES, Finding
 from trainmon.diagnosis.measure import (
     DiskState,
     GPUProcessState,
@@ -20,11 +23,14 @@ from trainmon.diagnosis.measure import (
     NodeMeasurements,
     measure,
 )
+from trainmon.diagnosis.platform import NfsMount, PlatformMeasurements
 from trainmon.diagnosis.rules import (
     ACTIONABLE_KINDS,
     Evidence,
     Verdict,
     diagnose,
+    node_findings,
+    numa_jobs,
     process_jobs,
 )
 from trainmon.diagnosis.samples import Window
@@ -32,14 +38,13 @@ from trainmon.diagnosis.text import (
     EXTRA_ADVICE,
     advice_text,
     finding_text,
-    heading,
     kind_name,
     nccl_text,
-    word,
 )
 
-#: ``status`` → ``doctor`` exit code.
-EXIT_CODES = {"healthy": 0, "bottleneck": 1, "unmeasured": 2}
+#: ``status`` → ``doctor`` exit code: ``risk`` is no bottleneck but a critical or
+#: warning finding (a spot reclaim, an overdue checkpoint...), which needs action too.
+EXIT_CODES = {"healthy": 0, "bottleneck": 1, "risk": 1, "unmeasured": 2}
 
 
 # -- the JSON document ------------------------------------------------------------
@@ -103,9 +108,42 @@ class DiskEntry(TypedDict):
     write_bytes_per_second: float | None
 
 
+class CheckpointEntry(TypedDict):
+    """A job's checkpoints (``platform.CheckpointState``); None where not reported."""
+
+    job: str
+    last_timestamp: float | None
+    #: Seconds since the last checkpoint, at the end of the window.
+    age_seconds: float | None
+    last_duration_seconds: float | None
+    checkpoints: float | None
+    #: The mount of the newest checkpoint and its kind (``local_disk``, ``cloud_disk``,
+    #: ``network_fs``, ``object_store``, ``ephemeral``, ``unknown``); empty when unknown.
+    mountpoint: str
+    fstype: str
+    storage: str
+
+
+class NfsEntry(TypedDict):
+    """An NFS/CFS mount (``trainmon_nfs_*``) over the window."""
+
+    mountpoint: str
+    server: str
+    export: str
+    fstype: str
+    version: str
+    read_bytes_per_second: float | None
+    write_bytes_per_second: float | None
+    read_operations_per_second: float | None
+    #: Mean round trip per READ, seconds.
+    read_rtt_seconds: float | None
+
+
 class StorageSection(TypedDict):
     jobs: list[StorageJobEntry]
     disks: list[DiskEntry]
+    checkpoints: list[CheckpointEntry]
+    nfs: list[NfsEntry]
 
 
 class NetworkJobEntry(TypedDict):
@@ -131,6 +169,9 @@ class LinkEntry(TypedDict):
     rate_bytes_per_second: float | None
     #: The busier direction over the link rate.
     utilization_ratio: float | None
+    #: InfiniBand/RoCE: whether the port is ACTIVE (``trainmon_infiniband_port_up``);
+    #: None for a NIC or where not exported.
+    port_up: bool | None
 
 
 class NcclEntry(TypedDict):
@@ -150,8 +191,51 @@ class NetworkSection(TypedDict):
 class FindingEntry(TypedDict):
     kind: str
     code: str
+    #: ``critical`` or ``warning`` for the risk findings; empty for the verdict's.
+    severity: str
     values: dict[str, float | str]
     message: str
+
+
+class PlatformSection(TypedDict):
+    """The instance (``trainmon_node_info``...); empty strings and None where unknown."""
+
+    provider: str
+    instance_id: str
+    instance_type: str
+    region: str
+    zone: str
+    #: Configured extra labels of ``trainmon_node_info`` (``leaf``, ``rack``...).
+    labels: dict[str, str]
+    spot: bool | None
+    metadata_up: bool | None
+    #: Unix time of a scheduled spot reclaim, and the seconds left; None if none.
+    termination_timestamp: float | None
+    termination_seconds: float | None
+    #: Findings about the node itself (``spot_reclaim``).
+    findings: list[FindingEntry]
+
+
+class NumaGPUEntry(TypedDict):
+    gpu: str
+    #: ``trainmon_gpu_numa_node``: -1 where the platform reports none (virtualised hosts).
+    numa_node: int
+
+
+class NumaProcessEntry(TypedDict):
+    gpu: str
+    pid: str
+    job: str
+    numa_node: int | None
+    #: Share of the process's allowed CPUs on the GPU's NUMA node (0-1).
+    local_ratio: float
+    #: ``local`` or ``far`` (below ``numa_local_ratio_min``).
+    status: str
+
+
+class NumaSection(TypedDict):
+    gpus: list[NumaGPUEntry]
+    processes: list[NumaProcessEntry]
 
 
 class EvidenceEntry(TypedDict):
@@ -184,6 +268,10 @@ class EvidenceEntry(TypedDict):
     gpm_gpus: list[str]
     memory_used_ratio: float | None
     memory_full_gpus: list[str]
+    storage_mountpoint: str
+    storage_source: str
+    storage_read_bytes_per_second: float | None
+    storage_read_rtt_seconds: float | None
 
 
 class JobEntry(TypedDict):
@@ -202,11 +290,13 @@ class Report(TypedDict):
 
     source: Source
     lang: str
+    platform: PlatformSection
     gpus: list[GPUEntry]
+    numa: NumaSection
     storage: StorageSection
     network: NetworkSection
     jobs: list[JobEntry]
-    status: str  # "healthy", "bottleneck" or "unmeasured"
+    status: str  # "healthy", "bottleneck", "risk" or "unmeasured"
     #: Why nothing could be measured; empty otherwise.
     reason: str
     exit_code: int
@@ -218,17 +308,22 @@ def build_report(
     """The whole report as JSON-ready data."""
     node = measure(window, config.comm_phases)
     verdicts = diagnose(node, config)
-    status, reason = _status(node, verdicts)
+    on_node = node_findings(node, verdicts)
+    status, reason = _status(node, verdicts, on_node)
     return {
         "source": {**source, "seconds": round(window.seconds, 3),
                    "snapshots": len(window.snapshots)},
         "lang": lang,
+        "platform": _platform_section(node, on_node, lang),
         "gpus": _gpu_section(node),
+        "numa": _numa_section(node, config),
         "storage": {
             "jobs": [{"job": v.job, "data_wait_ratio": v.evidence.data_wait_ratio,
                       "rank": v.evidence.worst_data_wait_rank}
                      for v in verdicts if v.evidence.data_wait_ratio is not None],
             "disks": [_disk_entry(disk) for disk in node.disks],
+            "checkpoints": _checkpoint_entries(node.platform, node.wall_time),
+            "nfs": [_nfs_entry(mount) for mount in node.platform.nfs_mounts],
         },
         "network": {
             "jobs": [{"job": v.job, "comm_ratio": v.evidence.comm_ratio,
@@ -236,7 +331,7 @@ def build_report(
                       "comm_overlapped_ratio": v.evidence.comm_overlapped_ratio,
                       "comm_bytes_per_second": v.evidence.comm_bytes_per_second}
                      for v in verdicts if v.evidence.comm_ratio is not None],
-            "links": [_link_entry(link) for link in node.links],
+            "links": [_link_entry(link, node.platform) for link in node.links],
             "nccl": [_nccl_entry(problem, lang) for problem in node.nccl],
         },
         "jobs": [_job_entry(verdict, lang) for verdict in verdicts],
@@ -249,19 +344,25 @@ def build_report(
 def unmeasured_report(source: Source, reason: str, lang: str = "en") -> Report:
     """The report when the source could not be read at all."""
     return {
-        "source": source, "lang": lang, "gpus": [],
-        "storage": {"jobs": [], "disks": []},
+        "source": source, "lang": lang, "platform": _platform_section(None, [], lang),
+        "gpus": [], "numa": {"gpus": [], "processes": []},
+        "storage": {"jobs": [], "disks": [], "checkpoints": [], "nfs": []},
         "network": {"jobs": [], "links": [], "nccl": []},
         "jobs": [], "status": "unmeasured", "reason": reason,
         "exit_code": EXIT_CODES["unmeasured"],
     }
 
 
-def _status(node: NodeMeasurements, verdicts: Sequence[Verdict]) -> tuple[str, str]:
-    """``bottleneck`` if any verdict needs action; ``healthy`` if something was measured
-    and nothing needs action; else ``unmeasured`` with the reason."""
+def _status(node: NodeMeasurements, verdicts: Sequence[Verdict],
+            on_node: Sequence[Finding]) -> tuple[str, str]:
+    """``bottleneck`` if any verdict needs action; ``risk`` if none does but a critical
+    or warning finding stands; ``healthy`` if something was measured and nothing needs
+    action; else ``unmeasured`` with the reason."""
     if any(verdict.kind in ACTIONABLE_KINDS for verdict in verdicts):
         return "bottleneck", ""
+    findings = [*on_node, *(f for verdict in verdicts for f in verdict.findings)]
+    if any(finding.severity in SEVERITIES for finding in findings):
+        return "risk", ""
     reporting = [verdict for verdict in verdicts if verdict.evidence.ranks]
     if any(verdict.kind == "compute" for verdict in verdicts):
         return "healthy", ""
@@ -316,7 +417,8 @@ def _disk_entry(disk: DiskState) -> DiskEntry:
     }
 
 
-def _link_entry(link: LinkState) -> LinkEntry:
+def _link_entry(link: LinkState, platform: PlatformMeasurements) -> LinkEntry:
+    ports = {(port.device, port.port): port.up for port in platform.rdma_ports}
     return {
         "kind": link.kind,
         "device": link.device,
@@ -325,7 +427,89 @@ def _link_entry(link: LinkState) -> LinkEntry:
         "transmit_bytes_per_second": link.transmit_bytes_per_second,
         "rate_bytes_per_second": link.rate_bytes_per_second,
         "utilization_ratio": link.utilization,
+        "port_up": ports.get((link.device, link.port)) if link.kind == "infiniband" else None,
     }
+
+
+def _platform_section(node: NodeMeasurements | None, on_node: Sequence[Finding],
+                      lang: str) -> PlatformSection:
+    platform = node.platform.node if node else PlatformMeasurements().node
+    at = platform.termination_timestamp
+    return {
+        "provider": platform.provider,
+        "instance_id": platform.instance_id,
+        "instance_type": platform.instance_type,
+        "region": platform.region,
+        "zone": platform.zone,
+        "labels": dict(platform.labels),
+        "spot": platform.spot,
+        "metadata_up": platform.metadata_up,
+        "termination_timestamp": at,
+        "termination_seconds": max(0.0, at - node.wall_time) if at is not None and node
+        else None,
+        "findings": [_finding_entry(finding, lang) for finding in on_node],
+    }
+
+
+def _numa_section(node: NodeMeasurements, config: DiagnosisConfig) -> NumaSection:
+    jobs = {process: job for job, processes in numa_jobs(node).items()
+            for process in processes}
+    platform = node.platform
+    processes: list[NumaProcessEntry] = []
+    for process in platform.numa_processes:
+        numa_node = platform.numa_node(process.gpu)
+        far = (numa_node is not None and numa_node >= 0
+               and process.local_ratio < config.numa_local_ratio_min)
+        processes.append({
+            "gpu": process.gpu, "pid": process.pid,
+            "job": jobs.get((process.gpu, process.pid), ""),
+            "numa_node": numa_node, "local_ratio": process.local_ratio,
+            "status": "far" if far else "local",
+        })
+    return {
+        "gpus": [{"gpu": gpu, "numa_node": numa_node}
+                 for gpu, numa_node in platform.gpu_numa_nodes],
+        "processes": processes,
+    }
+
+
+def _checkpoint_entries(platform: PlatformMeasurements, wall_time: float
+                        ) -> list[CheckpointEntry]:
+    entries: list[CheckpointEntry] = []
+    for state in platform.checkpoints:
+        if (state.last_timestamp is None and state.checkpoints is None
+                and not state.storage):
+            continue  # a job that reports no checkpoint fields at all
+        storage = state.storage[0] if state.storage else None
+        entries.append({
+            "job": state.job,
+            "last_timestamp": state.last_timestamp,
+            "age_seconds": None if state.last_timestamp is None
+            else max(0.0, wall_time - state.last_timestamp),
+            "last_duration_seconds": state.last_duration_seconds,
+            "checkpoints": state.checkpoints,
+            "mountpoint": storage.mountpoint if storage else "",
+            "fstype": storage.fstype if storage else "",
+            "storage": storage.storage if storage else "",
+        })
+    return entries
+
+
+def _nfs_entry(mount: NfsMount) -> NfsEntry:
+    return {
+        "mountpoint": mount.mountpoint, "server": mount.server, "export": mount.export,
+        "fstype": mount.fstype, "version": mount.version,
+        "read_bytes_per_second": mount.read_bytes_per_second,
+        "write_bytes_per_second": mount.write_bytes_per_second,
+        "read_operations_per_second": mount.read_operations_per_second,
+        "read_rtt_seconds": mount.read_rtt_seconds,
+    }
+
+
+def _finding_entry(finding: Finding, lang: str) -> FindingEntry:
+    return {"kind": finding.kind, "code": finding.code, "severity": finding.severity,
+            "values": finding.values,
+            "message": finding_text(finding.code, finding.values, lang)}
 
 
 def _job_entry(verdict: Verdict, lang: str) -> JobEntry:
@@ -333,11 +517,7 @@ def _job_entry(verdict: Verdict, lang: str) -> JobEntry:
         "job": verdict.job,
         "kind": verdict.kind,
         "kind_name": kind_name(verdict.kind, lang),
-        "findings": [
-            {"kind": finding.kind, "code": finding.code, "values": finding.values,
-             "message": finding_text(finding.code, finding.values, lang)}
-            for finding in verdict.findings
-        ],
+        "findings": [_finding_entry(finding, lang) for finding in verdict.findings],
         "evidence": _evidence_entry(verdict.evidence),
         "advice": _advice(verdict, lang),
         "nccl": [_nccl_entry(problem, lang) for problem in verdict.nccl],
@@ -345,12 +525,28 @@ def _job_entry(verdict: Verdict, lang: str) -> JobEntry:
 
 
 def _advice(verdict: Verdict, lang: str) -> str:
-    """The deciding finding's next step, then those of findings that need one
-    wherever they stand (``text.EXTRA_ADVICE``: an out-of-memory risk)."""
-    codes = [verdict.findings[0].code]
-    codes += [finding.code for finding in verdict.findings[1:]
-              if finding.code in EXTRA_ADVICE and finding.code not in codes]
-    return " ".join(text for code in codes if (text := advice_text(code, lang)))
+    """The next steps of critical findings (a spot reclaim: checkpoint now), the
+    deciding finding's (with the network filesystem's when the data comes from
+    one), then those of findings that need one wherever they stand
+    (``text.EXTRA_ADVICE``: an out-of-memory risk, the other risk findings)."""
+    deciding, *others = verdict.findings
+    ordered = [f for f in others if f.severity == "critical"] + [deciding]
+    if any(f.code == "spot_reclaim" for f in others):
+        # "save a checkpoint now" says what the checkpoint-age steps would
+        ordered = [f for f in ordered if f.code not in ("checkpoint_overdue",
+                                                        "checkpoint_missing")]
+    if deciding.code in ("data_wait", "sawtooth_data_wait") and "mount" in deciding.values:
+        ordered.append(Finding(deciding.kind, "nfs_prefetch", deciding.values))
+    ordered += [f for f in others if f.code in EXTRA_ADVICE and f.severity != "critical"]
+    seen: set[str] = set()
+    texts = []
+    for finding in ordered:
+        if finding.code in seen:
+            continue
+        seen.add(finding.code)
+        if text := advice_text(finding.code, lang, finding.values):
+            texts.append(text)
+    return " ".join(texts)
 
 
 def _evidence_entry(evidence: Evidence) -> EvidenceEntry:
@@ -382,6 +578,10 @@ def _evidence_entry(evidence: Evidence) -> EvidenceEntry:
         "gpm_gpus": list(evidence.gpm_gpus),
         "memory_used_ratio": evidence.memory_used_ratio,
         "memory_full_gpus": list(evidence.memory_full_gpus),
+        "storage_mountpoint": evidence.storage_mountpoint,
+        "storage_source": evidence.storage_source,
+        "storage_read_bytes_per_second": evidence.storage_read_bytes_per_second,
+        "storage_read_rtt_seconds": evidence.storage_read_rtt_seconds,
     }
 
 
@@ -393,131 +593,3 @@ def _nccl_entry(problem: NcclState, lang: str) -> NcclEntry:
         "value": problem.value,
         "message": nccl_text(problem.problem, problem.variable, problem.value, lang),
     }
-
-
-# -- text -----------------------------------------------------------------------
-
-
-def render_text(report: Report) -> str:
-    """The human report, in ``report["lang"]``."""
-    lang = report["lang"]
-    source = report["source"]
-    lines: list[str] = []
-    if "seconds" not in source:  # nothing was measured
-        lines.append(heading("title_failed", lang, url=source.get("url", "")))
-    elif source.get("url"):
-        lines.append(heading("title_url", lang, url=source["url"], seconds=source["seconds"]))
-    else:
-        lines.append(heading("title_local", lang, seconds=source["seconds"]))
-    if report["status"] == "unmeasured" and not report["gpus"] and not report["jobs"]:
-        lines += ["", heading("unmeasured", lang, reason=report["reason"])]
-        return "\n".join(lines) + "\n"
-
-    lines += ["", heading("gpu", lang)]
-    lines += [_gpu_line(gpu, lang) for gpu in report["gpus"]] or [f"   {heading('no_gpu', lang)}"]
-    if report["gpus"] and all(gpu["sm_active_ratio"] is None for gpu in report["gpus"]):
-        lines.append(f"   {word('no_gpm', lang)}")
-
-    lines += ["", heading("storage", lang)]
-    for waiting in report["storage"]["jobs"]:
-        lines.append(f"   {word('job', lang)} {waiting['job']}: {word('data_wait', lang)} "
-                     f"{_percent(waiting['data_wait_ratio'])} (rank {waiting['rank']})")
-    lines += [_disk_line(disk, lang) for disk in report["storage"]["disks"]]
-    if not report["storage"]["jobs"] and not report["storage"]["disks"]:
-        lines.append(f"   {heading('no_disks', lang)}")
-
-    lines += ["", heading("network", lang)]
-    lines += [_communication_line(job, lang) for job in report["network"]["jobs"]]
-    lines += [_link_line(link, lang) for link in report["network"]["links"]]
-    if not report["network"]["jobs"] and not report["network"]["links"]:
-        lines.append(f"   {heading('no_links', lang)}")
-    lines += [f"   NCCL pid {p['pid']}: {p['message']}" for p in report["network"]["nccl"]]
-
-    lines += ["", heading("verdict", lang)]
-    if not report["jobs"]:
-        lines.append(f"   {heading('no_jobs', lang)}")
-    for job in report["jobs"]:
-        deciding, *others = job["findings"]
-        lines.append(f"   {job['job']}: {job['kind_name'].upper()} — {deciding['message']}")
-        lines += [f"      + {finding['message']}" for finding in others
-                  if finding["kind"] != job["kind"] or finding["code"] != deciding["code"]]
-        lines += [f"      ! NCCL: {problem['message']}" for problem in job["nccl"]]
-        if job["advice"]:
-            lines.append(f"      {heading('next', lang)}: {job['advice']}")
-    lines.append("")
-    status = report["status"]
-    lines.append(heading("found", lang) if status == "bottleneck" else
-                 heading("healthy", lang) if status == "healthy" else
-                 heading("unmeasured", lang, reason=report["reason"]))
-    return "\n".join(lines) + "\n"
-
-
-def _gpu_line(gpu: GPUEntry, lang: str) -> str:
-    parts = [f"   gpu {gpu['gpu']}: {_percent(gpu['utilization_ratio'])} {word('busy', lang)}"]
-    if gpu["sawtooth_ratio"] is not None:
-        parts.append(f"{word('sawtooth', lang)} {gpu['sawtooth_ratio']:.2f}")
-    for key, ratio in (("sm_active", gpu["sm_active_ratio"]),
-                       ("sm_occupancy", gpu["sm_occupancy_ratio"]),
-                       ("tensor_active", gpu["tensor_active_ratio"]),
-                       ("dram_active", gpu["dram_active_ratio"])):
-        if ratio is not None:
-            parts.append(f"{word(key, lang)} {_percent(ratio)}")
-    used, total = gpu["memory_used_bytes"], gpu["memory_total_bytes"]
-    if used is not None and total:
-        parts.append(f"{used / 2**30:.1f} {word('memory_of', lang)} {total / 2**30:.1f} "
-                     f"{word('used', lang)} ({_percent(used / total)})")
-    elif used is not None:
-        parts.append(f"{used / 2**30:.1f} {word('used', lang)}")
-    owners = []
-    if gpu["job"]:
-        owners.append(f"{word('job', lang)} {gpu['job']} rank {gpu['rank']}")
-    for process in gpu["processes"]:
-        where = (f"pod {process['namespace']}/{process['pod']}" if process["pod"]
-                 else f"slurm {process['slurm_job']}" if process["slurm_job"] else "")
-        owners.append(f"pid {process['pid']} ({process['job']}{', ' + where if where else ''})")
-    line = ", ".join(parts)
-    return f"{line} — {'; '.join(owners)}" if owners else line
-
-
-def _communication_line(job: NetworkJobEntry, lang: str) -> str:
-    """``job llm: communication 12% (measured exposed; overlapped 30%, 9.1 GB/s)``."""
-    source = job["comm_source"]
-    details = [word(f"comm_{source}", lang)] if source else []
-    if job["comm_overlapped_ratio"] is not None:
-        details.append(f"{word('overlapped', lang)} {_percent(job['comm_overlapped_ratio'])}")
-    if job["comm_bytes_per_second"] is not None:
-        details.append(f"{_rate(job['comm_bytes_per_second'])} {word('in_flight', lang)}")
-    line = (f"   {word('job', lang)} {job['job']}: {word('communication', lang)} "
-            f"{_percent(job['comm_ratio'])}")
-    return f"{line} ({'; '.join(details)})" if details else line
-
-
-def _disk_line(disk: DiskEntry, lang: str) -> str:
-    return (f"   {word('disk', lang)} {disk['device']}: {_percent(disk['busy_ratio'])} "
-            f"{word('busy', lang)}, {word('read', lang)} {_rate(disk['read_bytes_per_second'])}, "
-            f"{word('write', lang)} {_rate(disk['write_bytes_per_second'])}")
-
-
-def _link_line(link: LinkEntry, lang: str) -> str:
-    name = (f"{link['device']} {word('port', lang)} {link['port']}" if link["port"]
-            else link["device"])
-    line = (f"   {name}: {word('receive', lang)} {_rate(link['receive_bytes_per_second'])}, "
-            f"{word('transmit', lang)} {_rate(link['transmit_bytes_per_second'])}")
-    if link["utilization_ratio"] is not None:
-        line += (f" ({_percent(link['utilization_ratio'])} {word('of', lang)} "
-                 f"{_rate(link['rate_bytes_per_second'])})")
-    return line
-
-
-def _percent(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.0%}"
-
-
-def _rate(value: float | None) -> str:
-    """Bytes per second in decimal units (as link rates are quoted)."""
-    if value is None:
-        return "n/a"
-    for unit, scale in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
-        if value >= scale:
-            return f"{value / scale:.1f} {unit}"
-    return f"{value:.0f} B/s"

@@ -75,6 +75,11 @@ kept as a finding:
     than ``memory_headroom_ratio`` of its memory free (never the deciding
     finding: it is a risk, not what holds the job back now).
 
+After the verdict's findings come the risk findings of ``risks`` (spot
+reclaim, checkpoint age and storage, NUMA, NCCL over sockets), critical before
+warning; they never decide the kind. A storage finding names the NFS/CFS mount
+the data comes from when one reads (``risks.with_storage_source``).
+
 A GPU process belongs to a job when a rank reports its PID, else when a rank
 reports its GPU (a rank in a container reports the PID of its own namespace,
 NVML the host's). The others form pseudo-jobs named
@@ -86,9 +91,11 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
+from trainmon.diagnosis import risks
 from trainmon.diagnosis.config import DiagnosisConfig
+from trainmon.diagnosis.finding import SEVERITIES, Finding
 from trainmon.diagnosis.measure import (
     GPUProcessState,
     GPUState,
@@ -104,15 +111,6 @@ KINDS = ("compute", "communication", "storage", "scheduling", "none")
 ALIVE_SECONDS = 30.0
 #: Verdicts that name a bottleneck worth acting on (``doctor`` exits 1).
 ACTIONABLE_KINDS = ("communication", "storage", "scheduling")
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One rule that fired: its kind, its code and the numbers behind it."""
-
-    kind: str
-    code: str
-    values: dict[str, float | str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -158,6 +156,13 @@ class Evidence:
     #: ``memory_headroom_ratio`` of full.
     memory_used_ratio: float | None = None
     memory_full_gpus: tuple[str, ...] = ()
+    #: The NFS/CFS mount the data comes from, when a storage finding fired and a
+    #: network filesystem reads (the busiest): mount point, ``server:export``, read
+    #: bytes per second and mean round trip per READ (seconds).
+    storage_mountpoint: str = ""
+    storage_source: str = ""
+    storage_read_bytes_per_second: float | None = None
+    storage_read_rtt_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -185,18 +190,63 @@ def diagnose(node: NodeMeasurements, config: DiagnosisConfig) -> list[Verdict]:
             held.setdefault(job, set()).add(process.gpu)
         else:
             unclaimed.setdefault(job, []).append(process)
+    numa_processes = numa_jobs(node)
+    mount = risks.busiest_nfs_mount(node)
+    reclaim = risks.reclaim_finding(node, [*sorted(jobs), *sorted(unclaimed)])
+    on_node = [reclaim] if reclaim else []
     verdicts = []
     for job, ranks in sorted(jobs.items()):
         job_gpus = sorted({r.gpu for r in ranks if r.gpu} | held.get(job, set()))
         evidence = _evidence(ranks, [gpus[g] for g in job_gpus if g in gpus], busiest,
                              node.wall_time, config)
-        findings = _job_findings(ranks, evidence, config)
+        findings = risks.with_storage_source(_job_findings(ranks, evidence, config), mount)
+        if mount is not None and any(f.code in risks.STORAGE_CODES for f in findings):
+            evidence = replace(
+                evidence, storage_mountpoint=mount.mountpoint, storage_source=mount.source,
+                storage_read_bytes_per_second=mount.read_bytes_per_second,
+                storage_read_rtt_seconds=mount.read_rtt_seconds)
+        sockets = risks.nccl_socket_finding(job, len(ranks), evidence.comm_ratio, node, config)
+        findings = _with_risks(findings, [
+            *on_node, *risks.checkpoint_findings(job, node, config),
+            *risks.numa_findings(numa_processes.get(job, set()), node, config),
+            *([sockets] if sockets else [])])
         pids = {rank.pid for rank in ranks if rank.pid}
         verdicts.append(Verdict(job, findings[0].kind, tuple(findings), evidence,
                                 tuple(n for n in node.nccl if n.pid in pids)))
     for name, processes in sorted(unclaimed.items()):
-        verdicts.append(_holder_verdict(name, processes, gpus, node.nccl, config))
+        verdict = _holder_verdict(name, processes, gpus, node.nccl, config)
+        verdicts.append(replace(verdict, findings=tuple(_with_risks(verdict.findings, [
+            *on_node, *risks.numa_findings(numa_processes.get(name, set()), node, config)]))))
     return verdicts
+
+
+def _with_risks(findings: Sequence[Finding], risk_findings: Sequence[Finding]) -> list[Finding]:
+    """The verdict's findings in rule order, then the risk findings, critical before
+    warning (in the order given within each: a spot reclaim first)."""
+    ranked = sorted(risk_findings, key=lambda f: SEVERITIES.index(f.severity))
+    return [*findings, *ranked]
+
+
+def node_findings(node: NodeMeasurements, verdicts: Sequence[Verdict]) -> list[Finding]:
+    """The findings about the node itself, whatever runs on it (a spot reclaim)."""
+    reclaim = risks.reclaim_finding(node, [verdict.job for verdict in verdicts])
+    return [reclaim] if reclaim else []
+
+
+def numa_jobs(node: NodeMeasurements) -> dict[str, set[tuple[str, str]]]:
+    """The ``(gpu, pid)`` of every process with a NUMA ratio, by job: as GPU
+    processes are joined (``process_jobs``), else by the PID or GPU a rank
+    reports, else the ``pid:`` pseudo-job."""
+    by_process = {(p.gpu, p.pid): job for p, job in process_jobs(node).items()}
+    job_of_pid = {rank.pid: rank.job for rank in node.ranks if rank.pid}
+    job_of_gpu = {rank.gpu: rank.job for rank in node.ranks if rank.gpu}
+    jobs: dict[str, set[tuple[str, str]]] = {}
+    for process in node.platform.numa_processes:
+        key = (process.gpu, process.pid)
+        job = (by_process.get(key) or job_of_pid.get(process.pid)
+               or job_of_gpu.get(process.gpu) or f"pid:{process.pid}")
+        jobs.setdefault(job, set()).add(key)
+    return jobs
 
 
 def process_jobs(node: NodeMeasurements) -> dict[GPUProcessState, str]:

@@ -1,9 +1,13 @@
 """Plain-language text of the diagnosis, in English and Chinese.
 
-One catalogue, keyed by the stable codes of ``rules`` (finding codes) and
-``trainmon.diagnosis.nccl`` (problem names), so ``doctor``'s report, its JSON and the
-docs use the same words. Each entry is an ``(English, 中文)`` pair of
-``str.format`` templates over the finding's values.
+One catalogue, keyed by the stable codes of ``rules`` and ``risks`` (finding
+codes) and ``trainmon.diagnosis.nccl`` (problem names), so ``doctor``'s report,
+its JSON and the docs use the same words. The risk findings' Chinese follows
+the article the project grew from (竞价实例即将被回收, checkpoint 一定不要只写在本地临时盘,
+预热, numactl 绑核). Each entry is an ``(English, 中文)`` pair of
+``str.format`` templates over the finding's values (advice too: ``numactl
+--cpunodebind={node:.0f}``); each ``*_bytes_per_second`` value also comes as
+``*_bytes_per_second_text`` (``180.0 MB/s``).
 """
 
 from __future__ import annotations
@@ -34,6 +38,9 @@ HEADINGS: Mapping[str, Pair] = {
     "storage": ("2. Storage", "2. 存储"),
     "network": ("3. Network", "3. 网络"),
     "verdict": ("4. Verdict", "4. 结论"),
+    "platform": ("0. Platform", "0. 平台"),
+    "no_platform": ("no platform metrics (the platform collector is off or not present)",
+                    "未测到平台指标（platform 采集器未开启或不存在）"),
     "no_gpu": ("no GPU measured (NVML unavailable, or the gpu collector is off)",
                "未测到 GPU（NVML 不可用，或 gpu 采集器未开启）"),
     "no_jobs": ("no training job reported steps and no GPU process was seen",
@@ -43,6 +50,8 @@ HEADINGS: Mapping[str, Pair] = {
     "next": ("next", "下一步"),
     "healthy": ("No bottleneck that needs action.", "没有需要处理的瓶颈。"),
     "found": ("Bottleneck found.", "发现瓶颈。"),
+    "risk": ("No bottleneck, but a risk that needs action (critical or warning above).",
+             "没有瓶颈，但有需要处理的风险（见上面的 critical 或 warning）。"),
     "unmeasured": ("Could not measure: {reason}", "无法测量：{reason}"),
 }
 
@@ -72,6 +81,34 @@ WORDS: Mapping[str, Pair] = {
     "tensor_active": ("tensor", "Tensor Core"),
     "dram_active": ("DRAM", "显存带宽"),
     "memory_of": ("of", "/"),
+    "provider": ("provider", "平台"),
+    "instance": ("instance", "实例"),
+    "region": ("region", "地域"),
+    "zone": ("zone", "可用区"),
+    "spot": ("spot instance", "竞价实例"),
+    "yes": ("yes", "是"),
+    "no": ("no", "否"),
+    "unknown": ("unknown", "未知"),
+    "metadata": ("metadata service", "元数据服务"),
+    "up": ("up", "正常"),
+    "down": ("down", "不可用"),
+    "reclaim_at": ("reclaim scheduled at {at} (in {seconds:.0f} s)",
+                   "计划回收时间 {at}（还剩 {seconds:.0f} 秒）"),
+    "no_reclaim": ("no reclaim scheduled", "没有计划中的回收"),
+    "checkpoint": ("last checkpoint", "最近 checkpoint"),
+    "ago": ("ago", "前"),
+    "took": ("took", "耗时"),
+    "checkpoints": ("checkpoints", "次 checkpoint"),
+    "no_checkpoint": ("no checkpoint reported", "未上报 checkpoint"),
+    "nfs_reads": ("per READ", "每次 READ"),
+    "numa_node": ("NUMA node", "NUMA 节点"),
+    "numa_local": ("of its CPUs on the GPU's node", "的 CPU 在 GPU 所在节点"),
+    "numa_unknown": ("NUMA topology unknown (virtualised host: numa_node = -1); binding is "
+                     "unlikely to pay off here",
+                     "NUMA 拓扑未知（虚拟化主机：numa_node = -1）；在这里绑核收益很小"),
+    "numa_no_ratio": ("no process CPU binding measured", "未测到进程的 CPU 绑定"),
+    "rdma_active": ("ACTIVE", "ACTIVE"),
+    "rdma_down": ("not active", "未激活"),
     "no_gpm": ("no SM/tensor/DRAM activity (GPM needs Hopper or newer): a compute verdict "
                "rests on utilization alone",
                "未测到 SM/Tensor Core/显存带宽活跃度（GPM 需要 Hopper 及更新的 GPU）："
@@ -158,6 +195,39 @@ FINDINGS: Mapping[str, Pair] = {
     "no_telemetry": (
         "pid(s) {pids} use GPUs but report no training steps",
         "进程 {pids} 在使用 GPU，但没有上报训练步数"),
+    "spot_reclaim": (
+        "spot instance will be reclaimed at {at} (in {seconds:.0f} s) — checkpoint now; "
+        "jobs on this node: {jobs}",
+        "竞价实例即将被回收：{at}（还剩 {seconds:.0f} 秒）——立即保存 checkpoint；"
+        "本节点上的任务：{jobs}"),
+    "checkpoint_overdue": (
+        "last checkpoint {age:.0f} s ago ({at}) on a spot instance (threshold "
+        "{threshold:.0f} s): a reclaim loses all training since then",
+        "运行在竞价实例上，最近一次 checkpoint 在 {age:.0f} 秒前（{at}，阈值 {threshold:.0f} 秒）："
+        "实例一旦被回收，之后的训练全部白做"),
+    "checkpoint_missing": (
+        "no checkpoint reported in {run:.0f} s of training on a spot instance (threshold "
+        "{threshold:.0f} s; jobs report them with reporter.checkpoint(path))",
+        "运行在竞价实例上，已训练 {run:.0f} 秒却没有上报任何 checkpoint（阈值 {threshold:.0f} 秒；"
+        "用 reporter.checkpoint(path) 上报）"),
+    "checkpoint_local_disk": (
+        "checkpoints are written to {mountpoint} ({fstype}, {storage}): storage that is lost "
+        "with the cloud instance",
+        "checkpoint 写在 {mountpoint}（{fstype}，{storage}）：云实例释放或回收后这份存储就没了，"
+        "checkpoint 一定不要只写在本地临时盘"),
+    "numa_far": (
+        "process(es) {processes} run mostly on CPUs outside their GPU's NUMA node (share of "
+        "allowed CPUs on the GPU's node; threshold {threshold:.0%})",
+        "进程 {processes} 的 CPU 大多不在其 GPU 所在的 NUMA 节点上"
+        "（括号内为允许使用的 CPU 中位于 GPU 所在节点的比例；阈值 {threshold:.0%}）"),
+    "nccl_over_sockets": (
+        "NCCL seems to run over TCP sockets although RDMA is present: communication takes "
+        "{ratio:.0%} of each step (threshold {threshold:.0%}) of a job on {world_size:.0f} "
+        "ranks, yet the ACTIVE RDMA ports {rdma} move only {rdma_bytes_per_second_text} while "
+        "{nic} carries {nic_bytes_per_second_text}",
+        "节点有 RDMA，NCCL 却像是在走 TCP Socket：这个 {world_size:.0f} 个 rank 的任务每步有 "
+        "{ratio:.0%} 的时间在通信（阈值 {threshold:.0%}），但处于 ACTIVE 的 RDMA 端口 {rdma} "
+        "只有 {rdma_bytes_per_second_text}，而网卡 {nic} 承载了 {nic_bytes_per_second_text}"),
 }
 
 ADVICE: Mapping[str, Pair] = {
@@ -284,9 +354,83 @@ ADVICE: Mapping[str, Pair] = {
         "tell what holds the job back.",
         "在训练循环中用 trainmon.client.Reporter 上报步数，trainmon 才能判断任务被什么拖慢。"),
 }
+ADVICE = {**ADVICE, **{
+    "spot_reclaim": (
+        "Save a checkpoint now, to a cloud disk (CBS), CFS or COS rather than the instance's "
+        "local disk, and resume on a new instance from the same image "
+        "(--resume_from_checkpoint): save → release the old instance → start a new one → "
+        "resume, task-level elasticity instead of auto scaling.",
+        "立即保存 checkpoint，写到云硬盘（CBS）、CFS 或 COS，不要只写实例本地盘；"
+        "再用同一份镜像新开实例，从最近的 checkpoint 恢复训练（--resume_from_checkpoint）："
+        "保存 checkpoint → 关闭旧实例 → 开启新实例 → 恢复训练，用任务级弹性代替自动伸缩。"),
+    "checkpoint_overdue": (
+        "Checkpoint more often on spot instances (within {threshold:.0f} s), to a cloud disk "
+        "(CBS), CFS or COS, and make the script resume from the latest one "
+        "(--resume_from_checkpoint).",
+        "竞价实例上要更频繁地保存 checkpoint（间隔不超过 {threshold:.0f} 秒），写到云硬盘（CBS）、"
+        "CFS 或 COS，并让训练脚本支持从最近的 checkpoint 断点续训（--resume_from_checkpoint）。"),
+    "checkpoint_missing": (
+        "A spot instance may be reclaimed at any time: save checkpoints (within {threshold:.0f} "
+        "s) to a cloud disk (CBS), CFS or COS and report them with "
+        "`with reporter.checkpoint(path): torch.save(...)`, so trainmon can tell their age.",
+        "竞价实例随时可能被回收：定期保存 checkpoint（间隔不超过 {threshold:.0f} 秒），"
+        "写到云硬盘（CBS）、CFS 或 COS，并用 `with reporter.checkpoint(path): torch.save(...)` "
+        "上报，trainmon 才能知道它有多旧。"),
+    "checkpoint_local_disk": (
+        "Never keep checkpoints only on the instance's local or temporary disk: write them to "
+        "a cloud disk (CBS), CFS or COS (or copy each one there), so a failed or reclaimed "
+        "instance can be replaced from the same image and resume.",
+        "checkpoint 一定不要只写在本地临时盘，要写到云硬盘（CBS）、CFS 或 COS 上"
+        "（或每次保存后拷过去），"
+        "这样实例故障或被回收后，用同一份镜像重开实例就能继续训练。"),
+    "numa_far": (
+        "Bind each rank to its GPU's NUMA node: numactl --cpunodebind={node:.0f} "
+        "--membind={node:.0f} python train.py for GPU {gpu} (lscpu and nvidia-smi topo -m "
+        "show which node each GPU and NIC sits on; torchrun ranks can bind themselves with "
+        "os.sched_setaffinity). On virtualised hosts check that it helps before keeping it.",
+        "把每个 rank 绑到其 GPU 所在的 NUMA 节点：GPU {gpu} 用 numactl --cpunodebind={node:.0f} "
+        "--membind={node:.0f} python train.py（lscpu 和 nvidia-smi topo -m 可以看到每块 GPU 与网卡"
+        "所在的节点；torchrun 启动的 rank 也可以用 os.sched_setaffinity 自行绑核）。"
+        "虚拟化环境里先确认绑定确实有收益再保留。"),
+    "nccl_over_sockets": (
+        "Make NCCL use the RDMA ports: run once with NCCL_DEBUG=INFO and look for NET/IB, not "
+        "NET/Socket, in the log; set NCCL_IB_DISABLE=0, NCCL_IB_HCA={hcas}, "
+        "NCCL_SOCKET_IFNAME={nic} (bootstrap only), NCCL_IB_GID_INDEX on RoCE, and "
+        "NCCL_NET_GDR_LEVEL for GPUDirect RDMA; give the pod its RDMA device (and IPC_LOCK). "
+        "Then nccl-tests all_reduce_perf should reach the fabric's bandwidth.",
+        "让 NCCL 走 RDMA：用 NCCL_DEBUG=INFO 跑一次，日志里应出现 NET/IB 而不是 NET/Socket；"
+        "设置 NCCL_IB_DISABLE=0、NCCL_IB_HCA={hcas}、NCCL_SOCKET_IFNAME={nic}（仅用于 bootstrap），"
+        "RoCE 还要 NCCL_IB_GID_INDEX，GPUDirect RDMA 看 NCCL_NET_GDR_LEVEL；"
+        "为 pod 分配 RDMA 设备（及 IPC_LOCK）。"
+        "之后用 nccl-tests 的 all_reduce_perf 确认带宽达到标称值。"),
+    "nfs_prefetch": (
+        "The data is read from {source} ({fstype}) during training: warm the dataset onto "
+        "local NVMe (or a high-performance cloud disk) before training starts and read it "
+        "from there — don't let the training loop fetch remote files every step; pack small "
+        "files into large shards (TFRecord, WebDataset).",
+        "训练时在从 {source}（{fstype}）读数据：训练开始前先做一轮预热，把数据集拷到本地 NVMe"
+        "（或高性能云硬盘）上再读，不要让训练循环每次都远程读文件；小文件打包成大文件"
+        "（TFRecord、WebDataset）。"),
+}}
 ADVICE_ALIASES = {"sawtooth_data_wait": "data_wait", "gpu_bound_unmeasured": "gpu_bound"}
 #: Findings whose advice is added to the deciding finding's, wherever they stand.
-EXTRA_ADVICE = ("oom_risk",)
+EXTRA_ADVICE = ("oom_risk", "spot_reclaim", "checkpoint_overdue", "checkpoint_missing",
+                "checkpoint_local_disk", "numa_far", "nccl_over_sockets")
+
+#: Added to a storage finding whose data comes from an NFS/CFS mount
+#: (``risks.with_storage_source``), with and without a READ round trip.
+STORAGE_SOURCE_NOTE: Pair = (
+    "; dataset read from CFS/NFS {source} at {mount}: {read_bytes_per_second_text}, "
+    "{read_rtt_milliseconds:.0f} ms per READ",
+    "；数据集从 CFS/NFS {source}（挂载于 {mount}）读取：{read_bytes_per_second_text}，"
+    "每次 READ {read_rtt_milliseconds:.0f} 毫秒")
+STORAGE_SOURCE_NOTE_NO_RTT: Pair = (
+    "; dataset read from CFS/NFS {source} at {mount}: {read_bytes_per_second_text}",
+    "；数据集从 CFS/NFS {source}（挂载于 {mount}）读取：{read_bytes_per_second_text}")
+#: Added to a checkpoint finding while a reclaim is scheduled.
+RECLAIM_NOTE: Pair = (
+    "; the instance is reclaimed in {reclaim_seconds:.0f} s",
+    "；实例将在 {reclaim_seconds:.0f} 秒后被回收")
 
 #: Added to a communication finding whose GPUs look busy with idle SMs (GPM).
 NCCL_BUSY_NOTE: Pair = (
@@ -345,16 +489,43 @@ def heading(key: str, lang: str, **values: object) -> str:
 def finding_text(code: str, values: Mapping[str, object], lang: str) -> str:
     if code == "gpu_bound" and "utilization" not in values:
         code = "gpu_bound_unmeasured"
+    values = _with_rate_texts(values)
     pair = FINDINGS.get(code)
     text = render(pick(pair, lang), values) if pair else code
     if code in ("comm_exposed", "comm_phase") and "sm_active" in values:
         text += render(pick(NCCL_BUSY_NOTE, lang), values)
+    if "mount" in values:
+        note = STORAGE_SOURCE_NOTE if "read_rtt_milliseconds" in values else (
+            STORAGE_SOURCE_NOTE_NO_RTT)
+        text += render(pick(note, lang), values)
+    if code.startswith("checkpoint_") and "reclaim_seconds" in values:
+        text += render(pick(RECLAIM_NOTE, lang), values)
     return text
 
 
-def advice_text(code: str, lang: str) -> str:
+def advice_text(code: str, lang: str, values: Mapping[str, object] | None = None) -> str:
+    """The next step of a finding, its template filled from the finding's ``values``."""
     pair = ADVICE.get(ADVICE_ALIASES.get(code, code))
-    return pick(pair, lang) if pair else ""
+    if not pair:
+        return ""
+    return render(pick(pair, lang), _with_rate_texts(values or {}))
+
+
+def rate_text(value: float | None) -> str:
+    """Bytes per second in decimal units (as link rates are quoted)."""
+    if value is None:
+        return "n/a"
+    for unit, scale in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.1f} {unit}"
+    return f"{value:.0f} B/s"
+
+
+def _with_rate_texts(values: Mapping[str, object]) -> Mapping[str, object]:
+    """``values`` plus ``<key>_text`` for each ``*_bytes_per_second`` number (``180.0 MB/s``)."""
+    texts = {f"{key}_text": rate_text(value) for key, value in values.items()
+             if key.endswith("_bytes_per_second") and isinstance(value, (int, float))}
+    return {**values, **texts} if texts else values
 
 
 def nccl_text(problem: str, variable: str, value: str, lang: str) -> str:

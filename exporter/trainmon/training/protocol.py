@@ -42,6 +42,10 @@ DEFAULT_MAX_LABEL_LENGTH = 128
 #: Counts and integer fields stay exactly representable as a float64.
 MAX_COUNT = 2**53
 MAX_RANK = 2**31 - 1
+#: Longest ``checkpoint_path`` (bytes of UTF-8): Linux's PATH_MAX. A report
+#: line stays within ``MAX_LINE_BYTES`` with it (a report without phases is
+#: well under 1 KiB; 32 long phase names add at most about 4.5 KiB).
+MAX_PATH_BYTES = 4096
 
 #: Characters allowed in ``job`` and phase names: no quotes, spaces, newlines,
 #: control characters or non-ASCII, so every consumer of the exposition (PromQL
@@ -103,6 +107,15 @@ class StepReport:
     comm_exposed_seconds: float | None = None
     #: Bytes of the collectives' buffers (the payload each rank contributes).
     comm_bytes: int | None = None
+    #: Checkpoints the reporter completed, cumulative; ``None`` where it does
+    #: not report checkpoints (unknown, not zero).
+    checkpoints: int | None = None
+    #: Seconds spent saving those checkpoints, cumulative (``None`` with ``checkpoints``).
+    checkpoint_seconds: float | None = None
+    #: Unix time (seconds) at which the last checkpoint save completed.
+    last_checkpoint_time: float | None = None
+    #: Absolute path of the last checkpoint written (as the training process sees it).
+    checkpoint_path: str | None = None
 
 
 def sanitize_label(value: str, max_length: int = DEFAULT_MAX_LABEL_LENGTH) -> str:
@@ -194,6 +207,7 @@ def _build(data: dict[str, object], max_label_length: int) -> StepReport:
         raise ReportError("invalid_field", "reporter_id must match [A-Za-z0-9_-]{1,64}")
     last_step = data.get("last_step_time")
     comm, exposed, comm_bytes = _comm(data, step_seconds)
+    checkpoints, checkpoint_seconds, last_checkpoint, checkpoint_path = _checkpoint(data)
     return StepReport(
         job=_label(data.get("job"), "job", max_label_length),
         rank=rank,
@@ -213,6 +227,10 @@ def _build(data: dict[str, object], max_label_length: int) -> StepReport:
         comm_seconds=comm,
         comm_exposed_seconds=exposed,
         comm_bytes=comm_bytes,
+        checkpoints=checkpoints,
+        checkpoint_seconds=checkpoint_seconds,
+        last_checkpoint_time=last_checkpoint,
+        checkpoint_path=checkpoint_path,
     )
 
 
@@ -232,6 +250,65 @@ def _comm(
         if exposed > step_seconds * (1 + 1e-9) + 1e-6:
             raise ReportError("invalid_field", "comm_exposed_seconds exceeds step_seconds")
     return comm, exposed, comm_bytes
+
+
+def _checkpoint(
+    data: Mapping[str, object],
+) -> tuple[int | None, float | None, float | None, str | None]:
+    """The optional checkpoint fields: each absent (None) or valid, and consistent.
+
+    ``checkpoints`` is the anchor: ``checkpoint_seconds`` requires it (and is
+    0 when it is absent with it), ``last_checkpoint_time`` and
+    ``checkpoint_path`` require ``checkpoints >= 1`` (no checkpoint has no
+    time or path). ``checkpoint_path`` is absolute, at most
+    ``MAX_PATH_BYTES`` bytes of UTF-8 and free of control characters; it is
+    rejected, never rewritten.
+    """
+    checkpoints = None if data.get("checkpoints") is None else _count(data, "checkpoints")
+    seconds = (
+        None if data.get("checkpoint_seconds") is None else _seconds(data, "checkpoint_seconds")
+    )
+    last = (
+        None if data.get("last_checkpoint_time") is None
+        else _seconds(data, "last_checkpoint_time")
+    )
+    path = data.get("checkpoint_path")
+    if checkpoints is None:
+        if seconds is not None or last is not None or path is not None:
+            raise ReportError(
+                "invalid_field",
+                "checkpoint_seconds, last_checkpoint_time and checkpoint_path need checkpoints",
+            )
+        return None, None, None, None
+    if checkpoints == 0 and (last is not None or path is not None):
+        raise ReportError(
+            "invalid_field", "last_checkpoint_time and checkpoint_path need checkpoints >= 1"
+        )
+    if path is not None:
+        path = _path(path)
+    return checkpoints, 0.0 if seconds is None else seconds, last, path
+
+
+#: C0 controls and DEL; C1 controls (U+0080-U+009F) as well.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _path(value: object) -> str:
+    if not isinstance(value, str):
+        raise ReportError("invalid_field", "checkpoint_path must be a string")
+    if not value.startswith("/"):
+        raise ReportError("invalid_field", "checkpoint_path must be an absolute path")
+    if _CONTROL.search(value):
+        raise ReportError("invalid_field", "checkpoint_path must not hold control characters")
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate from a "\ud800" escape
+        raise ReportError("invalid_field", "checkpoint_path must be valid Unicode") from None
+    if size > MAX_PATH_BYTES:
+        raise ReportError(
+            "invalid_field", f"checkpoint_path of {size} bytes exceeds {MAX_PATH_BYTES}"
+        )
+    return value
 
 
 def _integer(data: Mapping[str, object], key: str, minimum: int, maximum: int) -> int:

@@ -10,7 +10,16 @@ reset while the rank's series lives. A repeated or stale report adds nothing.
 The optional measured-communication totals (``comm_seconds``,
 ``comm_exposed_seconds``, ``comm_bytes``) follow the same rules; a rank has
 them only from its first report that carries them (unknown is not zero), and
-a report that lacks them neither resets nor adds to them.
+a report that lacks them neither resets nor adds to them. The checkpoint
+totals (``checkpoints``, ``checkpoint_seconds``) are optional in the same way.
+Each rank also keeps its last checkpoint: the time (the sender's
+``last_checkpoint_time``, clamped to this daemon's clock; the arrival time
+without it), the duration (the increase of ``checkpoint_seconds`` over the
+increase of ``checkpoints`` in the report that advanced the count: exact for
+one new checkpoint, the mean of several saved between two reports) and the
+path; only a report that advances the count changes them. The path's
+filesystem is resolved by the collector at scrape time, not here: ingestion
+is on the push path and stays free of I/O.
 
 Memory is bounded by ``max_jobs`` × ``max_ranks_per_job`` ranks (least recently
 updated first out), ``MAX_REPORTERS_PER_RANK`` remembered reporters and
@@ -65,6 +74,8 @@ class Totals:
     comm_seconds: float | None = None
     comm_exposed_seconds: float | None = None
     comm_bytes: int | None = None
+    checkpoints: int | None = None
+    checkpoint_seconds: float | None = None
 
     @classmethod
     def of(cls, report: StepReport) -> Totals:
@@ -79,6 +90,8 @@ class Totals:
             comm_seconds=report.comm_seconds,
             comm_exposed_seconds=report.comm_exposed_seconds,
             comm_bytes=report.comm_bytes,
+            checkpoints=report.checkpoints,
+            checkpoint_seconds=report.checkpoint_seconds,
         )
 
     def copy(self) -> Totals:
@@ -89,8 +102,9 @@ class Totals:
     def covers(self, earlier: Totals) -> bool:
         """True when no total is below ``earlier``'s (same reporter, no reset).
 
-        A measured-communication total that this report lacks tells nothing
-        (the reporter stopped sending it), so it does not count as a reset.
+        An optional total (measured communication, checkpoints) that this
+        report lacks tells nothing (the reporter stopped sending it), so it
+        does not count as a reset.
         """
         return (
             self.steps >= earlier.steps
@@ -102,15 +116,15 @@ class Totals:
             and all(self.phase_seconds.get(name, -1.0) >= value
                     for name, value in earlier.phase_seconds.items())
             and all(now is None or then is None or now >= then
-                    for now, then in zip(self._comm(), earlier._comm(), strict=True))
+                    for now, then in zip(self._optional(), earlier._optional(), strict=True))
         )
 
     def add_difference(self, newer: Totals, older: Totals) -> None:
         """Add ``newer - older`` field by field (``older`` all zero for a new reporter).
 
-        A measured-communication total counts from zero where ``older`` lacks
-        it (the reporter's first report that carries it) and adds nothing
-        where ``newer`` lacks it.
+        An optional total (measured communication, checkpoints) counts from
+        zero where ``older`` lacks it (the reporter's first report that
+        carries it) and adds nothing where ``newer`` lacks it.
         """
         self.steps += newer.steps - older.steps
         self.samples += newer.samples - older.samples
@@ -135,19 +149,43 @@ class Totals:
         if newer.comm_bytes is not None:
             self.comm_bytes = (self.comm_bytes or 0) + (
                 newer.comm_bytes - (older.comm_bytes or 0))
+        if newer.checkpoints is not None:
+            self.checkpoints = (self.checkpoints or 0) + (
+                newer.checkpoints - (older.checkpoints or 0))
+        if newer.checkpoint_seconds is not None:
+            self.checkpoint_seconds = (self.checkpoint_seconds or 0.0) + (
+                newer.checkpoint_seconds - (older.checkpoint_seconds or 0.0))
 
-    def keep_comm_of(self, older: Totals) -> None:
-        """Carry ``older``'s measured-communication totals over where this lacks them,
-        so a reporter that skips them in one report is not counted twice when they return."""
+    def keep_optional_of(self, older: Totals) -> None:
+        """Carry ``older``'s optional totals (communication, checkpoints) over where
+        this lacks them, so a reporter that skips them in one report is not
+        counted twice when they return."""
         if self.comm_seconds is None:
             self.comm_seconds = older.comm_seconds
         if self.comm_exposed_seconds is None:
             self.comm_exposed_seconds = older.comm_exposed_seconds
         if self.comm_bytes is None:
             self.comm_bytes = older.comm_bytes
+        if self.checkpoints is None:
+            self.checkpoints = older.checkpoints
+        if self.checkpoint_seconds is None:
+            self.checkpoint_seconds = older.checkpoint_seconds
 
-    def _comm(self) -> tuple[float | None, float | None, float | None]:
-        return self.comm_seconds, self.comm_exposed_seconds, self.comm_bytes
+    def _optional(self) -> tuple[float | None, ...]:
+        return (self.comm_seconds, self.comm_exposed_seconds, self.comm_bytes,
+                self.checkpoints, self.checkpoint_seconds)
+
+
+@dataclass(frozen=True)
+class LastCheckpoint:
+    """The latest checkpoint a rank reported completing."""
+
+    #: Unix time (seconds) the save completed, never ahead of the daemon's clock.
+    time: float
+    #: Seconds that save took (the mean when several completed between two reports).
+    duration_seconds: float
+    #: Absolute path as the training process sees it; None when it sent none.
+    path: str | None
 
 
 _ZERO = Totals()
@@ -168,6 +206,7 @@ class _Rank:
     resets: int = 0
     #: (monotonic time, exported step seconds, exported data-wait seconds)
     window: deque[tuple[float, float, float]] = field(default_factory=deque)
+    last_checkpoint: LastCheckpoint | None = None
 
 
 @dataclass(frozen=True)
@@ -185,6 +224,7 @@ class RankView:
     last_report_time: float
     #: Data wait / step time over the last window; None before any step time.
     data_wait_ratio: float | None
+    last_checkpoint: LastCheckpoint | None = None
 
 
 @dataclass(frozen=True)
@@ -262,6 +302,7 @@ class TrainingStore:
                     last_step_time=state.last_step_time,
                     last_report_time=state.last_report_time,
                     data_wait_ratio=self._ratio(state),
+                    last_checkpoint=state.last_checkpoint,
                 )
                 for job, ranks in self._jobs.items()
                 for rank, state in ranks.items()
@@ -299,6 +340,7 @@ class TrainingStore:
             last_seen=now,
             last_step_time=self._step_time(report, None),
             last_report_time=self._wall_clock(),
+            last_checkpoint=self._checkpoint(report, _ZERO, None),
         )
         state.reporters[report.reporter_id] = Totals.of(report)
         # The reporter started from zero about step_seconds ago: seed the window
@@ -318,8 +360,9 @@ class TrainingStore:
         if previous is None:
             state.resets += 1
         state.totals.add_difference(new, previous or _ZERO)
+        state.last_checkpoint = self._checkpoint(report, previous or _ZERO, state.last_checkpoint)
         if previous is not None:
-            new.keep_comm_of(previous)
+            new.keep_optional_of(previous)
         state.reporters[report.reporter_id] = new
         state.reporters.move_to_end(report.reporter_id)
         while len(state.reporters) > MAX_REPORTERS_PER_RANK:
@@ -350,6 +393,25 @@ class TrainingStore:
             return None
         wait = state.totals.data_wait_seconds - anchor_wait
         return min(1.0, max(0.0, wait / step))
+
+    def _checkpoint(
+        self, report: StepReport, older: Totals, kept: LastCheckpoint | None
+    ) -> LastCheckpoint | None:
+        """The rank's last checkpoint after ``report``: new where it advanced the
+        count over ``older`` (the same reporter's previous totals), else ``kept``."""
+        if report.checkpoints is None:
+            return kept
+        advanced = report.checkpoints - (older.checkpoints or 0)
+        if advanced <= 0:
+            return kept
+        seconds = (report.checkpoint_seconds or 0.0) - (older.checkpoint_seconds or 0.0)
+        wall_now = self._wall_clock()
+        sent = report.last_checkpoint_time
+        return LastCheckpoint(
+            time=wall_now if sent is None else min(sent, wall_now),
+            duration_seconds=max(0.0, seconds) / advanced,
+            path=report.checkpoint_path,
+        )
 
     def _step_time(self, report: StepReport, previous: float | None) -> float | None:
         """The sender's last-step time, never in the future of this daemon's clock."""

@@ -1,0 +1,543 @@
+"""The platform risk findings (spot reclaim, checkpoints, NUMA, NCCL transport, NFS source).
+
+A contract-metric source plays the platform, training, NUMA, NFS, network and
+InfiniBand collectors: it emits the docs/metrics.md samples with values set
+here and advances its counters on every tick of a simulated clock. Its
+families are rendered to Prometheus text and parsed back (as ``doctor --url``
+reads a daemon) into the window the report is built from, or handed to the
+daemon's diagnosis collector; each finding is shown to fire and not to fire.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import pytest
+from prometheus_client import CollectorRegistry as PrometheusRegistry
+from prometheus_client import generate_latest
+
+from tests.diagnosis.diagnosis_support import ContractSource
+from tests.support.exposition import scrape
+from trainmon.collectors.diagnosis import DiagnosisCollector
+from trainmon.config import DiagnosisConfig, parse_config
+from trainmon.core.registry import CollectorRegistry
+from trainmon.diagnosis.measure import MEASURED_SAMPLES
+from trainmon.diagnosis.render import render_text
+from trainmon.diagnosis.report import Report, build_report, unmeasured_report
+from trainmon.diagnosis.samples import ScrapedSamples, Window
+from trainmon.settings import ConfigError
+
+WALL = 1_900_000_000.0
+TICK = 5.0
+
+
+@dataclass
+class PlatformNode:
+    """Job ``llm``: ranks 0 and 1 on GPUs 0 and 1 (pids 100, 101), 0.5 s steps on busy GPUs.
+
+    Every attribute left at None exports nothing, as a node without that source.
+    """
+
+    provider: str | None = "tencent"
+    labels: dict[str, str] = field(default_factory=lambda: {"leaf": "leaf-07", "rack": "r12"})
+    spot: float | None = None
+    metadata_up: float | None = 1.0
+    #: Seconds from the end of the window to a scheduled reclaim.
+    reclaim_in: float | None = None
+    #: Seconds before the end of the window of the last checkpoint.
+    checkpoint_age: float | None = None
+    checkpoint_storage: tuple[str, str, str] | None = None  # mountpoint, fstype, storage
+    #: Training-loop seconds of each rank before the window.
+    trained_seconds: float = 100.0
+    data_wait: float = 0.01  # of each 0.5 s step
+    comm_exposed: float = 0.02  # of each 0.5 s step, measured
+    world_size: float | None = None
+    numa_nodes: dict[str, int] = field(default_factory=dict)
+    numa_ratios: dict[tuple[str, str], float] = field(default_factory=dict)
+    #: InfiniBand port mlx5_0:1: ACTIVE?, receive + transmit bytes/s (split evenly).
+    ib_up: float | None = None
+    ib_rate: float = 0.0
+    #: eth0 receive + transmit bytes/s (split evenly).
+    nic_rate: float = 1e5
+    #: NFS mount /mnt/cfs: read bytes/s, READ ops/s, seconds of RTT per READ.
+    nfs_read: float | None = None
+    nfs_ops: float = 1000.0
+    nfs_rtt: float = 0.012
+    at: float = 1000.0
+    source: ContractSource = field(default_factory=lambda: ContractSource(name="training"))
+    ticks: int = 0
+
+    def wall(self) -> float:
+        return WALL + self.at
+
+    def clock(self) -> float:
+        return self.at
+
+    def end_wall(self, ticks: int = 6) -> float:
+        """Wall time of the last snapshot of a ``window(ticks)``."""
+        return WALL + self.at + TICK * (ticks - self.ticks)
+
+    def tick(self) -> None:
+        self.at += TICK
+        self.ticks += 1
+        s = self.source
+        steps = TICK / 0.5
+        for rank in ("0", "1"):
+            key = {"job": "llm", "rank": rank}
+            s.set("trainmon_training_rank_info", 1, **key, gpu=rank, pid=str(100 + int(rank)))
+            s.add("trainmon_training_step_seconds_count", steps, **key)
+            if "trainmon_training_step_seconds_sum" not in s.samples or (
+                    ("job", "llm"), ("rank", rank)) not in s.samples[
+                        "trainmon_training_step_seconds_sum"]:
+                s.set("trainmon_training_step_seconds_sum", self.trained_seconds, **key)
+            s.add("trainmon_training_step_seconds_sum", TICK, **key)
+            s.add("trainmon_training_data_wait_seconds_total", steps * self.data_wait, **key)
+            s.add("trainmon_training_comm_seconds_total", steps * self.comm_exposed, **key)
+            s.add("trainmon_training_comm_exposed_seconds_total", steps * self.comm_exposed,
+                  **key)
+            s.set("trainmon_training_last_step_timestamp_seconds", self.wall(), **key)
+            s.set("trainmon_gpu_utilization_ratio", 0.95, gpu=rank)
+            s.set("trainmon_gpu_process_info", 1, gpu=rank, pid=str(100 + int(rank)), pod="",
+                  namespace="", container="", slurm_job="", pod_uid="", container_id="")
+        if self.world_size is not None:
+            s.set("trainmon_training_world_size", self.world_size, job="llm")
+        if self.provider is not None:
+            s.set("trainmon_node_info", 1, provider=self.provider, instance_id="ins-7f3a",
+                  instance_type="GN10Xp.20XLARGE320", region="ap-shanghai",
+                  zone="ap-shanghai-5", **self.labels)
+        if self.spot is not None:
+            s.set("trainmon_node_spot_instance", self.spot)
+        if self.metadata_up is not None:
+            s.set("trainmon_platform_metadata_up", self.metadata_up)
+        if self.reclaim_in is not None:
+            s.set("trainmon_node_spot_termination_timestamp_seconds",
+                  self.end_wall() + self.reclaim_in)
+        if self.checkpoint_age is not None:
+            s.set("trainmon_training_last_checkpoint_timestamp_seconds",
+                  self.end_wall() - self.checkpoint_age, job="llm")
+            s.set("trainmon_training_last_checkpoint_duration_seconds", 12.5, job="llm")
+            for rank in ("0", "1"):
+                s.set("trainmon_training_checkpoints_total", 4, job="llm", rank=rank)
+        if self.checkpoint_storage is not None:
+            mountpoint, fstype, storage = self.checkpoint_storage
+            s.set("trainmon_training_checkpoint_storage_info", 1, job="llm",
+                  mountpoint=mountpoint, fstype=fstype, storage=storage)
+        for gpu, numa_node in self.numa_nodes.items():
+            s.set("trainmon_gpu_numa_node", numa_node, gpu=gpu)
+        for (gpu, pid), ratio in self.numa_ratios.items():
+            s.set("trainmon_gpu_process_numa_local_ratio", ratio, gpu=gpu, pid=pid)
+        if self.ib_up is not None:
+            s.set("trainmon_infiniband_port_up", self.ib_up, device="mlx5_0", port="1")
+            s.set("trainmon_infiniband_rate_bytes", 25e9, device="mlx5_0", port="1")
+            for direction in ("receive", "transmit"):
+                s.add(f"trainmon_infiniband_{direction}_bytes_total", TICK * self.ib_rate / 2,
+                      device="mlx5_0", port="1")
+        for direction in ("receive", "transmit"):
+            s.add(f"trainmon_network_{direction}_bytes_total", TICK * self.nic_rate / 2,
+                  device="eth0")
+        s.set("trainmon_network_speed_bytes", 3.125e9, device="eth0")
+        if self.nfs_read is not None:
+            mount = {"mountpoint": "/mnt/cfs"}
+            s.set("trainmon_nfs_mount_info", 1, **mount, server="10.0.0.8",
+                  export="/cfs-dataset", fstype="nfs4", version="4.1")
+            s.add("trainmon_nfs_read_bytes_total", TICK * self.nfs_read, **mount)
+            s.add("trainmon_nfs_write_bytes_total", 0.0, **mount)
+            s.add("trainmon_nfs_operations_total", TICK * self.nfs_ops, **mount,
+                  operation="READ")
+            s.add("trainmon_nfs_operation_rtt_seconds_total",
+                  TICK * self.nfs_ops * self.nfs_rtt, **mount, operation="READ")
+
+    def snapshot(self) -> ScrapedSamples:
+        """The source rendered as Prometheus text and parsed back, as ``doctor --url``."""
+        registry = PrometheusRegistry(auto_describe=False)
+        registry.register(self.source)
+        text = generate_latest(registry).decode()
+        return ScrapedSamples.from_text(text, self.at, self.wall(), MEASURED_SAMPLES)
+
+    def window(self, ticks: int = 6) -> Window:
+        snapshots = []
+        for _ in range(ticks):
+            self.tick()
+            snapshots.append(self.snapshot())
+        return Window(snapshots)
+
+    def report(self, lang: str = "en", config: DiagnosisConfig | None = None) -> Report:
+        return build_report(self.window(), config or DiagnosisConfig(), {"kind": "local"}, lang)
+
+
+def job(report: Report, name: str = "llm") -> dict[str, object]:
+    [entry] = [j for j in report["jobs"] if j["job"] == name]
+    return dict(entry)
+
+
+def codes(report: Report, name: str = "llm") -> list[str]:
+    [entry] = [j for j in report["jobs"] if j["job"] == name]
+    return [f["code"] for f in entry["findings"]]
+
+
+def finding(report: Report, code: str, name: str = "llm") -> dict[str, object]:
+    [entry] = [j for j in report["jobs"] if j["job"] == name]
+    [found] = [f for f in entry["findings"] if f["code"] == code]
+    return dict(found)
+
+
+# -- spot reclaim -------------------------------------------------------------------
+
+
+def test_a_scheduled_reclaim_is_critical_names_the_seconds_left_and_the_jobs() -> None:
+    report = PlatformNode(spot=1, reclaim_in=90).report()
+    platform = report["platform"]
+    assert (platform["provider"], platform["instance_id"], platform["zone"]) == (
+        "tencent", "ins-7f3a", "ap-shanghai-5")
+    assert platform["labels"] == {"leaf": "leaf-07", "rack": "r12"}
+    assert platform["spot"] is True and platform["metadata_up"] is True
+    assert platform["termination_seconds"] == pytest.approx(90)
+    [reclaim] = platform["findings"]
+    assert (reclaim["code"], reclaim["severity"], reclaim["kind"]) == (
+        "spot_reclaim", "critical", "scheduling")
+    assert reclaim["values"]["jobs"] == "llm"
+    assert "(in 90 s) — checkpoint now" in reclaim["message"]
+    # beside the verdict, never deciding it; doctor exits 1 for the risk
+    assert job(report)["kind"] == "compute"
+    assert codes(report)[-1] == "spot_reclaim"
+    assert (report["status"], report["exit_code"]) == ("risk", 1)
+    assert str(job(report)["advice"]).startswith("Save a checkpoint now")
+
+
+@pytest.mark.parametrize(("lang", "expected"), [
+    ("en", ["0. Platform", "tencent, instance ins-7f3a (GN10Xp.20XLARGE320), region "
+            "ap-shanghai, zone ap-shanghai-5, leaf leaf-07, rack r12",
+            "spot instance: yes; metadata service: up; reclaim scheduled at",
+            "! [CRITICAL] spot instance will be reclaimed at", "(in 90 s)",
+            "+ [CRITICAL] spot instance will be reclaimed",
+            "No bottleneck, but a risk that needs action"]),
+    ("zh", ["0. 平台", "竞价实例: 是", "竞价实例即将被回收", "还剩 90 秒", "立即保存 checkpoint",
+            "保存 checkpoint → 关闭旧实例 → 开启新实例 → 恢复训练"]),
+])
+def test_the_platform_section_comes_first_with_the_reclaim(lang: str, expected: list[str]
+                                                           ) -> None:
+    text = render_text(PlatformNode(spot=1, reclaim_in=90).report(lang))
+    for part in expected:
+        assert part in text, (part, text)
+    platform, gpu = text.index(expected[0]), text.index("1. GPU")
+    assert platform < gpu
+
+
+def test_no_reclaim_scheduled_no_finding_and_a_healthy_exit() -> None:
+    report = PlatformNode(spot=1).report()
+    assert report["platform"]["findings"] == []
+    assert "spot_reclaim" not in codes(report)
+    assert (report["status"], report["exit_code"]) == ("healthy", 0)
+    assert "no reclaim scheduled" in render_text(report)
+
+
+def test_a_node_without_platform_metrics_says_so() -> None:
+    report = PlatformNode(provider=None, metadata_up=None).report()
+    assert report["platform"]["provider"] == "" and report["platform"]["spot"] is None
+    assert "no platform metrics" in render_text(report)
+
+
+# -- checkpoints ----------------------------------------------------------------------
+
+
+def test_an_old_checkpoint_on_a_spot_instance_is_a_warning() -> None:
+    report = PlatformNode(spot=1, checkpoint_age=3600,
+                          checkpoint_storage=("/mnt/cfs", "nfs4", "network_fs")).report()
+    overdue = finding(report, "checkpoint_overdue")
+    assert overdue["severity"] == "warning" and overdue["kind"] == "storage"
+    assert overdue["values"]["age"] == pytest.approx(3600)
+    assert "last checkpoint 3600 s ago" in str(overdue["message"])
+    assert job(report)["kind"] == "compute"  # beside the verdict
+    assert (report["status"], report["exit_code"]) == ("risk", 1)
+    [entry] = report["storage"]["checkpoints"]
+    assert entry["age_seconds"] == pytest.approx(3600)
+    assert (entry["last_duration_seconds"], entry["checkpoints"]) == (12.5, 4)  # per rank
+    assert (entry["mountpoint"], entry["storage"]) == ("/mnt/cfs", "network_fs")
+    assert ("job llm: last checkpoint 3600 s ago (took 12.5 s, 4 checkpoints), /mnt/cfs "
+            "(nfs4, network_fs)") in render_text(report)
+
+
+def test_an_old_checkpoint_is_critical_while_a_reclaim_is_scheduled() -> None:
+    report = PlatformNode(spot=1, checkpoint_age=3600, reclaim_in=60).report()
+    overdue = finding(report, "checkpoint_overdue")
+    assert overdue["severity"] == "critical"
+    assert "the instance is reclaimed in 60 s" in str(overdue["message"])
+    zh = PlatformNode(spot=1, checkpoint_age=3600, reclaim_in=60).report("zh")
+    assert "实例将在 60 秒后被回收" in str(finding(zh, "checkpoint_overdue")["message"])
+
+
+@pytest.mark.parametrize("node", [
+    PlatformNode(spot=1, checkpoint_age=600),  # recent enough
+    PlatformNode(spot=0, checkpoint_age=3600),  # a regular instance is not reclaimed
+    PlatformNode(spot=None, checkpoint_age=3600),  # spot state unknown: never guessed
+])
+def test_no_overdue_checkpoint_finding(node: PlatformNode) -> None:
+    assert not {"checkpoint_overdue", "checkpoint_missing"} & set(codes(node.report()))
+
+
+def test_a_long_running_job_without_checkpoints_on_a_spot_instance() -> None:
+    report = PlatformNode(spot=1, trained_seconds=4000).report()
+    missing = finding(report, "checkpoint_missing")
+    assert missing["severity"] == "warning"
+    assert missing["values"]["run"] == pytest.approx(4030)
+    assert "no checkpoint reported in 4030 s of training" in str(missing["message"])
+    assert "reporter.checkpoint(path)" in str(job(report)["advice"])
+    # a job that has not yet trained for the interval has had no reason to checkpoint
+    assert "checkpoint_missing" not in codes(PlatformNode(spot=1, trained_seconds=100).report())
+
+
+@pytest.mark.parametrize("storage", ["local_disk", "ephemeral"])
+def test_checkpoints_on_instance_bound_storage_of_a_cloud_instance(storage: str) -> None:
+    report = PlatformNode(checkpoint_age=60,
+                          checkpoint_storage=("/data", "xfs", storage)).report()
+    local = finding(report, "checkpoint_local_disk")
+    assert local["severity"] == "warning"
+    assert "written to /data (xfs, " in str(local["message"])
+    assert "cloud disk (CBS), CFS or COS" in str(job(report)["advice"])
+    zh = PlatformNode(checkpoint_age=60, checkpoint_storage=("/data", "xfs", storage)).report("zh")
+    assert "checkpoint 一定不要只写在本地临时盘" in str(finding(zh, "checkpoint_local_disk")["message"])
+
+
+@pytest.mark.parametrize(("provider", "storage"), [
+    ("self-hosted", "local_disk"),  # a self-hosted node's NVMe outlives no instance
+    (None, "local_disk"),  # no platform collector: the provider is unknown
+    ("tencent", "cloud_disk"),
+    ("tencent", "network_fs"),
+])
+def test_no_local_disk_finding(provider: str | None, storage: str) -> None:
+    node = PlatformNode(provider=provider, checkpoint_age=60,
+                        checkpoint_storage=("/data", "xfs", storage))
+    assert "checkpoint_local_disk" not in codes(node.report())
+
+
+# -- NUMA -----------------------------------------------------------------------------------
+
+
+def test_a_process_on_the_far_socket_gets_numactl_advice() -> None:
+    node = PlatformNode(numa_nodes={"0": 0, "1": 1},
+                        numa_ratios={("0", "100"): 1.0, ("1", "101"): 0.0})
+    report = node.report()
+    far = finding(report, "numa_far")
+    assert (far["severity"], far["values"]["pids"], far["values"]["node"]) == (
+        "warning", "101", 1)
+    assert "101 (GPU 1, node 1, 0%)" in str(far["message"])
+    assert "numactl --cpunodebind=1 --membind=1" in str(job(report)["advice"])
+    processes = {(p["pid"], p["status"], p["job"]) for p in report["numa"]["processes"]}
+    assert processes == {("100", "local", "llm"), ("101", "far", "llm")}
+    text = render_text(report)
+    assert "NUMA gpu 1 (NUMA node 1): pid 101 (job llm) 0% of its CPUs on the GPU's node [far]" \
+        in text
+
+
+def test_a_mostly_local_process_is_no_finding() -> None:
+    node = PlatformNode(numa_nodes={"0": 0, "1": 0},
+                        numa_ratios={("0", "100"): 0.75, ("1", "101"): 0.5})
+    assert "numa_far" not in codes(node.report())
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_an_unknown_topology_is_never_a_mismatch(lang: str) -> None:
+    # a virtualised host: numa_node -1, so the collector exports no ratio
+    report = PlatformNode(numa_nodes={"0": -1, "1": -1}).report(lang)
+    assert "numa_far" not in codes(report)
+    assert report["numa"]["gpus"] == [{"gpu": "0", "numa_node": -1},
+                                      {"gpu": "1", "numa_node": -1}]
+    expected = ("NUMA topology unknown (virtualised host: numa_node = -1); binding is unlikely "
+                "to pay off here" if lang == "en" else "NUMA 拓扑未知")
+    assert expected in render_text(report)
+    # even a ratio next to an unknown node gives no finding
+    odd = PlatformNode(numa_nodes={"0": -1, "1": -1}, numa_ratios={("1", "101"): 0.0})
+    assert "numa_far" not in codes(odd.report())
+
+
+# -- NCCL over sockets -------------------------------------------------------------------
+
+
+def sockets_node(**changes: object) -> PlatformNode:
+    """A 4-rank job with 2 ranks here, waiting 20 % of each step for communication,
+    an ACTIVE but silent IB port and a busy eth0."""
+    settings: dict[str, object] = {"world_size": 4, "comm_exposed": 0.1, "ib_up": 1.0,
+                                   "ib_rate": 2e3, "nic_rate": 600e6, "provider": "self-hosted"}
+    settings.update(changes)
+    return PlatformNode(**settings)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_nccl_over_sockets_names_the_rdma_ports_the_nic_and_the_variables(lang: str) -> None:
+    report = sockets_node().report(lang)
+    sockets = finding(report, "nccl_over_sockets")
+    assert (sockets["kind"], sockets["severity"]) == ("communication", "warning")
+    assert (sockets["values"]["rdma"], sockets["values"]["nic"]) == ("mlx5_0:1", "eth0")
+    assert sockets["values"]["nic_bytes_per_second"] == pytest.approx(600e6)
+    advice = str(job(report)["advice"])
+    for variable in ("NCCL_IB_DISABLE=0", "NCCL_IB_HCA=mlx5_0", "NCCL_SOCKET_IFNAME=eth0",
+                     "NCCL_NET_GDR_LEVEL", "NCCL_DEBUG=INFO", "NET/IB", "NET/Socket"):
+        assert variable in advice
+    message = str(sockets["message"])
+    if lang == "en":
+        assert "the ACTIVE RDMA ports mlx5_0:1 move only 2.0 kB/s while eth0 carries " \
+            "600.0 MB/s" in message
+    else:
+        assert "NCCL 却像是在走 TCP Socket" in message
+    ports = [link for link in report["network"]["links"] if link["kind"] == "infiniband"]
+    assert [port["port_up"] for port in ports] == [True]
+
+
+@pytest.mark.parametrize("changes", [
+    {"ib_rate": 4e9},  # NCCL uses the fabric
+    {"world_size": 2},  # every rank on this node: NVLink/PCIe, nothing leaves the node
+    {"world_size": None},  # unknown: may be single-node
+    {"comm_exposed": 0.02},  # 4 % of the step: too little traffic to tell
+    {"ib_up": 0.0},  # no ACTIVE port: the existing NCCL checks cover that case
+    {"nic_rate": 20e6},  # the NIC carries little either
+])
+def test_no_socket_finding(changes: dict[str, object]) -> None:
+    assert "nccl_over_sockets" not in codes(sockets_node(**changes).report())
+
+
+def test_socket_thresholds_follow_the_config() -> None:
+    config = parse_config({"collectors": {"diagnosis": {
+        "socket_busy_bytes_per_second": 1e9}}}).collectors.diagnosis
+    assert "nccl_over_sockets" not in codes(sockets_node().report(config=config))
+    config = parse_config({"collectors": {"diagnosis": {
+        "nccl_socket_min_comm_ratio": 0.5}}}).collectors.diagnosis
+    assert "nccl_over_sockets" not in codes(sockets_node().report(config=config))
+
+
+# -- NFS/CFS as the data source ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_storage_evidence_names_the_busiest_nfs_mount(lang: str) -> None:
+    report = PlatformNode(data_wait=0.2, nfs_read=180e6).report(lang)
+    assert job(report)["kind"] == "storage"
+    wait = finding(report, "data_wait")
+    assert wait["values"]["mount"] == "/mnt/cfs"
+    assert wait["values"]["read_rtt_milliseconds"] == pytest.approx(12)
+    evidence = job(report)["evidence"]
+    assert evidence["storage_source"] == "10.0.0.8:/cfs-dataset"  # type: ignore[index]
+    assert evidence["storage_read_bytes_per_second"] == pytest.approx(180e6)  # type: ignore[index]
+    advice = str(job(report)["advice"])
+    if lang == "en":
+        assert wait["message"].endswith(  # type: ignore[attr-defined]
+            "; dataset read from CFS/NFS 10.0.0.8:/cfs-dataset at /mnt/cfs: 180.0 MB/s, "
+            "12 ms per READ")
+        assert "warm the dataset onto local NVMe" in advice
+        assert advice.startswith("Feed the GPUs faster")  # the data_wait step stays first
+    else:
+        assert "数据集从 CFS/NFS 10.0.0.8:/cfs-dataset（挂载于 /mnt/cfs）读取" in str(wait["message"])
+        assert "预热" in advice
+    [mount] = report["storage"]["nfs"]
+    assert (mount["server"], mount["export"], mount["version"]) == (
+        "10.0.0.8", "/cfs-dataset", "4.1")
+    assert "nfs4 10.0.0.8:/cfs-dataset /mnt/cfs (v4.1): " in render_text(report)
+
+
+def test_no_storage_verdict_no_mount_in_the_evidence() -> None:
+    report = PlatformNode(nfs_read=180e6).report()
+    assert job(report)["kind"] == "compute"
+    assert job(report)["evidence"]["storage_mountpoint"] == ""  # type: ignore[index]
+    assert report["storage"]["nfs"][0]["read_bytes_per_second"] == pytest.approx(180e6)
+    # a storage verdict without NFS keeps its text unchanged
+    plain = PlatformNode(data_wait=0.2).report()
+    assert finding(plain, "data_wait")["message"] == (
+        "rank 0 waits for data 40% of each step (threshold 20%)")
+
+
+# -- JSON, the daemon's export, the configuration ----------------------------------------
+
+
+def test_the_json_document_carries_the_new_sections() -> None:
+    node = PlatformNode(spot=1, reclaim_in=30, checkpoint_age=60, numa_nodes={"0": 0},
+                        numa_ratios={("0", "100"): 1.0}, nfs_read=1e6, ib_up=1.0)
+    report = json.loads(json.dumps(node.report()))
+    assert set(report["platform"]) == {
+        "provider", "instance_id", "instance_type", "region", "zone", "labels", "spot",
+        "metadata_up", "termination_timestamp", "termination_seconds", "findings"}
+    assert set(report["numa"]) == {"gpus", "processes"}
+    assert set(report["numa"]["processes"][0]) == {
+        "gpu", "pid", "job", "numa_node", "local_ratio", "status"}
+    assert set(report["storage"]) == {"jobs", "disks", "checkpoints", "nfs"}
+    assert set(report["storage"]["nfs"][0]) == {
+        "mountpoint", "server", "export", "fstype", "version", "read_bytes_per_second",
+        "write_bytes_per_second", "read_operations_per_second", "read_rtt_seconds"}
+    assert all(set(f) == {"kind", "code", "severity", "values", "message"}
+               for j in report["jobs"] for f in j["findings"])
+    assert {f["severity"] for f in report["jobs"][0]["findings"]} == {"", "critical"}
+    empty = unmeasured_report({"kind": "url", "url": "http://x/metrics"}, "refused")
+    assert set(empty) == set(report) - {"reason"} | {"reason"}
+    assert empty["storage"]["checkpoints"] == [] and empty["platform"]["findings"] == []
+
+
+def test_the_daemon_exports_the_risk_findings() -> None:
+    node = PlatformNode(spot=1, reclaim_in=120, numa_nodes={"0": 0, "1": 1},
+                        numa_ratios={("0", "100"): 1.0, ("1", "101"): 0.1})
+    registry = CollectorRegistry([node.source, DiagnosisCollector(
+        DiagnosisConfig(), clock=node.clock, wall_clock=node.wall)])
+    for _ in range(6):
+        node.tick()
+        result = scrape(registry)
+    rows = {(row["job"], row["kind"], row["finding"])
+            for row in result.labelsets("trainmon_diagnosis_finding_info")}
+    assert {("llm", "scheduling", "spot_reclaim"), ("llm", "scheduling", "numa_far"),
+            ("llm", "compute", "gpu_bound")} <= rows
+    assert result.value("trainmon_bottleneck", job="llm", kind="compute") == 1
+
+
+@pytest.mark.parametrize(("settings", "key"), [
+    ({"checkpoint_max_age_seconds": 10}, "checkpoint_max_age_seconds"),
+    ({"numa_local_ratio_min": 1.5}, "numa_local_ratio_min"),
+    ({"nccl_socket_min_comm_ratio": "high"}, "nccl_socket_min_comm_ratio"),
+    ({"rdma_idle_bytes_per_second": 2e8}, "rdma_idle_bytes_per_second"),
+    ({"socket_busy_bytes_per_second": -1}, "socket_busy_bytes_per_second"),
+])
+def test_risk_thresholds_are_validated(settings: dict[str, object], key: str) -> None:
+    with pytest.raises(ConfigError, match=rf"collectors\.diagnosis\.{key}"):
+        parse_config({"collectors": {"diagnosis": settings}})
+
+
+def test_checkpoint_age_follows_the_config() -> None:
+    config = parse_config({"collectors": {"diagnosis": {
+        "checkpoint_max_age_seconds": 300}}}).collectors.diagnosis
+    node = PlatformNode(spot=1, checkpoint_age=600)
+    assert "checkpoint_overdue" in codes(node.report(config=config))
+
+
+def test_the_reclaim_leads_the_risks_and_its_step_replaces_the_checkpoint_age_step() -> None:
+    report = PlatformNode(spot=1, checkpoint_age=3600, reclaim_in=60,
+                          numa_nodes={"0": 0, "1": 1},
+                          numa_ratios={("0", "100"): 1.0, ("1", "101"): 0.0}).report()
+    assert codes(report) == ["gpu_bound", "spot_reclaim", "checkpoint_overdue", "numa_far"]
+    advice = str(job(report)["advice"])
+    assert advice.startswith("Save a checkpoint now")
+    assert "Checkpoint more often" not in advice and "numactl" in advice
+
+
+def test_a_reclaim_on_a_node_with_nothing_else_measured_still_needs_action() -> None:
+    source = ContractSource(name="platform")
+    snapshots = []
+    for at in (0.0, 5.0):
+        source.set("trainmon_node_spot_instance", 1)
+        source.set("trainmon_node_spot_termination_timestamp_seconds", WALL + 100)
+        snapshots.append(ScrapedSamples.from_families(source.collect(), at, WALL + at))
+    report = build_report(Window(snapshots), DiagnosisConfig(), {"kind": "local"})
+    assert (report["status"], report["exit_code"], report["jobs"]) == ("risk", 1, [])
+    [reclaim] = report["platform"]["findings"]
+    assert reclaim["values"]["jobs"] == "-" and reclaim["values"]["seconds"] == 95
+    assert "(in 95 s)" in render_text(report)
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_every_risk_text_renders_in_both_languages(lang: str) -> None:
+    node = sockets_node(provider="tencent", spot=1, reclaim_in=60, trained_seconds=4000,
+                        checkpoint_storage=("/data", "xfs", "local_disk"), data_wait=0.2,
+                        nfs_read=50e6, numa_nodes={"0": 0, "1": 1},
+                        numa_ratios={("0", "100"): 1.0, ("1", "101"): 0.0})
+    report = node.report(lang)
+    assert set(codes(report)) >= {"spot_reclaim", "checkpoint_missing",
+                                  "checkpoint_local_disk", "numa_far", "nccl_over_sockets"}
+    texts = [f["message"] for j in report["jobs"] for f in j["findings"]]
+    texts += [str(j["advice"]) for j in report["jobs"]]
+    assert all("{" not in text and "}" not in text for text in texts), texts
+    assert all(f["code"] not in f["message"] for j in report["jobs"] for f in j["findings"])
