@@ -153,9 +153,11 @@ def test_resolver_prefers_the_process_own_table() -> None:
         "/mnt/cfs", "nfs4", "network_fs")  # ... and the host sees the folder
     assert resolver.resolve("/data/ckpt/step-9.pt", pid=4242) == PathStorage(
         "", "", "unknown")  # ... and nor does the host: no guess
-    # a pid whose table is not there (exited, or another pid namespace): the host's
-    assert resolver.resolve("/data/ckpt/step-5.pt", pid=777) == PathStorage(
-        "/data", "xfs", "local_disk")
+    # a pid that is not in this /proc (exited, or from another pid namespace): the
+    # host's view where the host sees the path, else unknown
+    assert resolver.resolve("/mnt/cfs/run1/step-5.pt", pid=777) == PathStorage(
+        "/mnt/cfs", "nfs4", "network_fs")
+    assert resolver.resolve("/data/ckpt/step-5.pt", pid=777) == PathStorage("", "", "unknown")
     assert resolver.resolve("/mnt/cfs/ckpt", pid=None) == PathStorage(
         "/mnt/cfs", "nfs4", "network_fs")
 
@@ -164,12 +166,46 @@ def test_resolver_falls_back_to_self_then_unknown(tmp_path: Path) -> None:
     proc = tmp_path / "proc"
     (proc / "self").mkdir(parents=True)
     resolver = MountResolver(proc, TREE / "sys", cache_seconds=0)
-    assert resolver.resolve("/data/x", pid=4242) == PathStorage("", "", "unknown")
+    assert resolver.resolve("/data/x") == PathStorage("", "", "unknown")
     shutil.copy(TREE / "proc" / "1" / "mountinfo", proc / "self" / "mountinfo")
-    assert resolver.resolve("/data/x", pid=4242).storage == "local_disk"
+    assert resolver.resolve("/data/x").storage == "local_disk"
+    # a report with a pid never falls back to the daemon's own namespace
+    assert resolver.resolve("/data/x", pid=4242) == PathStorage("", "", "unknown")
     (proc / "1").mkdir()
     (proc / "1" / "mountinfo").write_text("garbage\n")  # nothing parseable: next table
     assert resolver.resolve("/mnt/cos/x", pid=None).storage == "object_store"
+
+
+def _process(proc: Path, pid: int, table: Path, nspid: str | None = None) -> None:
+    """A process directory of a fixture /proc: its mount table, its NSpid line."""
+    folder = proc / str(pid)
+    folder.mkdir(parents=True)
+    shutil.copy(table, folder / "mountinfo")
+    status = f"Name:\tpython\nPid:\t{pid}\n" + (f"NSpid:\t{nspid}\n" if nspid else "")
+    (folder / "status").write_text(status)
+
+
+def test_resolver_trusts_the_kernel_named_sender(tmp_path: Path) -> None:
+    """The unix socket's SCM_CREDENTIALS name the sender in the daemon's pid
+    namespace: its table is used without a look into its root (which needs
+    the right to inspect the process), when it is the reporter."""
+    proc = tmp_path / "proc"
+    container = TREE / "proc" / "4242" / "mountinfo"
+    _process(proc, 1, TREE / "proc" / "1" / "mountinfo")
+    _process(proc, 5100, container, nspid="5100\t17")  # pid 17 inside its container
+    _process(proc, 17, TREE / "proc" / "1" / "mountinfo", nspid="17")  # another process
+    _process(proc, 6200, container, nspid="6200\t99")
+    resolver = MountResolver(proc, TREE / "sys")
+    expected = PathStorage("/checkpoints", "nfs4", "network_fs")
+    # the container reports pid 17; the kernel says the datagram came from 5100
+    assert resolver.resolve("/checkpoints/step-5.pt", pid=17, sender_pid=5100) == expected
+    # a host process reporting its own pid
+    assert resolver.resolve("/checkpoints/step-5.pt", pid=5100, sender_pid=5100) == expected
+    # a sender that is not the reporter (a relay: its innermost pid is 99, not 17)
+    assert resolver.resolve("/checkpoints/step-5.pt", pid=17, sender_pid=6200) == PathStorage(
+        "", "", "unknown")
+    # without the kernel's word, pid 17 of this /proc cannot be told from the reporter
+    assert resolver.resolve("/checkpoints/step-5.pt", pid=17) == PathStorage("", "", "unknown")
 
 
 def test_resolver_caches_tables_for_cache_seconds(tmp_path: Path) -> None:

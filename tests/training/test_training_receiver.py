@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import socket
 import stat
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +18,8 @@ from tests.support.prometheus import wait_until
 from tests.training.training_support import line, push, send_datagram
 from trainmon.collectors.training import TrainingCollector
 from trainmon.training.protocol import MAX_DATAGRAM_BYTES
+from trainmon.training.receiver import SocketReceiver, ingest_payload
+from trainmon.training.store import TrainingStore
 
 Make = Callable[..., TrainingCollector]
 TOKEN = "s3cret-token-value"
@@ -189,3 +193,27 @@ def test_oversized_datagram_is_rejected_whole(make_collector: Make, socket_path:
         "trainmon_training_rejected_reports_total", reason="too_large") == 1, 5.0,
         "the too-large datagram to be counted", interval=0.01)
     assert scrape(collector).labelsets("trainmon_training_steps_total") == []
+
+
+def test_socket_names_each_sender_as_the_kernel_sees_it(socket_path: Path) -> None:
+    """SO_PASSCRED: every datagram carries its sender's pid (SCM_CREDENTIALS), which
+    the checkpoint storage lookup trusts over the pid a report claims; HTTP has none."""
+    store = TrainingStore()
+    receiver = SocketReceiver(socket_path, store, max_label_length=128)
+    receiver.start()
+    try:
+        send_datagram(socket_path, line(rank=0, pid=31337))  # claims a pid it is not
+        sender = subprocess.run(
+            [sys.executable, "-c",
+             "import os, socket, sys; s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); "
+             "s.sendto(sys.stdin.buffer.read(), sys.argv[1]); print(os.getpid())",
+             str(socket_path)],
+            input=line(rank=1), capture_output=True, check=True,
+        )
+        ingest_payload(store, line(rank=2), "http", 128)
+        wait_until(lambda: len(store.snapshot().ranks) == 3, 5.0, "three ranks stored",
+                   interval=0.01)
+    finally:
+        receiver.stop()
+    senders = {view.rank: view.sender_pid for view in store.snapshot().ranks}
+    assert senders == {0: os.getpid(), 1: int(sender.stdout), 2: None}

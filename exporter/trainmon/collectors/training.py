@@ -208,15 +208,15 @@ class TrainingCollector(Collector):
             last_duration.add_metric([job], last.duration_seconds)
         for job, (last, view) in latest_path.items():
             assert last.path is not None
-            where = self._storage(last.path, view.pid)
+            where = self._storage(last.path, view.pid, view.sender_pid)
             storage.add_metric([job, where.mountpoint, where.fstype, where.storage], 1.0)
         return [count, seconds, last_time, last_duration, storage]
 
-    def _storage(self, path: str, pid: int | None) -> PathStorage:
+    def _storage(self, path: str, pid: int | None, sender_pid: int | None) -> PathStorage:
         """The storage of ``path``; ``unknown`` (logged, rate-limited) when sysfs or
         procfs cannot be read, so one unreadable file never fails the scrape."""
         try:
-            where = self._mounts.resolve(path, pid)
+            where = self._mounts.resolve(path, pid, sender_pid=sender_pid)
         except OSError as error:
             if self._mount_errors.allow("resolve", str(error)):
                 log.warning("cannot tell the storage of checkpoint path %s: %s", path, error)

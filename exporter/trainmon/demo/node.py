@@ -16,7 +16,8 @@ Platform files of the same story:
   process has a ``proc/<pid>/status`` whose ``Cpus_allowed_list`` is its GPU's
   socket — except the starved job's process on GPU 3, which is bound to CPUs
   32-47 on the far socket, so the far-NUMA finding has something to show.
-- **Mounts.** ``proc/1/mountinfo`` holds ``/`` (ext4 on ``/dev/sda``, 8:0),
+- **Mounts.** ``proc/1/mountinfo`` (and the same table for the daemon's own
+  pid, whose demo jobs send the checkpoints) holds ``/`` (ext4 on ``/dev/sda``, 8:0),
   ``/data`` (xfs on ``/dev/nvme0n1p1``, 259:1), ``/mnt/cfs`` (nfs4,
   ``10.0.0.8:/cfs-dataset``) and ``/dev/shm`` (tmpfs), with
   ``sys/dev/block/8:0`` and ``259:1`` linking to their ``class/block`` entries.
@@ -210,7 +211,10 @@ class SimulatedNodeFiles:
             ):
                 self._write(port / "counters" / counter, "0\n")
         self._build_numa()
-        self._write(self.proc_root / "1" / "mountinfo", MOUNTINFO)
+        # The demo's jobs run in this process, which sends their checkpoints: its
+        # mount namespace is the simulated host's.
+        for process in ("1", str(os.getpid())):
+            self._write(self.proc_root / process / "mountinfo", MOUNTINFO)
         links = self.sys_root / "dev" / "block"
         links.mkdir(parents=True, exist_ok=True)
         for number, name in BLOCK_DEVICE_LINKS.items():

@@ -18,19 +18,30 @@ the daemon says whether that path survives the instance (``network_fs``,
   over another hides it). The path is taken as the process wrote it
   (``os.path.abspath``, no symlinks resolved: the daemon cannot resolve them
   inside another mount namespace).
-- **The table of the process's namespace** (``MountResolver``): the reporting
-  process's ``<proc>/<pid>/mountinfo`` (a container sees its own volumes
-  there, with the paths it reports), else ``<proc>/1/mountinfo`` (the
-  host's), else ``<proc>/self/mountinfo``. A pid from another pid namespace
-  (a container without ``hostPID`` reports its own pid) names a different
-  process in the daemon's ``/proc``, so the pid's table is used only when the
-  checkpoint (or its folder) exists under ``<proc>/<pid>/root`` or that
-  cannot be checked (no permission); when it is missing there, the host's
-  table is used if the host sees the path, else the storage is ``unknown``,
-  never a guess from the wrong namespace. Tables are cached per pid for
-  ``cache_seconds`` (reading, parsing and classifying a 20-line table takes
-  about 0.7 ms, a cached lookup about 30 µs; the collector resolves once per
-  job at scrape time, never on the push path).
+- **The table of the process's namespace** (``MountResolver``): the mount
+  table of the reporting process (``<proc>/<pid>/mountinfo``: a container sees
+  its own volumes there, with the paths it reports), and only when the daemon
+  can tell that process apart. A pid alone does not name it: a container
+  without ``hostPID`` reports its own pid, which in the daemon's ``/proc`` is
+  another process. So the table is used when
+
+  1. the kernel named the sender (``SCM_CREDENTIALS`` of the unix socket, the
+     pid translated into the daemon's namespace, see
+     ``trainmon.training.receiver``) and that process is the reporter: the
+     same pid, or a process whose innermost ``NSpid`` (``<proc>/<pid>/status``)
+     is the reported one; or
+  2. the checkpoint (or its folder) exists under ``<proc>/<pid>/root``, which
+     the kernel resolves in that process's mount namespace (this needs the
+     right to inspect the process: root, or the same user).
+
+  A reporter that cannot be told apart this way gets the host's table
+  (``<proc>/1/mountinfo``) only if the host sees the path (under
+  ``<proc>/1/root``), else ``unknown``: never a guess from the wrong
+  namespace. A report without a pid (an old client) is resolved in the
+  host's table, else the daemon's own (``<proc>/self/mountinfo``). Tables are
+  cached per pid for ``cache_seconds`` (reading, parsing and classifying a
+  20-line table takes about 0.7 ms, a cached lookup about 30 µs; the collector
+  resolves once per job at scrape time, never on the push path).
 
 **Classification** (``classify``), by filesystem type first:
 
@@ -306,31 +317,52 @@ class MountResolver:
         self._tables: dict[str, tuple[float, MountTable | None]] = {}
         self._kinds: dict[tuple[int, int, str, str], tuple[float, str]] = {}
 
-    def resolve(self, path: str, pid: int | None = None) -> PathStorage:
+    def resolve(
+        self, path: str, pid: int | None = None, *, sender_pid: int | None = None
+    ) -> PathStorage:
         """Where ``path`` (as process ``pid`` sees it) lives.
 
-        Without a readable mount table or a matching mount, the answer is
+        ``sender_pid``: the process the kernel says sent the report, in the
+        daemon's pid namespace. Without a readable mount table of the right
+        namespace or a matching mount, the answer is
         ``PathStorage("", "", "unknown")``: the checkpoint exists, its storage
         is not known.
         """
         with self._lock:
             now = self._clock()
-            table: MountTable | None = None
-            pid_refuted = False
-            if pid is not None:
-                table = self._table(str(pid), now)
-                if table is not None and self._visible(str(pid), path) is False:
-                    table, pid_refuted = None, True  # not the reporter's namespace
-            if table is None:
-                table = self._table("1", now)
-                if table is not None and pid_refuted and self._visible("1", path) is False:
+            table = self._reporter_table(path, pid, sender_pid, now)
+            if table is None and pid is not None:
+                # the reporter's own namespace is not known: the host's view, if it sees the path
+                if self._visible("1", path) is not True:
                     return UNKNOWN_STORAGE
-            if table is None:
-                table = self._table("self", now)
+                table = self._table("1", now)
+            elif table is None:
+                table = self._table("1", now) or self._table("self", now)
             mount = find_mount(table.mounts, path) if table is not None else None
             if mount is None:
                 return UNKNOWN_STORAGE
             return PathStorage(mount.mountpoint, mount.fstype, self._kind(mount, now))
+
+    def _reporter_table(
+        self, path: str, pid: int | None, sender_pid: int | None, now: float
+    ) -> MountTable | None:
+        """The mount table of the reporting process, where it can be told apart."""
+        if sender_pid is not None and self._is_reporter(sender_pid, pid):
+            return self._table(str(sender_pid), now)
+        if pid is not None and self._visible(str(pid), path) is True:
+            return self._table(str(pid), now)
+        return None
+
+    def _is_reporter(self, sender_pid: int, pid: int | None) -> bool:
+        """Whether the kernel-named sender is the process that reported ``pid``:
+        the same number, or a process whose innermost ``NSpid`` is ``pid``."""
+        if pid is None or pid == sender_pid:
+            return True
+        status = self._read(self._proc / str(sender_pid) / "status")
+        for line in (status or "").splitlines():
+            if line.startswith("NSpid:"):
+                return line.split()[-1] == str(pid)
+        return False
 
     def _visible(self, owner: str, path: str) -> bool | None:
         """Whether ``path`` or its folder exists in the root of process ``owner``

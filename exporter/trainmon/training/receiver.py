@@ -7,7 +7,8 @@ Both transports carry the same payload (``protocol``); both end in
 ``SocketReceiver`` owns the unix datagram socket: it creates the folder if
 missing, replaces a stale socket (refusing to touch a live one or a file that
 is not a socket), sets the socket's mode so training users can send, enlarges
-the receive buffer and drains it on its own thread.
+the receive buffer and drains it on its own thread, taking each datagram's
+sender pid from the kernel (``SO_PASSCRED``) along with it.
 
 ``StepPushHandler`` is the HTTP route: loopback clients are accepted as they
 are, any other client needs ``Authorization: Bearer <token>`` matching the
@@ -24,6 +25,7 @@ import os
 import select
 import socket
 import stat
+import struct
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
@@ -46,6 +48,10 @@ MAX_ERRORS_IN_RESPONSE = 10
 POLL_SECONDS = 0.5
 #: Most datagrams taken off the socket before they are parsed.
 DRAIN_BATCH = 256
+#: ``struct ucred`` (pid, uid, gid) of an ``SCM_CREDENTIALS`` control message.
+UCRED = struct.Struct("3i")
+#: Room for that control message beside each datagram.
+CREDENTIALS_SPACE = socket.CMSG_SPACE(UCRED.size)
 #: Linux's cap on datagrams waiting in a unix socket's queue (per network namespace).
 MAX_DGRAM_QLEN_PATH = Path("/proc/sys/net/unix/max_dgram_qlen")
 
@@ -57,16 +63,24 @@ class IntakeResult:
 
 
 def ingest_payload(
-    store: TrainingStore, payload: bytes, transport: str, max_label_length: int
+    store: TrainingStore,
+    payload: bytes,
+    transport: str,
+    max_label_length: int,
+    sender_pid: int | None = None,
 ) -> IntakeResult:
-    """Validate every line of ``payload`` and store the valid reports; count the rest."""
+    """Validate every line of ``payload`` and store the valid reports; count the rest.
+
+    ``sender_pid``: the sending process in the daemon's pid namespace, as the
+    kernel vouches for it (``SCM_CREDENTIALS``); None when unknown.
+    """
     accepted = 0
     errors: list[ReportError] = []
     for item in decode_payload(payload, max_label_length):
         problem: ReportError | None = item if isinstance(item, ReportError) else None
         if isinstance(item, StepReport):
             try:
-                store.ingest(item, transport)
+                store.ingest(item, transport, sender_pid)
                 accepted += 1
             except ReportError as limit:
                 problem = limit
@@ -175,6 +189,10 @@ class SocketReceiver:
             sock.bind(str(self.path))
             os.chmod(self.path, self._mode)
             self.receive_buffer_bytes = _enlarge_receive_buffer(sock, self._wanted_buffer)
+            # The kernel attaches each sender's pid, translated into our pid
+            # namespace (0 when the sender is outside it): which process's mount
+            # table a reported checkpoint path belongs to (trainmon.node.mounts).
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
             # Non-blocking, waited on with poll(): on a socket with a timeout Python
             # waits out the timeout even for MSG_DONTWAIT, which would hold a
             # drained batch back until it filled up.
@@ -224,7 +242,7 @@ class SocketReceiver:
                 # Empty the kernel queue first (it may hold as few as 10 datagrams),
                 # then parse: senders are refused only while the queue is full.
                 while len(batch) < DRAIN_BATCH:
-                    batch.append(sock.recvmsg(MAX_DATAGRAM_BYTES))
+                    batch.append(sock.recvmsg(MAX_DATAGRAM_BYTES, CREDENTIALS_SPACE))
             except BlockingIOError:
                 pass
             except OSError as error:
@@ -234,11 +252,22 @@ class SocketReceiver:
                 continue
             if self._thread.stopping.is_set():
                 return
-            for data, _, flags, _ in batch:
+            for data, ancillary, flags, _ in batch:
                 if flags & socket.MSG_TRUNC:
                     self._store.reject("too_large")
                 else:
-                    ingest_payload(self._store, data, "unix", self._max_label_length)
+                    ingest_payload(self._store, data, "unix", self._max_label_length,
+                                   sender_pid(ancillary))
+
+
+def sender_pid(ancillary: list[tuple[int, int, bytes]]) -> int | None:
+    """The sender's pid from a datagram's ``SCM_CREDENTIALS``; None if absent or 0."""
+    for level, kind, data in ancillary:
+        credentials = level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS
+        if credentials and len(data) >= UCRED.size:
+            pid = UCRED.unpack_from(data)[0]
+            return pid if pid > 0 else None
+    return None
 
 
 def _read_int(path: Path) -> int | None:

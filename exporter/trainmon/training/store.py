@@ -199,6 +199,9 @@ class _Rank:
     pid: int | None
     world_size: int | None
     last_seen: float
+    #: The sending process as the kernel names it in the daemon's pid namespace
+    #: (``SCM_CREDENTIALS`` of the unix socket); None over HTTP or from outside it.
+    sender_pid: int | None
     last_step_time: float | None
     #: Unix time of the rank's latest accepted report (a heartbeat: sent ~1/s).
     last_report_time: float
@@ -218,6 +221,8 @@ class RankView:
     gpu: str | None
     pid: int | None
     world_size: int | None
+    #: Kernel-verified sender of the latest report (see ``_Rank.sender_pid``).
+    sender_pid: int | None
     totals: Totals
     counter_resets: int
     last_step_time: float | None
@@ -269,8 +274,12 @@ class TrainingStore:
         with self._lock:
             self._rejected[reason] += count
 
-    def ingest(self, report: StepReport, transport: str) -> None:
-        """Apply one valid report; raises ``ReportError('limit')`` past the phase cap."""
+    def ingest(self, report: StepReport, transport: str, sender_pid: int | None = None) -> None:
+        """Apply one valid report; raises ``ReportError('limit')`` past the phase cap.
+
+        ``sender_pid``: the process that sent it, as the kernel names it in the
+        daemon's pid namespace (unix socket credentials), when known.
+        """
         with self._lock:
             now = self._clock()
             if now >= self._next_expiry:
@@ -279,9 +288,9 @@ class TrainingStore:
             ranks = self._jobs.get(report.job)
             state = ranks.get(report.rank) if ranks is not None else None
             if state is None:
-                self._add_rank(report, now)
+                self._add_rank(report, now, sender_pid)
             else:
-                self._update_rank(state, report, now)
+                self._update_rank(state, report, now, sender_pid)
                 self._jobs.move_to_end(report.job)
                 self._jobs[report.job].move_to_end(report.rank)
             self._accepted[transport] += 1
@@ -297,6 +306,7 @@ class TrainingStore:
                     gpu=state.gpu,
                     pid=state.pid,
                     world_size=state.world_size,
+                    sender_pid=state.sender_pid,
                     totals=state.totals.copy(),
                     counter_resets=state.resets,
                     last_step_time=state.last_step_time,
@@ -321,7 +331,7 @@ class TrainingStore:
 
     # -- under the lock ---------------------------------------------------------
 
-    def _add_rank(self, report: StepReport, now: float) -> None:
+    def _add_rank(self, report: StepReport, now: float, sender_pid: int | None) -> None:
         ranks = self._jobs.get(report.job)
         if ranks is None:
             if len(self._jobs) >= self._max_jobs:
@@ -338,6 +348,7 @@ class TrainingStore:
             pid=report.pid,
             world_size=report.world_size,
             last_seen=now,
+            sender_pid=sender_pid,
             last_step_time=self._step_time(report, None),
             last_report_time=self._wall_clock(),
             last_checkpoint=self._checkpoint(report, _ZERO, None),
@@ -349,7 +360,9 @@ class TrainingStore:
         state.window.append((now, totals.step_seconds, totals.data_wait_seconds))
         ranks[report.rank] = state
 
-    def _update_rank(self, state: _Rank, report: StepReport, now: float) -> None:
+    def _update_rank(
+        self, state: _Rank, report: StepReport, now: float, sender_pid: int | None
+    ) -> None:
         new = Totals.of(report)
         previous = state.reporters.get(report.reporter_id)
         if previous is not None and not new.covers(previous):
@@ -371,6 +384,7 @@ class TrainingStore:
         if steps_advanced and new.steps > 0:
             state.last_step_time = self._step_time(report, state.last_step_time)
         state.gpu, state.pid, state.world_size = report.gpu, report.pid, report.world_size
+        state.sender_pid = sender_pid
         state.last_seen = now
         state.last_report_time = self._wall_clock()
         self._record_window(state, now)
