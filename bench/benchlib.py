@@ -30,6 +30,7 @@ READY_TIMEOUT_SECONDS = 30.0
 TRAINING_ONLY = (
     "  network: {enabled: false}\n  disk: {enabled: false}\n"
     "  infiniband: {enabled: false}\n  gpu: {enabled: false}\n"
+    "  nfs: {enabled: false}\n  platform: {enabled: false}\n"
 )
 
 

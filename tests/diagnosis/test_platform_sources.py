@@ -14,13 +14,13 @@ import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from tests.diagnosis.test_platform_findings import PlatformNode, codes, finding, job
 from tests.support.fake_tencent_metadata import FakeMetadata
+from tests.support.node_nvml import NodeNVML
 from trainmon.cli import build_collectors
 from trainmon.collectors.gpu import GPUCollector
 from trainmon.collectors.nfs import NFSCollector
@@ -29,7 +29,6 @@ from trainmon.collectors.platform import PlatformCollector
 from trainmon.config import DiagnosisConfig, GPUConfig, NFSConfig, NumaConfig, parse_config
 from trainmon.core.collector import Collector
 from trainmon.core.registry import CollectorRegistry
-from trainmon.demo.gpus import SimulatedNVML
 from trainmon.diagnosis.doctor import LOCAL_EXCLUDED, DoctorOptions, run_doctor
 from trainmon.diagnosis.measure import MEASURED_SAMPLES
 from trainmon.diagnosis.render import render_text
@@ -154,20 +153,6 @@ def test_a_starved_job_reading_from_cfs_names_the_mount(tmp_path: Path) -> None:
 # -- the NUMA collector behind the GPU collector ----------------------------------------------
 
 
-class NodeNVML(SimulatedNVML):
-    """The simulated library with the bus ids and processes of one fixture host."""
-
-    def __init__(self, bus_ids: Sequence[str], processes: Mapping[int, Sequence[int]]) -> None:
-        super().__init__()
-        self.bus_ids = list(bus_ids) + [f"00000000:{0xE0 + i:02X}:00.0" for i in range(8)]
-        self.pids = processes
-
-    def nvmlDeviceGetPciInfo(self, handle: Any) -> Any:
-        return SimpleNamespace(busId=self.bus_ids[self._check(handle)])
-
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
-        return [SimpleNamespace(pid=pid, usedGpuMemory=2**30)
-                for pid in self.pids.get(self._check(handle), ())]
 
 
 def numa_report(tree: str, bus_ids: Sequence[str], processes: Mapping[int, Sequence[int]],

@@ -11,35 +11,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from tests.support.exposition import Scrape
+from tests.support.node_nvml import NodeNVML
 from trainmon.cli import enabled_collectors
 from trainmon.collectors.gpu import GPUCollector
 from trainmon.collectors.numa import NumaCollector
 from trainmon.config import GPUConfig, NumaConfig, parse_config
 from trainmon.core.registry import CollectorRegistry
-from trainmon.demo.gpus import SimulatedNVML
 from trainmon.gpu.nvml import NVML
-
-
-class NodeNVML(SimulatedNVML):
-    """The simulated 8-GPU library with the bus ids and processes of one test host."""
-
-    def __init__(self, bus_ids: Sequence[str], processes: Mapping[int, Sequence[int]]) -> None:
-        super().__init__()
-        self.bus_ids = list(bus_ids) + [f"00000000:{0xE0 + i:02X}:00.0" for i in range(8)]
-        self.pids = processes
-
-    def nvmlDeviceGetPciInfo(self, handle: Any) -> Any:
-        return SimpleNamespace(busId=self.bus_ids[self._check(handle)])
-
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
-        pids = self.pids.get(self._check(handle), ())
-        return [SimpleNamespace(pid=pid, usedGpuMemory=2**30) for pid in pids]
 
 
 @pytest.fixture

@@ -35,9 +35,10 @@ Every mount has a ``device ... mounted on ... with fstype ...`` line (``no
 device ...`` where the kernel knows no device name), unindented; only
 ``nfs`` and ``nfs4`` ones carry statistics and only those are returned. Device
 and mount point are escaped by the kernel (``seq_escape``: space ``\\040``, tab
-``\\011``, newline ``\\012``, backslash ``\\134``) and unescaped here. The
-per-op ``errors`` column (a ninth number) comes with newer kernels (5.x); it
-is optional, and columns a later kernel may append are ignored.
+``\\011``, newline ``\\012``, backslash ``\\134``) and unescaped as in
+``mountinfo`` (``trainmon.node.mounts.unescape``). The per-op ``errors``
+column (a ninth number) comes with newer kernels (5.x); it is optional, and
+columns a later kernel may append are ignored.
 
 A mount can disappear while the file is read, leaving a truncated entry: a
 line that does not parse is skipped (its counters omitted), the rest of that
@@ -54,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainmon.core.collector import CollectorUnavailable
+from trainmon.node.mounts import unescape
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +71,6 @@ _DEVICE = re.compile(
     r"(?:device (?P<device>\S+)|no device) mounted on (?P<mountpoint>\S+)"
     r" with fstype (?P<fstype>\S+)"
 )
-_ESCAPE = re.compile(r"\\([0-7]{3})")
 _SERVER = re.compile(r"(?P<server>\[[^\]]*\]|[^:]*):(?P<export>.*)")
 _OPERATION = re.compile(r"(?P<name>[A-Z][A-Z0-9_]*):((?:\s+\d+){8,})")
 
@@ -125,11 +126,6 @@ class MountstatsReading:
     mounts: tuple[NFSMount, ...]
     #: Lines that did not parse, as ``"<mount point>: <what>"`` (truncated entries).
     problems: tuple[str, ...] = ()
-
-
-def unescape(text: str) -> str:
-    """Undo the kernel's octal escapes in a mount point or device (``\\040`` → space)."""
-    return _ESCAPE.sub(lambda match: chr(int(match.group(1), 8)), text)
 
 
 def parse_mountstats(text: str) -> tuple[list[NFSMount], list[str]]:
