@@ -15,7 +15,8 @@ dashboards is a ``@TOKEN@`` in the sources, replaced by its value in
 ``exporter/trainmon/contract.py`` (``TOKENS`` below), so the numbers have one
 home. A recording rule whose name ends in its window (``…:ratio_rate10m``,
 ``…:mean10m``) must use that window in every range selector, the training
-and diagnosis recording rules ``contract.TRAINING_RULE_WINDOW``, and the
+and diagnosis recording rules and the run ledger's (``trainmon-runs.rules``)
+``contract.TRAINING_RULE_WINDOW``, and the
 recording rule the dashboards read (``contract.STRAGGLER_RATIO_SERIES``) must
 exist.
 
@@ -64,7 +65,8 @@ TRAINMON_TARGETS = 'job=~"trainmon.*"'
 DCGM_TARGETS = 'job=~".*dcgm.*"'
 
 #: Groups whose recording rules use ``contract.TRAINING_RULE_WINDOW``.
-TRAINING_RULE_GROUPS = ("trainmon-training.rules", "trainmon-diagnosis.rules")
+TRAINING_RULE_GROUPS = ("trainmon-training.rules", "trainmon-diagnosis.rules",
+                        "trainmon-runs.rules")
 
 
 def _number(value: float) -> str:
@@ -119,6 +121,15 @@ TOKENS: Mapping[str, str] = {
     "CHECKPOINT_MAX_AGE_MINUTES": _number(contract.CHECKPOINT_MAX_AGE_SECONDS / 60),
     "NUMA_LOCAL_RATIO_MIN": _number(contract.NUMA_LOCAL_RATIO_MIN),
     "NUMA_LOCAL_PERCENT_MIN": _number(contract.NUMA_LOCAL_RATIO_MIN * 100),
+    # Run ledger (issue 16): a run more than THROUGHPUT_REGRESSION_RATIO slower than the
+    # best earlier run of its job and config hash, for THROUGHPUT_REGRESSION_WINDOW;
+    # _KEEP is the share of that run's throughput below which it pages (0.8). Runs are
+    # compared once they have run for one TRAINING_RULE_WINDOW (an offset).
+    "THROUGHPUT_REGRESSION_RATIO": _number(contract.THROUGHPUT_REGRESSION_RATIO),
+    "THROUGHPUT_REGRESSION_PERCENT": _number(contract.THROUGHPUT_REGRESSION_RATIO * 100),
+    "THROUGHPUT_REGRESSION_KEEP": _number(1 - contract.THROUGHPUT_REGRESSION_RATIO),
+    "THROUGHPUT_REGRESSION_WINDOW": contract.THROUGHPUT_REGRESSION_WINDOW,
+    "TRAINING_RULE_WINDOW": contract.TRAINING_RULE_WINDOW,
     "XID_CRITICAL": "|".join(str(code) for code in XID_CRITICAL),
     "XID_CRITICAL_LIST": ", ".join(str(code) for code in XID_CRITICAL),
     "DCGM_XID_CRITICAL": "\n  or ".join(

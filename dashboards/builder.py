@@ -2,7 +2,9 @@
 
 ``Board`` is one dashboard under construction: it carries the ``$datasource``
 variable, numbers every row and panel with a dashboard-unique id, lays panels
-out with the SDK's grid placement (24 columns) and renders stable JSON. The
+out with the SDK's grid placement (24 columns), holds its Prometheus
+annotation queries (``PromAnnotation``: markers such as run starts) and renders
+stable JSON. The
 variable and link helpers here are shared by every dashboard; the panel
 factories are in ``dashboards.panels``.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol, Self, cast
 
 from grafana_foundation_sdk.builders import dashboard as dashboard_builders
@@ -99,6 +102,42 @@ def query_variable(
     return variable
 
 
+@dataclass(frozen=True)
+class PromAnnotation:
+    """A Prometheus annotation query: one vertical marker per series, at its value.
+
+    ``expr`` must return a timestamp in milliseconds (Grafana's "series value as
+    timestamp"); ``title`` and ``text`` are templates over the series' labels
+    (``{{run}}``), ``tags`` the label names shown as tags. The SDK's
+    ``AnnotationQuery`` has no field for these Prometheus options, so the board
+    writes the annotation's JSON itself.
+    """
+
+    name: str
+    expr: str
+    title: str
+    text: str
+    tags: Sequence[str]
+    color: str = "blue"
+    step: str = "1m"
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "datasource": {"type": DATASOURCE.type_val, "uid": DATASOURCE.uid},
+            "enable": True,
+            "hide": False,
+            "iconColor": self.color,
+            "builtIn": 0,
+            "expr": self.expr,
+            "step": self.step,
+            "titleFormat": self.title,
+            "textFormat": self.text,
+            "tagKeys": ",".join(self.tags),
+            "useValueForTime": True,
+        }
+
+
 class Board:
     """One dashboard being built: numbers its panels and renders the JSON.
 
@@ -116,6 +155,7 @@ class Board:
         links: Sequence[LinkBuilder],
     ) -> None:
         self._next_id = 1
+        self._annotations: list[PromAnnotation] = []
         self._dashboard = (
             dashboard_builders.Dashboard(title)
             .uid(uid)
@@ -147,10 +187,18 @@ class Board:
         self._dashboard = self._dashboard.with_panel(cast(Builder[Panel], placed))
         return self
 
+    def annotation(self, annotation: PromAnnotation) -> Board:
+        self._annotations.append(annotation)
+        return self
+
     def to_json(self) -> str:
         """The dashboard as Grafana JSON (UTF-8 text, two-space indent, final newline)."""
         model = self._dashboard.build()
-        return json.dumps(model, cls=JSONEncoder, indent=2, ensure_ascii=False) + "\n"
+        if not self._annotations:
+            return json.dumps(model, cls=JSONEncoder, indent=2, ensure_ascii=False) + "\n"
+        document = json.loads(json.dumps(model, cls=JSONEncoder))
+        document["annotations"] = {"list": [item.to_json() for item in self._annotations]}
+        return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
 
     def _take_id(self) -> int:
         panel_id = self._next_id

@@ -54,6 +54,15 @@ CHECKPOINT_MAX_AGE = contract.CHECKPOINT_MAX_AGE_SECONDS
 #: A GPU process with less than this share of its CPUs on its GPU's NUMA node runs on
 #: the far socket (``TrainmonGPUProcessFarNUMA``).
 NUMA_LOCAL_MIN = contract.NUMA_LOCAL_RATIO_MIN
+#: Run ledger recording rules of alerts/source/common.yml (``trainmon-runs.rules``),
+#: labelled job, run, config_hash: each live run's samples/s per rank, the best earlier
+#: run of the same job and config (``best_run``), and the one over the other.
+RUN_PER_RANK = "job_run:trainmon_training_samples_per_second_per_rank:rate10m"
+RUN_BEST_COMPARABLE = "job_config:trainmon_training_samples_per_second_per_rank:best7d"
+RUN_VS_BEST = "job_run:trainmon_training_throughput_vs_best:ratio"
+#: A run below this share of the best comparable run's throughput has regressed
+#: (``TrainmonThroughputRegression``: 1 − ``contract.THROUGHPUT_REGRESSION_RATIO``).
+THROUGHPUT_REGRESSION_KEEP = round(1 - contract.THROUGHPUT_REGRESSION_RATIO, 9)
 #: Placement recording rules of alerts/source/common.yml (labelled ``job`` only):
 #: distinct zones and leaf switches under the job's ranks.
 JOB_ZONES = "job:trainmon_placement_zones:count"

@@ -1,16 +1,19 @@
 """Training overview: one job, read the way an engineer checks it — 算 通 存 调.
 
 Top row: the daemon's bottleneck verdict and the headline numbers. Then one row
-per question: step time and stragglers (调), data loading (存), checkpoints —
-how old, how long, on which storage (存), gradient sync (通), the job's GPUs and
-their sawtooth (算), and the alerts that concern it.
+per question: step time and stragglers (调), the job's runs — this run against
+the best earlier run with the same config, and what a million samples cost —,
+data loading (存), checkpoints — how old, how long, on which storage (存),
+gradient sync (通), the job's GPUs and their sawtooth (算), and the alerts that
+concern it. A marker at each run start names what changed since the job's
+previous run (the run ledger, ``trainmon_training_run_changes_info``).
 """
 
 from __future__ import annotations
 
 from dashboards import promql
 from dashboards.activity import add_activity_panels
-from dashboards.builder import RATE, Board, dashboard_url, link, query_variable
+from dashboards.builder import RATE, Board, PromAnnotation, dashboard_url, link, query_variable
 from dashboards.panels import (
     NODE_GPU,
     Query,
@@ -64,6 +67,25 @@ RANK_MEAN_STEP = (
 RANK_LEGEND = "rank {{rank}} ({{node}})"
 #: The straggler recording rule of the job: labelled job, rank, instance (no node).
 STRAGGLER = f'{promql.STRAGGLER_RATIO}{{job="$job"}}'
+#: Each run of the job by its start (ms, for Grafana's "value as time"), with the
+#: keys that changed since the job's previous run in the ledger (`changed`; one
+#: node's answer where nodes differ).
+RUN_START = 'max by (job, run) (trainmon_training_run_start_timestamp_seconds{job="$job"}) * 1000'
+RUN_STARTS = (
+    f"  {RUN_START}\n"
+    "* on (job, run) group_left (changed)\n"
+    '  topk by (job, run) (1, trainmon_training_run_changes_info{job="$job"})\n'
+    f"or\n  {RUN_START}"
+)
+#: What the job's ranks cost per second (price per GPU hour of their node × ranks
+#: there, one GPU per rank) over its samples per second, per million samples.
+COST_PER_MILLION = (
+    "1e6 * sum by (currency) (\n"
+    f"    count by (instance) ({JOB_GPUS})\n"
+    "  * on (instance) group_left (currency) trainmon_ledger_price_per_gpu_hour\n"
+    ") / 3600\n"
+    f"/ on () group_left () sum(rate(trainmon_training_samples_total{{{JOB}}}[{RATE}]))"
+)
 
 
 def build(variant: Variant) -> Board:
@@ -81,8 +103,13 @@ def build(variant: Variant) -> Board:
         "node", "Node", 'label_values(trainmon_training_rank_info{job="$job"}, node)',
         "Nodes the job's ranks run on; narrow it to look at one node's ranks.", multi=True,
     ))
+    board.annotation(PromAnnotation(
+        "Run starts", RUN_STARTS, title="Run {{run}} started",
+        text="Changed since the job's previous run: {{changed}}", tags=("job", "run"),
+    ))
     _verdict_row(board)
     _step_row(board)
+    _runs_row(board)
     _data_row(board)
     _checkpoint_row(board)
     _comm_row(board, variant)
@@ -221,6 +248,51 @@ def _step_row(board: Board) -> None:
         ],
         minimum=0,
     ), width=24, height=7)
+
+
+def _runs_row(board: Board) -> None:
+    board.row("Runs: this run vs the previous comparable run, cost")
+    keep = promql.THROUGHPUT_REGRESSION_KEEP
+    board.add(stat_panel(
+        "This run vs best comparable run", "percentunit",
+        "Samples/s per rank of each live run of the job over those of the best earlier "
+        "run of the job with the same config_hash in the last 7 days (no longer running "
+        "anywhere), once the run has run 10 minutes "
+        f"({promql.RUN_VS_BEST}). Good: about 100 %; below {keep:.0%} (red) for 15 minutes "
+        "TrainmonThroughputRegression fires — run `trainmon compare <best run> <this run>`. "
+        "Empty for a first run, a changed config and the first 10 minutes of a run.",
+        [Query(f'{promql.RUN_VS_BEST}{{job="$job"}}', "{{run}} vs {{best_run}}",
+               instant=True)],
+        steps=(Step(None, "red"), Step(keep, "green")), show_name=True,
+    ), width=6, height=7)
+    board.add(timeseries(
+        "Samples/s per rank: this run vs best comparable run", "short",
+        "Samples per second per rank of each run of the job over 10 minutes (its ranks on "
+        "every node; per rank, so that runs on different numbers of GPUs compare), and the "
+        "best such throughput of an earlier run with the same config_hash. Good: this "
+        "run's line at or above the dashed best; a run start marker above the chart names "
+        "the keys that changed since the previous run.",
+        [
+            Query(f'{promql.RUN_PER_RANK}{{job="$job"}}', "run {{run}}"),
+            Query(
+                f'{promql.RUN_BEST_COMPARABLE}{{job="$job"}}'
+                f' and on (job, config_hash) {promql.RUN_PER_RANK}{{job="$job"}}',
+                "best earlier run {{best_run}} (same config)",
+            ),
+        ],
+        minimum=0,
+    ), width=12, height=7)
+    board.add(stat_panel(
+        "Cost per million samples", "none",
+        "What a million samples of this job cost at the configured GPU price: price per GPU "
+        "hour of each node (collectors.ledger.price_per_gpu_hour, "
+        "trainmon_ledger_price_per_gpu_hour) × the job's ranks there (one GPU per rank), "
+        "summed over its nodes, per second, over its samples per second, × 10⁶; in the "
+        "currency shown. Good: lower after a change; the run ledger keeps each run's cost "
+        "(trainmon runs). Empty where no price is configured.",
+        [Query(COST_PER_MILLION, "{{currency}}")],
+        show_name=True, decimals=2,
+    ), width=6, height=7)
 
 
 def _data_row(board: Board) -> None:

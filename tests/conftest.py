@@ -25,7 +25,8 @@ def start_daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
     """Start ``trainmon serve`` with an optional config mapping; waits until /healthz answers.
 
     ``start_daemon(config={...}, args=[...], env={...})``. The listen address is
-    always a free loopback port; the training socket defaults into tmp_path.
+    always a free loopback port; the training socket and the run ledger default
+    into tmp_path.
     """
     daemons: list[Daemon] = []
 
@@ -42,6 +43,10 @@ def start_daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
         training = dict(collectors.get("training", {}))
         training.setdefault("socket", str(tmp_path / f"steps-{index}.sock"))
         collectors["training"] = training
+        # never the machine's /var/lib/trainmon: each test daemon has its own ledger
+        ledger = dict(collectors.get("ledger", {}))
+        ledger.setdefault("path", str(tmp_path / f"ledger-{index}.sqlite3"))
+        collectors["ledger"] = ledger
         settings["collectors"] = collectors
         config_path = tmp_path / f"trainmon-{index}.yml"
         config_path.write_text(yaml.safe_dump(settings))

@@ -43,8 +43,9 @@ from trainmon.core.collector import Collector
 from trainmon.core.ownprocess import OwnProcessCollector
 from trainmon.core.registry import CollectorRegistry
 from trainmon.diagnosis.config import DiagnosisConfig
-from trainmon.http.push import PushHandler
+from trainmon.http.push import GetHandler, PushHandler
 from trainmon.http.webconfig import WebConfig, load_web_config
+from trainmon.ledger.config import LedgerConfig
 from trainmon.platform.config import PlatformConfig
 from trainmon.settings import ConfigError
 from trainmon.tencent.config import TencentConfig
@@ -178,6 +179,16 @@ def _diagnosis(section: DiagnosisConfig, wiring: Wiring) -> Collector:
     return DiagnosisCollector(section)
 
 
+def _ledger(section: LedgerConfig, wiring: Wiring) -> Collector:
+    from trainmon.collectors.ledger import LedgerCollector
+    from trainmon.collectors.training import TrainingCollector
+
+    training = wiring.built["training"]
+    if not isinstance(training, TrainingCollector):
+        raise TypeError(f"ledger needs the training collector, got {training!r}")
+    return LedgerCollector(section, training)
+
+
 #: Every collector of the daemon, in scrape order. Each section is parsed beside
 #: its subsystem (``trainmon.config``, ``trainmon.tencent.config``...).
 COLLECTORS: tuple[CollectorEntry[Any], ...] = (
@@ -195,6 +206,9 @@ COLLECTORS: tuple[CollectorEntry[Any], ...] = (
     CollectorEntry("numa", lambda c: c.numa, _numa, derived=True, requires=("gpu",)),
     # last: the diagnosis reads the families collected before it
     CollectorEntry("diagnosis", lambda c: c.diagnosis, _diagnosis, derived=True),
+    # after the diagnosis: records its verdicts with each run
+    CollectorEntry("ledger", lambda c: c.ledger, _ledger, derived=True,
+                   requires=("training",)),
 )
 
 
@@ -249,6 +263,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         return _check_config(Path(args.file), environ)
     if args.command == "doctor":
         return _doctor(args, environ)
+    if args.command in ("runs", "compare"):
+        return _runs(args, environ)
     return _serve(args, environ)
 
 
@@ -300,7 +316,29 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
     env_option(doctor, "--config", "CONFIG", "FILE",
                "configuration (diagnosis thresholds, local collectors)")
+    env_option(doctor, "--ledger", "LEDGER", "FILE",
+               "run ledger for the previous-run line; default collectors.ledger.path")
     _add_log_level(doctor, env("LOG_LEVEL", "warning"))
+
+    for name, help_text in (
+        ("runs", "the run ledger: runs newest first, throughput, cost (exit 0/1/2)"),
+        ("compare", "what changed between two runs and how throughput moved (exit 0/1/2)"),
+    ):
+        history = commands.add_parser(name, help=help_text)
+        if name == "compare":
+            history.add_argument("run_a", metavar="RUN_A", help="the reference run")
+            history.add_argument("run_b", metavar="RUN_B", help="the run compared with it")
+        history.add_argument("--job", default=None, help="only this training job")
+        if name == "runs":
+            history.add_argument("--since", default=None, metavar="WHEN",
+                                help="runs started since: 90m, 12h, 2d, 1w or ISO-8601 (UTC)")
+        history.add_argument("--json", action="store_true", help="print JSON")
+        env_option(history, "--ledger", "LEDGER", "FILE",
+                   "ledger file; default the config's collectors.ledger.path")
+        env_option(history, "--prometheus", "PROMETHEUS_URL", "URL",
+                   "read the runs from a Prometheus server instead of the local ledger")
+        env_option(history, "--config", "CONFIG", "FILE", "configuration (the ledger path)")
+        _add_log_level(history, env("LOG_LEVEL", "warning"))
 
     commands.add_parser("version", help="print the version")
     return parser
@@ -363,14 +401,56 @@ def _doctor(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         print(f"trainmon: invalid configuration: {error}", file=sys.stderr)
         return EXIT_CONFIG
     options = DoctorOptions(
-        url=args.url or None, seconds=args.seconds, lang=args.lang, json=args.json
+        url=args.url or None, seconds=args.seconds, lang=args.lang, json=args.json,
+        ledger=Path(args.ledger) if args.ledger else config.collectors.ledger.file,
     )
+    # Sampling this node for a few seconds must not write the daemon's run ledger.
+    sampling = dataclasses.replace(config, collectors=dataclasses.replace(
+        config.collectors,
+        ledger=dataclasses.replace(config.collectors.ledger, enabled=False)))
     return run_doctor(
         options,
         config.collectors.diagnosis,
-        lambda: build_collectors(config, demo=False),
+        lambda: build_collectors(sampling, demo=False),
         sys.stdout,
     )
+
+
+def _runs(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """``runs`` and ``compare``: the local ledger, or Prometheus with ``--prometheus``."""
+    import time
+
+    from trainmon.runs.commands import RunSource, compare_runs, list_runs
+    from trainmon.runs.timespec import parse_since
+
+    def open_source() -> RunSource:
+        if args.prometheus:
+            from trainmon.runs.prometheus import PrometheusSource
+
+            return PrometheusSource(args.prometheus)
+        from trainmon.runs.local import LocalSource
+
+        assert ledger_path is not None
+        return LocalSource(ledger_path)
+
+    ledger_path = Path(args.ledger) if args.ledger else None
+    if ledger_path is None and not args.prometheus:
+        try:
+            config = load_config(Path(args.config) if args.config else None, environ)
+        except ConfigError as error:
+            print(f"trainmon: invalid configuration: {error}", file=sys.stderr)
+            return EXIT_CONFIG
+        ledger_path = config.collectors.ledger.file
+    if args.command == "compare":
+        return compare_runs(open_source, args.run_a, args.run_b, job=args.job,
+                            as_json=args.json, out=sys.stdout, err=sys.stderr)
+    try:
+        since = None if args.since is None else parse_since(args.since, time.time())
+    except ValueError as error:
+        print(f"trainmon runs: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    return list_runs(open_source, job=args.job, since=since, as_json=args.json,
+                     out=sys.stdout, err=sys.stderr)
 
 
 def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
@@ -396,10 +476,13 @@ def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 def _demo_config(config: Config, root: Path) -> Config:
     """The configuration with every node source pointed into the simulated tree."""
     training = dataclasses.replace(config.collectors.training, socket=root / "steps.sock")
+    ledger = config.collectors.ledger
+    if ledger.path is None:  # never the real /var/lib/trainmon from a demo
+        ledger = dataclasses.replace(ledger, path=root / "ledger.sqlite3")
     return dataclasses.replace(
         config,
         paths=PathsConfig(proc=root / "proc", sys=root / "sys"),
-        collectors=dataclasses.replace(config.collectors, training=training),
+        collectors=dataclasses.replace(config.collectors, training=training, ledger=ledger),
     )
 
 
@@ -413,7 +496,8 @@ def _run_server(config: Config, web: WebConfig | None, *, demo: bool) -> int:
     )
     try:
         server = ExporterHTTPServer(
-            config.listen, registry, config.http, web, post_routes=push_routes(collectors)
+            config.listen, registry, config.http, web, post_routes=push_routes(collectors),
+            get_routes=_get_routes(collectors),
         )
     except OSError as error:
         print(f"trainmon: cannot listen on {config.listen}: {error.strerror}", file=sys.stderr)
@@ -449,6 +533,14 @@ def _run_server(config: Config, web: WebConfig | None, *, demo: bool) -> int:
         registry.stop()
     log.info("stopped")
     return EXIT_OK
+
+
+def _get_routes(collectors: Sequence[Collector]) -> Mapping[str, GetHandler]:
+    """The run ledger's read routes (``GET /api/v1/runs``), when it is on."""
+    from trainmon.collectors.ledger import LedgerCollector
+
+    ledger = next((c for c in collectors if isinstance(c, LedgerCollector)), None)
+    return {} if ledger is None else ledger.get_routes()
 
 
 def _start_demo_jobs(collectors: Sequence[Collector], port: int) -> Callable[[], None] | None:

@@ -6,7 +6,7 @@ node daemon on any Linux machine. Errors are ``ConfigError`` with the key path.
 The keys are documented in the README's configuration reference. The
 sections of larger subsystems live beside them and are assembled here:
 ``trainmon.tencent.config``, ``trainmon.attribution.config``,
-``trainmon.diagnosis.config``.
+``trainmon.diagnosis.config``, ``trainmon.ledger.config``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import yaml
 from trainmon import contract
 from trainmon.attribution.config import AttributionConfig, parse_attribution
 from trainmon.diagnosis.config import DiagnosisConfig, parse_diagnosis
+from trainmon.ledger.config import LedgerConfig, parse_ledger
 from trainmon.platform.config import PlatformConfig, parse_platform
 from trainmon.settings import Auto, ConfigError, Section
 from trainmon.tencent.config import TencentConfig, parse_tencent
@@ -189,6 +190,7 @@ class CollectorsConfig:
     numa: NumaConfig = NumaConfig()
     nfs: NFSConfig = NFSConfig()
     platform: PlatformConfig = field(default_factory=PlatformConfig)
+    ledger: LedgerConfig = field(default_factory=LedgerConfig)
 
 
 @dataclass(frozen=True)
@@ -275,6 +277,7 @@ def _collectors(section: Section) -> CollectorsConfig:
         numa=_numa(section.section("numa")),
         nfs=_nfs(section.section("nfs")),
         platform=parse_platform(section.section("platform")),
+        ledger=parse_ledger(section.section("ledger")),
     )
     section.finish()
     return result

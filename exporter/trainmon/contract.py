@@ -176,3 +176,28 @@ NUMA_LOCAL_RATIO_MIN = 0.5
 #: (``trainmon_node_spot_termination_timestamp_seconds``); the alert
 #: ``TrainmonSpotReclaimScheduled`` and the dashboards can count down from it.
 SPOT_RECLAIM_NOTICE_SECONDS = 120.0
+
+#: Run ledger (article §6.3: "compare with history when training got slower"):
+#: a run whose samples per second per rank are more than this share (0-1) below
+#: the best earlier run of the same job and ``config_hash`` has regressed. The
+#: alert ``TrainmonThroughputRegression`` (recording rule
+#: ``job_run:trainmon_training_throughput_vs_best:ratio`` below
+#: ``1 − THROUGHPUT_REGRESSION_RATIO``) and ``trainmon doctor``'s "vs the previous
+#: comparable run" line share it. A fifth, as ``DATA_WAIT_RATIO`` and the straggler
+#: factor: run-to-run noise of a fixed benchmark is a few percent, and a fifth of
+#: the throughput is a fifth of the GPU hours paid for.
+THROUGHPUT_REGRESSION_RATIO = 0.2
+
+#: How long (a Prometheus duration) a run must stay that much slower before
+#: ``TrainmonThroughputRegression`` fires (its ``for``): longer than a checkpoint
+#: or an evaluation pass, so only a sustained slowdown pages. The rules also wait
+#: until a run has run for one ``TRAINING_RULE_WINDOW`` (its warm-up and the
+#: previous run's samples out of the rate window) before they compare it.
+THROUGHPUT_REGRESSION_WINDOW = "15m"
+
+#: Run ledger (article §6.3): a run whose ranks still report but have not
+#: completed a step for this many seconds is recorded with end reason
+#: ``stalled`` (``collectors.ledger.stall_seconds``); it becomes a running run
+#: again when steps resume. Ten minutes outlasts a long checkpoint save or an
+#: evaluation pass, which are not stalls.
+LEDGER_STALL_SECONDS = 600.0

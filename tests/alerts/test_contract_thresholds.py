@@ -84,6 +84,10 @@ ALERT_THRESHOLDS: dict[str, list[tuple[str, float]]] = {
          contract.CHECKPOINT_MAX_AGE_SECONDS)],
     "TrainmonGPUProcessFarNUMA": [
         (r"trainmon_gpu_process_numa_local_ratio", contract.NUMA_LOCAL_RATIO_MIN)],
+    # run ledger (issue 16): below 1 − the ratio of the best comparable run
+    "TrainmonThroughputRegression": [
+        (r"job_run:trainmon_training_throughput_vs_best:ratio",
+         1 - contract.THROUGHPUT_REGRESSION_RATIO)],
 }
 #: variant → alert → comparisons of the variant's other GPU source (DCGM, Cloud Monitor).
 VARIANT_ALERT_THRESHOLDS: dict[str, dict[str, list[tuple[str, float]]]] = {
@@ -113,6 +117,7 @@ QUOTED_PERCENT = {
     "TrainmonDataLoaderBottleneck": contract.DATA_WAIT_RATIO,
     "TrainmonCommunicationBound": contract.COMM_RATIO,
     "TrainmonGPUProcessFarNUMA": contract.NUMA_LOCAL_RATIO_MIN,
+    "TrainmonThroughputRegression": contract.THROUGHPUT_REGRESSION_RATIO,
 }
 
 
@@ -179,6 +184,24 @@ def test_training_recording_rules_use_the_contract_window(
         assert record.endswith(contract.TRAINING_RULE_WINDOW), record
 
 
+@pytest.mark.parametrize(("where", "groups"), RULE_DOCUMENTS, ids=[w for w, _ in RULE_DOCUMENTS])
+def test_run_rules_use_the_contracts_window_and_regression_numbers(
+    where: str, groups: list[dict[str, Any]],
+) -> None:
+    """Runs are measured over the training window, compared once they have run for it,
+    and TrainmonThroughputRegression waits the contract's window."""
+    records = rules(groups, "record")
+    rate = records["job_run:trainmon_training_samples_per_second:rate10m"]
+    assert set(_RANGE.findall(str(rate["expr"]))) == {contract.TRAINING_RULE_WINDOW}, where
+    settled = str(records[
+        "job_run:trainmon_training_samples_per_second_per_rank:settled_rate10m"]["expr"])
+    offsets = re.findall(r"trainmon_training_run_start_timestamp_seconds offset (\w+)", settled)
+    assert offsets == [contract.TRAINING_RULE_WINDOW], (where, settled)
+    alert = rules(groups, "alert")["TrainmonThroughputRegression"]
+    assert alert["for"] == contract.THROUGHPUT_REGRESSION_WINDOW, where
+    assert f"for {contract.THROUGHPUT_REGRESSION_WINDOW}" in alert["annotations"]["description"]
+
+
 # -- dashboards -------------------------------------------------------------
 
 
@@ -225,6 +248,9 @@ MEASURES = (
             contract.CHECKPOINT_MAX_AGE_SECONDS),
     Measure("NUMA local ratio", lambda p, q: "trainmon_gpu_process_numa_local_ratio" in q,
             contract.NUMA_LOCAL_RATIO_MIN, low_is_bad=True),
+    Measure("throughput vs best comparable run",
+            lambda p, q: "job_run:trainmon_training_throughput_vs_best:ratio" in q,
+            1 - contract.THROUGHPUT_REGRESSION_RATIO, low_is_bad=True),
 )
 
 

@@ -27,6 +27,7 @@ TEST_FILES = {
     "common.test.yml": VARIANTS,
     "diagnosis.test.yml": VARIANTS,
     "platform.test.yml": VARIANTS,
+    "runs.test.yml": VARIANTS,
     "dcgm.test.yml": ("dcgm",),
     "tencent-cloud.test.yml": ("tencent-cloud",),
 }
@@ -155,11 +156,19 @@ def test_scale_shortens_every_duration_and_nothing_else(tmp_path: Path) -> None:
     fallback = scaled["TrainmonGPUSawtoothScraped"]["expr"]
     assert "[30s:750ms]" in fallback and "[30s]" in fallback
     assert "[18m:15s]" in scaled["TrainmonGPUMissing"]["expr"]
+    # offsets too: a run is compared once Prometheus saw its start 30 s (10 min) ago
+    settled = scaled["job_run:trainmon_training_samples_per_second_per_rank:settled_rate10m"]
+    assert "offset 30s" in settled["expr"]
+    assert scaled["TrainmonThroughputRegression"]["for"] == "45s"
     # thresholds in seconds are not durations and stay as shipped
     assert "> 600" in scaled["TrainmonTrainingStalled"]["expr"]
+
+    def durations_blanked(expr: str) -> str:
+        return re.sub(r"\boffset\s+\S+", "offset _", re.sub(r"\[[^\]]*\]", "[]", expr))
+
     for name, rule in original.items():
-        unscaled = re.sub(r"\[[^\]]*\]", "[]", rule["expr"])
-        assert re.sub(r"\[[^\]]*\]", "[]", scaled[name]["expr"]) == unscaled, name
+        unscaled = durations_blanked(rule["expr"])
+        assert durations_blanked(scaled[name]["expr"]) == unscaled, name
         assert scaled[name].get("labels") == rule.get("labels"), name
         assert scaled[name].get("annotations") == rule.get("annotations"), name
 

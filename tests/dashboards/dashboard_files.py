@@ -62,6 +62,16 @@ def load_dashboards() -> list[Dashboard]:
     ]
 
 
+def annotation_queries(dashboard: Dashboard) -> list[PanelQuery]:
+    """The Prometheus annotation queries (markers), as range queries named after them."""
+    return [
+        PanelQuery(dashboard, f"annotation {item.get('name', '')}", "annotation",
+                   str(item["expr"]), False)
+        for item in dashboard.model.get("annotations", {}).get("list", [])
+        if item.get("expr")
+    ]
+
+
 def panel_queries(dashboard: Dashboard) -> list[PanelQuery]:
     return [
         PanelQuery(dashboard, panel.get("title", ""), target.get("refId", ""),

@@ -15,8 +15,9 @@ The stack, all on loopback:
   evaluation intervals (1 s, per-job overrides dropped), the target lists, the
   rule path and the Alertmanager section (removed) are changed.
 
-Every query variable is resolved the way Grafana does it, every panel query is
-sent with the variables expanded, and a parse error or an empty result fails,
+Every query variable is resolved the way Grafana does it, every panel query
+(and annotation query) is sent with the variables expanded, and a parse error or
+an empty result fails,
 except for queries over the metrics in ``EXPECTED_EMPTY``, which nothing in the
 stack produces yet; those must stay empty (``test_expected_empty_metrics_are_still_empty``)
 so the list gets tightened when a producer lands.
@@ -37,7 +38,14 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.dashboards.dashboard_files import REPO, VARIANTS, Dashboard, PanelQuery, panel_queries
+from tests.dashboards.dashboard_files import (
+    REPO,
+    VARIANTS,
+    Dashboard,
+    PanelQuery,
+    annotation_queries,
+    panel_queries,
+)
 from tests.dashboards.grafana_templating import Selection, Window, interpolate, selections
 from tests.dashboards.metric_contract import metric_names
 from tests.support import fake_tencent_api as tencent_fake
@@ -58,7 +66,18 @@ EXPECTED_EMPTY: dict[str, str] = {
     "trainmon_node_spot_termination_timestamp_seconds": (
         "the demo instance is not being reclaimed (exporter/trainmon/demo/platform.py); "
         "tests/alerts/test_spot_reclaim_end_to_end.py schedules a reclaim"),
+    # The run-ledger comparison needs an earlier run of the same job and config that ran
+    # for the 10-minute rate window and ended; the demo's jobs run one run each for the
+    # minute this test lasts. alerts/tests/runs.test.yml checks these rules.
+    "job_config:trainmon_training_samples_per_second_per_rank:best7d": (
+        "no demo run has ended after running 10 minutes, so none is a comparison"),
+    "job_run:trainmon_training_throughput_vs_best:ratio": (
+        "no demo run has an earlier comparable run (see the line above)"),
 }
+#: The demo node's price, so that the Training overview's cost per million samples
+#: has trainmon_ledger_price_per_gpu_hour to read.
+DEMO_PRICE_PER_GPU_HOUR = 2.5
+DEMO_CURRENCY = "USD"
 #: Placement labels of the demo node (collectors.platform.labels), so that the
 #: leaf-switch panels have a leaf to count.
 DEMO_PLACEMENT_LABELS = {"leaf": "leaf-07", "rack": "r12"}
@@ -145,6 +164,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 tmp, "node", {"collectors": {
                     "training": {"socket": str(tmp / "steps.sock")},
                     "platform": {"labels": DEMO_PLACEMENT_LABELS},
+                    "ledger": {"path": str(tmp / "ledger.sqlite3"),
+                               "price_per_gpu_hour": DEMO_PRICE_PER_GPU_HOUR,
+                               "currency": DEMO_CURRENCY},
                 }},
                 ["--demo"], {})
             daemons.append(node)
@@ -233,8 +255,9 @@ def _run_panel_query(query: PanelQuery, selection: Selection, prometheus: Promet
 
 def _run_dashboard(dashboard: Dashboard, prometheus: Prometheus, window: Window,
                    outcome: Outcome) -> None:
-    """Resolve the variables (each value of the first), then run every panel query."""
-    queries = panel_queries(dashboard)
+    """Resolve the variables (each value of the first), then run every panel and
+    annotation query."""
+    queries = [*panel_queries(dashboard), *annotation_queries(dashboard)]
     for selection in selections(dashboard.variables(), prometheus, window):
         outcome.planned += len(selection.variable_queries) + len(queries)
         unset = []

@@ -422,25 +422,11 @@ def test_lightning_callback_reports_model_checkpoint_saves(
 def test_transformers_callback_reports_trainer_saves(
     make: Make, socket_path: Path, tmp_path: Path
 ) -> None:
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
+    from tests.support.tiny_trainer import Pairs, Regression
     from trainmon.client.transformers import TrainmonCallback
-
-    class Regression(torch.nn.Module):  # type: ignore[misc, name-defined]
-        def __init__(self) -> None:
-            super().__init__()
-            self.layer = torch.nn.Linear(8, 1)
-
-        def forward(self, x: object, labels: object) -> dict[str, object]:
-            return {"loss": torch.nn.functional.mse_loss(self.layer(x), labels)}
-
-    class Pairs(torch.utils.data.Dataset):  # type: ignore[misc, name-defined]
-        def __len__(self) -> int:
-            return 40
-
-        def __getitem__(self, index: int) -> dict[str, object]:
-            return {"x": torch.randn(8), "labels": torch.randn(1)}
 
     collector = make(proc_root=Path("/proc"), sys_root=Path("/sys"), socket=socket_path)
     args = transformers.TrainingArguments(
@@ -449,7 +435,7 @@ def test_transformers_callback_reports_trainer_saves(
         logging_strategy="no", dataloader_num_workers=0, disable_tqdm=True,
     )
     callback = TrainmonCallback("hf-ckpt", endpoint=f"unix://{socket_path}")
-    trainer = transformers.Trainer(model=Regression(), args=args, train_dataset=Pairs(),
+    trainer = transformers.Trainer(model=Regression(), args=args, train_dataset=Pairs(40),
                                    callbacks=[callback])
     trainer.train()
     assert (tmp_path / "out" / "checkpoint-10").is_dir()

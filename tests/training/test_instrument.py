@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from trainmon.client import Reporter
-from trainmon.training.protocol import StepReport, parse_report
+from trainmon.training.protocol import StepReport, parse, parse_report
 
 REPO = Path(__file__).resolve().parents[2]
 JOB_TIMEOUT_SECONDS = 150
@@ -57,7 +57,9 @@ class ReportSink:
             except TimeoutError:
                 continue
             for line in payload.splitlines():
-                self.reports.append(parse_report(line))  # raises on an invalid report
+                parsed = parse(line)  # raises on an invalid report or run description
+                if isinstance(parsed, StepReport):
+                    self.reports.append(parsed)
 
     def close(self) -> None:
         self._stop.set()

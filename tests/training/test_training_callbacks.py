@@ -99,16 +99,8 @@ def test_lightning_callback(make_collector: Make, socket_path: Path, tmp_path: P
 def test_transformers_callback(make_collector: Make, socket_path: Path, tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
+    from tests.support.tiny_trainer import Regression
     from trainmon.client.transformers import TrainmonCallback
-
-    class Regression(torch.nn.Module):  # type: ignore[misc, name-defined]
-        def __init__(self) -> None:
-            super().__init__()
-            self.layer = torch.nn.Linear(8, 1)
-
-        def forward(self, x: Any, labels: Any) -> dict[str, Any]:
-            time.sleep(COMPUTE_SLEEP_SECONDS)
-            return {"loss": torch.nn.functional.mse_loss(self.layer(x), labels)}
 
     collector = make_collector(socket=socket_path)
     dataset = SlowDataset(20 * 2 * BATCH_SIZE, as_dict=True)
@@ -119,8 +111,8 @@ def test_transformers_callback(make_collector: Make, socket_path: Path, tmp_path
         disable_tqdm=True,
     )
     callback = TrainmonCallback("hf-job", endpoint=f"unix://{socket_path}")
-    trainer = transformers.Trainer(model=Regression(), args=args, train_dataset=dataset,
-                                   callbacks=[callback])
+    trainer = transformers.Trainer(model=Regression(COMPUTE_SLEEP_SECONDS), args=args,
+                                   train_dataset=dataset, callbacks=[callback])
     trainer.train()
     result = wait_for_steps(collector, "hf-job", 20)
     rank = {"job": "hf-job", "rank": "0"}

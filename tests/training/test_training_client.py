@@ -98,7 +98,8 @@ def test_http_endpoint_with_token(start_daemon: Callable[..., object], tmp_path:
     text = daemon.metrics()  # type: ignore[attr-defined]
     assert 'trainmon_training_samples_total{job="unit",rank="0"} 3.0' in text
     assert 'rank="1"' not in text
-    assert 'trainmon_training_rejected_reports_total{reason="unauthorized"} 1.0' in text
+    # Refused: the run description, the step report and the final ("ended") description.
+    assert 'trainmon_training_rejected_reports_total{reason="unauthorized"} 3.0' in text
 
 
 def test_environment_gives_identity(monkeypatch: pytest.MonkeyPatch) -> None:

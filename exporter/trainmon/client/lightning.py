@@ -32,6 +32,14 @@ What is measured, and how exactly:
 Rank, local rank and world size come from the ``Trainer``; the GPU from the
 strategy's root device, mapped through ``CUDA_VISIBLE_DEVICES``.
 
+**Run description** (``framework_settings``): at ``on_train_start`` the
+callback adds what the trainer knows to the run's ``framework`` settings:
+precision, strategy, accelerator, devices and nodes, epoch and step limits,
+gradient accumulation, the train loader's batch size, and the module's (and
+datamodule's) ``hparams`` as ``hparams.<name>`` (secret-looking names
+redacted like any config key). An exception ends the run without
+``"ended": "finished"``.
+
 **Communication** (``instrument=True``, the default, with more than one
 process): at ``on_train_start`` the model the strategy wrapped
 (``trainer.strategy.model``: ``DistributedDataParallel``, FSDP) goes through
@@ -44,6 +52,7 @@ instrumentation then times; the gradients are what the hook alone makes.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -67,6 +76,7 @@ from trainmon.client.identity import device_gpu
 from trainmon.client.reporter import Reporter
 
 _clock = time.perf_counter
+log = logging.getLogger(__name__)
 
 
 class TrainmonCallback(Callback):
@@ -108,6 +118,7 @@ class TrainmonCallback(Callback):
             if self.instrument and trainer.world_size > 1:
                 self.reporter.instrument(trainer.strategy.model)
             self._time_checkpoints(trainer)
+            self.reporter.describe(framework=framework_settings(trainer, pl_module))
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._start_gap()
@@ -141,12 +152,12 @@ class TrainmonCallback(Callback):
             self.reporter.add_phase("validation", seconds)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._close()
+        self._close(finished=True)
 
     def on_exception(
         self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
     ) -> None:
-        self._close()
+        self._close(finished=False)
 
     def _time_checkpoints(self, trainer: Trainer) -> None:
         """Wrap ``trainer.save_checkpoint`` (this instance only) in ``Reporter.checkpoint``."""
@@ -174,13 +185,44 @@ class TrainmonCallback(Callback):
         self._gap_started = _clock()
         self._excluded = 0.0
 
-    def _close(self) -> None:
+    def _close(self, finished: bool) -> None:
         if self._trainer is not None:
             vars(self._trainer).pop("save_checkpoint", None)
             self._trainer = None
         if self.reporter is not None:
-            self.reporter.close()
+            self.reporter.close(finished=finished)
             self.reporter = None
+
+
+def framework_settings(trainer: Trainer, pl_module: LightningModule) -> dict[str, object]:
+    """What the trainer says about the run, for ``Reporter.describe(framework=...)``.
+
+    Each reading is optional (Lightning versions differ); one that fails is
+    left out, never raised.
+    """
+    settings: dict[str, object] = {"name": "lightning"}
+    readings: dict[str, Callable[[], object]] = {
+        "precision": lambda: str(trainer.precision),
+        "strategy": lambda: type(trainer.strategy).__name__,
+        "accelerator": lambda: type(trainer.accelerator).__name__,
+        "num_devices": lambda: trainer.num_devices,
+        "num_nodes": lambda: trainer.num_nodes,
+        "max_epochs": lambda: trainer.max_epochs,
+        "max_steps": lambda: trainer.max_steps,
+        "accumulate_grad_batches": lambda: trainer.accumulate_grad_batches,
+        "batch_size": lambda: getattr(trainer.train_dataloader, "batch_size", None),
+        "hparams": lambda: dict(pl_module.hparams),
+        "datamodule_hparams": lambda: _hparams(getattr(trainer, "datamodule", None)),
+    }
+    for name, read in readings.items():
+        try:
+            value = read()
+        except Exception as error:  # a Lightning version without it
+            log.debug("trainmon: no %s from the trainer: %s", name, error)
+            continue
+        if value is not None and value != {}:
+            settings[name] = value
+    return settings
 
 
 def batch_size(batch: object) -> int:
@@ -196,3 +238,8 @@ def batch_size(batch: object) -> int:
         else:
             return 0
     return 0
+
+
+def _hparams(owner: object) -> dict[str, object] | None:
+    """``owner.hparams`` as a dict (None without an owner; raises without hparams)."""
+    return None if owner is None else dict(owner.hparams)  # type: ignore[attr-defined]

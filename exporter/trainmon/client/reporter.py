@@ -17,6 +17,13 @@ measured elsewhere. ``with reporter.checkpoint(path): torch.save(...)`` counts
 and times a checkpoint save and records where it went (``checkpoint_saved()``
 for saves timed elsewhere); the daemon tells what storage that path is on.
 
+Each reporter also describes its **run** (``run``): an id shared by the job's
+ranks when the launcher provides one, the user's ``config`` (hashed, secrets
+redacted), the NCCL/TORCH/CUDA/OMP environment, ``data_paths``, versions and
+the git commit (``trainmon.client.run``). ``describe()`` adds to it; the
+sender thread sends it at start, on change and every minute, and ``close()``
+marks the run finished, so the daemon's ledger can compare runs.
+
 A step runs from the end of the previous ``step()`` to this one (the first
 from the first ``next()`` of ``track()``, or from construction). Everything is
 aggregated in process; a daemon thread sends the cumulative totals about once
@@ -32,6 +39,7 @@ import logging
 import math
 import os
 import secrets
+import sys
 import threading
 import time
 import weakref
@@ -40,6 +48,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol, TypeVar
 
 from trainmon.client.identity import detect_gpu, rank_identity
+from trainmon.client.run import DataPaths, RunDescriber, resolve_run_id
 from trainmon.client.transport import DEFAULT_ENDPOINT, Sender, open_sender
 from trainmon.logthrottle import LogThrottle
 from trainmon.training.protocol import (
@@ -92,6 +101,11 @@ class Reporter:
     ``TRAINMON_JOB``; ``endpoint`` to ``TRAINMON_ENDPOINT`` or
     ``unix:///run/trainmon/steps.sock``; ``token`` to ``TRAINMON_TOKEN``;
     ``gpu`` (NVML index) is detected when it can be (see ``identity``).
+
+    ``run`` names the run (default: ``TRAINMON_RUN_ID``, the launcher's job
+    id, else a fresh id); ``config`` is the run's configuration (a mapping,
+    nested ones flattened), ``data_paths`` where its data comes from; both
+    go into the run description (``describe()`` adds more later).
     """
 
     def __init__(
@@ -106,6 +120,9 @@ class Reporter:
         token: str | None = None,
         interval_seconds: float = DEFAULT_INTERVAL_SECONDS,
         environ: Mapping[str, str] | None = None,
+        run: str | None = None,
+        config: object = None,
+        data_paths: DataPaths | None = None,
     ) -> None:
         env = os.environ if environ is None else environ
         raw_job = job if job is not None else env.get("TRAINMON_JOB", "unnamed")
@@ -121,6 +138,14 @@ class Reporter:
         self._gpu_fixed = gpu is not None
         self.gpu: str | None = str(gpu) if gpu is not None else detect_gpu(env, self.local_rank)
         self.reporter_id = secrets.token_hex(8)
+        #: Unix time at which the reporter (the run, for this process) started.
+        self.started = time.time()
+        self.run = resolve_run_id(run, env, self.started)
+        self._run_describer = RunDescriber(
+            job=self.job, rank=self.rank, reporter_id=self.reporter_id,
+            world_size=self.world_size, run=self.run, started=self.started, environ=env,
+            config=config, data_paths=data_paths,
+        )
         self.endpoint = endpoint or env.get("TRAINMON_ENDPOINT") or DEFAULT_ENDPOINT
         self._sender: Sender = open_sender(self.endpoint, token or env.get("TRAINMON_TOKEN"))
         self._interval = max(0.05, float(interval_seconds))
@@ -161,6 +186,7 @@ class Reporter:
         self._bad_paths_logged = LogThrottle()
         # Delivery failures are logged once per 5 minutes.
         self._failures_logged = LogThrottle()
+        self._description_errors = LogThrottle()
 
         self._closed = False
         self._closing = threading.Event()
@@ -342,8 +368,37 @@ class Reporter:
             self._comm_source = source
         return model
 
-    def close(self) -> None:
-        """Send the final totals and stop the sender thread; safe to call twice."""
+    def describe(
+        self,
+        config: object = None,
+        data_paths: DataPaths | None = None,
+        framework: object = None,
+    ) -> None:
+        """Add to the run description: ``config`` keys (merged, the hash
+        follows), ``data_paths`` (added) and ``framework`` settings (merged;
+        what a framework callback knows). A change is sent by the sender
+        thread within a second; nothing is sent from the calling thread.
+        Never raises for odd values (they are sent as their ``str()``).
+        """
+        self._run_describer.update(config=config, data_paths=data_paths, framework=framework)
+
+    def run_description(self) -> dict[str, object]:
+        """The run description as it is sent now (see docs/protocol.md)."""
+        return self._run_describer.description()
+
+    @property
+    def config_hash(self) -> str:
+        """``"sha256:"`` + 16 hex digits over the redacted config."""
+        return self._run_describer.config_hash
+
+    def close(self, finished: bool = True) -> None:
+        """Send the final totals and stop the sender thread; safe to call twice.
+
+        ``finished`` (the default) ends the run description with
+        ``"ended": "finished"``; ``close(finished=False)`` (and leaving a
+        ``with`` block on an exception, or exiting on an uncaught exception)
+        does not, so the daemon concludes the run stopped rather than ended.
+        """
         if self._closed:
             return
         self._closed = True
@@ -359,11 +414,17 @@ class Reporter:
             # still counts; data wait without a step to contain it does not.
             self._commit_phases()
         self.flush()
+        if finished:
+            with self._send_lock:
+                self._send_description(ended="finished")
         self._sender.close()
 
     def flush(self) -> bool:
-        """Send the current totals now; True if delivered."""
+        """Send the current totals now (and the run description when it is due);
+        True if the totals were delivered."""
         with self._send_lock:
+            if self._run_describer.due():
+                self._send_description()
             payload = encode_report(self.report())
             if self._sender.send(payload):
                 return True
@@ -385,6 +446,7 @@ class Reporter:
                 "gpu": self.gpu,
                 "pid": os.getpid(),
                 "reporter_id": self.reporter_id,
+                "run": self.run,
                 "steps": self._steps,
                 "samples": self._samples,
                 "step_seconds": self._step_seconds,
@@ -417,8 +479,8 @@ class Reporter:
     def __enter__(self) -> Reporter:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
+        self.close(finished=exc_type is None)
 
     # -- internals -------------------------------------------------------------
 
@@ -442,6 +504,21 @@ class Reporter:
             if source is not None:
                 source.fold()  # bounds what instrumentation holds between steps
             self.flush()
+
+    def _send_description(self, ended: str | None = None) -> None:
+        """Send the run description in a payload of its own (a daemon that
+        refuses it still takes the totals); send lock held. Never raises: a
+        description that cannot be built costs the description, not the reports."""
+        describer = self._run_describer
+        try:
+            line = describer.line(ended=ended)
+        except Exception as error:  # a bug or a hostile object must not stop the sender
+            if self._description_errors.allow("build"):  # the type only: no values logged
+                log.warning("trainmon: cannot build the run description (%s)",
+                            type(error).__name__)
+            describer.sent(False)
+            return
+        describer.sent(self._sender.send(line))
 
     def _phase_name(self, name: str) -> str:
         """The phase name as sent: sanitized, and ``OTHER_PHASE`` past the phase cap."""
@@ -549,6 +626,9 @@ _OPEN_REPORTERS: weakref.WeakSet[Reporter] = weakref.WeakSet()
 
 @atexit.register
 def _close_at_exit() -> None:
-    """Deliver the final totals of reporters the program did not close."""
+    """Deliver the final totals of reporters the program did not close; an
+    uncaught exception (``sys.last_value``, set before ``atexit`` runs) means
+    the run did not finish."""
+    crashed = getattr(sys, "last_value", None) is not None
     for reporter in list(_OPEN_REPORTERS):
-        reporter.close()
+        reporter.close(finished=not crashed)

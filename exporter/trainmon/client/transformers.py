@@ -30,6 +30,15 @@ Rank, local rank and world size come from ``TrainingArguments``
 (``process_index``, ``local_process_index``, ``world_size``); the GPU from
 ``args.device``, mapped through ``CUDA_VISIBLE_DEVICES``.
 
+**Run description** (``framework_settings``): at ``on_train_begin`` the
+callback adds the ``TrainingArguments`` that shape throughput to the run's
+``framework`` settings: batch size (per device × accumulation) and its parts,
+precision (``bf16`` / ``fp16`` / ``fp32``, ``tf32``), learning rate and
+schedule, optimizer, epochs and steps, seed, gradient checkpointing,
+``torch_compile``, loader workers, FSDP and DeepSpeed, and the model's
+``model_type`` and name. Never the whole ``TrainingArguments``: it holds
+``hub_token`` and similar, which are redacted anyway.
+
 **Communication** (``instrument=True``, the default, with more than one
 process): at ``on_train_begin`` the model ``Trainer`` wrapped
 (``trainer.model_wrapped``: ``DistributedDataParallel`` from accelerate, FSDP)
@@ -89,6 +98,7 @@ class TrainmonCallback(TrainerCallback):
             )
             if self.instrument and args.world_size > 1:
                 self.reporter.instrument(self._wrapped_model(kwargs.get("model")))
+            self.reporter.describe(framework=framework_settings(args, kwargs.get("model")))
         self._last_event = _clock()
 
     def on_step_begin(
@@ -156,3 +166,36 @@ class TrainmonCallback(TrainerCallback):
         if self.reporter is not None:
             self.reporter.add_phase(name, now - self._last_event)
         self._last_event = now
+
+
+#: ``TrainingArguments`` fields recorded in the run description, as they are.
+TRAINING_ARGUMENTS: tuple[str, ...] = (
+    "per_device_train_batch_size", "gradient_accumulation_steps", "learning_rate",
+    "lr_scheduler_type", "warmup_steps", "weight_decay", "optim", "num_train_epochs",
+    "max_steps", "seed", "tf32", "gradient_checkpointing", "torch_compile",
+    "dataloader_num_workers", "dataloader_pin_memory", "fsdp", "ddp_backend",
+)
+
+
+def framework_settings(args: TrainingArguments, model: object) -> dict[str, object]:
+    """What ``args`` and ``model`` say about the run, for ``Reporter.describe(framework=...)``."""
+    settings: dict[str, object] = {"name": "transformers"}
+    for name in TRAINING_ARGUMENTS:
+        value = getattr(args, name, None)
+        if value is not None:
+            settings[name] = value if isinstance(value, (bool, int, float, str)) else str(value)
+    per_device = getattr(args, "per_device_train_batch_size", None)
+    accumulation = getattr(args, "gradient_accumulation_steps", None)
+    if isinstance(per_device, int) and isinstance(accumulation, int):
+        settings["batch_size"] = per_device * accumulation
+    settings["precision"] = (
+        "bf16" if getattr(args, "bf16", False) else "fp16" if getattr(args, "fp16", False)
+        else "fp32"
+    )
+    settings["deepspeed"] = bool(getattr(args, "deepspeed", None))
+    config = getattr(model, "config", None)
+    for key, attribute in (("model_type", "model_type"), ("model_name", "_name_or_path")):
+        value = getattr(config, attribute, None)
+        if isinstance(value, str) and value:
+            settings[key] = value
+    return settings

@@ -11,6 +11,13 @@ scrape time the collector takes each job's most recent checkpoint path and
 asks ``trainmon.node.mounts.MountResolver`` (cached mount tables, in the
 reporting process's mount namespace) what storage it is on, so the push path
 never touches ``/proc``.
+
+Runs: ``trainmon_training_run_info{job,run,config_hash}`` and
+``trainmon_training_run_start_timestamp_seconds{job,run}`` come from the run
+descriptions in the store (one series per job and run, however many ranks
+describe it; a run whose description says it ended is no longer live). The
+run ledger (``trainmon.collectors.ledger``) reads the same store and exports
+``trainmon_training_run_changes_info``, which needs the ledger's history.
 """
 
 from __future__ import annotations
@@ -154,7 +161,13 @@ class TrainingCollector(Collector):
         snapshot = self.store.snapshot()
         yield from _rank_families(snapshot)
         yield from self._checkpoint_families(snapshot)
+        yield from _run_families(snapshot)
         yield from self._intake_families(snapshot)
+
+    def storage_of(self, path: str, pid: int | None, sender_pid: int | None) -> PathStorage:
+        """The storage of a path a training process named (its mount namespace when the
+        kernel vouches for the sender); ``unknown`` when it cannot be told."""
+        return self._storage(path, pid, sender_pid)
 
     def _checkpoint_families(self, snapshot: TrainingStoreView) -> Iterable[Metric]:
         count = CounterMetricFamily(
@@ -249,6 +262,33 @@ class TrainingCollector(Collector):
             up.add_metric([], 1.0 if self._receiver is not None and self._receiver.listening
                           else 0.0)
             yield up
+
+
+def _run_families(snapshot: TrainingStoreView) -> Iterable[Metric]:
+    info = GaugeMetricFamily(
+        "trainmon_training_run_info",
+        "A run of the job live on this node, with the hash of its configuration; always 1. "
+        "Descriptions are in the run ledger (trainmon runs), not in labels.",
+        labels=["job", "run", "config_hash"],
+    )
+    started = GaugeMetricFamily(
+        "trainmon_training_run_start_timestamp_seconds",
+        "Unix time at which the run started (its earliest rank on this node).",
+        labels=["job", "run"],
+    )
+    runs: dict[tuple[str, str], tuple[str, float]] = {}
+    for (job, _), kept in sorted(snapshot.descriptions.items()):
+        description = kept.description
+        if description.ended is not None:
+            continue
+        key = (job, description.run)
+        known = runs.get(key)
+        if known is None or description.started < known[1]:
+            runs[key] = (description.config_hash, description.started)
+    for (job, run), (config_hash, start) in sorted(runs.items()):
+        info.add_metric([job, run, config_hash], 1.0)
+        started.add_metric([job, run], start)
+    return [info, started]
 
 
 def _counter_by(

@@ -16,11 +16,15 @@ the daemon runs:
 The report starts with the platform (instance, zone, spot state, a scheduled
 reclaim), then goes GPU → storage → network, the order an engineer checks, and
 gives each job's verdict with its evidence, its risk findings and the next
-action (``--lang en|zh``). Exit codes: 0 nothing needs action, 1 a bottleneck
-was found (communication, storage or scheduling) or a critical or warning risk
-(status ``risk``: a spot reclaim, an overdue checkpoint...), 2 nothing could be
-measured (daemon unreachable, no GPU and no job, or jobs without enough steps
-yet).
+action (``--lang en|zh``). When the node's run ledger (``--ledger``, default
+``collectors.ledger.path``) holds a previous comparable run (same job and config
+hash) that was faster by more than ``contract.THROUGHPUT_REGRESSION_RATIO``, a
+history line per job says so and names the ``trainmon compare`` to run
+(``trainmon.runs.regression``; JSON: ``previous_runs``). Exit codes: 0 nothing
+needs action, 1 a bottleneck was found (communication, storage or scheduling)
+or a critical or warning risk (status ``risk``: a spot reclaim, an overdue
+checkpoint...), 2 nothing could be measured (daemon unreachable, no GPU and no
+job, or jobs without enough steps yet).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TextIO
 
 import requests
@@ -42,6 +47,7 @@ from trainmon.diagnosis.measure import MEASURED_SAMPLES
 from trainmon.diagnosis.render import render_text
 from trainmon.diagnosis.report import Source, build_report, unmeasured_report
 from trainmon.diagnosis.samples import ScrapedSamples, Window
+from trainmon.runs.regression import slower_runs
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +76,8 @@ class DoctorOptions:
     json: bool = False
     #: HTTP timeout of one scrape (seconds).
     timeout_seconds: float = 5.0
+    #: The node's run ledger, for the "vs the previous comparable run" line; None: none.
+    ledger: Path | None = None
 
 
 def run_doctor(
@@ -96,10 +104,16 @@ def run_doctor(
         report = unmeasured_report(source, str(error), options.lang)
     else:
         report = build_report(window, config, source, options.lang)
+    regressions = [] if options.ledger is None else slower_runs(
+        options.ledger, [job["job"] for job in report["jobs"]])
     if options.json:
-        out.write(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+        document = {**report, "previous_runs": [found.to_json() for found in regressions]}
+        out.write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
     else:
         out.write(render_text(report))
+        if regressions:
+            out.write("\nRun history (this node's ledger)\n")
+            out.writelines(f"   {found.job}: {found.text}\n" for found in regressions)
     return report["exit_code"]
 
 

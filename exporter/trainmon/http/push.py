@@ -5,11 +5,16 @@ A collector that takes data over HTTP (the training receiver's
 the server reads and size-checks the body and hands it over as a
 ``PushRequest``. The handler applies its own access rule and answers with a
 ``PushResponse`` that the server sends as JSON.
+
+Read-only JSON routes (the run ledger's ``GET /api/v1/runs``) work the same
+way in the other direction: a ``GetHandler`` takes a ``GetRequest`` (path and
+query, after the server's basic-auth check) and returns a ``JSONResponse``.
+A route registered with a trailing ``/`` serves every path below it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 
@@ -32,3 +37,21 @@ class PushResponse:
 
 
 PushHandler = Callable[[PushRequest], PushResponse]
+
+
+@dataclass(frozen=True)
+class GetRequest:
+    """A GET to a JSON route: the path and the query (first value of each key)."""
+
+    path: str
+    query: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class JSONResponse:
+    status: int
+    #: Any JSON-serialisable value (a list of records, an error object).
+    body: object
+
+
+GetHandler = Callable[[GetRequest], JSONResponse]

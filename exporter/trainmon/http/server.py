@@ -1,4 +1,4 @@
-"""The HTTP server: ``/``, ``/metrics``, ``/healthz`` and push routes.
+"""The HTTP server: ``/``, ``/metrics``, ``/healthz``, push routes and JSON read routes.
 
 One thread per connection, at most ``http.max_connections`` at once; beyond
 that a connection gets an immediate 503 instead of a queue slot, so a flood
@@ -11,6 +11,7 @@ thread under the same deadline, never in the accept loop.
 Basic auth (from the web config) guards the GET routes. Push routes such as
 ``POST /api/v1/steps`` carry their own rule (loopback or bearer token), which
 the route's handler applies, so training clients need no scrape credentials.
+JSON read routes (``GET /api/v1/runs``) are GET routes: basic auth applies.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import socketserver
 import ssl
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -35,7 +37,14 @@ from prometheus_client.exposition import choose_encoder
 
 from trainmon import __version__
 from trainmon.config import HTTPConfig, ListenAddress
-from trainmon.http.push import PushHandler, PushRequest, PushResponse
+from trainmon.http.push import (
+    GetHandler,
+    GetRequest,
+    JSONResponse,
+    PushHandler,
+    PushRequest,
+    PushResponse,
+)
 from trainmon.http.webconfig import BasicAuthenticator, WebConfig
 
 log = logging.getLogger(__name__)
@@ -106,7 +115,8 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         handler = self.server.post_routes.get(path)
         if handler is None:
-            allowed = "GET, HEAD" if path in _GET_ROUTES else None
+            readable = path in _GET_ROUTES or self.server.json_route(path) is not None
+            allowed = "GET, HEAD" if readable else None
             self._send_error(
                 HTTPStatus.METHOD_NOT_ALLOWED if allowed else HTTPStatus.NOT_FOUND, allow=allowed
             )
@@ -124,7 +134,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _dispatch_get(self, head: bool) -> None:
         path = self.path.split("?", 1)[0]
         route = _GET_ROUTES.get(path)
-        if route is None:
+        json_route = self.server.json_route(path) if route is None else None
+        if route is None and json_route is None:
             if path in self.server.post_routes:
                 self._send_error(HTTPStatus.METHOD_NOT_ALLOWED, allow="POST")
             else:
@@ -139,7 +150,11 @@ class _Handler(BaseHTTPRequestHandler):
                 extra={"WWW-Authenticate": 'Basic realm="trainmon"'},
             )
             return
-        route(self, head)
+        if route is not None:
+            route(self, head)
+            return
+        assert json_route is not None
+        self._json_route(json_route, path, head)
 
     # -- routes ---------------------------------------------------------------
 
@@ -176,6 +191,18 @@ class _Handler(BaseHTTPRequestHandler):
     def _healthz(self, head: bool) -> None:
         body = json.dumps(self.server.registry.health(), sort_keys=True).encode() + b"\n"
         self._send(HTTPStatus.OK, body, "application/json", head)
+
+    def _json_route(self, handler: GetHandler, path: str, head: bool) -> None:
+        query = urllib.parse.parse_qs(self.path.partition("?")[2], keep_blank_values=True)
+        request = GetRequest(urllib.parse.unquote(path),
+                             {key: values[0] for key, values in query.items()})
+        try:
+            response = handler(request)
+        except Exception:
+            log.exception("GET handler for %s failed", path)
+            response = JSONResponse(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": "internal error"})
+        body = json.dumps(response.body, sort_keys=True).encode() + b"\n"
+        self._send(response.status, body, "application/json", head)
 
     # -- plumbing -------------------------------------------------------------
 
@@ -250,8 +277,10 @@ class ExporterHTTPServer(socketserver.ThreadingMixIn, HTTPServer):
         http: HTTPConfig,
         web: WebConfig | None = None,
         post_routes: Mapping[str, PushHandler] | None = None,
+        get_routes: Mapping[str, GetHandler] | None = None,
     ) -> None:
         self.registry = registry
+        self.get_routes = dict(get_routes or {})
         self.read_timeout = http.read_timeout_seconds
         self.max_body_bytes = http.max_request_body_bytes
         self.post_routes = dict(post_routes or {})
@@ -262,6 +291,15 @@ class ExporterHTTPServer(socketserver.ThreadingMixIn, HTTPServer):
         self._slots = threading.BoundedSemaphore(http.max_connections)
         self.address_family = socket.AF_INET6 if ":" in listen.host else socket.AF_INET
         super().__init__((listen.host, listen.port), _Handler)
+
+    def json_route(self, path: str) -> GetHandler | None:
+        """The JSON read route for ``path``: exact, else the longest ``…/`` prefix."""
+        exact = self.get_routes.get(path)
+        if exact is not None:
+            return exact
+        prefixes = [prefix for prefix in self.get_routes
+                    if prefix.endswith("/") and path.startswith(prefix) and path != prefix]
+        return self.get_routes[max(prefixes, key=len)] if prefixes else None
 
     @property
     def port(self) -> int:

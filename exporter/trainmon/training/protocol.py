@@ -3,16 +3,22 @@
 A payload (one unix datagram or one ``POST /api/v1/steps`` body) holds
 newline-delimited JSON objects, one **report** per line. A report carries the
 *cumulative* totals of one reporter since it started plus its identity, so a
-lost or repeated report loses nothing but freshness. The field-by-field
-specification, written for implementers in other languages, is
-``docs/protocol.md``; this module is its executable form.
+lost or repeated report loses nothing but freshness. A line with
+``"type": "run"`` is instead a **run description** (``RunDescription``): what
+the run is (its id, configuration, environment, data, versions), sent at
+start, on change, every minute and at the end, so the daemon's run ledger can
+compare it with earlier runs. The field-by-field specification, written for
+implementers in other languages, is ``docs/protocol.md``; this module is its
+executable form.
 
-Standard library only: the training-side client imports the constants and
-``encode_report`` from here.
+Standard library only: the training-side client imports the constants,
+``encode_report`` and the secret rule (``is_secret_name``) from here, so the
+client and the daemon redact exactly the same names.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -67,6 +73,49 @@ REJECT_REASONS: tuple[str, ...] = (
     "unauthorized",         # HTTP without loopback or a valid bearer token
 )
 
+#: Run ids (``run`` of a report or run description): also a label value of
+#: ``trainmon_training_run_info``, so a narrower charset than ``job``'s.
+RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+_RUN_ID_FORBIDDEN = re.compile(r"[^A-Za-z0-9_.:-]")
+#: ``config_hash``: "sha256:" + the first 16 hex digits of the digest.
+CONFIG_HASH_PATTERN = re.compile(r"sha256:[0-9a-f]{16}")
+#: Most keys of ``config``, ``environment`` and ``framework`` (each).
+MAX_DESCRIPTION_KEYS = 64
+#: Longest key of ``config`` / ``framework`` and name in ``environment``, characters.
+MAX_DESCRIPTION_KEY_LENGTH = 128
+#: Longest string value in ``config``, ``environment`` and ``framework``, characters.
+MAX_DESCRIPTION_VALUE_LENGTH = 256
+#: Most ``data_paths``.
+MAX_DATA_PATHS = 8
+#: Most ``versions`` entries; their names and values.
+MAX_VERSIONS = 16
+VERSION_NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+MAX_VERSION_LENGTH = 128
+#: ``host``: a hostname's characters, at most 253 of them.
+HOST_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,253}")
+#: Environment variable names (POSIX portable names).
+ENVIRONMENT_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+#: A git commit id: SHA-1 (40 hex digits) or SHA-256 (64) object names.
+GIT_COMMIT_PATTERN = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+#: The values of ``ended``: only a clean end is announced; a crash or a
+#: stall is what the daemon concludes from silence.
+RUN_END_REASONS: tuple[str, ...] = ("finished",)
+#: Seconds between repeats of an unchanged run description (a restarted
+#: daemon learns the run within this long).
+RUN_DESCRIPTION_INTERVAL_SECONDS = 60.0
+
+#: What a secret's value is replaced with, on the client and again in the daemon.
+REDACTED = "<redacted>"
+#: Name parts that mark a credential (case-insensitive substrings). Broad on
+#: purpose: a false positive (``tokenizer``, ``max_tokens``, ``author``) costs
+#: one value in a comparison; a false negative leaks a secret into a ledger,
+#: a metric and a log.
+SECRET_NAME_PARTS: tuple[str, ...] = (
+    "TOKEN", "SECRET", "KEY", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH",
+)
+#: ``scheme://user:password@host``: the userinfo of a URL in a value.
+_URL_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
+
 
 class ReportError(ValueError):
     """A report (or a whole payload) that the daemon refuses, with its reason."""
@@ -116,6 +165,85 @@ class StepReport:
     last_checkpoint_time: float | None = None
     #: Absolute path of the last checkpoint written (as the training process sees it).
     checkpoint_path: str | None = None
+    #: The run this reporter belongs to (``RUN_ID_PATTERN``); None from old clients.
+    run: str | None = None
+
+
+#: A value of ``config`` / ``framework``: JSON scalars only.
+ConfigValue = str | int | float | bool | None
+
+
+@dataclass(frozen=True)
+class RunDescription:
+    """One validated run description: what a reporter's run is, not how it goes.
+
+    Secret-looking keys (``is_secret_name``) already hold ``REDACTED`` here,
+    whatever the sender did, and URL credentials in values are cut out
+    (``redact_value``), so nothing downstream can store or export a secret.
+    """
+
+    job: str
+    rank: int
+    reporter_id: str
+    run: str
+    #: Unix time (seconds) at which the reporter started.
+    started: float
+    world_size: int | None
+    #: ``"sha256:"`` + 16 hex digits over the whole redacted config (``config_hash``),
+    #: also over keys the sender had to leave out of ``config``.
+    config_hash: str
+    config: Mapping[str, ConfigValue]
+    #: NCCL_*, TORCH_*, PYTORCH_*, CUDA_*, OMP_* variables of the process.
+    environment: Mapping[str, str]
+    #: Absolute paths of the training data, as the training process sees them.
+    data_paths: tuple[str, ...]
+    #: ``python``, ``trainmon``, and ``torch`` / ``cuda`` / ``nccl`` when known.
+    versions: Mapping[str, str]
+    git_commit: str | None
+    #: Uncommitted changes: None (unknown) from the Python client.
+    git_dirty: bool | None
+    host: str
+    #: What a framework callback knows: hyper-parameters, batch size, precision.
+    framework: Mapping[str, ConfigValue]
+    #: None while the run goes on, ``"finished"`` in the last description of a clean end.
+    ended: str | None = None
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a config key or environment name looks like a credential.
+
+    Case-insensitive substrings ``SECRET_NAME_PARTS`` (``HF_TOKEN``,
+    ``aws_secret_access_key``, ``db.password``, ``NCCL_IB_AUTH``…); a dotted
+    key of a nested mapping matches when any of its parts does.
+    """
+    upper = name.upper()
+    return any(part in upper for part in SECRET_NAME_PARTS)
+
+
+def redact_value(name: str, value: ConfigValue) -> ConfigValue:
+    """``value`` as it may be sent and stored: ``REDACTED`` under a secret name,
+    URL credentials (``https://user:pw@host``) cut out of strings, else unchanged."""
+    if is_secret_name(name):
+        return REDACTED
+    if isinstance(value, str) and "@" in value:
+        return _URL_USERINFO.sub(r"\1" + REDACTED + "@", value)
+    return value
+
+
+def config_hash(config: Mapping[str, ConfigValue]) -> str:
+    """``"sha256:"`` + the first 16 hex digits of SHA-256 over the canonical JSON
+    (sorted keys, ``,``/``:`` separators, ASCII escapes) of the flattened,
+    redacted config; ``{}`` when there is none."""
+    canonical = json.dumps(
+        dict(config), sort_keys=True, separators=(",", ":"), allow_nan=False,
+    )
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def sanitize_run_id(value: str) -> str:
+    """Map any string onto the run id charset (client side): ``"exp 7/a"`` → ``"exp_7_a"``."""
+    cleaned = _RUN_ID_FORBIDDEN.sub("_", value)[:64]
+    return cleaned or "_"
 
 
 def sanitize_label(value: str, max_length: int = DEFAULT_MAX_LABEL_LENGTH) -> str:
@@ -131,24 +259,47 @@ def encode_report(report: Mapping[str, object]) -> bytes:
 
 def decode_payload(
     payload: bytes, max_label_length: int = DEFAULT_MAX_LABEL_LENGTH
-) -> Iterator[StepReport | ReportError]:
+) -> Iterator[StepReport | RunDescription | ReportError]:
     """Split a payload into lines and parse each one; blank lines are skipped.
 
-    Yields a ``StepReport`` for each valid line and a ``ReportError`` for each
-    invalid one, so one bad line does not cost the others.
+    Yields a ``StepReport`` or ``RunDescription`` for each valid line and a
+    ``ReportError`` for each invalid one, so one bad line does not cost the others.
     """
     for line in payload.split(b"\n"):
         line = line.rstrip(b"\r")
         if not line.strip():
             continue
         try:
-            yield parse_report(line, max_label_length)
+            yield parse(line, max_label_length)
         except ReportError as error:
             yield error
 
 
+def parse(
+    line: bytes, max_label_length: int = DEFAULT_MAX_LABEL_LENGTH
+) -> StepReport | RunDescription:
+    """Validate one JSON line: a step report (``type`` absent or ``"step"``) or a
+    run description (``"type": "run"``); raises ``ReportError``."""
+    data = _decode_line(line)
+    kind = data.get("type", "step")
+    if kind == "step":
+        return _build(data, max_label_length)
+    if kind == "run":
+        return _build_description(data, max_label_length)
+    raise ReportError("invalid_field", f"unknown type {str(kind)[:32]!r} (expected step or run)")
+
+
 def parse_report(line: bytes, max_label_length: int = DEFAULT_MAX_LABEL_LENGTH) -> StepReport:
-    """Validate one JSON line into a ``StepReport``; raises ``ReportError``."""
+    """Validate one step report line into a ``StepReport``; raises ``ReportError``
+    (``invalid_field`` for a line of another ``type``)."""
+    parsed = parse(line, max_label_length)
+    if not isinstance(parsed, StepReport):
+        raise ReportError("invalid_field", "a run description, not a step report")
+    return parsed
+
+
+def _decode_line(line: bytes) -> dict[str, object]:
+    """Size, UTF-8, JSON, object and version checks common to every line type."""
     if len(line) > MAX_LINE_BYTES:
         raise ReportError("too_large", f"line of {len(line)} bytes exceeds {MAX_LINE_BYTES}")
     try:
@@ -165,7 +316,7 @@ def parse_report(line: bytes, max_label_length: int = DEFAULT_MAX_LABEL_LENGTH) 
         raise ReportError("malformed", "a report must be a JSON object")
     if data.get("v") != PROTOCOL_VERSION or isinstance(data.get("v"), bool):
         raise ReportError("unsupported_version", f"expected \"v\": 1, got {data.get('v')!r}")
-    return _build(data, max_label_length)
+    return data
 
 
 class _NonFiniteNumber(ValueError):
@@ -198,13 +349,7 @@ def _build(data: dict[str, object], max_label_length: int) -> StepReport:
     data_wait = _seconds(data, "data_wait_seconds")
     if data_wait > step_seconds * (1 + 1e-9) + 1e-6:
         raise ReportError("invalid_field", "data_wait_seconds exceeds step_seconds")
-    world_size = _optional_int(data, "world_size", 1, MAX_RANK)
-    rank = _integer(data, "rank", 0, MAX_RANK)
-    if world_size is not None and rank >= world_size:
-        raise ReportError("invalid_field", "rank must be below world_size")
-    reporter_id = data.get("reporter_id")
-    if not isinstance(reporter_id, str) or not REPORTER_ID_PATTERN.fullmatch(reporter_id):
-        raise ReportError("invalid_field", "reporter_id must match [A-Za-z0-9_-]{1,64}")
+    rank, world_size, reporter_id = _identity(data)
     last_step = data.get("last_step_time")
     comm, exposed, comm_bytes = _comm(data, step_seconds)
     checkpoints, checkpoint_seconds, last_checkpoint, checkpoint_path = _checkpoint(data)
@@ -231,6 +376,7 @@ def _build(data: dict[str, object], max_label_length: int) -> StepReport:
         checkpoint_seconds=checkpoint_seconds,
         last_checkpoint_time=last_checkpoint,
         checkpoint_path=checkpoint_path,
+        run=None if data.get("run") is None else _run_id(data.get("run")),
     )
 
 
@@ -293,20 +439,20 @@ def _checkpoint(
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
-def _path(value: object) -> str:
+def _path(value: object, what: str = "checkpoint_path") -> str:
     if not isinstance(value, str):
-        raise ReportError("invalid_field", "checkpoint_path must be a string")
+        raise ReportError("invalid_field", f"{what} must be a string")
     if not value.startswith("/"):
-        raise ReportError("invalid_field", "checkpoint_path must be an absolute path")
+        raise ReportError("invalid_field", f"{what} must be an absolute path")
     if _CONTROL.search(value):
-        raise ReportError("invalid_field", "checkpoint_path must not hold control characters")
+        raise ReportError("invalid_field", f"{what} must not hold control characters")
     try:
         size = len(value.encode("utf-8"))
     except UnicodeEncodeError:  # a lone surrogate from a "\ud800" escape
-        raise ReportError("invalid_field", "checkpoint_path must be valid Unicode") from None
+        raise ReportError("invalid_field", f"{what} must be valid Unicode") from None
     if size > MAX_PATH_BYTES:
         raise ReportError(
-            "invalid_field", f"checkpoint_path of {size} bytes exceeds {MAX_PATH_BYTES}"
+            "invalid_field", f"{what} of {size} bytes exceeds {MAX_PATH_BYTES}"
         )
     return value
 
@@ -369,3 +515,150 @@ def _gpu(value: object) -> str | None:
     if isinstance(value, str) and GPU_PATTERN.fullmatch(value):
         return str(int(value))
     raise ReportError("invalid_field", "gpu must be a decimal device index or null")
+
+
+def _identity(data: dict[str, object]) -> tuple[int, int | None, str]:
+    """``rank``, ``world_size`` and ``reporter_id``, shared by both kinds of line."""
+    world_size = _optional_int(data, "world_size", 1, MAX_RANK)
+    rank = _integer(data, "rank", 0, MAX_RANK)
+    if world_size is not None and rank >= world_size:
+        raise ReportError("invalid_field", "rank must be below world_size")
+    reporter_id = data.get("reporter_id")
+    if not isinstance(reporter_id, str) or not REPORTER_ID_PATTERN.fullmatch(reporter_id):
+        raise ReportError("invalid_field", "reporter_id must match [A-Za-z0-9_-]{1,64}")
+    return rank, world_size, reporter_id
+
+
+# -- run descriptions -----------------------------------------------------------
+
+
+def _build_description(data: dict[str, object], max_label_length: int) -> RunDescription:
+    """Validate a ``"type": "run"`` line; secrets are redacted on the way in."""
+    rank, world_size, reporter_id = _identity(data)
+    digest = data.get("config_hash")
+    if not isinstance(digest, str) or not CONFIG_HASH_PATTERN.fullmatch(digest):
+        raise ReportError("invalid_field", "config_hash must be sha256: and 16 hex digits")
+    ended = data.get("ended")
+    if ended is not None and ended not in RUN_END_REASONS:
+        raise ReportError("invalid_field", f"ended must be one of {', '.join(RUN_END_REASONS)}")
+    host = data.get("host", "")
+    if not isinstance(host, str) or (host and not HOST_PATTERN.fullmatch(host)):
+        raise ReportError("invalid_field", "host must be 1-253 characters of [A-Za-z0-9_.-]")
+    commit, dirty = _git(data.get("git"))
+    return RunDescription(
+        job=_label(data.get("job"), "job", max_label_length),
+        rank=rank,
+        reporter_id=reporter_id,
+        run=_run_id(data.get("run")),
+        started=_seconds(data, "started"),
+        world_size=world_size,
+        config_hash=digest,
+        config=_settings(data.get("config", {}), "config"),
+        environment=_environment(data.get("environment", {})),
+        data_paths=_data_paths(data.get("data_paths", [])),
+        versions=_versions(data.get("versions", {})),
+        git_commit=commit,
+        git_dirty=dirty,
+        host=host,
+        framework=_settings(data.get("framework", {}), "framework"),
+        ended=None if ended is None else str(ended),
+    )
+
+
+def _run_id(value: object) -> str:
+    if not isinstance(value, str) or not RUN_ID_PATTERN.fullmatch(value):
+        raise ReportError("invalid_label", "run must be 1-64 characters of [A-Za-z0-9_.:-]")
+    return value
+
+
+def _text(value: object, what: str, limit: int) -> str:
+    """A string of at most ``limit`` characters without control characters."""
+    if not isinstance(value, str):
+        raise ReportError("invalid_field", f"{what} must be a string")
+    if len(value) > limit:
+        raise ReportError("invalid_field", f"{what} is longer than {limit} characters")
+    if _CONTROL.search(value):
+        raise ReportError("invalid_field", f"{what} must not hold control characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate
+        raise ReportError("invalid_field", f"{what} must be valid Unicode") from None
+    return value
+
+
+def _object(value: object, what: str, limit: int) -> dict[str, object]:
+    if not isinstance(value, dict):
+        raise ReportError("invalid_field", f"{what} must be an object")
+    if len(value) > limit:
+        raise ReportError("invalid_field", f"{what} has more than {limit} keys")
+    return value
+
+
+def _settings(value: object, what: str) -> dict[str, ConfigValue]:
+    """``config`` / ``framework``: label-charset keys to JSON scalars, secrets redacted."""
+    settings: dict[str, ConfigValue] = {}
+    for key, item in _object(value, what, MAX_DESCRIPTION_KEYS).items():
+        name = _label(key, f"{what} key", MAX_DESCRIPTION_KEY_LENGTH)
+        checked: ConfigValue
+        if item is None or isinstance(item, bool):
+            checked = item
+        elif isinstance(item, int):
+            if abs(item) > MAX_COUNT:
+                raise ReportError("invalid_field", f"{what}.{name} is beyond ±2^53")
+            checked = item
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                raise ReportError("invalid_field", f"{what}.{name} must be finite")
+            checked = item
+        elif isinstance(item, str):
+            checked = _text(item, f"{what}.{name}", MAX_DESCRIPTION_VALUE_LENGTH)
+        else:
+            raise ReportError(
+                "invalid_field", f"{what}.{name} must be a string, number, boolean or null"
+            )
+        settings[name] = redact_value(name, checked)
+    return settings
+
+
+def _environment(value: object) -> dict[str, str]:
+    environment: dict[str, str] = {}
+    for name, item in _object(value, "environment", MAX_DESCRIPTION_KEYS).items():
+        if not ENVIRONMENT_NAME_PATTERN.fullmatch(name):
+            raise ReportError(
+                "invalid_label",
+                "environment names must be 1-128 of [A-Za-z0-9_], not a digit first",
+            )
+        text = _text(item, f"environment.{name}", MAX_DESCRIPTION_VALUE_LENGTH)
+        environment[name] = str(redact_value(name, text))
+    return environment
+
+
+def _data_paths(value: object) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise ReportError("invalid_field", "data_paths must be a list")
+    if len(value) > MAX_DATA_PATHS:
+        raise ReportError("invalid_field", f"more than {MAX_DATA_PATHS} data_paths")
+    return tuple(_path(path, "data_paths entry") for path in value)
+
+
+def _versions(value: object) -> dict[str, str]:
+    versions: dict[str, str] = {}
+    for name, item in _object(value, "versions", MAX_VERSIONS).items():
+        if not VERSION_NAME_PATTERN.fullmatch(name):
+            raise ReportError("invalid_label", "versions names must be 1-64 of [A-Za-z0-9_.-]")
+        versions[name] = _text(item, f"versions.{name}", MAX_VERSION_LENGTH)
+    return versions
+
+
+def _git(value: object) -> tuple[str | None, bool | None]:
+    if value is None:
+        return None, None
+    if not isinstance(value, dict):
+        raise ReportError("invalid_field", "git must be an object or null")
+    commit = value.get("commit")
+    if not isinstance(commit, str) or not GIT_COMMIT_PATTERN.fullmatch(commit):
+        raise ReportError("invalid_field", "git.commit must be 40 or 64 lowercase hex digits")
+    dirty = value.get("dirty")
+    if dirty is not None and not isinstance(dirty, bool):
+        raise ReportError("invalid_field", "git.dirty must be a boolean or null")
+    return commit, dirty

@@ -2,7 +2,8 @@
 
 Both transports carry the same payload (``protocol``); both end in
 ``ingest_payload``, which validates every line, feeds the valid ones to the
-``TrainingStore`` and counts every rejection by reason.
+``TrainingStore`` (step reports to ``ingest``, run descriptions to
+``describe``) and counts every rejection by reason.
 
 ``SocketReceiver`` owns the unix datagram socket: it creates the folder if
 missing, replaces a stale socket (refusing to touch a live one or a file that
@@ -35,6 +36,7 @@ from trainmon.http.push import PushRequest, PushResponse
 from trainmon.training.protocol import (
     MAX_DATAGRAM_BYTES,
     ReportError,
+    RunDescription,
     StepReport,
     decode_payload,
 )
@@ -69,7 +71,8 @@ def ingest_payload(
     max_label_length: int,
     sender_pid: int | None = None,
 ) -> IntakeResult:
-    """Validate every line of ``payload`` and store the valid reports; count the rest.
+    """Validate every line of ``payload`` and store the valid reports and run
+    descriptions (both count as accepted); count the rest.
 
     ``sender_pid``: the sending process in the daemon's pid namespace, as the
     kernel vouches for it (``SCM_CREDENTIALS``); None when unknown.
@@ -84,6 +87,9 @@ def ingest_payload(
                 accepted += 1
             except ReportError as limit:
                 problem = limit
+        elif isinstance(item, RunDescription):
+            store.describe(item, transport, sender_pid)
+            accepted += 1
         if problem is not None:
             errors.append(problem)
             store.reject(problem.reason)

@@ -25,6 +25,16 @@ Memory is bounded by ``max_jobs`` × ``max_ranks_per_job`` ranks (least recently
 updated first out), ``MAX_REPORTERS_PER_RANK`` remembered reporters and
 ``MAX_PHASES`` phases per rank, and ``WINDOW_SLOTS`` window samples per rank.
 A rank that sends nothing for ``ttl_seconds`` is dropped with its series.
+
+Runs: each rank remembers the run id of its latest report (``StepReport.run``)
+and, separately, the latest run description (``RunDescription``) its reporter
+sent, with the sender's pid (for resolving the run's data paths in the right
+mount namespace). A description arrives before the first step and is
+repeated every minute, so descriptions have their own TTL and cap
+(``max_jobs`` × ``max_ranks_per_job``, least recently described first out).
+Config, environment and framework values under secret-looking names
+(``protocol.is_secret_name``) are redacted here again, whatever the sender
+did: nothing downstream (metrics, ledger, logs) can see them.
 """
 
 from __future__ import annotations
@@ -38,10 +48,13 @@ from dataclasses import dataclass, field, replace
 
 from trainmon.training.protocol import (
     MAX_PHASES,
+    REDACTED,
     REJECT_REASONS,
     STEP_BUCKET_COUNT,
     ReportError,
+    RunDescription,
     StepReport,
+    is_secret_name,
 )
 
 #: Reporters remembered per rank (more than one only when processes restart or
@@ -207,6 +220,8 @@ class _Rank:
     last_report_time: float
     reporters: OrderedDict[str, Totals] = field(default_factory=OrderedDict)
     resets: int = 0
+    #: Run id of the rank's latest report that named one.
+    run: str | None = None
     #: (monotonic time, exported step seconds, exported data-wait seconds)
     window: deque[tuple[float, float, float]] = field(default_factory=deque)
     last_checkpoint: LastCheckpoint | None = None
@@ -230,6 +245,19 @@ class RankView:
     #: Data wait / step time over the last window; None before any step time.
     data_wait_ratio: float | None
     last_checkpoint: LastCheckpoint | None = None
+    #: Run id of the rank's latest report that named one (None from old clients).
+    run: str | None = None
+
+
+@dataclass(frozen=True)
+class DescribedRank:
+    """The latest run description of one (job, rank), secrets redacted."""
+
+    description: RunDescription
+    #: Kernel-verified sender (see ``_Rank.sender_pid``), for the data paths' mounts.
+    sender_pid: int | None
+    #: Unix time it arrived.
+    received: float
 
 
 @dataclass(frozen=True)
@@ -241,6 +269,8 @@ class TrainingStoreView:
     accepted: Mapping[str, int]
     rejected: Mapping[str, int]
     evicted: Mapping[str, int]
+    #: Latest run description per (job, rank), for ranks that sent one.
+    descriptions: Mapping[tuple[str, int], DescribedRank] = field(default_factory=dict)
 
 
 class TrainingStore:
@@ -268,6 +298,23 @@ class TrainingStore:
         self._rejected = dict.fromkeys(REJECT_REASONS, 0)
         self._evicted = dict.fromkeys(EVICTION_REASONS, 0)
         self._next_expiry = float("-inf")
+        self._descriptions: OrderedDict[tuple[str, int], tuple[DescribedRank, float]] = (
+            OrderedDict())
+        self._max_descriptions = max_jobs * max_ranks_per_job
+
+    def describe(
+        self, description: RunDescription, transport: str, sender_pid: int | None = None
+    ) -> None:
+        """Keep ``description`` as its (job, rank)'s latest, secrets redacted again."""
+        kept = DescribedRank(redact(description), sender_pid, self._wall_clock())
+        with self._lock:
+            now = self._clock()
+            key = (description.job, description.rank)
+            self._descriptions.pop(key, None)
+            self._descriptions[key] = (kept, now)
+            while len(self._descriptions) > self._max_descriptions:
+                self._descriptions.popitem(last=False)
+            self._accepted[transport] += 1
 
     def reject(self, reason: str, count: int = 1) -> None:
         """Count ``count`` rejected reports (``reason`` from ``REJECT_REASONS``)."""
@@ -313,12 +360,14 @@ class TrainingStore:
                     last_report_time=state.last_report_time,
                     data_wait_ratio=self._ratio(state),
                     last_checkpoint=state.last_checkpoint,
+                    run=state.run,
                 )
                 for job, ranks in self._jobs.items()
                 for rank, state in ranks.items()
             ]
             return TrainingStoreView(
-                views, dict(self._accepted), dict(self._rejected), dict(self._evicted)
+                views, dict(self._accepted), dict(self._rejected), dict(self._evicted),
+                {key: kept for key, (kept, _) in self._descriptions.items()},
             )
 
     def counts(self) -> dict[str, int]:
@@ -352,6 +401,7 @@ class TrainingStore:
             last_step_time=self._step_time(report, None),
             last_report_time=self._wall_clock(),
             last_checkpoint=self._checkpoint(report, _ZERO, None),
+            run=report.run,
         )
         state.reporters[report.reporter_id] = Totals.of(report)
         # The reporter started from zero about step_seconds ago: seed the window
@@ -384,6 +434,8 @@ class TrainingStore:
         if steps_advanced and new.steps > 0:
             state.last_step_time = self._step_time(report, state.last_step_time)
         state.gpu, state.pid, state.world_size = report.gpu, report.pid, report.world_size
+        if report.run is not None:
+            state.run = report.run
         state.sender_pid = sender_pid
         state.last_seen = now
         state.last_report_time = self._wall_clock()
@@ -444,3 +496,18 @@ class TrainingStore:
                 self._evicted["ttl"] += 1
             if not ranks:
                 del self._jobs[job]
+        for key in [key for key, (_, seen) in self._descriptions.items() if seen < deadline]:
+            del self._descriptions[key]
+
+
+def redact(description: RunDescription) -> RunDescription:
+    """``description`` with every value under a secret-looking name replaced by ``REDACTED``."""
+    return replace(
+        description,
+        config={key: REDACTED if is_secret_name(key) else value
+                for key, value in description.config.items()},
+        environment={name: REDACTED if is_secret_name(name) else value
+                     for name, value in description.environment.items()},
+        framework={key: REDACTED if is_secret_name(key) else value
+                   for key, value in description.framework.items()},
+    )

@@ -1,0 +1,569 @@
+"""Ledger collector: records every training run on this node in the run ledger.
+
+A derived collector (after ``diagnosis``): it reads the training collector's
+store directly for counters and descriptions, and the verdicts from the
+``trainmon_bottleneck`` family of the same scrape (``observe()``).
+
+Two paths, one lock:
+
+- the **recorder thread** ("ledger-recorder") wakes every
+  ``flush_seconds``: one *tick* reads a store snapshot, adds each rank's
+  progress since the previous tick to its run (``trainmon.ledger.summary``
+  has the math), decides end reasons, and writes every changed record in
+  one transaction. Runs are recorded whether or not anyone scrapes; the
+  scrape path never touches the file.
+- **scrapes** add the time each job spent under its current verdict, and
+  export ``trainmon_training_run_changes_info`` plus the ledger's
+  self-metrics.
+
+End reasons: ``finished`` when every description of the run on this node
+says ``ended`` (or its ranks are gone after saying so), ``vanished`` when its
+ranks expired (training TTL) without it, ``stalled`` while its ranks report
+but no step completed for ``stall_seconds`` (cleared when steps resume).
+
+The file: opened (created when missing) at start; a missing directory, a
+read-only filesystem, or a file that is not a trainmon ledger (never
+modified: ``trainmon.ledger.schema``) is reported in ``/healthz`` and
+``trainmon_ledger_up`` 0, logged (rate-limited), and tried again every
+``REOPEN_SECONDS``; recording goes on in memory meanwhile. A daemon restarted
+during a run resumes its record (rates and verdicts from the stored state;
+counts again from the reporters' cumulative totals).
+
+``GET /api/v1/runs?job=&since=`` and ``GET /api/v1/runs/<run>`` serve the
+records as JSON lists (``RunRecord.to_json``) from a read-only connection
+per request.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from http import HTTPStatus
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from trainmon.background import BackgroundThread
+from trainmon.collectors.training import TrainingCollector
+from trainmon.core.collector import Collector
+from trainmon.http.push import GetHandler, GetRequest, JSONResponse
+from trainmon.ledger import Ledger, LedgerError, RecordUpdate, RunRecord
+from trainmon.ledger.config import LedgerConfig
+from trainmon.ledger.summary import Progress, RunTotals
+from trainmon.logthrottle import LogThrottle
+from trainmon.training.store import DescribedRank, RankView, Totals
+
+log = logging.getLogger(__name__)
+
+#: Seconds between two attempts to open an unusable ledger.
+REOPEN_SECONDS = 30.0
+#: Seconds between two retention passes.
+PRUNE_SECONDS = 3600.0
+#: Ended runs remembered so that a lingering description does not reopen them.
+MAX_CLOSED = 4096
+#: Longest value of the ``changed`` label.
+MAX_CHANGED_LENGTH = 200
+RUNS_PATH = "/api/v1/runs"
+
+
+@dataclass
+class _Run:
+    job: str
+    run: str
+    first_seen: float
+    totals: RunTotals = field(default_factory=RunTotals)
+    ranks: set[int] = field(default_factory=set)
+    description: Mapping[str, object] | None = None
+    #: The description it was built from, to rebuild only on change.
+    source: object = None
+    config_hash: str = ""
+    started: float | None = None
+    world_size: int | None = None
+    ended_seen: bool = False
+    last_progress: float | None = None
+    last_report: float | None = None
+    end_reason: str | None = None
+    ended: float | None = None
+    changed: str | None = None
+
+    def record(self, node: str, wall: float, config: LedgerConfig) -> RunRecord:
+        started = self.started if self.started is not None else self.first_seen
+        end = self.ended if self.ended is not None else wall
+        ranks = max(len(self.ranks), 1)
+        summary = self.totals.summary(
+            ranks=ranks, duration_seconds=end - started,
+            price_per_gpu_hour=config.price_per_gpu_hour, currency=config.currency)
+        return RunRecord(
+            job=self.job, run=self.run, node=node, config_hash=self.config_hash,
+            started=started, ended=self.ended, end_reason=self.end_reason, updated=wall,
+            world_size=self.world_size, ranks=len(self.ranks),
+            description=dict(self.description or {}), summary=summary)
+
+
+class LedgerCollector(Collector):
+    """Records runs from the training store into the ledger; exports run changes."""
+
+    name = "ledger"
+
+    def __init__(
+        self,
+        config: LedgerConfig,
+        training: TrainingCollector,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._config = config
+        self._training = training
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._node = config.node_name
+        self._lock = threading.Lock()
+        self._thread = BackgroundThread("ledger-recorder", self._loop)
+        self._errors = LogThrottle(clock=clock)
+        self._ledger: Ledger | None = None
+        self._error: str | None = None
+        self._next_open = float("-inf")
+        self._next_prune = float("-inf")
+        self._runs: dict[tuple[str, str], _Run] = {}
+        self._closed: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._seen: dict[tuple[str, int], tuple[str, Totals]] = {}
+        self._last_tick: float | None = None
+        self._verdicts: dict[str, tuple[str, float]] = {}
+        self._observed: Sequence[Metric] = ()
+        self._writes = 0
+        self._write_errors = 0
+        self._stored_runs: int | None = None
+        self._last_write: float | None = None
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    def start(self) -> None:
+        with self._lock:
+            self._ensure_open(self._clock())
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._thread.stop(timeout=max(5.0, self._config.flush_seconds))
+        self.tick()
+        with self._lock:
+            if self._ledger is not None:
+                self._ledger.close()
+                self._ledger = None
+
+    def _loop(self) -> None:
+        while not self._thread.stopping.wait(self._config.flush_seconds):
+            try:
+                self.tick()
+            except Exception:  # the recorder must outlive any one bad tick
+                log.exception("ledger tick failed")
+
+    # -- the recorder -------------------------------------------------------------
+
+    def tick(self) -> None:
+        """Read the training store, update every run, write the changed records."""
+        snapshot = self._training.store.snapshot()
+        with self._lock:
+            now, wall = self._clock(), self._wall_clock()
+            self._ensure_open(now)
+            live = self._progress(snapshot.ranks, snapshot.descriptions, now, wall)
+            updates = []
+            for key, run in list(self._runs.items()):
+                self._decide_end(run, live.get(key, []), snapshot.descriptions, wall)
+                self._describe(run, snapshot.descriptions, snapshot.ranks)
+                record = run.record(self._node, wall, self._config)
+                updates.append(RecordUpdate(record, run.totals.to_state()))
+                if run.end_reason in ("finished", "vanished"):
+                    del self._runs[key]
+                    self._closed[key] = None
+                    while len(self._closed) > MAX_CLOSED:
+                        self._closed.popitem(last=False)
+            self._write(updates, now, wall)
+
+    def _progress(
+        self,
+        ranks: Sequence[RankView],
+        descriptions: Mapping[tuple[str, int], DescribedRank],
+        now: float,
+        wall: float,
+    ) -> dict[tuple[str, str], list[RankView]]:
+        """Add each rank's progress since the last tick to its run; the live ranks per run."""
+        interval = None if self._last_tick is None else now - self._last_tick
+        self._last_tick = now
+        live: dict[tuple[str, str], list[RankView]] = {}
+        samples: dict[tuple[str, str], int] = {}
+        partial: set[tuple[str, str]] = set()
+        seen: dict[tuple[str, int], tuple[str, Totals]] = {}
+        for (job, _), kept in descriptions.items():
+            key = (job, kept.description.run)
+            if kept.description.ended is None and key not in self._closed:
+                self._run(key, wall)
+        for view in ranks:
+            run_id = view.run or self._described_run(descriptions, view)
+            if run_id is None:
+                continue
+            key = (view.job, run_id)
+            seen[(view.job, view.rank)] = (run_id, view.totals)
+            if key in self._closed:
+                continue
+            run = self._run(key, wall)
+            previous = self._seen.get((view.job, view.rank))
+            progress = _difference(view.totals, previous[1] if previous else None)
+            if progress is None:
+                progress = _difference(view.totals, None)
+                partial.add(key)
+            assert progress is not None
+            run.totals.add(progress)
+            run.ranks.add(view.rank)
+            if run.world_size is None:
+                run.world_size = view.world_size
+            run.last_report = max(run.last_report or 0.0, view.last_report_time)
+            if progress.steps > 0:
+                run.last_progress = wall
+            live.setdefault(key, []).append(view)
+            samples[key] = samples.get(key, 0) + progress.samples
+        self._seen = seen
+        if interval is not None:
+            for key in live:
+                if key not in partial:
+                    self._runs[key].totals.add_bucket(samples[key], interval)
+        return live
+
+    @staticmethod
+    def _described_run(
+        descriptions: Mapping[tuple[str, int], DescribedRank], view: RankView
+    ) -> str | None:
+        kept = descriptions.get((view.job, view.rank))
+        return None if kept is None else kept.description.run
+
+    def _run(self, key: tuple[str, str], wall: float) -> _Run:
+        run = self._runs.get(key)
+        if run is None:
+            run = self._runs[key] = _Run(job=key[0], run=key[1], first_seen=wall)
+            if self._ledger is not None:
+                try:
+                    state = self._ledger.state(key[0], key[1], self._node)
+                except LedgerError as error:
+                    self._failed(error)
+                else:
+                    if state is not None:
+                        run.totals = RunTotals.from_state(state).resumed()
+                        log.info("resuming the ledger record of run %s of job %s",
+                                 key[1], key[0])
+        return run
+
+    def _decide_end(
+        self,
+        run: _Run,
+        live: list[RankView],
+        descriptions: Mapping[tuple[str, int], DescribedRank],
+        wall: float,
+    ) -> None:
+        described = [kept.description for (job, _), kept in descriptions.items()
+                     if job == run.job and kept.description.run == run.run]
+        if any(description.ended is not None for description in described):
+            run.ended_seen = True
+        running = [d for d in described if d.ended is None]
+        if not live and not running:
+            run.end_reason = "finished" if run.ended_seen else "vanished"
+            run.ended = wall if run.last_report is None else min(run.last_report, wall)
+            return
+        if described and not running and run.ended_seen:
+            run.end_reason, run.ended = "finished", wall
+            return
+        since = run.last_progress if run.last_progress is not None else (
+            run.started if run.started is not None else run.first_seen)
+        if live and wall - since >= self._config.stall_seconds:
+            run.end_reason, run.ended = "stalled", since
+        else:
+            run.end_reason, run.ended = None, None
+
+    def _describe(
+        self,
+        run: _Run,
+        descriptions: Mapping[tuple[str, int], DescribedRank],
+        ranks: Sequence[RankView],
+    ) -> None:
+        mine = sorted((rank, kept) for (job, rank), kept in descriptions.items()
+                      if job == run.job and kept.description.run == run.run)
+        if not mine:
+            return
+        rank, kept = mine[0]
+        started = min(kept.description.started for _, kept in mine)
+        run.started = started if run.started is None else min(run.started, started)
+        run.ranks.update(rank for rank, _ in mine)
+        if kept.description is run.source:
+            return
+        description = kept.description
+        pid = next((view.pid for view in ranks
+                    if view.job == run.job and view.rank == rank), None)
+        if description.data_paths and pid is None and kept.sender_pid is None:
+            return  # resolve in the reporter's mount namespace once its pid is known
+        data_paths = []
+        for path in description.data_paths:
+            where = self._training.storage_of(path, pid, kept.sender_pid)
+            data_paths.append({"path": path, "mountpoint": where.mountpoint,
+                               "fstype": where.fstype, "storage": where.storage})
+        run.source = description
+        run.config_hash = description.config_hash
+        run.world_size = description.world_size or run.world_size
+        run.description = {
+            "job": description.job,
+            "run": description.run,
+            "started": description.started,
+            "world_size": description.world_size,
+            "config_hash": description.config_hash,
+            "config": dict(description.config),
+            "environment": dict(description.environment),
+            "data_paths": data_paths,
+            "versions": dict(description.versions),
+            "git": None if description.git_commit is None else {
+                "commit": description.git_commit, "dirty": description.git_dirty},
+            "host": description.host,
+            "framework": dict(description.framework),
+        }
+        if run.changed is None and self._ledger is not None:
+            try:
+                previous = self._ledger.previous(run.job, None, before=run.started)
+            except LedgerError as error:
+                self._failed(error)
+            else:
+                run.changed = "" if previous is None else changed_keys(
+                    previous.description, run.description)
+
+    # -- the file -----------------------------------------------------------------
+
+    def _ensure_open(self, now: float) -> None:
+        if self._ledger is None and now >= self._next_open:
+            self._next_open = now + REOPEN_SECONDS
+            try:
+                self._ledger = Ledger.open(self._config.file, readonly=False)
+            except LedgerError as error:
+                self._failed(error)
+                return
+            self._error = None
+            self._errors.forget("ledger")
+            log.info("run ledger at %s", self._config.file)
+            try:
+                self._stored_runs = self._ledger.count()
+            except LedgerError as error:
+                self._failed(error)
+        if self._ledger is not None and now >= self._next_prune:
+            self._next_prune = now + PRUNE_SECONDS
+            try:
+                pruned = self._ledger.prune(
+                    now=self._wall_clock(),
+                    retention_seconds=self._config.retention_days * 86400,
+                    max_runs=self._config.max_runs)
+            except LedgerError as error:
+                self._failed(error)
+            else:
+                if pruned:
+                    log.info("run ledger: %d runs past retention deleted", pruned)
+
+    def _write(self, updates: list[RecordUpdate], now: float, wall: float) -> None:
+        if self._ledger is None or not updates:
+            return
+        try:
+            self._ledger.write(updates)
+            self._stored_runs = self._ledger.count()
+        except LedgerError as error:
+            self._write_errors += 1
+            self._failed(error)
+            return
+        self._writes += 1
+        self._last_write = wall
+        self._error = None
+
+    def _failed(self, error: LedgerError) -> None:
+        self._error = str(error)
+        if self._errors.allow("ledger", self._error):
+            log.error("run ledger: %s (recording goes on in memory; retried every %.0f s)",
+                      error, REOPEN_SECONDS)
+        if self._ledger is not None and not self._config.file.exists():
+            self._ledger.close()
+            self._ledger = None
+
+    # -- scrapes ----------------------------------------------------------------------
+
+    def observe(self, families: Sequence[Metric]) -> None:
+        self._observed = families
+
+    def collect(self) -> Iterable[Metric]:
+        now = self._clock()
+        current: dict[str, str] = {}
+        for family in self._observed:
+            if family.name == "trainmon_bottleneck":
+                for sample in family.samples:
+                    if sample.value == 1:
+                        current[sample.labels["job"]] = sample.labels["kind"]
+        changes = GaugeMetricFamily(
+            "trainmon_training_run_changes_info",
+            "What changed from the job's previous run in the ledger: the sorted, "
+            "comma-joined names of config keys, environment variables, data, versions.<name> "
+            "and world_size that differ (empty for the first run); always 1.",
+            labels=["job", "run", "changed"],
+        )
+        with self._lock:
+            for job, kind in current.items():
+                before = self._verdicts.get(job)
+                if before is not None and before[0] == kind:
+                    for run in self._runs.values():
+                        if run.job == job and run.end_reason is None:
+                            run.totals.add_verdict(kind, now - before[1])
+                self._verdicts[job] = (kind, now)
+            for job in set(self._verdicts) - set(current):
+                del self._verdicts[job]
+            for (job, run_id), run in sorted(self._runs.items()):
+                if run.changed is not None:
+                    changes.add_metric([job, run_id, _truncate(run.changed)], 1.0)
+            up = GaugeMetricFamily(
+                "trainmon_ledger_up",
+                "1 while the run ledger file is open and its last write succeeded; 0 when it "
+                "cannot be used (see /healthz: missing directory, read-only, foreign file).",
+            )
+            up.add_metric([], 1.0 if self._ledger is not None and self._error is None else 0.0)
+            writes = CounterMetricFamily(
+                "trainmon_ledger_writes_total",
+                "Transactions the recorder committed to the run ledger (one per flush).")
+            writes.add_metric([], self._writes)
+            errors = CounterMetricFamily(
+                "trainmon_ledger_write_errors_total",
+                "Flushes to the run ledger that failed (the records stay in memory).")
+            errors.add_metric([], self._write_errors)
+            families: list[Metric] = [changes, up, writes, errors]
+            if self._stored_runs is not None:
+                stored = GaugeMetricFamily(
+                    "trainmon_ledger_runs", "Run records in the node's run ledger.")
+                stored.add_metric([], self._stored_runs)
+                families.append(stored)
+        if self._config.price_per_gpu_hour is not None:
+            price = GaugeMetricFamily(
+                "trainmon_ledger_price_per_gpu_hour",
+                "Configured price of one GPU hour (collectors.ledger.price_per_gpu_hour), "
+                "in the currency of the label; for cost per million samples.",
+                labels=["currency"],
+            )
+            price.add_metric([self._config.currency], self._config.price_per_gpu_hour)
+            families.append(price)
+        return families
+
+    def health(self) -> Mapping[str, object]:
+        with self._lock:
+            state: dict[str, object] = {
+                "path": str(self._config.file),
+                "open": self._ledger is not None,
+                "recording_runs": len(self._runs),
+                "stored_runs": self._stored_runs,
+                "last_write_timestamp": self._last_write,
+            }
+            if self._error is not None:
+                state["ledger_error"] = self._error
+            return state
+
+    # -- read routes --------------------------------------------------------------------
+
+    def get_routes(self) -> Mapping[str, GetHandler]:
+        return {RUNS_PATH: self.handle_runs, RUNS_PATH + "/": self.handle_run}
+
+    def handle_runs(self, request: GetRequest) -> JSONResponse:
+        """``GET /api/v1/runs?job=&since=``: every record, newest first."""
+        job = request.query.get("job") or None
+        since_text = request.query.get("since")
+        since = None
+        if since_text:
+            try:
+                since = float(since_text)
+            except ValueError:
+                since = math.nan
+            if not math.isfinite(since):
+                return JSONResponse(HTTPStatus.BAD_REQUEST, {
+                    "error": "invalid_query", "detail": "since must be a Unix time in seconds"})
+        return self._read(lambda ledger: ledger.runs(job=job, since=since))
+
+    def handle_run(self, request: GetRequest) -> JSONResponse:
+        """``GET /api/v1/runs/<run>?job=``: the records of one run (404 when none)."""
+        run = request.path[len(RUNS_PATH) + 1:]
+        if not run or "/" in run:
+            return JSONResponse(HTTPStatus.NOT_FOUND, {"error": "not_found", "detail": "no run"})
+        job = request.query.get("job") or None
+        response = self._read(lambda ledger: ledger.get(run, job=job))
+        if response.status == HTTPStatus.OK and not response.body:
+            return JSONResponse(HTTPStatus.NOT_FOUND, {
+                "error": "not_found", "detail": f"no run {run!r} in this node's ledger"})
+        return response
+
+    def _read(self, query: Callable[[Ledger], list[RunRecord]]) -> JSONResponse:
+        try:
+            with Ledger.open(self._config.file, readonly=True) as ledger:
+                records = query(ledger)
+        except LedgerError as error:
+            return JSONResponse(HTTPStatus.SERVICE_UNAVAILABLE,
+                                {"error": "ledger_unavailable", "detail": str(error)})
+        return JSONResponse(HTTPStatus.OK, [record.to_json() for record in records])
+
+
+def _difference(now: Totals, before: Totals | None) -> Progress | None:
+    """``now - before`` as progress; None when a total went backwards (the rank restarted)."""
+    if before is None:
+        return Progress(
+            steps=now.steps, samples=now.samples, step_seconds=now.step_seconds,
+            data_wait_seconds=now.data_wait_seconds, step_buckets=list(now.step_buckets),
+            phase_seconds=dict(now.phase_seconds), comm_exposed_seconds=now.comm_exposed_seconds)
+    if not now.covers(before):
+        return None
+    exposed = None
+    if now.comm_exposed_seconds is not None:
+        exposed = now.comm_exposed_seconds - (before.comm_exposed_seconds or 0.0)
+    return Progress(
+        steps=now.steps - before.steps,
+        samples=now.samples - before.samples,
+        step_seconds=now.step_seconds - before.step_seconds,
+        data_wait_seconds=now.data_wait_seconds - before.data_wait_seconds,
+        step_buckets=[a - b for a, b in zip(now.step_buckets, before.step_buckets, strict=True)],
+        phase_seconds={name: seconds - before.phase_seconds.get(name, 0.0)
+                       for name, seconds in now.phase_seconds.items()},
+        comm_exposed_seconds=exposed,
+    )
+
+
+def changed_keys(before: Mapping[str, object], after: Mapping[str, object]) -> str:
+    """Names of what differs between two run descriptions, sorted and comma-joined:
+    config keys, environment variable names, ``data``, ``versions.<name>``, ``world_size``."""
+    names: set[str] = set()
+    for part, prefix in (("config", ""), ("environment", ""), ("versions", "versions.")):
+        a, b = _mapping(before.get(part)), _mapping(after.get(part))
+        names.update(prefix + key for key in set(a) | set(b) if a.get(key) != b.get(key))
+    if _data_changed(_data(before), _data(after)):
+        names.add("data")
+    if before.get("world_size") != after.get("world_size"):
+        names.add("world_size")
+    return ",".join(sorted(names))
+
+
+def _mapping(value: object) -> Mapping[str, object]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _data(description: Mapping[str, object]) -> dict[object, object]:
+    """Data path → storage kind of a description."""
+    paths = description.get("data_paths")
+    if not isinstance(paths, list):
+        return {}
+    return {p.get("path"): p.get("storage") for p in paths if isinstance(p, Mapping)}
+
+
+def _data_changed(before: Mapping[object, object], after: Mapping[object, object]) -> bool:
+    """Other paths, or a path on another storage kind (an ``unknown`` kind matches any)."""
+    if set(before) != set(after):
+        return True
+    return any(before[path] != after[path] and "unknown" not in (before[path], after[path])
+               for path in before)
+
+
+def _truncate(text: str) -> str:
+    return text if len(text) <= MAX_CHANGED_LENGTH else text[:MAX_CHANGED_LENGTH - 1] + "…"

@@ -1,0 +1,14 @@
+"""The run ledger: every training run's description and measured summary, kept on the node.
+
+``Ledger`` (``store``) is the SQLite file and its read API, ``RunRecord``
+(``records``) one run, ``summary`` the math behind a record's numbers, and
+``config`` the ``collectors.ledger`` section. The recorder that fills it is
+the derived collector ``trainmon.collectors.ledger``.
+"""
+
+from trainmon.ledger.records import END_REASONS, RunRecord
+from trainmon.ledger.schema import APPLICATION_ID, SCHEMA_VERSION, LedgerError
+from trainmon.ledger.store import Ledger, RecordUpdate
+
+__all__ = ["APPLICATION_ID", "END_REASONS", "SCHEMA_VERSION", "Ledger", "LedgerError",
+           "RecordUpdate", "RunRecord"]

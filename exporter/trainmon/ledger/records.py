@@ -1,0 +1,80 @@
+"""``RunRecord``: one run as one node's ledger saw it.
+
+The description part is what the run said about itself (its
+``RunDescription``, secrets redacted, data paths resolved to their storage);
+the summary part is what the recorder measured (``trainmon.ledger.summary``).
+Both are JSON mappings so that the ledger, ``GET /api/v1/runs`` and
+``trainmon runs --json`` show the same thing; ``to_json()`` is that shape.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Values of ``RunRecord.end_reason`` (None while the run goes on).
+END_REASONS = ("finished", "stalled", "vanished")
+#: Columns of the ``runs`` table in ``RunRecord`` order (``state`` apart).
+COLUMNS = ("job", "run", "node", "config_hash", "started", "ended", "end_reason", "updated",
+           "world_size", "ranks", "description", "summary")
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One run on one node."""
+
+    job: str
+    run: str
+    node: str
+    config_hash: str
+    #: Unix time the run started (the earliest ``started`` of its ranks).
+    started: float
+    #: Unix time it ended; None while it runs (or stalls).
+    ended: float | None
+    #: ``finished`` | ``stalled`` | ``vanished``; None while it runs.
+    end_reason: str | None
+    #: Unix time of the latest summary update.
+    updated: float
+    world_size: int | None
+    #: Ranks of the run seen on this node.
+    ranks: int
+    description: Mapping[str, object] = field(default_factory=dict)
+    summary: Mapping[str, object] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "job": self.job,
+            "run": self.run,
+            "node": self.node,
+            "config_hash": self.config_hash,
+            "started": self.started,
+            "ended": self.ended,
+            "end_reason": self.end_reason,
+            "updated": self.updated,
+            "world_size": self.world_size,
+            "ranks": self.ranks,
+            "description": dict(self.description),
+            "summary": dict(self.summary),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RunRecord:
+        """The inverse of ``to_json`` (``KeyError``/``TypeError`` on a foreign shape)."""
+        return cls(
+            job=str(data["job"]), run=str(data["run"]), node=str(data["node"]),
+            config_hash=str(data["config_hash"]), started=float(data["started"]),
+            ended=None if data["ended"] is None else float(data["ended"]),
+            end_reason=data["end_reason"], updated=float(data["updated"]),
+            world_size=data["world_size"], ranks=int(data["ranks"]),
+            description=dict(data["description"]), summary=dict(data["summary"]),
+        )
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row | tuple[Any, ...]) -> RunRecord:
+        values = dict(zip(COLUMNS, row, strict=True))
+        values["description"] = json.loads(values["description"])
+        values["summary"] = json.loads(values["summary"])
+        return cls.from_json(values)

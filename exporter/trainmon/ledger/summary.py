@@ -1,0 +1,233 @@
+"""The measured part of a run record, and how each number is computed.
+
+The recorder (``trainmon.collectors.ledger``) reads the training store every
+``flush_seconds`` (a *tick*) and adds, per run, what each of its ranks on this
+node did since the previous tick (``Progress``: the increase of the rank's
+exported totals). From those:
+
+- **samples/s**: each tick interval is one bucket: the samples of all the
+  run's ranks on this node in the interval over the interval's length
+  (monotonic clock). ``samples_per_second_median`` and ``_p10`` are the
+  median and the 10th percentile (nearest rank) of those buckets. A bucket
+  to which a rank contributed its first totals (a rank seen for the first
+  time: its totals so far, not an interval's) is left out, and so is the
+  run's first full bucket (warm-up: data loader workers spawning, compilation)
+  once the run has three or more buckets. At most ``MAX_BUCKETS`` are kept;
+  beyond, neighbours are merged pairwise (interval-weighted), which keeps
+  the median meaningful over week-long runs.
+- **step_seconds_p50/p95**: from the step-time histogram's bucket increases
+  over the run, interpolated linearly within a bucket as PromQL's
+  ``histogram_quantile`` does (the upper finite bound in the +Inf bucket).
+- **data_wait_ratio**: data-wait seconds / step seconds over the run;
+  **comm_exposed_ratio**: measured exposed-communication seconds / step
+  seconds, else the ``comm`` phase's; **phase_ratios**: each phase's seconds
+  / step seconds.
+- **verdicts**: seconds during which ``trainmon_bottleneck{job,kind}`` was 1
+  for the run's job, one entry per kind that ever was (scrape to scrape,
+  each gap counted at most ``MAX_VERDICT_GAP_SECONDS``).
+- **gpu_hours**: ranks on this node × duration / 3600 (one GPU per rank);
+  **cost** when a price per GPU hour is configured: total = gpu_hours × price,
+  per_million_samples = total / samples × 10⁶.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from trainmon.training.protocol import STEP_SECONDS_BOUNDS
+
+#: Rate buckets kept per run before neighbours are merged.
+MAX_BUCKETS = 2048
+#: A scrape-to-scrape gap longer than this counts only this long toward a verdict.
+MAX_VERDICT_GAP_SECONDS = 60.0
+#: The phase whose share stands in for exposed communication when not measured.
+COMM_PHASE = "comm"
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What one rank did between two ticks (the increase of its totals)."""
+
+    steps: int = 0
+    samples: int = 0
+    step_seconds: float = 0.0
+    data_wait_seconds: float = 0.0
+    step_buckets: Sequence[int] = ()
+    phase_seconds: Mapping[str, float] = field(default_factory=dict)
+    comm_exposed_seconds: float | None = None
+
+
+@dataclass
+class RunTotals:
+    """A run's accumulated measurements on this node; ``to_state``/``from_state``
+    round-trip it through the ledger so a restarted daemon resumes the run."""
+
+    steps: int = 0
+    samples: int = 0
+    step_seconds: float = 0.0
+    data_wait_seconds: float = 0.0
+    step_buckets: list[int] = field(default_factory=lambda: [0] * (len(STEP_SECONDS_BOUNDS) + 1))
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    comm_exposed_seconds: float | None = None
+    #: (samples/s, interval seconds) per counted bucket.
+    buckets: list[tuple[float, float]] = field(default_factory=list)
+    #: Full buckets seen, counted or not (the first is the warm-up).
+    intervals: int = 0
+    verdict_seconds: dict[str, float] = field(default_factory=dict)
+
+    def resumed(self) -> RunTotals:
+        """What a restarted daemon keeps of a stored run: the rate buckets and verdict
+        seconds. The counts start again from zero because the reporters' cumulative
+        totals, which a fresh store takes whole, already hold the run's counts so far."""
+        return RunTotals(buckets=list(self.buckets), intervals=self.intervals,
+                         verdict_seconds=dict(self.verdict_seconds))
+
+    def add(self, progress: Progress) -> None:
+        self.steps += progress.steps
+        self.samples += progress.samples
+        self.step_seconds += progress.step_seconds
+        self.data_wait_seconds += progress.data_wait_seconds
+        for index, count in enumerate(progress.step_buckets[:len(self.step_buckets)]):
+            self.step_buckets[index] += count
+        for name, seconds in progress.phase_seconds.items():
+            self.phase_seconds[name] = self.phase_seconds.get(name, 0.0) + seconds
+        if progress.comm_exposed_seconds is not None:
+            self.comm_exposed_seconds = (self.comm_exposed_seconds or 0.0) + \
+                progress.comm_exposed_seconds
+
+    def add_bucket(self, samples: int, seconds: float) -> None:
+        """One tick interval's samples of the run's ranks over its length."""
+        if seconds <= 0:
+            return
+        self.intervals += 1
+        self.buckets.append((samples / seconds, seconds))
+        if len(self.buckets) > MAX_BUCKETS:
+            self.buckets = _merge_pairs(self.buckets)
+
+    def add_verdict(self, kind: str, seconds: float) -> None:
+        seconds = min(max(seconds, 0.0), MAX_VERDICT_GAP_SECONDS)
+        self.verdict_seconds[kind] = self.verdict_seconds.get(kind, 0.0) + seconds
+
+    def rates(self) -> list[float]:
+        """The counted samples/s buckets (the warm-up one left out once there are three)."""
+        rates = [rate for rate, _ in self.buckets]
+        return rates[1:] if len(rates) >= 3 else rates
+
+    def summary(
+        self,
+        *,
+        ranks: int,
+        duration_seconds: float,
+        price_per_gpu_hour: float | None,
+        currency: str,
+    ) -> dict[str, object]:
+        rates = self.rates()
+        step = self.step_seconds
+        gpu_hours = ranks * max(duration_seconds, 0.0) / 3600.0
+        cost: dict[str, object] | None = None
+        if price_per_gpu_hour is not None:
+            total = gpu_hours * price_per_gpu_hour
+            cost = {
+                "currency": currency,
+                "price_per_gpu_hour": price_per_gpu_hour,
+                "total": total,
+                "per_million_samples": total / self.samples * 1e6 if self.samples else None,
+            }
+        comm = self.comm_exposed_seconds
+        if comm is None:
+            comm = self.phase_seconds.get(COMM_PHASE)
+        return {
+            "samples_per_second_median": percentile(rates, 0.5),
+            "samples_per_second_p10": percentile(rates, 0.1),
+            "step_seconds_p50": histogram_quantile(0.5, self.step_buckets),
+            "step_seconds_p95": histogram_quantile(0.95, self.step_buckets),
+            "data_wait_ratio": self.data_wait_seconds / step if step > 0 else None,
+            "comm_exposed_ratio": comm / step if step > 0 and comm is not None else None,
+            "phase_ratios": {name: seconds / step for name, seconds
+                             in sorted(self.phase_seconds.items())} if step > 0 else {},
+            "verdicts": dict(sorted(self.verdict_seconds.items())),
+            "steps": self.steps,
+            "samples": self.samples,
+            "duration_seconds": max(duration_seconds, 0.0),
+            "gpu_hours": gpu_hours,
+            "cost": cost,
+        }
+
+    def to_state(self) -> dict[str, object]:
+        return {
+            "steps": self.steps, "samples": self.samples, "step_seconds": self.step_seconds,
+            "data_wait_seconds": self.data_wait_seconds, "step_buckets": self.step_buckets,
+            "phase_seconds": self.phase_seconds,
+            "comm_exposed_seconds": self.comm_exposed_seconds,
+            "buckets": [list(bucket) for bucket in self.buckets],
+            "intervals": self.intervals, "verdict_seconds": self.verdict_seconds,
+        }
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, object]) -> RunTotals:
+        """Totals saved by ``to_state``; fresh ones where the state does not parse."""
+        try:
+            totals = cls(
+                steps=int(state["steps"]),  # type: ignore[call-overload]
+                samples=int(state["samples"]),  # type: ignore[call-overload]
+                step_seconds=float(state["step_seconds"]),  # type: ignore[arg-type]
+                data_wait_seconds=float(state["data_wait_seconds"]),  # type: ignore[arg-type]
+                step_buckets=[int(v) for v in state["step_buckets"]],  # type: ignore[attr-defined]
+                phase_seconds={str(k): float(v) for k, v
+                               in state["phase_seconds"].items()},  # type: ignore[attr-defined]
+                comm_exposed_seconds=None if state["comm_exposed_seconds"] is None
+                else float(state["comm_exposed_seconds"]),  # type: ignore[arg-type]
+                buckets=[(float(r), float(s)) for r, s in state["buckets"]],  # type: ignore[attr-defined]
+                intervals=int(state["intervals"]),  # type: ignore[call-overload]
+                verdict_seconds={str(k): float(v) for k, v
+                                 in state["verdict_seconds"].items()},  # type: ignore[attr-defined]
+            )
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return cls()
+        if len(totals.step_buckets) != len(STEP_SECONDS_BOUNDS) + 1:
+            return cls()
+        return totals
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The ``q`` quantile (0-1) of ``values`` by nearest rank; None without values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    index = max(0, math.ceil(q * len(ordered)) - 1)
+    if q == 0.5 and len(ordered) % 2 == 0:
+        middle = len(ordered) // 2
+        return (ordered[middle - 1] + ordered[middle]) / 2
+    return ordered[index]
+
+
+def histogram_quantile(q: float, counts: Sequence[int],
+                       bounds: Sequence[float] = STEP_SECONDS_BOUNDS) -> float | None:
+    """``histogram_quantile`` over per-bucket counts (the last one is +Inf); None if empty."""
+    total = sum(counts)
+    if total <= 0:
+        return None
+    rank = q * total
+    cumulative = 0
+    for index, count in enumerate(counts):
+        if cumulative + count >= rank and count > 0:
+            if index >= len(bounds):
+                return float(bounds[-1])
+            lower = 0.0 if index == 0 else float(bounds[index - 1])
+            upper = float(bounds[index])
+            return lower + (upper - lower) * (rank - cumulative) / count
+        cumulative += count
+    return float(bounds[-1])
+
+
+def _merge_pairs(buckets: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged = []
+    for index in range(0, len(buckets) - 1, 2):
+        (rate_a, seconds_a), (rate_b, seconds_b) = buckets[index], buckets[index + 1]
+        seconds = seconds_a + seconds_b
+        merged.append(((rate_a * seconds_a + rate_b * seconds_b) / seconds, seconds))
+    if len(buckets) % 2:
+        merged.append(buckets[-1])
+    return merged

@@ -1,0 +1,18 @@
+"""The run ledger from the user's side: ``trainmon runs`` and ``trainmon compare``.
+
+The daemon's recorder (``trainmon.ledger``) writes one record per run and node;
+this package reads them back and says in words what changed between two runs
+and how their throughput moved (article §6.3: change one variable at a time,
+write everything down, compare with history when "training got slower").
+
+- ``view``: ``RunView``, one run as the commands show it, merged over the nodes
+  that saw it, from the local ledger or from Prometheus;
+- ``compare``: the pure comparison of two ``RunView`` s → ``Comparison``
+  (changed keys, throughput, step time, phase shares, cost, the sentence);
+- ``render``: the text of both commands (English);
+- ``local``: the node's SQLite ledger as a source;
+- ``prometheus``: a Prometheus server (HTTP API) as a source, for runs that
+  spanned many nodes, with each node daemon's ``/api/v1/runs/<run>`` for the
+  descriptions;
+- ``timespec``: ``--since 2d`` / ISO-8601.
+"""

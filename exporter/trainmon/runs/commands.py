@@ -1,0 +1,80 @@
+"""``trainmon runs`` and ``trainmon compare`` over a source (the local ledger or
+Prometheus), printing text or ``--json``; the CLI builds the source.
+
+Exit codes: 0 done; 1 the source failed at run time (Prometheus unreachable or
+refusing); 2 usage: an unknown run, an unusable ledger file (``LedgerError``,
+its message printed as it is), a bad ``--since``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Protocol, TextIO
+
+from trainmon.ledger import LedgerError
+from trainmon.runs.compare import compare
+from trainmon.runs.local import UnknownRun
+from trainmon.runs.prometheus import PrometheusError
+from trainmon.runs.render import render_comparison, render_runs
+from trainmon.runs.view import RunView
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+
+class RunSource(Protocol):
+    """``LocalSource`` or ``PrometheusSource``."""
+
+    def runs(self, job: str | None = None, since: float | None = None) -> list[RunView]: ...
+    def run(self, run: str, job: str | None = None) -> RunView: ...
+    def close(self) -> None: ...
+
+
+def _guarded(open_source: Callable[[], RunSource], work: Callable[[RunSource], str],
+             err: TextIO) -> tuple[int, str]:
+    try:
+        source = open_source()
+        try:
+            return EXIT_OK, work(source)
+        finally:
+            source.close()
+    except LedgerError as error:
+        err.write(f"trainmon: {error}\n")
+        return EXIT_USAGE, ""
+    except UnknownRun as error:
+        err.write(f"trainmon: {error.args[0]}\n")
+        return EXIT_USAGE, ""
+    except PrometheusError as error:
+        err.write(f"trainmon: {error}\n")
+        return EXIT_FAILURE, ""
+
+
+def list_runs(open_source: Callable[[], RunSource], *, job: str | None, since: float | None,
+              as_json: bool, out: TextIO, err: TextIO) -> int:
+    """``trainmon runs``: newest first."""
+    def work(source: RunSource) -> str:
+        views = source.runs(job=job, since=since)
+        if as_json:
+            return json.dumps({"runs": [view.to_json() for view in views]}, indent=2,
+                              ensure_ascii=False) + "\n"
+        return render_runs(views)
+
+    code, text = _guarded(open_source, work, err)
+    out.write(text)
+    return code
+
+
+def compare_runs(open_source: Callable[[], RunSource], run_a: str, run_b: str, *,
+                 job: str | None, as_json: bool, out: TextIO, err: TextIO) -> int:
+    """``trainmon compare RUN_A RUN_B``: A is the reference."""
+    def work(source: RunSource) -> str:
+        comparison = compare(source.run(run_a, job=job), source.run(run_b, job=job))
+        if as_json:
+            return json.dumps(comparison.to_json(), indent=2, ensure_ascii=False) + "\n"
+        return render_comparison(comparison)
+
+    code, text = _guarded(open_source, work, err)
+    out.write(text)
+    return code

@@ -1,0 +1,352 @@
+"""What changed between two runs, and how their throughput moved: ``trainmon compare``.
+
+Pure logic over two ``RunView`` s. The changes are the keys of everything a
+run is described by:
+
+- ``config``: the user's config keys (``Reporter(config=...)``), and the
+  ``framework`` keys the Lightning / Hugging Face callbacks fill in;
+- ``environment``: NCCL_*, TORCH_*, CUDA_*, OMP_* names (the run-id variables
+  are identity, not configuration, and are left out);
+- ``data``: the data paths and the kind of storage they live on, in words
+  (local NVMe/disk → CFS/NFS...);
+- ``versions``: ``versions.<name>`` (python, trainmon, torch, cuda, nccl);
+- ``world_size``, ``nodes`` (the node set) and ``git.commit``.
+
+Secrets: a value under a secret-looking name (``is_secret_name``) is never
+shown, even when an old or foreign client sent it in clear; two redacted values
+compare equal, and a redacted value against an absent one is "changed
+(redacted)". A detail one side's source could not tell (its description is
+unavailable) is listed in ``unavailable``, never reported as "no change".
+
+Throughput change = b / a − 1 of ``samples_per_second_median``; the sentence
+comes first in words: "samples/s −18 % (1 210 → 992); NCCL_IB_DISABLE 0 → 1;
+data moved from local NVMe/disk to CFS/NFS".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from trainmon.runs.view import RunView, number
+from trainmon.training.protocol import REDACTED, is_secret_name
+
+#: Environment names that identify a run rather than configure it.
+IDENTITY_ENVIRONMENT = frozenset({"TRAINMON_RUN_ID", "TORCHELASTIC_RUN_ID"})
+
+#: ``trainmon.node.mounts`` storage kinds, in words.
+STORAGE_WORDS = {
+    "local_disk": "local NVMe/disk",
+    "network_fs": "CFS/NFS",
+    "cloud_disk": "cloud disk (CBS)",
+    "object_store": "COS/object storage",
+    "ephemeral": "tmpfs/container root",
+    "unknown": "unknown storage",
+}
+
+#: Phase shares that moved by less than this (0-1) stay out of the sentence.
+PHASE_SENTENCE_MIN_MOVE = 0.05
+#: Changes named in the sentence before "and N more".
+SENTENCE_MAX_CHANGES = 6
+
+Value = str | int | float | bool | None
+
+
+@dataclass(frozen=True)
+class Change:
+    """One key whose value differs between run A and run B (None: absent)."""
+
+    key: str
+    #: ``config``, ``framework``, ``environment``, ``data``, ``versions``,
+    #: ``world_size``, ``nodes`` or ``git``.
+    kind: str
+    a: Value
+    b: Value
+    #: The value is a secret: both sides show ``<redacted>``.
+    redacted: bool = False
+
+    def to_json(self) -> dict[str, object]:
+        entry: dict[str, object] = {"key": self.key, "kind": self.kind, "a": self.a, "b": self.b}
+        if self.redacted:
+            entry["redacted"] = True
+        return entry
+
+
+@dataclass(frozen=True)
+class Movement:
+    """A measured number in both runs; ``change_ratio`` = b / a − 1 (None: unknown)."""
+
+    a: float | None
+    b: float | None
+
+    @property
+    def change_ratio(self) -> float | None:
+        if self.a is None or self.b is None or self.a == 0:
+            return None
+        return self.b / self.a - 1
+
+    def to_json(self) -> dict[str, object]:
+        ratio = self.change_ratio
+        return {"a": self.a, "b": self.b,
+                "change_ratio": None if ratio is None else round(ratio, 4)}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    a: RunView
+    b: RunView
+    changes: tuple[Change, ...]
+    throughput: Movement
+    step_seconds_p50: Movement
+    step_seconds_p95: Movement
+    #: Phase shares (0-1) by name: ``data_wait``, ``comm_exposed`` and each phase.
+    phases: Mapping[str, Movement]
+    #: Cost per million samples, when both runs carry a cost in one currency.
+    cost_per_million_samples: Movement | None
+    currency: str | None
+    #: Details that could not be compared, in words.
+    unavailable: tuple[str, ...]
+    summary: str
+
+    def to_json(self) -> dict[str, object]:
+        cost: dict[str, object] | None = None
+        if self.cost_per_million_samples is not None:
+            cost = {**self.cost_per_million_samples.to_json(), "currency": self.currency}
+        return {
+            "a": self.a.to_json(),
+            "b": self.b.to_json(),
+            "changes": [change.to_json() for change in self.changes],
+            "throughput": self.throughput.to_json(),
+            "step_seconds_p50": self.step_seconds_p50.to_json(),
+            "step_seconds_p95": self.step_seconds_p95.to_json(),
+            "phases": {name: movement.to_json() for name, movement in self.phases.items()},
+            "cost_per_million_samples": cost,
+            "unavailable": list(self.unavailable),
+            "summary": self.summary,
+        }
+
+
+def compare(a: RunView, b: RunView) -> Comparison:
+    """Run A (the reference) against run B."""
+    unavailable = [f"run {view.run}: {reason}" for view in (a, b) for reason in view.unavailable]
+    changes: list[Change] = []
+    if a.description is None or b.description is None:
+        missing = [view.run for view in (a, b) if view.description is None]
+        unavailable.append(
+            f"configuration, environment, data paths, versions and git of run "
+            f"{' and '.join(missing)} unknown: no description"
+        )
+    else:
+        changes += _mapping_changes("config", a.description.get("config"),
+                                    b.description.get("config"))
+        changes += _mapping_changes("framework", a.description.get("framework"),
+                                    b.description.get("framework"))
+        changes += _mapping_changes("environment", a.description.get("environment"),
+                                    b.description.get("environment"), skip=IDENTITY_ENVIRONMENT)
+        changes += _data_changes(a.description.get("data_paths"), b.description.get("data_paths"))
+        changes += _mapping_changes("versions", a.description.get("versions"),
+                                    b.description.get("versions"), prefix="versions.")
+        commit_a, commit_b = _git_commit(a.description), _git_commit(b.description)
+        if commit_a != commit_b:
+            changes.append(Change("git.commit", "git", commit_a, commit_b))
+    if a.world_size != b.world_size:
+        changes.append(Change("world_size", "world_size", a.world_size, b.world_size))
+    if a.nodes != b.nodes:
+        changes.append(Change("nodes", "nodes", ",".join(a.nodes), ",".join(b.nodes)))
+
+    phases = _phases(a.summary, b.summary)
+    cost, currency = _cost(a.summary, b.summary)
+    throughput = _movement(a.summary, b.summary, "samples_per_second_median")
+    comparison = Comparison(
+        a=a, b=b, changes=tuple(changes), throughput=throughput,
+        step_seconds_p50=_movement(a.summary, b.summary, "step_seconds_p50"),
+        step_seconds_p95=_movement(a.summary, b.summary, "step_seconds_p95"),
+        phases=phases, cost_per_million_samples=cost, currency=currency,
+        unavailable=tuple(unavailable), summary="",
+    )
+    return Comparison(**{**comparison.__dict__, "summary": sentence(comparison)})
+
+
+def _movement(a: Mapping[str, Any], b: Mapping[str, Any], key: str) -> Movement:
+    return Movement(number(a.get(key)), number(b.get(key)))
+
+
+def _mapping_changes(
+    kind: str, a: object, b: object, *, prefix: str = "",
+    skip: frozenset[str] = frozenset(),
+) -> list[Change]:
+    left = dict(a) if isinstance(a, Mapping) else {}
+    right = dict(b) if isinstance(b, Mapping) else {}
+    changes = []
+    for key in sorted((left.keys() | right.keys()) - skip):
+        in_a, in_b = key in left, key in right
+        value_a, value_b = left.get(key), right.get(key)
+        secret = (is_secret_name(str(key)) or value_a == REDACTED or value_b == REDACTED)
+        if secret:
+            if in_a == in_b and value_a == value_b:
+                continue  # both redacted, or the same value: nothing to say
+            changes.append(Change(prefix + str(key), kind, REDACTED if in_a else None,
+                                  REDACTED if in_b else None, redacted=True))
+        elif in_a != in_b or value_a != value_b:
+            changes.append(Change(prefix + str(key), kind, _value(value_a), _value(value_b)))
+    return changes
+
+
+def _value(value: object) -> Value:
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
+
+
+def _data_changes(a: object, b: object) -> list[Change]:
+    left, right = _data_text(a), _data_text(b)
+    return [] if left == right else [Change("data", "data", left, right)]
+
+
+def _data_entries(paths: object) -> list[Mapping[str, Any]]:
+    if not isinstance(paths, Sequence) or isinstance(paths, str):
+        return []
+    entries: list[Mapping[str, Any]] = []
+    for entry in paths:
+        if isinstance(entry, Mapping):
+            entries.append(entry)
+        elif isinstance(entry, str):  # a description whose paths were not resolved
+            entries.append({"path": entry, "storage": "unknown"})
+    return entries
+
+
+def _data_text(paths: object) -> str | None:
+    """``/data/imagenet (CFS/NFS), /ckpt (local NVMe/disk)``; None without data paths."""
+    entries = _data_entries(paths)
+    if not entries:
+        return None
+    return ", ".join(
+        f"{entry.get('path')} ({storage_words(entry.get('storage'))})"
+        for entry in sorted(entries, key=lambda e: str(e.get("path")))
+    )
+
+
+def storage_words(kind: object) -> str:
+    return STORAGE_WORDS.get(str(kind), str(kind)) if kind else STORAGE_WORDS["unknown"]
+
+
+def _storages(paths: object) -> list[str]:
+    return sorted({storage_words(entry.get("storage")) for entry in _data_entries(paths)})
+
+
+def _git_commit(description: Mapping[str, Any]) -> str | None:
+    git = description.get("git")
+    if isinstance(git, Mapping) and isinstance(git.get("commit"), str):
+        return str(git["commit"])
+    return None
+
+
+def _phases(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Movement]:
+    phases = {
+        "data_wait": _movement(a, b, "data_wait_ratio"),
+        "comm_exposed": _movement(a, b, "comm_exposed_ratio"),
+    }
+    ratios_a = dict(a.get("phase_ratios") or {})
+    ratios_b = dict(b.get("phase_ratios") or {})
+    for name in sorted(ratios_a.keys() | ratios_b.keys()):
+        phases[f"phase.{name}"] = Movement(number(ratios_a.get(name)), number(ratios_b.get(name)))
+    return {name: m for name, m in phases.items() if m.a is not None or m.b is not None}
+
+
+def _cost(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[Movement | None, str | None]:
+    cost_a, cost_b = a.get("cost"), b.get("cost")
+    if not isinstance(cost_a, Mapping) or not isinstance(cost_b, Mapping):
+        return None, None
+    if cost_a.get("currency") != cost_b.get("currency"):
+        return None, None
+    return (Movement(number(cost_a.get("per_million_samples")),
+                     number(cost_b.get("per_million_samples"))),
+            str(cost_a.get("currency")))
+
+
+# -- words ------------------------------------------------------------------
+
+
+def sentence(comparison: Comparison) -> str:
+    """The comparison in one line, throughput first, then each change."""
+    parts = [_throughput_words(comparison.throughput)]
+    change_words = [_change_words(change, comparison) for change in comparison.changes]
+    if len(change_words) > SENTENCE_MAX_CHANGES:
+        extra = len(change_words) - SENTENCE_MAX_CHANGES
+        change_words = [*change_words[:SENTENCE_MAX_CHANGES], f"and {extra} more changes"]
+    if change_words:
+        parts += change_words
+    elif comparison.unavailable:
+        parts.append("what changed is unknown (no description of one run)")
+    else:
+        parts.append("no recorded change in configuration, environment, data, versions, "
+                     "world size or nodes")
+    for name, movement in comparison.phases.items():
+        if (movement.a is not None and movement.b is not None
+                and abs(movement.b - movement.a) >= PHASE_SENTENCE_MIN_MOVE):
+            parts.append(f"{phase_words(name)} {percent(movement.a)} → {percent(movement.b)}")
+    if comparison.cost_per_million_samples is not None:
+        cost = comparison.cost_per_million_samples
+        if cost.a is not None and cost.b is not None:
+            parts.append(f"cost per million samples {money(cost.a)} → {money(cost.b)} "
+                         f"{comparison.currency}")
+    return "; ".join(parts)
+
+
+def _throughput_words(movement: Movement) -> str:
+    ratio = movement.change_ratio
+    if ratio is None:
+        return (f"samples/s unknown ({quantity(movement.a)} → {quantity(movement.b)})")
+    return f"samples/s {signed_percent(ratio)} ({quantity(movement.a)} → {quantity(movement.b)})"
+
+
+def _change_words(change: Change, comparison: Comparison) -> str:
+    if change.redacted:
+        return f"{change.key} changed (redacted)"
+    if change.kind == "data" and comparison.a.description and comparison.b.description:
+        before = _storages(comparison.a.description.get("data_paths"))
+        after = _storages(comparison.b.description.get("data_paths"))
+        if before and after and before != after:
+            return f"data moved from {' + '.join(before)} to {' + '.join(after)}"
+        return f"data {change.a or 'none'} → {change.b or 'none'}"
+    if change.a is None:
+        return f"{change.key} set to {change.b}"
+    if change.b is None:
+        return f"{change.key} {change.a} unset"
+    return f"{change.key} {change.a} → {change.b}"
+
+
+def phase_words(name: str) -> str:
+    if name == "data_wait":
+        return "data wait"
+    if name == "comm_exposed":
+        return "exposed comm"
+    return f"{name.removeprefix('phase.')} phase"
+
+
+def signed_percent(ratio: float) -> str:
+    """``-0.183`` → ``−18 %``, ``0.05`` → ``+5 %``."""
+    value = round(ratio * 100)
+    if value == 0:
+        return "±0 %"
+    return f"{'+' if value > 0 else '−'}{abs(value)} %"
+
+
+def percent(share: float) -> str:
+    return f"{share * 100:.0f} %"
+
+
+def quantity(value: float | None) -> str:
+    """``1210.4`` → ``1 210``, ``99.46`` → ``99.5``, ``0.1234`` → ``0.123``; None → ``?``."""
+    if value is None:
+        return "?"
+    if abs(value) >= 100:
+        return f"{value:,.0f}".replace(",", " ")
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    return f"{value:.3g}"
+
+
+def money(value: float) -> str:
+    return f"{value:,.2f}".replace(",", " ")

@@ -1,0 +1,211 @@
+"""One run as ``trainmon runs`` and ``trainmon compare`` show it.
+
+A run may have been seen by several nodes (a multi-node job): the local ledger
+holds one ``RunRecord`` per node that saw it, and Prometheus one
+``trainmon_training_run_info`` series per node. ``RunView`` merges them:
+throughput and sample counts add up over the nodes (each node measured only its
+own ranks), step times and phase shares are weighted by each node's steps, the
+description is the first node's (every rank of a run describes the same run;
+``host`` differs and is kept as the node set).
+
+A source that cannot tell some detail (a node daemon unreachable from the
+Prometheus mode) says so in ``unavailable``, so that a comparison reports
+"unknown" instead of inventing "no change".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from trainmon.training.protocol import REDACTED, is_secret_name
+
+#: ``summary`` keys that add up over nodes.
+ADDITIVE = ("samples_per_second_median", "samples_per_second_p10", "steps", "samples",
+            "gpu_hours")
+#: ``summary`` keys averaged over nodes, weighted by their steps.
+WEIGHTED = ("step_seconds_p50", "step_seconds_p95", "data_wait_ratio", "comm_exposed_ratio")
+
+
+class RecordLike(Protocol):
+    """What ``RunView.from_records`` reads of a ``trainmon.ledger.RunRecord``."""
+
+    @property
+    def job(self) -> str: ...
+    @property
+    def run(self) -> str: ...
+    @property
+    def node(self) -> str: ...
+    @property
+    def config_hash(self) -> str: ...
+    @property
+    def started(self) -> float: ...
+    @property
+    def ended(self) -> float | None: ...
+    @property
+    def end_reason(self) -> str | None: ...
+    @property
+    def world_size(self) -> int | None: ...
+    @property
+    def ranks(self) -> int: ...
+    @property
+    def description(self) -> Mapping[str, object]: ...
+    @property
+    def summary(self) -> Mapping[str, object]: ...
+
+
+@dataclass(frozen=True)
+class RunView:
+    """One run, merged over the nodes that saw it."""
+
+    job: str
+    run: str
+    config_hash: str
+    #: Unix seconds; ``ended`` None while running.
+    started: float
+    ended: float | None
+    #: ``finished``, ``stalled``, ``vanished`` or None while running.
+    end_reason: str | None
+    world_size: int | None
+    #: The nodes that saw the run, sorted.
+    nodes: tuple[str, ...]
+    #: The run description (config, environment, data_paths, versions, git,
+    #: framework), or None when the source could not fetch it.
+    description: Mapping[str, Any] | None
+    #: The measured summary (``trainmon.ledger`` keys: samples_per_second_median...).
+    summary: Mapping[str, Any]
+    #: Where it came from: ``ledger`` or ``prometheus``.
+    source: str = "ledger"
+    #: Details the source could not tell, in words ("description: daemon X unreachable").
+    unavailable: tuple[str, ...] = field(default=())
+
+    @classmethod
+    def from_records(cls, records: Sequence[RecordLike], source: str = "ledger") -> RunView:
+        """Merge one run's records (one per node); ``records`` must not be empty."""
+        if not records:
+            raise ValueError("a run view needs at least one record")
+        first = min(records, key=lambda record: record.started)
+        ended = [record.ended for record in records]
+        reasons = [record.end_reason for record in records if record.end_reason]
+        return cls(
+            job=first.job,
+            run=first.run,
+            config_hash=first.config_hash,
+            started=min(record.started for record in records),
+            ended=None if any(end is None for end in ended) else max(e for e in ended if e),
+            end_reason=None if any(end is None for end in ended) or not reasons else reasons[0],
+            world_size=max((r.world_size for r in records if r.world_size is not None),
+                           default=None),
+            nodes=tuple(sorted({record.node for record in records})),
+            description=redacted(first.description),
+            summary=merge_summaries([record.summary for record in records]),
+            source=source,
+        )
+
+    @property
+    def duration_seconds(self) -> float | None:
+        value = self.summary.get("duration_seconds")
+        if isinstance(value, (int, float)):
+            return float(value)
+        return None if self.ended is None else self.ended - self.started
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "job": self.job,
+            "run": self.run,
+            "config_hash": self.config_hash,
+            "started": self.started,
+            "ended": self.ended,
+            "end_reason": self.end_reason,
+            "world_size": self.world_size,
+            "nodes": list(self.nodes),
+            "description": None if self.description is None else dict(self.description),
+            "summary": dict(self.summary),
+            "source": self.source,
+            "unavailable": list(self.unavailable),
+        }
+
+
+#: Description mappings whose secret-looking keys lose their values.
+SECRET_BEARING = ("config", "environment", "framework")
+
+
+def redacted(description: Mapping[str, Any]) -> dict[str, Any]:
+    """``description`` with every secret-looking key's value replaced by ``<redacted>``.
+
+    The client and the daemon redact already; this is the last line, for records
+    written by an old or foreign client, before anything is printed.
+    """
+    clean = dict(description)
+    for name in SECRET_BEARING:
+        values = clean.get(name)
+        if isinstance(values, Mapping):
+            clean[name] = {key: REDACTED if is_secret_name(str(key)) else value
+                           for key, value in values.items()}
+    return clean
+
+
+def number(value: object) -> float | None:
+    """``value`` as a float when it is a real number (not a bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def merge_summaries(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One summary over several nodes' (a single one is returned as it is)."""
+    if len(summaries) == 1:
+        return dict(summaries[0])
+    merged: dict[str, Any] = {}
+    for key in ADDITIVE:
+        values = [number(summary.get(key)) for summary in summaries]
+        known = [value for value in values if value is not None]
+        merged[key] = sum(known) if known else None
+    weights = [number(summary.get("steps")) or 0.0 for summary in summaries]
+    total_weight = sum(weights)
+    for key in WEIGHTED:
+        pairs = [(value, weight) for summary, weight in zip(summaries, weights, strict=True)
+                 if (value := number(summary.get(key))) is not None]
+        weight_sum = sum(weight for _, weight in pairs)
+        if not pairs:
+            merged[key] = None
+        elif weight_sum > 0:
+            merged[key] = sum(value * weight for value, weight in pairs) / weight_sum
+        else:
+            merged[key] = pairs[0][0]
+    phases: dict[str, float] = {}
+    verdicts: dict[str, float] = {}
+    for summary, weight in zip(summaries, weights, strict=True):
+        for name, share in dict(summary.get("phase_ratios") or {}).items():
+            if number(share) is not None and total_weight > 0:
+                phases[name] = phases.get(name, 0.0) + float(share) * weight / total_weight
+        for kind, seconds in dict(summary.get("verdicts") or {}).items():
+            if number(seconds) is not None:
+                verdicts[kind] = max(verdicts.get(kind, 0.0), float(seconds))
+    merged["phase_ratios"] = phases
+    merged["verdicts"] = verdicts
+    durations = [number(summary.get("duration_seconds")) for summary in summaries]
+    merged["duration_seconds"] = max((d for d in durations if d is not None), default=None)
+    merged["cost"] = _merged_cost(summaries, merged)
+    return merged
+
+
+def _merged_cost(summaries: Sequence[Mapping[str, Any]], merged: Mapping[str, Any]
+                 ) -> dict[str, Any] | None:
+    costs = [summary.get("cost") for summary in summaries]
+    if not costs or any(not isinstance(cost, Mapping) for cost in costs):
+        return None
+    currencies = {cost["currency"] for cost in costs if isinstance(cost, Mapping)}
+    if len(currencies) != 1:
+        return None
+    total = sum(number(cost.get("total")) or 0.0 for cost in costs if isinstance(cost, Mapping))
+    samples = number(merged.get("samples"))
+    first = costs[0]
+    assert isinstance(first, Mapping)
+    return {
+        "currency": first["currency"],
+        "price_per_gpu_hour": first.get("price_per_gpu_hour"),
+        "total": total,
+        "per_million_samples": total / samples * 1e6 if samples else None,
+    }

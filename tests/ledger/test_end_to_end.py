@@ -1,0 +1,99 @@
+"""Two runs of a real client process against a real daemon, one variable changed: the
+ledger holds both, finished, measured, with the change named and no secret anywhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.support.daemon import Daemon
+from tests.support.exposition import parse
+from trainmon.collectors.ledger import changed_keys
+from trainmon.ledger import Ledger
+
+SECRET = "planted-secret-3f9a1c"
+#: A training loop: ``seconds`` per step, 32 samples each, for about 3 s.
+CLIENT = """
+import sys, time
+from trainmon.client import Reporter
+seconds = float(sys.argv[2])
+with Reporter("e2e", endpoint=sys.argv[1], interval_seconds=0.1,
+              config={"lr": 0.1, "optimizer": {"name": "sgd"}, "hf_token": sys.argv[3]},
+              data_paths=[sys.argv[4]]) as reporter:
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline:
+        time.sleep(seconds)
+        reporter.step(samples=32)
+"""
+
+
+def train(daemon: Daemon, run: str, seconds: float, data: Path,
+          environment: dict[str, str]) -> subprocess.Popen[str]:
+    env = {**os.environ, "TRAINMON_RUN_ID": run, "TORCH_AUTH_TOKEN": SECRET, **environment}
+    return subprocess.Popen([sys.executable, "-c", CLIENT, daemon.url, str(seconds), SECRET,
+                             str(data)], env=env, text=True)
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+def test_two_runs_one_change(start_daemon: Callable[..., Daemon], tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    daemon = start_daemon(config={"collectors": {
+        "ledger": {"path": str(path), "flush_seconds": 0.2, "node": "node-7"},
+        "gpu": {"enabled": False}}})
+    data = tmp_path / "data"
+    data.mkdir()
+
+    first = train(daemon, "e2e-a", 0.01, data, {"NCCL_IB_DISABLE": "0"})
+    assert first.wait(60) == 0
+    second = train(daemon, "e2e-b", 0.02, data, {"NCCL_IB_DISABLE": "1"})
+    changes: set[str] = set()
+
+    def seen_change() -> bool:
+        scrape = parse(daemon.metrics())
+        changes.update(labels["changed"] for labels
+                       in scrape.labelsets("trainmon_training_run_changes_info")
+                       if labels["run"] == "e2e-b")
+        return bool(changes)
+
+    wait_for(seen_change)
+    assert second.wait(60) == 0
+
+    def both_finished() -> bool:
+        with Ledger.open(path) as ledger:
+            return [r.end_reason for r in ledger.runs(job="e2e")] == ["finished", "finished"]
+
+    wait_for(both_finished)
+    with Ledger.open(path) as ledger:
+        b, a = ledger.runs(job="e2e")
+    assert (a.run, b.run, a.node) == ("e2e-a", "e2e-b", "node-7")
+    assert changes == {"NCCL_IB_DISABLE"}
+    assert changed_keys(a.description, b.description) == "NCCL_IB_DISABLE"
+    assert a.config_hash == b.config_hash
+    assert a.description["data_paths"] == [{  # the test's tmp folder: whatever holds it
+        "path": str(data), **{key: a.description["data_paths"][0][key]  # type: ignore[index]
+                              for key in ("mountpoint", "fstype", "storage")}}]
+    rate_a = a.summary["samples_per_second_median"]
+    rate_b = b.summary["samples_per_second_median"]
+    assert isinstance(rate_a, float) and isinstance(rate_b, float)
+    assert 0.3 < rate_b / rate_a < 0.8  # twice the time per step (plus the loop's own cost)
+    assert a.summary["steps"] and 2.5 < a.summary["duration_seconds"] < 6  # type: ignore[operator]
+    # the planted secret: nowhere
+    assert SECRET.encode() not in path.read_bytes()
+    assert SECRET not in daemon.metrics()
+    status, body = daemon.get("/api/v1/runs?job=e2e")
+    assert status == 200 and SECRET not in body and len(json.loads(body)) == 2
+    daemon.stop()
+    assert SECRET not in daemon.log()
+    assert a.description["config"]["hf_token"] == "<redacted>"  # type: ignore[index]
+    assert a.description["environment"]["TORCH_AUTH_TOKEN"] == "<redacted>"  # type: ignore[index]

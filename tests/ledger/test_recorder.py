@@ -1,0 +1,254 @@
+"""The recorder (``LedgerCollector``) over a real training collector: runs measured,
+compared, ended, resumed; an unusable ledger reported, not fatal; no secret stored."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+from prometheus_client.core import GaugeMetricFamily
+
+from tests.ledger.ledger_support import Clocks, description, make_recorder, only, send, step
+from tests.support.exposition import scrape
+from trainmon.ledger import Ledger
+from trainmon.training.protocol import parse
+
+
+def run_job(clocks: Clocks, training, ledger, *, run: str, rate_steps: int,  # type: ignore[no-untyped-def]
+            intervals: int = 5, end: bool = True, **described: object) -> None:
+    """A run that does ``rate_steps`` steps (32 samples each) per 10 s interval."""
+    started = clocks.wall
+    send(training, description(run=run, started=started, **described),
+         step(0, run=run))
+    ledger.tick()
+    for index in range(1, intervals + 1):
+        clocks.advance(10)
+        send(training, step(index * rate_steps, run=run))
+        ledger.tick()
+    if end:
+        send(training, description(run=run, started=started, ended="finished", **described))
+        ledger.tick()
+
+
+@pytest.fixture
+def clocks() -> Clocks:
+    return Clocks()
+
+
+def test_two_runs_are_measured_compared_and_finished(clocks: Clocks, tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    training, ledger = make_recorder(clocks, path, flush_seconds=3600.0,
+                                     price_per_gpu_hour=2.0, currency="CNY")()
+    ledger.start()
+    try:
+        run_job(clocks, training, ledger, run="run-a", rate_steps=100)
+        clocks.advance(60)
+        run_job(clocks, training, ledger, run="run-b", rate_steps=50, end=False,
+                environment={"NCCL_IB_DISABLE": "1"})
+        exposition = scrape(ledger)
+        assert exposition.series("trainmon_training_run_changes_info", "job", "run",
+                                 "changed") == {("resnet50", "run-b", "NCCL_IB_DISABLE"): 1.0}
+        assert exposition.value("trainmon_ledger_price_per_gpu_hour", currency="CNY") == 2.0
+        assert exposition.value("trainmon_ledger_up") == 1.0
+        assert scrape(training).series("trainmon_training_run_info", "job", "run",
+                                       "config_hash") == {
+            ("resnet50", "run-b", description()["config_hash"]): 1.0}
+    finally:
+        ledger.stop()
+        training.stop()
+    with Ledger.open(path) as reader:
+        b, a = reader.runs(job="resnet50")
+    assert (a.run, a.end_reason, b.run, b.end_reason) == ("run-a", "finished", "run-b", None)
+    # 100 steps × 32 samples per 10 s; the first interval is left out as warm-up
+    assert a.summary["samples_per_second_median"] == pytest.approx(320.0)
+    assert b.summary["samples_per_second_median"] == pytest.approx(160.0)
+    assert a.summary["samples"] == 500 * 32 and a.summary["steps"] == 500
+    assert a.summary["data_wait_ratio"] == pytest.approx(0.25)
+    assert a.summary["comm_exposed_ratio"] == pytest.approx(0.1)
+    assert a.summary["phase_ratios"] == {"comm": pytest.approx(0.1)}
+    assert 0.05 < a.summary["step_seconds_p50"] <= 0.1  # type: ignore[operator]
+    assert a.summary["duration_seconds"] == pytest.approx(50.0)
+    cost = a.summary["cost"]
+    assert isinstance(cost, dict)
+    assert cost["total"] == pytest.approx(2.0 * 50 / 3600)
+    assert cost["per_million_samples"] == pytest.approx(cost["total"] / 16000 * 1e6)
+    assert a.description["environment"] == {"NCCL_IB_DISABLE": "0"}
+    assert b.description["environment"] == {"NCCL_IB_DISABLE": "1"}
+    assert a.started == 1_700_000_000.0 and a.ranks == 1 and a.node == "node-1"
+
+
+def test_a_secret_from_a_foreign_client_reaches_neither_ledger_nor_metrics(
+        clocks: Clocks, tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    training, ledger = make_recorder(clocks, path, flush_seconds=3600.0)()
+    planted = "hunter2-planted-secret"
+    parsed = parse(json.dumps(description()).encode())
+    assert not isinstance(parsed, Exception)
+    # as an old or foreign client would send it: not redacted
+    leaky = dataclasses.replace(
+        parsed, config={**parsed.config, "db.password": planted},  # type: ignore[union-attr]
+        environment={"NCCL_IB_DISABLE": "0", "CUDA_AUTH_TOKEN": planted},
+        framework={"wandb_api_key": planted})
+    training.store.describe(leaky, "unix")  # type: ignore[arg-type]
+    send(training, step(10))
+    ledger.start()
+    ledger.tick()
+    exposition = scrape(training).text + scrape(ledger).text
+    ledger.stop()
+    assert planted not in exposition
+    assert planted.encode() not in path.read_bytes()
+    with Ledger.open(path) as reader:
+        record = only(reader.runs())
+    assert record.description["config"]["db.password"] == "<redacted>"  # type: ignore[index]
+    assert record.description["environment"]["CUDA_AUTH_TOKEN"] == "<redacted>"  # type: ignore[index]
+
+
+def test_a_run_without_steps_stalls_and_recovers(clocks: Clocks, tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    training, ledger = make_recorder(clocks, path, flush_seconds=3600.0, stall_seconds=30.0)()
+    ledger.start()
+    run_job(clocks, training, ledger, run="run-a", rate_steps=10, intervals=2, end=False)
+    stopped_at = clocks.wall
+    for _ in range(4):  # heartbeats go on, the step count does not
+        clocks.advance(10)
+        send(training, step(20))
+        ledger.tick()
+    with Ledger.open(path) as reader:
+        record = only(reader.runs())
+    assert (record.end_reason, record.ended) == ("stalled", stopped_at)
+    clocks.advance(10)
+    send(training, step(30))
+    ledger.tick()
+    with Ledger.open(path) as reader:
+        record = only(reader.runs())
+    assert (record.end_reason, record.ended) == (None, None)
+    ledger.stop()
+
+
+def test_a_run_whose_ranks_expire_has_vanished(clocks: Clocks, tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    training, ledger = make_recorder(clocks, path, flush_seconds=3600.0)()
+    ledger.start()
+    run_job(clocks, training, ledger, run="run-a", rate_steps=10, intervals=2, end=False)
+    last_report = clocks.wall
+    clocks.advance(61)  # training ttl_seconds is 60
+    ledger.tick()
+    ledger.stop()
+    with Ledger.open(path) as reader:
+        record = only(reader.runs())
+    assert (record.end_reason, record.ended) == ("vanished", last_report)
+
+
+def test_the_time_under_each_verdict_is_recorded(clocks: Clocks, tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    training, ledger = make_recorder(clocks, path, flush_seconds=3600.0)()
+    ledger.start()
+    run_job(clocks, training, ledger, run="run-a", rate_steps=10, intervals=1, end=False)
+    for kind in ("storage", "storage", "storage", "compute", "compute"):
+        verdict = GaugeMetricFamily("trainmon_bottleneck", "", labels=["job", "kind"])
+        for other in ("compute", "storage", "none"):
+            verdict.add_metric(["resnet50", other], 1.0 if other == kind else 0.0)
+        ledger.observe([verdict])
+        list(ledger.collect())
+        clocks.advance(5)
+    ledger.tick()
+    ledger.stop()
+    with Ledger.open(path) as reader:
+        record = only(reader.runs())
+    assert record.summary["verdicts"] == {"compute": 5.0, "storage": 10.0}
+
+
+def test_a_restarted_daemon_resumes_the_run(clocks: Clocks, tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    make = make_recorder(clocks, path, flush_seconds=3600.0)
+    training, ledger = make()
+    ledger.start()
+    run_job(clocks, training, ledger, run="run-a", rate_steps=100, intervals=3, end=False)
+    # killed: no stop(); a new daemon starts with an empty store
+    training, ledger = make()
+    ledger.start()
+    for index in range(4, 7):
+        clocks.advance(10)
+        send(training, description(), step(index * 100))
+        ledger.tick()
+    ledger.stop()
+    with Ledger.open(path) as reader:
+        record = only(reader.runs())
+    assert record.summary["steps"] == 600
+    assert record.summary["samples_per_second_median"] == pytest.approx(320.0)
+
+
+def test_a_missing_directory_is_reported_then_used_once_it_exists(
+        clocks: Clocks, tmp_path: Path) -> None:
+    path = tmp_path / "state" / "ledger.sqlite3"
+    training, ledger = make_recorder(clocks, path, flush_seconds=3600.0)()
+    ledger.start()
+    run_job(clocks, training, ledger, run="run-a", rate_steps=10, intervals=1, end=False)
+    health = ledger.health()
+    assert health["open"] is False and "does not exist" in str(health["ledger_error"])
+    assert scrape(ledger).value("trainmon_ledger_up") == 0.0
+    path.parent.mkdir()
+    clocks.advance(31)
+    send(training, step(20))
+    ledger.tick()
+    assert ledger.health()["open"] is True and "ledger_error" not in ledger.health()
+    ledger.stop()
+    with Ledger.open(path) as reader:
+        assert only(reader.runs()).run == "run-a"
+
+
+def test_a_foreign_file_is_reported_and_never_modified(clocks: Clocks, tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    connection = sqlite3.connect(path)
+    connection.execute("CREATE TABLE t (x)")
+    connection.commit()
+    connection.close()
+    content = path.read_bytes()
+    training, ledger = make_recorder(clocks, path, flush_seconds=3600.0)()
+    ledger.start()
+    run_job(clocks, training, ledger, run="run-a", rate_steps=10, intervals=2)
+    clocks.advance(31)
+    ledger.tick()
+    assert "another program" in str(ledger.health()["ledger_error"])
+    ledger.stop()
+    assert path.read_bytes() == content
+
+
+def test_changed_keys_names_config_environment_data_versions_and_world_size() -> None:
+    from trainmon.collectors.ledger import changed_keys
+
+    def described(storage: str, **changes: object) -> dict[str, object]:
+        base: dict[str, object] = {
+            "config": {"lr": 0.1, "batch_size": 32},
+            "environment": {"NCCL_IB_DISABLE": "0", "OMP_NUM_THREADS": "8"},
+            "data_paths": [{"path": "/data", "mountpoint": "/", "fstype": "ext4",
+                            "storage": storage}],
+            "versions": {"torch": "2.3.0", "python": "3.11.9"}, "world_size": 8}
+        base.update(changes)
+        return base
+
+    before = described("local_disk")
+    assert changed_keys(before, described("local_disk")) == ""
+    assert changed_keys(before, described("unknown")) == ""  # unknown matches any kind
+    after = described("network_fs", config={"lr": 0.2, "batch_size": 32, "warmup": 10},
+                      environment={"NCCL_IB_DISABLE": "1", "OMP_NUM_THREADS": "8"},
+                      versions={"torch": "2.4.0", "python": "3.11.9"}, world_size=16)
+    assert changed_keys(before, after) == \
+        "NCCL_IB_DISABLE,data,lr,versions.torch,warmup,world_size"
+
+
+def test_a_long_change_list_is_truncated_in_the_label(clocks: Clocks, tmp_path: Path) -> None:
+    training, ledger = make_recorder(clocks, tmp_path / "l.sqlite3", flush_seconds=3600.0)()
+    ledger.start()
+    run_job(clocks, training, ledger, run="run-a", rate_steps=10, intervals=1)
+    clocks.advance(30)
+    config = {f"model.encoder.layer_{index:02d}.dropout": 0.2 for index in range(12)}
+    run_job(clocks, training, ledger, run="run-b", rate_steps=10, intervals=1, end=False,
+            config=config)
+    [labels] = scrape(ledger).labelsets("trainmon_training_run_changes_info")
+    ledger.stop()
+    assert len(labels["changed"]) == 200 and labels["changed"].endswith("…")
+    assert labels["changed"].startswith("batch_size,lr,model.encoder.layer_00.dropout,")

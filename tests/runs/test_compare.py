@@ -1,0 +1,139 @@
+"""``trainmon.runs.compare``: what changed between two runs, over hand-built records."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.runs.runs_support import STARTED, description, record, summary
+from trainmon.runs.compare import compare, quantity, signed_percent
+from trainmon.runs.view import RunView
+
+
+def view(run: str, **kwargs: object) -> RunView:
+    return RunView.from_records([record(run, **kwargs)])  # type: ignore[arg-type]
+
+
+def test_the_contract_example_in_words_first() -> None:
+    a = view("run-a")
+    b = view("run-b", started=STARTED + 7200, description_=description(
+        environment={"NCCL_IB_DISABLE": "1", "OMP_NUM_THREADS": "8"},
+        data_paths=[{"path": "/data/imagenet", "mountpoint": "/data", "fstype": "nfs4",
+                     "storage": "network_fs"}]),
+        summary_=summary(samples_per_second_median=992.0))
+    comparison = compare(a, b)
+    assert comparison.summary.startswith(
+        "samples/s −18 % (1 210 → 992); NCCL_IB_DISABLE 0 → 1; "
+        "data moved from local NVMe/disk to CFS/NFS")
+    assert [change.to_json() for change in comparison.changes] == [
+        {"key": "NCCL_IB_DISABLE", "kind": "environment", "a": "0", "b": "1"},
+        {"key": "data", "kind": "data", "a": "/data/imagenet (local NVMe/disk)",
+         "b": "/data/imagenet (CFS/NFS)"},
+    ]
+    assert comparison.throughput.to_json() == {"a": 1210.0, "b": 992.0, "change_ratio": -0.1802}
+
+
+def test_identical_runs_have_no_changes_and_say_so() -> None:
+    comparison = compare(view("a"), view("b", started=STARTED + 10))
+    assert comparison.changes == ()
+    assert comparison.unavailable == ()
+    assert "no recorded change" in comparison.summary
+    assert comparison.throughput.change_ratio == 0
+
+
+def test_every_kind_of_change_is_named() -> None:
+    b = view("b", world_size=16, node="gpu-node-2", description_=description(
+        config={"lr": 0.2, "batch_size": 256, "warmup": 100},
+        framework={"precision": "bf16-mixed"},
+        versions={"python": "3.11.9", "torch": "2.5.1", "trainmon": "0.16.0"},
+        git={"commit": "b" * 40, "dirty": True},
+        environment={"NCCL_IB_DISABLE": "0", "OMP_NUM_THREADS": "8", "TRAINMON_RUN_ID": "b"}))
+    a = view("a", description_=description(environment={
+        "NCCL_IB_DISABLE": "0", "OMP_NUM_THREADS": "8", "TRAINMON_RUN_ID": "a"}))
+    changes = {change.key: (change.kind, change.a, change.b) for change in compare(a, b).changes}
+    assert changes == {
+        "lr": ("config", 0.1, 0.2),
+        "model.layers": ("config", 24, None),
+        "warmup": ("config", None, 100),
+        "precision": ("framework", None, "bf16-mixed"),
+        "versions.torch": ("versions", "2.4.0", "2.5.1"),
+        "git.commit": ("git", "a" * 40, "b" * 40),
+        "world_size": ("world_size", 8, 16),
+        "nodes": ("nodes", "gpu-node-1", "gpu-node-2"),
+    }  # the run-id variable is identity, not a change
+
+
+@pytest.mark.parametrize(("a_env", "b_env", "expected"), [
+    ({"NCCL_AUTH_TOKEN": "<redacted>"}, {"NCCL_AUTH_TOKEN": "<redacted>"}, None),
+    ({"NCCL_AUTH_TOKEN": "<redacted>"}, {}, ("<redacted>", None)),
+    # an old client that sent secrets in clear: redacted on reading, so both are equal
+    ({"CUDA_API_KEY": "hunter2"}, {"CUDA_API_KEY": "swordfish"}, None),
+    ({"CUDA_API_KEY": "hunter2"}, {}, ("<redacted>", None)),
+    # a value redacted under a name that does not look secret (a foreign client)
+    ({"OMP_X": "<redacted>"}, {"OMP_X": "4"}, ("<redacted>", "<redacted>")),
+])
+def test_secrets_compare_without_showing_a_value(
+    a_env: dict[str, str], b_env: dict[str, str], expected: tuple[str | None, str | None] | None,
+) -> None:
+    comparison = compare(view("a", description_=description(environment=a_env)),
+                         view("b", description_=description(environment=b_env)))
+    text = str(comparison.to_json())
+    assert "hunter2" not in text and "swordfish" not in text
+    if expected is None:
+        assert comparison.changes == ()
+    else:
+        (change,) = comparison.changes
+        assert (change.a, change.b, change.redacted) == (*expected, True)
+        assert f"{change.key} changed (redacted)" in comparison.summary
+
+
+def test_an_unknown_description_is_unavailable_not_unchanged() -> None:
+    a = view("a")
+    b = RunView(job="llama", run="b", config_hash=a.config_hash, started=STARTED, ended=None,
+                end_reason=None, world_size=8, nodes=a.nodes, description=None,
+                summary=summary(samples_per_second_median=600.0), source="prometheus",
+                unavailable=("description: the daemon 10.0.0.1:19400 did not answer",))
+    comparison = compare(a, b)
+    assert comparison.changes == ()
+    assert "unknown" in comparison.summary and "no recorded change" not in comparison.summary
+    assert any("10.0.0.1:19400" in reason for reason in comparison.unavailable)
+    assert comparison.throughput.change_ratio == pytest.approx(600 / 1210 - 1)
+
+
+def test_phase_shares_and_cost_move() -> None:
+    cost = {"currency": "CNY", "price_per_gpu_hour": 20.0, "total": 160.0,
+            "per_million_samples": 36.76}
+    a = view("a", summary_=summary(cost=cost))
+    b = view("b", summary_=summary(data_wait_ratio=0.35, samples_per_second_median=800.0,
+                                   cost={**cost, "per_million_samples": 55.6},
+                                   phase_ratios={"comm": 0.1}))
+    comparison = compare(a, b)
+    phases = comparison.to_json()["phases"]
+    assert phases["data_wait"] == {"a": 0.05, "b": 0.35, "change_ratio": 6.0}  # type: ignore[index]
+    assert phases["phase.checkpoint"]["b"] is None  # type: ignore[index]
+    assert "data wait 5 % → 35 %" in comparison.summary
+    assert "cost per million samples 36.76 → 55.60 CNY" in comparison.summary
+    assert comparison.to_json()["cost_per_million_samples"] == {
+        "a": 36.76, "b": 55.6, "change_ratio": 0.5125, "currency": "CNY"}
+
+
+def test_a_multi_node_run_adds_up_its_nodes() -> None:
+    merged = RunView.from_records([
+        record("r", node="n1", ranks=8, summary_=summary(samples_per_second_median=600.0,
+                                                         steps=100, data_wait_ratio=0.1)),
+        record("r", node="n2", ranks=8, summary_=summary(samples_per_second_median=610.0,
+                                                         steps=300, data_wait_ratio=0.3)),
+    ])
+    assert merged.nodes == ("n1", "n2")
+    assert merged.summary["samples_per_second_median"] == 1210.0
+    assert merged.summary["data_wait_ratio"] == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize(("value", "text"), [
+    (1210.4, "1 210"), (992.0, "992"), (99.46, "99.5"), (0.1234, "0.123"), (None, "?")])
+def test_quantities(value: float | None, text: str) -> None:
+    assert quantity(value) == text
+
+
+@pytest.mark.parametrize(("ratio", "text"), [(-0.183, "−18 %"), (0.05, "+5 %"), (0.001, "±0 %")])
+def test_signed_percent(ratio: float, text: str) -> None:
+    assert signed_percent(ratio) == text

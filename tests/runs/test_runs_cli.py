@@ -1,0 +1,136 @@
+"""``trainmon runs`` and ``trainmon compare`` over a real ledger file: output and exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.runs.runs_support import STARTED, description, record, summary, write_ledger
+from tests.support.daemon import free_port
+from trainmon.cli import main
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Path:
+    cost = {"currency": "CNY", "price_per_gpu_hour": 20.0, "total": 160.0,
+            "per_million_samples": 36.76}
+    return write_ledger(tmp_path / "ledger.sqlite3", [
+        record("run-a", summary_=summary(cost=cost)),
+        record("run-b", started=STARTED + 7200, ended=None, end_reason=None,
+               description_=description(environment={"NCCL_IB_DISABLE": "1",
+                                                      "OMP_NUM_THREADS": "8"}),
+               summary_=summary(samples_per_second_median=992.0, cost=None,
+                                verdicts={"communication": 900.0, "none": 10.0})),
+        record("bert-1", job="bert", started=STARTED - 86400),
+    ])
+
+
+def test_runs_lists_newest_first_as_json(ledger: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["runs", "--json", "--ledger", str(ledger)]) == 0
+    runs = json.loads(capsys.readouterr().out)["runs"]
+    assert [run["run"] for run in runs] == ["run-b", "run-a", "bert-1"]
+    assert runs[1]["summary"]["cost"]["per_million_samples"] == 36.76
+    assert runs[0]["end_reason"] is None and runs[1]["end_reason"] == "finished"
+
+
+def test_runs_filters_by_job_and_since(ledger: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["runs", "--json", "--ledger", str(ledger), "--job", "llama"]) == 0
+    assert [r["run"] for r in json.loads(capsys.readouterr().out)["runs"]] == ["run-b", "run-a"]
+    assert main(["runs", "--json", "--ledger", str(ledger),
+                 "--since", "2025-12-01T09:00:00Z"]) == 0
+    assert [r["run"] for r in json.loads(capsys.readouterr().out)["runs"]] == ["run-b"]
+
+
+def test_runs_text_has_the_columns_and_cost(ledger: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["runs", "--ledger", str(ledger)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["RUN", "JOB", "STARTED", "DURATION", "SAMPLES/S", "STEP",
+                                "P50", "VERDICT", "END", "COST/M", "SAMPLES"]
+    assert lines[1].split()[:2] == ["run-b", "llama"]
+    assert "communication" in lines[1] and "running" in lines[1]
+    assert "1 210" in lines[2] and "1h00m00s" not in lines[2] and "1h00m" in lines[2]
+    assert "36.76 CNY" in lines[2] and "compute" in lines[2] and "finished" in lines[2]
+
+
+def test_compare_json_names_the_change(ledger: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["compare", "run-a", "run-b", "--json", "--ledger", str(ledger)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["changes"] == [
+        {"key": "NCCL_IB_DISABLE", "kind": "environment", "a": "0", "b": "1"}]
+    assert result["throughput"] == {"a": 1210.0, "b": 992.0, "change_ratio": -0.1802}
+    assert result["summary"].startswith("samples/s −18 % (1 210 → 992); NCCL_IB_DISABLE 0 → 1")
+    assert result["a"]["run"] == "run-a" and result["b"]["description"]["environment"]
+    assert set(result) >= {"step_seconds_p50", "step_seconds_p95", "phases"}
+
+
+def test_compare_text_leads_with_the_sentence(ledger: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["compare", "run-a", "run-b", "--ledger", str(ledger)]) == 0
+    text = capsys.readouterr().out
+    assert text.splitlines()[0].startswith("samples/s −18 % (1 210 → 992)")
+    assert "environment  NCCL_IB_DISABLE  0 → 1" in text
+    assert "samples/s (median)" in text and "(−18 %)" in text
+
+
+def test_an_unknown_run_is_a_usage_error(ledger: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["compare", "run-a", "nope", "--ledger", str(ledger)]) == 2
+    assert "run 'nope' is not in the ledger" in capsys.readouterr().err
+
+
+def test_a_missing_ledger_is_reported_and_not_created(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "absent" / "ledger.sqlite3"
+    assert main(["runs", "--ledger", str(path)]) == 2
+    assert str(path) in capsys.readouterr().err
+    assert not path.exists()
+
+
+def test_a_foreign_file_is_reported_and_left_alone(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    path.write_bytes(b"not a database, just some bytes\n" * 100)
+    before = path.read_bytes()
+    assert main(["compare", "a", "b", "--ledger", str(path)]) == 2
+    assert capsys.readouterr().err.startswith("trainmon: ")
+    assert path.read_bytes() == before
+
+
+def test_a_bad_since_names_the_accepted_forms(ledger: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["runs", "--ledger", str(ledger), "--since", "yesterday"]) == 2
+    assert "90m, 12h, 2d" in capsys.readouterr().err
+
+
+def test_an_unreachable_prometheus_is_a_runtime_failure(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    assert main(["runs", "--prometheus", url]) == 1
+    assert f"cannot reach Prometheus at {url}" in capsys.readouterr().err
+
+
+def test_doctor_takes_the_ledger_from_the_command_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The flag reaches the history line (the line itself: test_doctor_history)."""
+    from tests.diagnosis.test_doctor import StarvedNode
+    from tests.support.loopback import LoopbackHTTPServer, Reply, Request
+
+    path = write_ledger(tmp_path / "ledger.sqlite3", [
+        record("vit-1", job="vit"),
+        record("vit-2", job="vit", started=STARTED + 7200, ended=None, end_reason=None,
+               summary_=summary(samples_per_second_median=600.0)),
+    ])
+    node = StarvedNode()
+
+    def answer(request: Request) -> Reply:
+        return Reply(200, node.text(), "text/plain; version=0.0.4")
+
+    with LoopbackHTTPServer(answer) as server:
+        main(["doctor", "--url", server.address, "--seconds", "1", "--json",
+              "--ledger", str(path)])
+    report = json.loads(capsys.readouterr().out)
+    assert [(r["previous_run"], r["run"]) for r in report["previous_runs"]] == [
+        ("vit-1", "vit-2")]
