@@ -1,4 +1,4 @@
-"""What the issue-15 node sources add to a scrape: NFS/CFS mountstats and NUMA locality.
+"""What the platform sources add to a scrape: NFS/CFS mountstats, NUMA locality, the run ledger.
 
 **NFS/CFS, side by side.** The same ``mountstats`` file (``--mounts`` NFS v4
 mounts, each with the per-op statistics a busy client has) is read by
@@ -13,7 +13,8 @@ of a GPU node; its cost is timed in process for ``--processes`` GPU processes
 on 8 GPUs of a two-socket 224-CPU host (fixture ``/proc`` and ``/sys``), and
 against the rest of a scrape of ``trainmon serve --demo``
 (``trainmon_collector_duration_seconds`` of every collector, summed, with and
-without ``numa``).
+without ``numa``; the ``nfs``, ``platform`` and ``ledger`` collectors' share
+beside it).
 
     .venv/bin/python -m bench.platform_scrape
     .venv/bin/python -m bench.platform_scrape --scrapes 300 --mounts 8
@@ -204,7 +205,8 @@ def demo_share(scrapes: int) -> None:
     """Collector time of a demo scrape, from the daemon's own self-metrics."""
     with tempfile.TemporaryDirectory() as name:
         config = Path(name) / "demo.yml"
-        config.write_text(f"collectors:\n  training: {{socket: '{Path(name) / 's.sock'}'}}\n")
+        config.write_text(f"collectors:\n  training: {{socket: '{Path(name) / 's.sock'}'}}\n"
+                          f"  ledger: {{path: '{Path(name) / 'ledger.sqlite3'}'}}\n")
         daemon = benchlib.start_trainmon(config, quiet=True, args=["--demo"])
         try:
             time.sleep(5.0)  # the jobs' first reports
@@ -226,7 +228,8 @@ def demo_share(scrapes: int) -> None:
           f"{whole * 1e3:.2f} ms with `numa` ({numa * 1e3:.3f} ms of it), "
           f"{(whole - numa) * 1e3:.2f} ms without (+{numa / max(whole - numa, 1e-9):.1%}); "
           f"nfs {medians.get('nfs', 0.0) * 1e3:.3f} ms, platform "
-          f"{medians.get('platform', 0.0) * 1e3:.3f} ms")
+          f"{medians.get('platform', 0.0) * 1e3:.3f} ms, ledger (the run recorder) "
+          f"{medians.get('ledger', 0.0) * 1e3:.3f} ms")
 
 
 def main() -> None:

@@ -25,6 +25,11 @@ instance, as intended). The demo node's ``proc/1/mountinfo``
 (``trainmon.demo.node``) holds those mounts. A checkpoint every 30 s adds
 about 0.2 % to the step time, so the ratios above hold.
 
+Each job is one run (``<job>-<UTC start>``, shared by its four ranks, as
+torchrun's run id would be) described with a small config
+(``model``, ``batch_size``), so the run ledger and the run metrics have a
+record per job.
+
 Durations jitter by ±10 % (seeded per rank) so the series look alive.
 """
 
@@ -96,9 +101,11 @@ def start_demo_jobs(
     final reports and joins the threads (about a second at most).
     """
     stopping = threading.Event()
+    # One run per job, shared by its ranks (as torchrun's TORCHELASTIC_RUN_ID would be).
+    started = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     threads = [
         threading.Thread(
-            target=_run_rank, args=(job, rank, endpoint, stopping),
+            target=_run_rank, args=(job, rank, endpoint, stopping, f"{job.name}-{started}"),
             name=f"demo-{job.name}-{rank}", daemon=True,
         )
         for job in jobs
@@ -116,7 +123,9 @@ def start_demo_jobs(
     return stop
 
 
-def _run_rank(job: SimulatedJob, rank: int, endpoint: str, stopping: threading.Event) -> None:
+def _run_rank(
+    job: SimulatedJob, rank: int, endpoint: str, stopping: threading.Event, run: str
+) -> None:
     jitter = random.Random(f"{job.name}/{rank}")
 
     def pause(seconds: float) -> None:
@@ -129,7 +138,8 @@ def _run_rank(job: SimulatedJob, rank: int, endpoint: str, stopping: threading.E
 
     reporter = Reporter(
         job.name, rank=rank, local_rank=rank, world_size=RANKS_PER_JOB,
-        gpu=job.first_gpu + rank, endpoint=endpoint, environ={},
+        gpu=job.first_gpu + rank, endpoint=endpoint, environ={}, run=run,
+        config={"model": "simulated", "batch_size": job.batch_size},
     )
     next_checkpoint = time.monotonic() + FIRST_CHECKPOINT_SECONDS
     steps = 0
