@@ -81,52 +81,50 @@ def _integer(value: float) -> str:
     return str(int(value))
 
 
+def _ratio(ratio_token: str, percent_token: str, value: float) -> dict[str, str]:
+    """A 0-1 threshold for PromQL and the same number in percent for prose."""
+    return {ratio_token: _number(value), percent_token: _number(value * 100)}
+
+
 TOKENS: Mapping[str, str] = {
     "TRAINMON_TARGETS": TRAINMON_TARGETS,
     "DCGM_TARGETS": DCGM_TARGETS,
     # Thresholds shared with the diagnosis and the dashboards (exporter/trainmon/contract.py);
     # *_PERCENT and *_MS are the same numbers for prose.
     "SAWTOOTH_FLAG": _number(contract.SAWTOOTH_FLAG),
-    "DATA_WAIT_RATIO": _number(contract.DATA_WAIT_RATIO),
-    "DATA_WAIT_PERCENT": _number(contract.DATA_WAIT_RATIO * 100),
-    "COMM_RATIO": _number(contract.COMM_RATIO),
-    "COMM_PERCENT": _number(contract.COMM_RATIO * 100),
+    **_ratio("DATA_WAIT_RATIO", "DATA_WAIT_PERCENT", contract.DATA_WAIT_RATIO),
+    **_ratio("COMM_RATIO", "COMM_PERCENT", contract.COMM_RATIO),
     "STRAGGLER_FACTOR": _number(contract.STRAGGLER_FACTOR),
     "STRAGGLER_MIN_EXCESS_SECONDS": _number(contract.STRAGGLER_MIN_EXCESS_SECONDS),
     "STRAGGLER_MIN_EXCESS_MS": _number(contract.STRAGGLER_MIN_EXCESS_SECONDS * 1000),
-    "GPU_IDLE_RATIO": _number(contract.GPU_IDLE_RATIO),
-    "GPU_IDLE_PERCENT": _number(contract.GPU_IDLE_RATIO * 100),
-    "SAMPLER_BUSY_LEVEL": _number(contract.SAMPLER_BUSY_LEVEL),
-    "SAMPLER_BUSY_PERCENT": _number(contract.SAMPLER_BUSY_LEVEL * 100),
+    **_ratio("GPU_IDLE_RATIO", "GPU_IDLE_PERCENT", contract.GPU_IDLE_RATIO),
+    **_ratio("SAMPLER_BUSY_LEVEL", "SAMPLER_BUSY_PERCENT", contract.SAMPLER_BUSY_LEVEL),
     # GPU activity (NVML GPM or DCGM profiling) and memory; memory is "nearly full"
     # once less than contract.GPU_MEMORY_HEADROOM_RATIO of it is left.
-    "GPU_BUSY_UTILIZATION_RATIO": _number(contract.GPU_BUSY_UTILIZATION_RATIO),
-    "GPU_BUSY_UTILIZATION_PERCENT": _number(contract.GPU_BUSY_UTILIZATION_RATIO * 100),
-    "GPU_SM_ACTIVE_LOW": _number(contract.GPU_SM_ACTIVE_LOW),
-    "GPU_SM_ACTIVE_LOW_PERCENT": _number(contract.GPU_SM_ACTIVE_LOW * 100),
-    "GPU_TENSOR_IDLE": _number(contract.GPU_TENSOR_IDLE),
-    "GPU_TENSOR_IDLE_PERCENT": _number(contract.GPU_TENSOR_IDLE * 100),
-    "GPU_MEMORY_FULL_RATIO": _number(1 - contract.GPU_MEMORY_HEADROOM_RATIO),
-    "GPU_MEMORY_FULL_PERCENT": _number((1 - contract.GPU_MEMORY_HEADROOM_RATIO) * 100),
+    **_ratio("GPU_BUSY_UTILIZATION_RATIO", "GPU_BUSY_UTILIZATION_PERCENT",
+             contract.GPU_BUSY_UTILIZATION_RATIO),
+    **_ratio("GPU_SM_ACTIVE_LOW", "GPU_SM_ACTIVE_LOW_PERCENT", contract.GPU_SM_ACTIVE_LOW),
+    **_ratio("GPU_TENSOR_IDLE", "GPU_TENSOR_IDLE_PERCENT", contract.GPU_TENSOR_IDLE),
+    **_ratio("GPU_MEMORY_FULL_RATIO", "GPU_MEMORY_FULL_PERCENT",
+             1 - contract.GPU_MEMORY_HEADROOM_RATIO),
     # Platform signals (issue 15): NCCL over sockets, checkpoint age on spot
     # instances, NUMA locality. Byte rates are written out in full (no exponent)
     # for PromQL, in MB/s for prose; the checkpoint age also in minutes.
-    "NCCL_SOCKET_MIN_COMM_RATIO": _number(contract.NCCL_SOCKET_MIN_COMM_RATIO),
-    "NCCL_SOCKET_MIN_COMM_PERCENT": _number(contract.NCCL_SOCKET_MIN_COMM_RATIO * 100),
+    **_ratio("NCCL_SOCKET_MIN_COMM_RATIO", "NCCL_SOCKET_MIN_COMM_PERCENT",
+             contract.NCCL_SOCKET_MIN_COMM_RATIO),
     "RDMA_IDLE_BYTES_PER_SECOND": _integer(contract.RDMA_IDLE_BYTES_PER_SECOND),
     "RDMA_IDLE_MB_PER_SECOND": _number(contract.RDMA_IDLE_BYTES_PER_SECOND / 1e6),
     "SOCKET_BUSY_BYTES_PER_SECOND": _integer(contract.SOCKET_BUSY_BYTES_PER_SECOND),
     "SOCKET_BUSY_MB_PER_SECOND": _number(contract.SOCKET_BUSY_BYTES_PER_SECOND / 1e6),
     "CHECKPOINT_MAX_AGE_SECONDS": _integer(contract.CHECKPOINT_MAX_AGE_SECONDS),
     "CHECKPOINT_MAX_AGE_MINUTES": _number(contract.CHECKPOINT_MAX_AGE_SECONDS / 60),
-    "NUMA_LOCAL_RATIO_MIN": _number(contract.NUMA_LOCAL_RATIO_MIN),
-    "NUMA_LOCAL_PERCENT_MIN": _number(contract.NUMA_LOCAL_RATIO_MIN * 100),
+    **_ratio("NUMA_LOCAL_RATIO_MIN", "NUMA_LOCAL_PERCENT_MIN", contract.NUMA_LOCAL_RATIO_MIN),
     # Run ledger (issue 16): a run more than THROUGHPUT_REGRESSION_RATIO slower than the
     # best earlier run of its job and config hash, for THROUGHPUT_REGRESSION_WINDOW;
     # _KEEP is the share of that run's throughput below which it pages (0.8). Runs are
     # compared once they have run for one TRAINING_RULE_WINDOW (an offset).
-    "THROUGHPUT_REGRESSION_RATIO": _number(contract.THROUGHPUT_REGRESSION_RATIO),
-    "THROUGHPUT_REGRESSION_PERCENT": _number(contract.THROUGHPUT_REGRESSION_RATIO * 100),
+    **_ratio("THROUGHPUT_REGRESSION_RATIO", "THROUGHPUT_REGRESSION_PERCENT",
+             contract.THROUGHPUT_REGRESSION_RATIO),
     "THROUGHPUT_REGRESSION_KEEP": _number(1 - contract.THROUGHPUT_REGRESSION_RATIO),
     "THROUGHPUT_REGRESSION_WINDOW": contract.THROUGHPUT_REGRESSION_WINDOW,
     "TRAINING_RULE_WINDOW": contract.TRAINING_RULE_WINDOW,

@@ -92,6 +92,16 @@ class WebhookSink(LoopbackHTTPServer):
         with self._lock:
             return [n for n in self.notifications if n.path.startswith(path_prefix)]
 
+    def paged(self, alertname: str | None = None) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """(notification payload, alert) of every alert the pager webhook received
+        (only ``alertname``'s when given)."""
+        return [
+            (notification.body, alert)
+            for notification in self.received("/pager/")
+            for alert in notification.body["alerts"]
+            if alertname is None or alert["labels"]["alertname"] == alertname
+        ]
+
     def _answer(self, request: Request) -> Reply:
         path = urllib.parse.urlparse(request.path).path
         if request.method == "GET":  # WeCom: GET <api_url>gettoken?corpid=..&corpsecret=..

@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -29,15 +28,6 @@ SAWTOOTH_GPUS = {"0", "1", "2", "3"}
 STEADY_GPUS = {"4", "5", "6", "7"}
 #: The whole chain must deliver within this (rule `for` 15 s + group_wait 10 s + scrapes).
 PAGE_DEADLINE_SECONDS = 120.0
-
-
-def _paged_alerts(sink: WebhookSink) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """(notification payload, alert) for every alert the pager webhook received."""
-    return [
-        (notification.body, alert)
-        for notification in sink.received("/pager/")
-        for alert in notification.body["alerts"]
-    ]
 
 
 def test_sawtooth_gpus_page_and_steady_gpus_never_do(
@@ -74,7 +64,7 @@ def test_sawtooth_gpus_page_and_steady_gpus_never_do(
     def paged_gpus() -> set[str]:
         return {
             alert["labels"].get("gpu", "")
-            for _, alert in _paged_alerts(sink)
+            for _, alert in sink.paged()
             if alert["labels"]["alertname"] == "TrainmonGPUSawtooth"
         }
 
@@ -91,7 +81,7 @@ def test_sawtooth_gpus_page_and_steady_gpus_never_do(
         sample["metric"]["gpu"]: sample["metric"]
         for sample in prometheus.query('trainmon_training_rank_info{gpu!=""}')
     }
-    for payload, alert in _paged_alerts(sink):
+    for payload, alert in sink.paged():
         labels, annotations = alert["labels"], alert["annotations"]
         assert payload["receiver"] == "pager"
         assert labels["alertname"] == "TrainmonGPUSawtooth", labels

@@ -16,7 +16,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -36,16 +35,6 @@ NODE = "spot-node-1"
 NOTICE_SECONDS = 120
 #: Spot poll 1 s + scrape 1 s + evaluation 1 s + the pager route's group_wait 10 s.
 PAGE_DEADLINE_SECONDS = 60.0
-
-
-def _pages(sink: WebhookSink) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """(notification payload, alert) of every TrainmonSpotReclaimScheduled the pager got."""
-    return [
-        (notification.body, alert)
-        for notification in sink.received("/pager/")
-        for alert in notification.body["alerts"]
-        if alert["labels"]["alertname"] == ALERT
-    ]
 
 
 def test_a_scheduled_spot_reclaim_pages_with_the_jobs_on_the_node(
@@ -96,13 +85,13 @@ def test_a_scheduled_spot_reclaim_pages_with_the_jobs_on_the_node(
         metadata.schedule_reclaim(at)
         scheduled = time.monotonic()
         wait_until(
-            lambda: bool(_pages(sink)), PAGE_DEADLINE_SECONDS,
+            lambda: bool(sink.paged(ALERT)), PAGE_DEADLINE_SECONDS,
             f"a page for {ALERT}; prometheus log:\n{prometheus.log()}\n"
             f"alertmanager log:\n{alertmanager.log()}",
         )
         assert time.monotonic() - scheduled < NOTICE_SECONDS / 2, "paged too late to act on"
 
-        payload, alert = _pages(sink)[0]
+        payload, alert = sink.paged(ALERT)[0]
         labels, annotations = alert["labels"], alert["annotations"]
         assert payload["receiver"] == "pager"
         assert alert["status"] == "firing"
