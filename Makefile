@@ -4,7 +4,8 @@
 #   make test    install everything the suite needs (pip + Debian packages) and run it
 #   make lint    ruff, mypy, and a check that every generated file is up to date
 #   make generate  regenerate the dashboards (dashboards/*/*.json), the alert rules
-#                (alerts/*/trainmon.rules.yml) and the PrometheusRules (deploy/kubernetes)
+#                (alerts/*/trainmon.rules.yml), the PrometheusRules (deploy/kubernetes)
+#                and the sharded vmagent configs (deploy/scale)
 #   make stack   trainmon --demo, Prometheus and Alertmanager on loopback (docs/deploy.md)
 #   make bench   every benchmark that runs without a GPU (bash bench/gpu_check.sh runs the rest)
 
@@ -13,7 +14,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager prometheus-node-exporter \
-	prometheus-pushgateway gcc libc6-dev systemd docker-compose
+	prometheus-pushgateway gcc libc6-dev systemd docker-compose victoria-metrics
 PYTEST_ARGS ?=
 
 .PHONY: run demo test lint bench clean debian-packages generate stack
@@ -53,6 +54,7 @@ generate: $(VENV)/.test-installed
 	$(BIN)/python -m dashboards
 	$(BIN)/python alerts/generate.py
 	$(BIN)/python -m deploy.prometheusrule
+	$(BIN)/python -m deploy.sharding
 
 lint: $(VENV)/.test-installed
 	$(BIN)/ruff check exporter tests bench dashboards deploy alerts
@@ -61,11 +63,12 @@ lint: $(VENV)/.test-installed
 	$(BIN)/python -m dashboards --check
 	$(BIN)/python alerts/generate.py --check
 	$(BIN)/python -m deploy.prometheusrule --check
+	$(BIN)/python -m deploy.sharding --check
 
 bench: $(VENV)/.test-installed debian-packages
 	@for script in bench/*.py; do \
 		name=$$(basename $$script .py); \
-		case $$name in __init__|benchlib|gpu_baseline_exporter|gpm_check|nvml_call_cost) continue;; esac; \
+		case $$name in __init__|benchlib|fleet_sim|gpu_baseline_exporter|gpm_check|nvml_call_cost) continue;; esac; \
 		echo "== python -m bench.$$name"; $(BIN)/python -m bench.$$name || exit 1; \
 	done
 

@@ -201,3 +201,9 @@ THROUGHPUT_REGRESSION_WINDOW = "15m"
 #: again when steps resume. Ten minutes outlasts a long checkpoint save or an
 #: evaluation pass, which are not stalls.
 LEDGER_STALL_SECONDS = 600.0
+
+#: The per-node series budget docs/deploy.md promises ("Scaling"): a demo node
+#: (8 GPUs, two 4-rank jobs, default configuration) exposes fewer series than
+#: this, so one Prometheus or vmagent shard sizes by node count.
+#: tests/deploy/test_series_count.py counts the demo against it.
+SERIES_PER_NODE_BUDGET = 1000

@@ -107,10 +107,13 @@ VARIANT_ALERT_THRESHOLDS: dict[str, dict[str, list[tuple[str, float]]]] = {
              1 - contract.GPU_MEMORY_HEADROOM_RATIO)],
     },
 }
-#: The scraped sawtooth fallbacks count crossings of the sampler's busy level.
+#: The scraped sawtooth fallbacks count crossings of the sampler's busy level (in the
+#: recording rule the alert reads).
 FALLBACK_BUSY_LEVEL = {
-    "dcgm": (r"DCGM_FI_DEV_GPU_UTIL", contract.SAMPLER_BUSY_LEVEL * 100),
-    "tencent-cloud": (r"trainmon_tencent_cvm_gpu_utilization_ratio", contract.SAMPLER_BUSY_LEVEL),
+    "dcgm": ("UUID:dcgm_gpu_util_crossings:changes10m", r"DCGM_FI_DEV_GPU_UTIL",
+             contract.SAMPLER_BUSY_LEVEL * 100),
+    "tencent-cloud": ("instance_id:trainmon_tencent_cvm_gpu_util_crossings:changes30m",
+                      r"trainmon_tencent_cvm_gpu_utilization_ratio", contract.SAMPLER_BUSY_LEVEL),
 }
 #: alert → the contract ratio its description quotes as "(threshold N %)".
 QUOTED_PERCENT = {
@@ -139,9 +142,10 @@ def test_alert_thresholds_are_the_contracts(where: str, groups: list[dict[str, A
         quoted = re.findall(r"threshold (\d+(?:\.\d+)?) %", alerts[name]["annotations"]
                             ["description"])
         assert [float(q) for q in quoted] == pytest.approx([ratio * 100]), f"{where}: {name}"
-    left, level = FALLBACK_BUSY_LEVEL[variant]
-    found = numbers_after(str(alerts["TrainmonGPUSawtoothScraped"]["expr"]), left + r"\s*")
+    record, left, level = FALLBACK_BUSY_LEVEL[variant]
+    found = numbers_after(str(rules(groups, "record")[record]["expr"]), left + r"\s*")
     assert found == pytest.approx([level]), where
+    assert record in str(alerts["TrainmonGPUSawtoothScraped"]["expr"]), where
 
 
 @pytest.mark.parametrize(("where", "groups"), RULE_DOCUMENTS, ids=[w for w, _ in RULE_DOCUMENTS])

@@ -152,9 +152,12 @@ def test_scale_shortens_every_duration_and_nothing_else(tmp_path: Path) -> None:
     scaled = {r.get("alert") or r["record"]: r for r in _rules(scaled_path)}
     assert scaled.keys() == original.keys()
     sawtooth = scaled["TrainmonGPUSawtooth"]
-    assert (sawtooth["for"], sawtooth["keep_firing_for"]) == ("15s", "30s")
-    fallback = scaled["TrainmonGPUSawtoothScraped"]["expr"]
-    assert "[30s:750ms]" in fallback and "[30s]" in fallback
+    assert sawtooth["for"] == "15s" and "keep_firing_for" not in sawtooth
+    # the 10 min hold sampled every 15 s, of 5 min flagged on a series 5 min old
+    assert all(part in sawtooth["expr"] for part in ("[30s:750ms]", "[15s]", "offset 15s"))
+    crossings = scaled["UUID:dcgm_gpu_util_crossings:changes10m"]["expr"]
+    assert "[30s:750ms]" in crossings and "[30s]" in crossings
+    assert "[30s:750ms]" in scaled["TrainmonGPUSawtoothScraped"]["expr"]
     assert "[18m:15s]" in scaled["TrainmonGPUMissing"]["expr"]
     # offsets too: a run is compared once Prometheus saw its start 30 s (10 min) ago
     settled = scaled["job_run:trainmon_training_samples_per_second_per_rank:settled_rate10m"]

@@ -10,15 +10,16 @@ import re
 import time
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from tests.support.daemon import Daemon
+from trainmon import contract
 
 pytestmark = pytest.mark.integration
 
-#: The budget docs/deploy.md promises: one Prometheus holds thousands of nodes.
-SERIES_BUDGET = 1000
+DEPLOY_DOCS = Path(__file__).resolve().parents[2] / "docs" / "deploy.md"
 READY_SECONDS = 30.0
 #: Diagnosis first sees GPU processes without step reports (pseudo-jobs), then
 #: the jobs: count over a while and keep the peak as well as the settled value.
@@ -57,4 +58,17 @@ def test_demo_node_stays_under_the_series_budget(start_daemon: Callable[..., Dae
     print(f"series per demo node: {settled} settled, {peak} at the peak")
     for name, count in families.most_common(8):
         print(f"  {count:4d} {name}")
-    assert peak < SERIES_BUDGET
+    assert peak < contract.SERIES_PER_NODE_BUDGET
+
+
+def scaling_section(markdown: str) -> str:
+    """The text of docs/deploy.md's "## Scaling" section, up to the next "## " heading."""
+    _, start, rest = markdown.partition("\n## Scaling\n")
+    assert start, "docs/deploy.md has no '## Scaling' section"
+    return rest.split("\n## ", 1)[0]
+
+
+def test_the_deploy_docs_state_the_budget() -> None:
+    budget = f"{contract.SERIES_PER_NODE_BUDGET:,}".replace(",", " ")
+    section = scaling_section(DEPLOY_DOCS.read_text(encoding="utf-8"))
+    assert f"fails at {budget}" in section, f"docs/deploy.md 'Scaling' should say it fails at {budget}"

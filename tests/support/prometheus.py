@@ -1,8 +1,10 @@
 """A real Prometheus (Debian's ``/usr/bin/prometheus``) on loopback, and its HTTP API.
 
 ``LoopbackProcess`` is what every server binary of the tests shares (a free
-port, a log file, readiness polling, a clean stop); ``Prometheus`` adds its
-configuration file, tmp storage and the query API. The alerting tests start
+port, a log file, readiness polling, a clean stop); ``QueryAPI`` is the
+Prometheus HTTP query API, which VictoriaMetrics serves too
+(``tests/support/victoriametrics.py``); ``Prometheus`` adds its configuration
+file and tmp storage. The alerting tests start
 Alertmanager the same way (``tests/alerts/alerting_stack.py``); the dashboard
 tests query every panel through ``Prometheus.query``/``query_range``.
 """
@@ -10,6 +12,7 @@ tests query every panel through ``Prometheus.query``/``query_range``.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -29,12 +32,11 @@ PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 PROMETHEUS_FLAGS = ("--log.level=warn",)
 
 
-def require(binary: str) -> str:
+def require(binary: str, packages: str = "prometheus and prometheus-alertmanager") -> str:
     """``binary`` if it exists; else an AssertionError that says how to install it."""
     if not Path(binary).exists():
         raise AssertionError(
-            f"{binary} is missing: install Debian's prometheus and prometheus-alertmanager "
-            "packages (`make debian-packages`)"
+            f"{binary} is missing: install Debian's {packages} packages (`make debian-packages`)"
         )
     return binary
 
@@ -70,10 +72,15 @@ class LoopbackProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start_process(self, command: Sequence[str], ready_path: str, timeout: float) -> None:
-        """Run ``command`` and wait until ``ready_path`` answers 200 (AssertionError if not)."""
+    def start_process(
+        self, command: Sequence[str], ready_path: str, timeout: float,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        """Run ``command`` (``env`` added to the environment) and wait until ``ready_path``
+        answers 200 (AssertionError if not)."""
         self.process = subprocess.Popen(
-            list(command), stdout=self.log_path.open("wb"), stderr=subprocess.STDOUT
+            list(command), stdout=self.log_path.open("wb"), stderr=subprocess.STDOUT,
+            env={**os.environ, **env} if env else None,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -101,34 +108,15 @@ class LoopbackProcess:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
-class Prometheus(LoopbackProcess):
-    """``Prometheus(workdir).start(config)``; ``stop()`` ends the process."""
+class QueryAPI(LoopbackProcess):
+    """The Prometheus HTTP query API (``/api/v1/...``), which VictoriaMetrics serves too."""
 
-    name = "prometheus"
-
-    def start(
-        self, config: Mapping[str, Any], *, flags: Sequence[str] = (), timeout: float = 30.0
-    ) -> Prometheus:
-        """Write ``config`` as prometheus.yml and start; ``flags`` are extra command-line flags."""
-        config_path = self.workdir / "prometheus.yml"
-        config_path.write_text(yaml.safe_dump(dict(config), sort_keys=False))
-        self.start_process(
-            [
-                require(PROMETHEUS),
-                f"--config.file={config_path}",
-                f"--storage.tsdb.path={self.workdir / 'prometheus-data'}",
-                f"--web.listen-address=127.0.0.1:{self.port}",
-                *PROMETHEUS_FLAGS,
-                *flags,
-            ],
-            "/-/ready",
-            timeout,
-        )
-        return self
+    #: Prefix of the API under the server's URL.
+    api_prefix = "/api/v1"
 
     def api(self, path: str, params: Sequence[tuple[str, str]]) -> Any:
-        """GET ``/api/v1/<path>``; the ``data`` field, or QueryError with Prometheus' message."""
-        url = f"{self.url}/api/v1/{path}?{urllib.parse.urlencode(list(params))}"
+        """GET ``<api_prefix>/<path>``; the ``data`` field, or QueryError with the server's message."""
+        url = f"{self.url}{self.api_prefix}/{path}?{urllib.parse.urlencode(list(params))}"
         try:
             with urllib.request.urlopen(url, timeout=30) as response:
                 body = json.loads(response.read())
@@ -156,6 +144,32 @@ class Prometheus(LoopbackProcess):
         return sorted(self.api(f"label/{label}/values", params))
 
     def target_health(self) -> dict[str, str]:
-        """Scrape job → health of its (single) active target."""
+        """Scrape job → health of its (single) active target (Prometheus, vmagent)."""
         data = self.api("targets", [("state", "active")])
         return {t["labels"]["job"]: t["health"] for t in data["activeTargets"]}
+
+
+class Prometheus(QueryAPI):
+    """``Prometheus(workdir).start(config)``; ``stop()`` ends the process."""
+
+    name = "prometheus"
+
+    def start(
+        self, config: Mapping[str, Any], *, flags: Sequence[str] = (), timeout: float = 30.0
+    ) -> Prometheus:
+        """Write ``config`` as prometheus.yml and start; ``flags`` are extra command-line flags."""
+        config_path = self.workdir / "prometheus.yml"
+        config_path.write_text(yaml.safe_dump(dict(config), sort_keys=False))
+        self.start_process(
+            [
+                require(PROMETHEUS),
+                f"--config.file={config_path}",
+                f"--storage.tsdb.path={self.workdir / 'prometheus-data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                *PROMETHEUS_FLAGS,
+                *flags,
+            ],
+            "/-/ready",
+            timeout,
+        )
+        return self
