@@ -348,10 +348,13 @@ def _disk_row(board: Board) -> None:
         "Disk await", "s",
         "Mean time per completed I/O, queueing included. Good: well under a millisecond on "
         "NVMe, a few milliseconds on network disks.",
+        # "> 0": a disk without I/O in the window has no await (0 / 0 is NaN in Prometheus,
+        # dropped by VictoriaMetrics; docs/dashboards.md, "Engines").
         [Query(f"(rate(trainmon_disk_read_time_seconds_total{{{N}}}[{RATE}])"
                f" + rate(trainmon_disk_write_time_seconds_total{{{N}}}[{RATE}]))"
-               f" / (rate(trainmon_disk_reads_completed_total{{{N}}}[{RATE}])"
-               f" + rate(trainmon_disk_writes_completed_total{{{N}}}[{RATE}]))", "{{device}}")],
+               f" / ((rate(trainmon_disk_reads_completed_total{{{N}}}[{RATE}])"
+               f" + rate(trainmon_disk_writes_completed_total{{{N}}}[{RATE}])) > 0)",
+               "{{device}}")],
         minimum=0,
     ), width=6)
 

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.support.prometheus import Prometheus
+from tests.support.prometheus import QueryAPI
 
 _REFERENCE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)|\[\[(\w+)\]\]")
 _LABEL_VALUES = re.compile(r"^label_values\((?:(?P<selector>.+),\s*)?(?P<label>\w+)\)$", re.S)
@@ -60,7 +60,7 @@ class Selection:
     variable_queries: list[tuple[str, str, list[str]]] = field(default_factory=list)
 
 
-def _options(variable: Mapping[str, Any], values: Mapping[str, str], prometheus: Prometheus,
+def _options(variable: Mapping[str, Any], values: Mapping[str, str], prometheus: QueryAPI,
              window: Window) -> tuple[str, list[str]]:
     match = _LABEL_VALUES.match(variable["query"].strip())
     assert match, f"${variable['name']}: unsupported variable query {variable['query']!r}"
@@ -69,7 +69,7 @@ def _options(variable: Mapping[str, Any], values: Mapping[str, str], prometheus:
     return f"label_values({selector or ''}, {match['label']})", options
 
 
-def selections(variables: Sequence[Mapping[str, Any]], prometheus: Prometheus,
+def selections(variables: Sequence[Mapping[str, Any]], prometheus: QueryAPI,
                window: Window) -> Iterator[Selection]:
     """Every value of the first query variable, each with the rest resolved after it.
 

@@ -123,7 +123,12 @@ def test_trial_targets_work_with_the_shipped_prometheus_config(
 
 
 def _flags(command: list[str]) -> dict[str, str]:
-    return dict(argument.split("=", 1) for argument in command)
+    """``-name=value`` → {name: value}; a bare boolean ``-name`` → {name: "true"}."""
+    flags = {}
+    for argument in command:
+        name, _, value = argument.partition("=")
+        flags[name] = value if "=" in argument else "true"
+    return flags
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -163,6 +168,7 @@ def test_docker_compose_accepts_the_scale_trial(variant: str) -> None:
     for flag in ("-datasource.url", "-remoteWrite.url", "-remoteRead.url"):
         assert flags[flag] == "http://victoria-metrics:8428", flag
     assert flags["-notifier.url"] == "http://alertmanager:9093"
+    assert flags["-disableAlertgroupLabel"] == "true"  # ALERTS as Prometheus makes them
     assert mounts[("alertmanager", "/etc/alertmanager")] == DEPLOY / "alertmanager"
 
     # Grafana: only the VictoriaMetrics datasource, and the variant's dashboards.

@@ -121,7 +121,11 @@ class QueryAPI(LoopbackProcess):
             with urllib.request.urlopen(url, timeout=30) as response:
                 body = json.loads(response.read())
         except urllib.error.HTTPError as error:
-            body = json.loads(error.read() or b"{}")
+            text = error.read()
+            try:
+                body = json.loads(text or b"{}")
+            except ValueError:  # a proxy's or an overloaded server's page, not the API's JSON
+                raise QueryError(f"HTTP {error.code}: {text[:200]!r}") from None
         if body.get("status") != "success":
             raise QueryError(f"{body.get('errorType')}: {body.get('error')}")
         return body["data"]

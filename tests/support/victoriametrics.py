@@ -130,6 +130,7 @@ class VMAlert(LoopbackProcess):
                 f"-remoteRead.url={engine}",
                 f"-notifier.url={notifier}",
                 f"-evaluationInterval={evaluation_interval}",
+                "-disableAlertgroupLabel",  # as deployed (docs/deploy.md): ALERTS as Prometheus makes them
                 f"-httpListenAddr=127.0.0.1:{self.port}",
                 *LOG_FLAGS,
                 *flags,
