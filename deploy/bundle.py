@@ -7,6 +7,8 @@ a Kubernetes overlay ``deploy/kubernetes/overlays/<variant>/``.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -60,3 +62,27 @@ def _load_mapping(path: Path) -> dict[str, Any]:
     except (OSError, yaml.YAMLError) as error:
         raise BundleError(f"cannot read {path}: {error}") from None
     return document if isinstance(document, dict) else {}
+
+
+def write_or_check(outputs: Mapping[Path, str], *, check: bool, source: str) -> int:
+    """Write each generated file whose text changed, or with ``check`` only list them.
+
+    ``source`` names what the files are generated from, for the message. Returns the
+    exit status of a generator: 0 written or up to date, 1 stale (``check``).
+    """
+    stale: list[Path] = []
+    for path, text in outputs.items():
+        current = path.read_text(encoding="utf-8") if path.exists() else None
+        if current == text:
+            continue
+        if check:
+            stale.append(path)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+            print(f"wrote {path}")
+    if stale:
+        names = ", ".join(str(path) for path in stale)
+        print(f"stale: {names} differ(s) from {source}; run `make generate`", file=sys.stderr)
+        return 1
+    return 0

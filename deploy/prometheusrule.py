@@ -24,7 +24,14 @@ from typing import Any
 
 import yaml
 
-from deploy.bundle import ALERTS_DIR, KUBERNETES_DIR, VARIANTS, BundleError, rule_groups
+from deploy.bundle import (
+    ALERTS_DIR,
+    KUBERNETES_DIR,
+    VARIANTS,
+    BundleError,
+    rule_groups,
+    write_or_check,
+)
 
 OUTPUT_NAME = "prometheusrule.yaml"
 HEADER = (
@@ -73,30 +80,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--alerts-dir", type=Path, default=ALERTS_DIR, metavar="DIR")
     parser.add_argument("--kubernetes-dir", type=Path, default=KUBERNETES_DIR, metavar="DIR")
     args = parser.parse_args(argv)
-    stale: list[Path] = []
+    outputs: dict[Path, str] = {}
     for variant in VARIANTS:
         try:
-            text = render(variant, args.alerts_dir)
+            outputs[output_path(variant, args.kubernetes_dir)] = render(variant, args.alerts_dir)
         except BundleError as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
-        path = output_path(variant, args.kubernetes_dir)
-        current = path.read_text(encoding="utf-8") if path.exists() else None
-        if current == text:
-            continue
-        if args.check:
-            stale.append(path)
-        else:
-            path.write_text(text, encoding="utf-8")
-            print(f"wrote {path}")
-    if stale:
-        names = ", ".join(str(path) for path in stale)
-        print(
-            f"stale: {names} differ(s) from alerts/; run `make generate`",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
+    return write_or_check(outputs, check=args.check, source="alerts/")
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ from typing import Any
 
 import yaml
 
-from deploy.bundle import REPO_ROOT, VARIANTS, BundleError, prometheus_config
+from deploy.bundle import REPO_ROOT, VARIANTS, BundleError, prometheus_config, write_or_check
 
 SCALE_DIR = REPO_ROOT / "deploy" / "scale"
 ENGINES = ("vmagent", "prometheus-agent")
@@ -280,27 +280,10 @@ def xxhash64(data: bytes, seed: int = 0) -> int:
 
 
 def _write_or_check(check: bool, scale_dir: Path) -> int:
-    stale: list[Path] = []
-    for variant in VARIANTS:
-        text = render_vmagent_file(variant)
-        path = output_path(variant, scale_dir)
-        current = path.read_text(encoding="utf-8") if path.exists() else None
-        if current == text:
-            continue
-        if check:
-            stale.append(path)
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
-            print(f"wrote {path}")
-    if stale:
-        names = ", ".join(str(path) for path in stale)
-        print(
-            f"stale: {names} differ(s) from deploy/prometheus/; run `make generate`",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
+    outputs = {
+        output_path(variant, scale_dir): render_vmagent_file(variant) for variant in VARIANTS
+    }
+    return write_or_check(outputs, check=check, source="deploy/prometheus/")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
