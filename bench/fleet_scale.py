@@ -591,11 +591,12 @@ def run_size(workdir: Path, templates: Path, nodes: int, *, duration: float, war
         up_after = wait_for_targets(stack, targets, interval)
         time.sleep(warmup)
         pids = stack.pids()
-        cpu_before = {name: benchlib.cpu_seconds(pid) for name, pid in pids.items()}
-        peak = {name: benchlib.memory_kib(pid) for name, pid in pids.items()}
         vm_before = own_metrics(stack.victoria_metrics.url)
         prom_before = own_metrics(stack.prometheus.url)
         vmalert_before = _metrics_or_none(stack.vmalert.url)
+        # the window starts here: after the reads above, which take time on a busy engine
+        cpu_before = {name: benchlib.cpu_seconds(pid) for name, pid in pids.items()}
+        peak = {name: benchlib.memory_kib(pid) for name, pid in pids.items()}
         scrapes_before = stack.simulator.scrapes()
         began = time.monotonic()
         evaluations: dict[str, dict[str, dict[str, float]]] = {e: {} for e in ENGINES}
@@ -610,6 +611,7 @@ def run_size(workdir: Path, templates: Path, nodes: int, *, duration: float, war
         window = time.monotonic() - began
         cpu = {name: (benchlib.cpu_seconds(pid) - cpu_before[name]) / window
                for name, pid in pids.items()}
+        scrapes_after = stack.simulator.scrapes()  # first: the reads below take time
         vm_after = own_metrics(stack.victoria_metrics.url)
         prom_after = own_metrics(stack.prometheus.url)
         vmalert_after = _metrics_or_none(stack.vmalert.url)
@@ -632,7 +634,6 @@ def run_size(workdir: Path, templates: Path, nodes: int, *, duration: float, war
                                      "prometheus_rule_group_iterations_missed_total"),
         }
         budget = ReadBudget(READ_BUDGET_SECONDS)
-        scrapes_after = stack.simulator.scrapes()
         samples = {
             "victoriametrics": (metric_sum(vm_after, "vm_rows_added_to_storage_total")
                                 - metric_sum(vm_before, "vm_rows_added_to_storage_total")) / window,
