@@ -495,12 +495,10 @@ def test_reporter_describes_its_run_at_start_on_change_and_at_the_end(
                         config={"lr": 0.1, "model": {"depth": 50}},
                         data_paths=[tmp_path / "train"])
     reporter.step(samples=8)
-    # 20 send intervals each: on a loaded machine the sender thread may start late, and
-    # a change described before the first send goes out with it (one description fewer)
-    time.sleep(1.0)
+    time.sleep(0.2)
     reporter.describe(config={"lr": 0.2}, data_paths=["/mnt/cfs/val"],
                       framework={"precision": "bf16"})
-    time.sleep(1.0)
+    time.sleep(0.2)
     reporter.close()
     items = items_of(drain())
     descriptions = [item for item in items if isinstance(item, RunDescription)]
