@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.exposition import Scrape, scrape
-from tests.training.training_support import FakeClock, line, push, report
+from tests.training.training_support import FakeClock, line, push, report, this_user
 from trainmon.client import Reporter
 from trainmon.collectors.training import TrainingCollector
 from trainmon.config import TrainingConfig
@@ -43,7 +43,7 @@ def make(clock: FakeClock) -> Iterator[Make]:
     ) -> TrainingCollector:
         collector = TrainingCollector(
             TrainingConfig(socket=socket), clock=clock, wall_clock=lambda: WALL_NOW,
-            proc_root=proc_root, sys_root=sys_root,
+            proc_root=proc_root, sys_root=sys_root, peer_uid=this_user,
         )
         collector.start()
         started.append(collector)
@@ -176,7 +176,7 @@ def test_counters_grow_by_the_increase_and_survive_restarts(make: Make) -> None:
     result = scrape(collector)
     assert result.value("trainmon_training_checkpoints_total", **RANK0) == 4
     assert result.value("trainmon_training_checkpoint_seconds_total", **RANK0) == 12.0
-    assert result.value("trainmon_training_counter_resets_total", **RANK0) == 0
+    assert result.value("trainmon_training_reporter_resets_total", **RANK0) == 0
     send(collector, reporter_id="restarted", **checkpointed(1, 5.0))  # a new process
     result = scrape(collector)
     assert result.value("trainmon_training_checkpoints_total", **RANK0) == 5

@@ -73,7 +73,7 @@ def test_repeated_and_stale_free_reports_change_nothing(make_collector: Make) ->
         accept(collector, totals(10, 5.0, 1.0))
     result = scrape(collector)
     assert result.value("trainmon_training_steps_total", job="resnet50", rank="0") == 10
-    assert result.value("trainmon_training_counter_resets_total", job="resnet50", rank="0") == 0
+    assert result.value("trainmon_training_reporter_resets_total", job="resnet50", rank="0") == 0
 
 
 def test_reporter_restart_keeps_counters_monotonic(make_collector: Make) -> None:
@@ -89,7 +89,7 @@ def test_reporter_restart_keeps_counters_monotonic(make_collector: Make) -> None
     assert result.value("trainmon_training_step_seconds_count", **rank) == 128
     assert result.value("trainmon_training_step_seconds_sum", **rank) == pytest.approx(64.0)
     assert result.value("trainmon_training_data_wait_seconds_total", **rank) == pytest.approx(12.8)
-    assert result.value("trainmon_training_counter_resets_total", **rank) == 1
+    assert result.value("trainmon_training_reporter_resets_total", **rank) == 1
 
 
 def test_totals_going_backwards_for_one_reporter_is_a_reset(make_collector: Make) -> None:
@@ -98,7 +98,7 @@ def test_totals_going_backwards_for_one_reporter_is_a_reset(make_collector: Make
     accept(collector, totals(3, 1.5, 0.3))
     result = scrape(collector)
     assert result.value("trainmon_training_steps_total", job="resnet50", rank="0") == 103
-    assert result.value("trainmon_training_counter_resets_total", job="resnet50", rank="0") == 1
+    assert result.value("trainmon_training_reporter_resets_total", job="resnet50", rank="0") == 1
 
 
 def test_two_live_reporters_on_one_rank_add_up(make_collector: Make) -> None:
@@ -174,7 +174,7 @@ def test_measured_comm_stays_monotonic_across_restarts_and_resets(make_collector
     assert result.value(
         "trainmon_training_comm_exposed_seconds_total", **rank) == pytest.approx(1.85)
     assert result.value("trainmon_training_comm_bytes_total", **rank) == 1610
-    assert result.value("trainmon_training_counter_resets_total", **rank) == 2
+    assert result.value("trainmon_training_reporter_resets_total", **rank) == 2
     assert result.value("trainmon_training_steps_total", **rank) == 120 + 5 + 6
 
 
@@ -188,7 +188,7 @@ def test_a_report_without_comm_neither_resets_nor_double_counts_it(make_collecto
     assert result.value("trainmon_training_comm_seconds_total", **rank) == pytest.approx(2.8)
     assert result.value(
         "trainmon_training_comm_exposed_seconds_total", **rank) == pytest.approx(0.7)
-    assert result.value("trainmon_training_counter_resets_total", **rank) == 0
+    assert result.value("trainmon_training_reporter_resets_total", **rank) == 0
     assert result.value("trainmon_training_steps_total", **rank) == 14
 
 
@@ -270,7 +270,7 @@ def test_phase_cap_per_rank_rejects_with_limit(make_collector: Make) -> None:
     assert response.payload["error"] == "limit"
     result = scrape(collector)
     assert result.value("trainmon_training_rejected_reports_total", reason="limit") == 1
-    assert result.value("trainmon_training_counter_resets_total", job="resnet50", rank="0") == 0
+    assert result.value("trainmon_training_reporter_resets_total", job="resnet50", rank="0") == 0
 
 
 def test_data_wait_ratio_follows_the_sliding_window(

@@ -35,9 +35,32 @@ def token_file(tmp_path: Path) -> Path:
 # -- HTTP access ---------------------------------------------------------------
 
 
-def test_loopback_push_needs_no_token(make_collector: Make, token_file: Path) -> None:
-    collector = make_collector(token_file=token_file)
+def test_loopback_push_needs_no_token_while_none_is_configured(make_collector: Make) -> None:
+    collector = make_collector()
     assert collector.handle_push(push(line())).status == 200
+
+
+def test_a_configured_token_is_required_on_loopback_too(
+    make_collector: Make, token_file: Path
+) -> None:
+    collector = make_collector(token_file=token_file)
+    response = collector.handle_push(push(line()))
+    assert (response.status, response.payload["error"]) == (401, "unauthorized")
+    assert collector.handle_push(push(line(), authorization=f"Bearer {TOKEN}")).status == 200
+
+
+def test_loopback_without_token_can_be_allowed_beside_a_token(
+    make_collector: Make, token_file: Path
+) -> None:
+    collector = make_collector(token_file=token_file, loopback_without_token=True)
+    assert collector.handle_push(push(line())).status == 200
+
+
+def test_loopback_client_the_kernel_cannot_name_is_refused(make_collector: Make) -> None:
+    collector = make_collector(peer_uid=lambda *_: None)
+    response = collector.handle_push(push(line()))
+    assert (response.status, response.payload["error"]) == (403, "unauthorized")
+    assert scrape(collector).labelsets("trainmon_training_steps_total") == []
 
 
 def test_remote_push_without_configured_token_is_forbidden(make_collector: Make) -> None:
@@ -77,7 +100,7 @@ def test_wrong_token_from_loopback_is_refused(make_collector: Make, token_file: 
 def test_unreadable_token_file_leaves_loopback_only(make_collector: Make, tmp_path: Path) -> None:
     collector = make_collector(token_file=tmp_path / "missing")
     assert "token_error" in collector.health()
-    assert collector.handle_push(push(line())).status == 200
+    assert collector.handle_push(push(line())).status == 200  # loopback, named by the kernel
     remote = collector.handle_push(push(line(), loopback=False, authorization="Bearer x"))
     assert remote.status == 403
 

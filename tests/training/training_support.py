@@ -8,6 +8,7 @@ protocol v1 report as a dict. ``FakeClock`` is the injected monotonic clock.
 from __future__ import annotations
 
 import json
+import os
 import socket
 from pathlib import Path
 
@@ -56,6 +57,12 @@ def report(**changes: object) -> dict[str, object]:
 
 def line(**changes: object) -> bytes:
     return json.dumps(report(**changes)).encode() + b"\n"
+
+
+def this_user(client_host: str, client_port: int, server_host: str, server_port: int) -> int:
+    """The kernel's answer for an in-process loopback request: this test's own user
+    (``push()`` builds requests without a connection to look up)."""
+    return os.geteuid()
 
 
 def push(

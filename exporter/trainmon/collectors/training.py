@@ -36,11 +36,12 @@ from prometheus_client.core import (
 
 from trainmon.config import TrainingConfig
 from trainmon.core.collector import Collector
+from trainmon.http.peer import loopback_peer_uid
 from trainmon.http.push import PushHandler, PushRequest, PushResponse
 from trainmon.logthrottle import LogThrottle
 from trainmon.node.mounts import MountResolver, PathStorage
 from trainmon.training.protocol import STEP_SECONDS_BOUNDS, STEPS_PATH
-from trainmon.training.receiver import SocketReceiver, StepPushHandler, read_token
+from trainmon.training.receiver import PeerUid, SocketReceiver, StepPushHandler, read_tokens
 from trainmon.training.store import LastCheckpoint, RankView, TrainingStore, TrainingStoreView
 
 log = logging.getLogger(__name__)
@@ -62,21 +63,27 @@ class TrainingCollector(Collector):
         wall_clock: Callable[[], float] = time.time,
         proc_root: Path = Path("/proc"),
         sys_root: Path = Path("/sys"),
+        peer_uid: PeerUid = loopback_peer_uid,
     ) -> None:
         self._config = config
+        self._peer_uid = peer_uid
         self._mounts = MountResolver(proc_root, sys_root, clock=clock)
         self._mount_errors = LogThrottle()
         self.store = TrainingStore(
             ttl_seconds=config.ttl_seconds,
             max_jobs=config.max_jobs,
             max_ranks_per_job=config.max_ranks_per_job,
+            max_jobs_per_writer=config.max_jobs_per_writer,
+            trusted_writers=config.trusted_writers,
             window_seconds=config.window_seconds,
             clock=clock,
             wall_clock=wall_clock,
         )
-        # Until start() has read the token file, only loopback clients may push.
+        # Until start() has read the token file, only loopback clients the kernel
+        # names may push, and only where the configuration lets them without a token.
         self._push = StepPushHandler(
-            self.store, token=None, max_label_length=config.max_label_length
+            self.store, loopback_without_token=config.loopback_without_token is not False,
+            max_label_length=config.max_label_length, peer_uid=peer_uid,
         )
         self._receiver: SocketReceiver | None = None
         self._socket_error: str | None = None
@@ -86,7 +93,8 @@ class TrainingCollector(Collector):
         """Read the token file, then bind the socket.
 
         Neither failure stops the collector: an unreadable token file leaves
-        HTTP pushes open to loopback clients only; a socket that cannot be bound
+        HTTP pushes open to the loopback clients the kernel names (unless
+        ``loopback_without_token`` is false); a socket that cannot be bound
         (no permission on ``/run/trainmon``...) leaves HTTP only. Both are
         logged and shown in ``/healthz``; the socket also in
         ``trainmon_training_socket_up``.
@@ -94,13 +102,15 @@ class TrainingCollector(Collector):
         config = self._config
         if config.token_file is not None:
             try:
-                token = read_token(config.token_file)
+                tokens = read_tokens(config.token_file)
             except (OSError, ValueError, UnicodeDecodeError) as error:
                 self._token_error = f"cannot read token_file {config.token_file}: {error}"
                 log.error("%s; only loopback clients may push steps", self._token_error)
             else:
                 self._push = StepPushHandler(
-                    self.store, token=token, max_label_length=config.max_label_length
+                    self.store, tokens=tokens,
+                    loopback_without_token=config.loopback_without_token is True,
+                    max_label_length=config.max_label_length, peer_uid=self._peer_uid,
                 )
         if config.socket is None:
             return
@@ -357,7 +367,7 @@ def _rank_families(snapshot: TrainingStoreView) -> Iterable[Metric]:
         labels=_RANK,
     )
     resets = CounterMetricFamily(
-        "trainmon_training_counter_resets_total",
+        "trainmon_training_reporter_resets_total",
         "Reporter restarts (new reporter_id or totals going backwards) absorbed "
         "into the rank's monotonic counters.",
         labels=_RANK,

@@ -41,6 +41,12 @@ STEP_BUCKET_COUNT = len(STEP_SECONDS_BOUNDS) + 1
 MAX_DATAGRAM_BYTES = 65_536
 #: Largest single report line (bytes of UTF-8, without the newline).
 MAX_LINE_BYTES = 16_384
+#: Most lines in one payload (datagram or POST body). The Python client sends
+#: one or two (a report and its run description); a payload with more is
+#: refused whole, counted once as ``too_large``, before any line is parsed, so
+#: the cost of a hostile payload stays linear in its bytes with a tiny constant
+#: (``payload.count``), however many lines it holds.
+MAX_PAYLOAD_LINES = 64
 #: Most distinct phase names in one report.
 MAX_PHASES = 32
 #: Default longest ``job`` and phase name, in characters (daemon-configurable).
@@ -69,8 +75,9 @@ REJECT_REASONS: tuple[str, ...] = (
     "unsupported_version",  # "v" is not 1
     "invalid_field",        # missing field, wrong type, NaN/Inf/negative, inconsistent totals
     "invalid_label",        # job or phase name too long or outside the charset
-    "limit",                # more distinct phases for a rank than MAX_PHASES
-    "unauthorized",         # HTTP without loopback or a valid bearer token
+    "limit",                # over a cap: phases of a rank, jobs (docs/security.md)
+    "unauthorized",         # no identity: no valid bearer token, no known loopback user
+    "forbidden",            # the job belongs to another writer (docs/security.md)
 )
 
 #: Run ids (``run`` of a report or run description): also a label value of
@@ -113,8 +120,11 @@ REDACTED = "<redacted>"
 SECRET_NAME_PARTS: tuple[str, ...] = (
     "TOKEN", "SECRET", "KEY", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH",
 )
-#: ``scheme://user:password@host``: the userinfo of a URL in a value.
-_URL_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
+#: ``scheme://user:password@host``: the userinfo of a URL in a value; also
+#: after ``os.path.abspath`` folded the slashes (``/work/s3:/AKIA:SECRET@bucket``).
+_URL_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*:/{1,2})[^/@\s]+@")
+#: ``user:password@host`` without a scheme, at the start or after a ``/`` or a space.
+_BARE_USERINFO = re.compile(r"(^|[/\s])[^/@\s:]+:[^/@\s]+@")
 
 
 class ReportError(ValueError):
@@ -225,9 +235,19 @@ def redact_value(name: str, value: ConfigValue) -> ConfigValue:
     URL credentials (``https://user:pw@host``) cut out of strings, else unchanged."""
     if is_secret_name(name):
         return REDACTED
-    if isinstance(value, str) and "@" in value:
-        return _URL_USERINFO.sub(r"\1" + REDACTED + "@", value)
+    if isinstance(value, str):
+        return redact_text(value)
     return value
+
+
+def redact_text(value: str) -> str:
+    """``value`` with URL credentials cut out: ``s3://AKIA:SECRET@bucket`` →
+    ``s3://<redacted>@bucket``, also once ``abspath`` has folded the slashes, and
+    ``user:password@host`` without a scheme; any other text is unchanged."""
+    if "@" not in value:
+        return value
+    value = _URL_USERINFO.sub(r"\1" + REDACTED + "@", value)
+    return _BARE_USERINFO.sub(r"\1" + REDACTED + "@", value)
 
 
 def config_hash(config: Mapping[str, ConfigValue]) -> str:
@@ -264,7 +284,14 @@ def decode_payload(
 
     Yields a ``StepReport`` or ``RunDescription`` for each valid line and a
     ``ReportError`` for each invalid one, so one bad line does not cost the others.
+    A payload of more than ``MAX_PAYLOAD_LINES`` lines yields one ``too_large``
+    error and nothing else.
     """
+    lines = payload.count(b"\n") + (0 if payload.endswith(b"\n") else 1)
+    if lines > MAX_PAYLOAD_LINES:
+        yield ReportError(
+            "too_large", f"payload of {lines} lines exceeds {MAX_PAYLOAD_LINES} lines")
+        return
     for line in payload.split(b"\n"):
         line = line.rstrip(b"\r")
         if not line.strip():
@@ -302,6 +329,8 @@ def _decode_line(line: bytes) -> dict[str, object]:
     """Size, UTF-8, JSON, object and version checks common to every line type."""
     if len(line) > MAX_LINE_BYTES:
         raise ReportError("too_large", f"line of {len(line)} bytes exceeds {MAX_LINE_BYTES}")
+    if not line.lstrip(b" \t").startswith(b"{"):  # junk is refused before any decoding
+        raise ReportError("malformed", "a report must be a JSON object")
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError:
@@ -431,7 +460,7 @@ def _checkpoint(
             "invalid_field", "last_checkpoint_time and checkpoint_path need checkpoints >= 1"
         )
     if path is not None:
-        path = _path(path)
+        path = redact_text(_path(path))
     return checkpoints, 0.0 if seconds is None else seconds, last, path
 
 
@@ -638,7 +667,7 @@ def _data_paths(value: object) -> tuple[str, ...]:
         raise ReportError("invalid_field", "data_paths must be a list")
     if len(value) > MAX_DATA_PATHS:
         raise ReportError("invalid_field", f"more than {MAX_DATA_PATHS} data_paths")
-    return tuple(_path(path, "data_paths entry") for path in value)
+    return tuple(redact_text(_path(path, "data_paths entry")) for path in value)
 
 
 def _versions(value: object) -> dict[str, str]:
@@ -646,7 +675,7 @@ def _versions(value: object) -> dict[str, str]:
     for name, item in _object(value, "versions", MAX_VERSIONS).items():
         if not VERSION_NAME_PATTERN.fullmatch(name):
             raise ReportError("invalid_label", "versions names must be 1-64 of [A-Za-z0-9_.-]")
-        versions[name] = _text(item, f"versions.{name}", MAX_VERSION_LENGTH)
+        versions[name] = redact_text(_text(item, f"versions.{name}", MAX_VERSION_LENGTH))
     return versions
 
 

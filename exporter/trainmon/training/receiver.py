@@ -23,16 +23,21 @@ import errno
 import hmac
 import logging
 import os
+import re
 import select
 import socket
 import stat
 import struct
+from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
 
 from trainmon.background import BackgroundThread
+from trainmon.http.peer import loopback_peer_uid
 from trainmon.http.push import PushRequest, PushResponse
+from trainmon.logthrottle import LogThrottle
 from trainmon.training.protocol import (
     MAX_DATAGRAM_BYTES,
     ReportError,
@@ -41,11 +46,19 @@ from trainmon.training.protocol import (
     decode_payload,
 )
 from trainmon.training.store import TrainingStore
+from trainmon.training.writers import LOCAL_WRITER, token_writer, uid_writer
 
 log = logging.getLogger(__name__)
 
 #: Errors listed in an HTTP answer (the counts cover all of them).
 MAX_ERRORS_IN_RESPONSE = 10
+#: Errors of one payload kept for its answer; the rest are only counted.
+MAX_ERRORS_KEPT = MAX_ERRORS_IN_RESPONSE
+#: The writer name of a token that stands alone on its line of the token file.
+DEFAULT_TOKEN_NAME = "default"
+WRITER_NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+#: Shortest accepted bearer token (characters): 64 bits as hex.
+MIN_TOKEN_LENGTH = 16
 #: How often the socket thread wakes up to check for a stop request (seconds).
 POLL_SECONDS = 0.5
 #: Most datagrams taken off the socket before they are parsed.
@@ -61,7 +74,9 @@ MAX_DGRAM_QLEN_PATH = Path("/proc/sys/net/unix/max_dgram_qlen")
 @dataclass(frozen=True)
 class IntakeResult:
     accepted: int = 0
+    #: The first ``MAX_ERRORS_KEPT`` errors of the payload (``rejected`` counts all).
     errors: list[ReportError] = field(default_factory=list)
+    rejected: int = 0
 
 
 def ingest_payload(
@@ -70,64 +85,123 @@ def ingest_payload(
     transport: str,
     max_label_length: int,
     sender_pid: int | None = None,
+    identity: str = LOCAL_WRITER,
+    refusals: LogThrottle | None = None,
 ) -> IntakeResult:
     """Validate every line of ``payload`` and store the valid reports and run
-    descriptions (both count as accepted); count the rest.
+    descriptions of writer ``identity`` (both count as accepted); count the rest.
 
-    ``sender_pid``: the sending process in the daemon's pid namespace, as the
-    kernel vouches for it (``SCM_CREDENTIALS``); None when unknown.
+    The cost is linear in the payload's bytes with a small constant: a payload
+    of more than ``MAX_PAYLOAD_LINES`` lines is refused whole before parsing,
+    junk lines fail on their first byte, only the first ``MAX_ERRORS_KEPT``
+    errors are kept (the others are counted), and the store's counters are
+    updated once per payload. ``sender_pid``: the sending process in the
+    daemon's pid namespace, as the kernel vouches for it (``SCM_CREDENTIALS``);
+    None when unknown. ``refusals`` logs (rate-limited) what the caps and the
+    ownership rule refused.
     """
     accepted = 0
     errors: list[ReportError] = []
+    rejected: Counter[str] = Counter()
     for item in decode_payload(payload, max_label_length):
         problem: ReportError | None = item if isinstance(item, ReportError) else None
-        if isinstance(item, StepReport):
-            try:
-                store.ingest(item, transport, sender_pid)
+        try:
+            if isinstance(item, StepReport):
+                store.ingest(item, transport, sender_pid, identity)
                 accepted += 1
-            except ReportError as limit:
-                problem = limit
-        elif isinstance(item, RunDescription):
-            store.describe(item, transport, sender_pid)
-            accepted += 1
+            elif isinstance(item, RunDescription):
+                store.describe(item, transport, sender_pid, identity)
+                accepted += 1
+        except ReportError as refused:
+            problem = refused
+            if refusals is not None and refusals.allow(refused.reason, identity):
+                log.warning("refused a %s line from %s: %s (rate-limited)",
+                            transport, identity, refused)
         if problem is not None:
-            errors.append(problem)
-            store.reject(problem.reason)
-    if accepted == 0 and not errors:
+            rejected[problem.reason] += 1
+            if len(errors) < MAX_ERRORS_KEPT:
+                errors.append(problem)
+    if accepted == 0 and not rejected:
         empty = ReportError("malformed", "empty payload")
-        store.reject(empty.reason)
+        rejected[empty.reason] += 1
         errors.append(empty)
-    return IntakeResult(accepted, errors)
+    if rejected:
+        store.reject_counts(rejected)
+    return IntakeResult(accepted, errors, sum(rejected.values()))
 
 
-def read_token(path: Path) -> str:
-    """The bearer token in ``path`` (surrounding whitespace stripped); never logged."""
-    token = path.read_text(encoding="utf-8").strip()
-    if not token:
-        raise ValueError(f"token file {path} is empty")
-    return token
+def read_tokens(path: Path) -> dict[str, str]:
+    """The bearer tokens in ``path``: token -> writer name; never logged.
+
+    One token per line, alone (its writer is ``default``) or after its
+    writer's name and a space (``ci 3f9a…``); blank lines and ``#`` comments
+    are skipped. Names are 1-64 of ``[A-Za-z0-9_.-]``; a token is at least
+    ``MIN_TOKEN_LENGTH`` characters without spaces.
+    """
+    tokens: dict[str, str] = {}
+    for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = line.split()
+        if len(parts) > 2:
+            raise ValueError(f"{path}:{number}: expected 'TOKEN' or 'NAME TOKEN'")
+        name, token = (DEFAULT_TOKEN_NAME, parts[0]) if len(parts) == 1 else parts
+        if not WRITER_NAME_PATTERN.fullmatch(name):
+            raise ValueError(f"{path}:{number}: writer names are 1-64 of [A-Za-z0-9_.-]")
+        if len(token) < MIN_TOKEN_LENGTH:
+            raise ValueError(f"{path}:{number}: a token needs {MIN_TOKEN_LENGTH}+ characters")
+        if token in tokens:
+            raise ValueError(f"{path}:{number}: the same token twice")
+        tokens[token] = name
+    if not tokens:
+        raise ValueError(f"token file {path} holds no token")
+    return tokens
+
+
+#: Answers the uid owning the client socket of a loopback connection (or None).
+PeerUid = Callable[[str, int, str, int], "int | None"]
 
 
 class StepPushHandler:
-    """``POST /api/v1/steps``: access check, size check, then ``ingest_payload``."""
+    """``POST /api/v1/steps``: who is writing, size check, then ``ingest_payload``.
+
+    The writer is the bearer token's name (``token:<name>``), or, for a
+    loopback client without a token when ``loopback_without_token`` allows
+    it, the local user the kernel names (``uid:<n>``, ``trainmon.http.peer``).
+    Anything else is refused: 401 with a wrong or missing token, 403 for a
+    client that may not push without one.
+    """
 
     def __init__(
-        self, store: TrainingStore, *, token: str | None, max_label_length: int
+        self,
+        store: TrainingStore,
+        *,
+        tokens: Mapping[str, str] | None = None,
+        loopback_without_token: bool = True,
+        max_label_length: int,
+        peer_uid: PeerUid = loopback_peer_uid,
     ) -> None:
         self._store = store
-        self._expected = f"Bearer {token}".encode() if token else None
+        self._tokens = [(f"Bearer {token}".encode(), name)
+                        for token, name in (tokens or {}).items()]
+        self._loopback_without_token = loopback_without_token
         self._max_label_length = max_label_length
+        self._peer_uid = peer_uid
+        self._refusals = LogThrottle()
 
     def __call__(self, request: PushRequest) -> PushResponse:
-        denied = self._check_access(request)
+        identity, denied = self._writer(request)
         if denied is not None:
             self._store.reject("unauthorized")
             return denied
+        assert identity is not None
         if request.too_large:
             self._store.reject("too_large")
             return _error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "too_large", "body too large")
-        result = ingest_payload(self._store, request.body, "http", self._max_label_length)
-        payload: dict[str, object] = {"accepted": result.accepted, "rejected": len(result.errors)}
+        result = ingest_payload(self._store, request.body, "http", self._max_label_length,
+                                identity=identity, refusals=self._refusals)
+        payload: dict[str, object] = {"accepted": result.accepted, "rejected": result.rejected}
         if not result.errors:
             return PushResponse(HTTPStatus.OK, payload)
         payload["errors"] = [
@@ -135,22 +209,39 @@ class StepPushHandler:
             for error in result.errors[:MAX_ERRORS_IN_RESPONSE]
         ]
         payload["error"] = result.errors[0].reason
-        return PushResponse(HTTPStatus.BAD_REQUEST, payload)
+        status = (HTTPStatus.FORBIDDEN if result.accepted == 0
+                  and all(error.reason == "forbidden" for error in result.errors)
+                  else HTTPStatus.BAD_REQUEST)
+        return PushResponse(status, payload)
 
-    def _check_access(self, request: PushRequest) -> PushResponse | None:
+    def _writer(self, request: PushRequest) -> tuple[str | None, PushResponse | None]:
         header = request.authorization
-        if header is not None and self._expected is not None:
-            if hmac.compare_digest(header.strip().encode(), self._expected):
-                return None
-            return _error(HTTPStatus.UNAUTHORIZED, "unauthorized", "invalid bearer token")
-        if request.is_loopback:
-            return None
-        if self._expected is None:
-            return _error(
+        if header is not None and self._tokens:
+            presented = header.strip().encode()
+            # Compare with every token (constant time each): no early exit that
+            # would tell how many tokens there are or which one nearly matched.
+            found = None
+            for expected, name in self._tokens:
+                if hmac.compare_digest(presented, expected):
+                    found = name
+            if found is not None:
+                return token_writer(found), None
+            return None, _error(HTTPStatus.UNAUTHORIZED, "unauthorized", "invalid bearer token")
+        if request.is_loopback and self._loopback_without_token:
+            uid = self._peer_uid(request.client_host, request.client_port,
+                                 request.server_host, request.server_port)
+            if uid is not None:
+                return uid_writer(uid), None
+            return None, _error(
+                HTTPStatus.FORBIDDEN, "unauthorized",
+                "cannot tell which local user this loopback client is; send a bearer token",
+            )
+        if not self._tokens:
+            return None, _error(
                 HTTPStatus.FORBIDDEN, "unauthorized",
                 "only loopback clients may push (no token_file is configured)",
             )
-        return _error(HTTPStatus.UNAUTHORIZED, "unauthorized", "bearer token required")
+        return None, _error(HTTPStatus.UNAUTHORIZED, "unauthorized", "bearer token required")
 
 
 def _error(status: HTTPStatus, reason: str, detail: str) -> PushResponse:
@@ -178,6 +269,7 @@ class SocketReceiver:
         self._socket: socket.socket | None = None
         self._inode = -1
         self._thread = BackgroundThread("training-socket", self._run)
+        self._refusals = LogThrottle()
         self.receive_buffer_bytes = 0
         #: Datagrams Linux queues before refusing more (None if unreadable).
         self.max_queued_datagrams = _read_int(qlen_path)
@@ -259,21 +351,33 @@ class SocketReceiver:
             if self._thread.stopping.is_set():
                 return
             for data, ancillary, flags, _ in batch:
+                pid, uid = sender_credentials(ancillary)
                 if flags & socket.MSG_TRUNC:
                     self._store.reject("too_large")
-                else:
+                elif uid is None:
+                    self._store.reject("unauthorized")
+                elif data:  # an empty datagram is a wake-up (``_wake``), not a report
                     ingest_payload(self._store, data, "unix", self._max_label_length,
-                                   sender_pid(ancillary))
+                                   pid, uid_writer(uid), self._refusals)
+
+
+def sender_credentials(
+    ancillary: list[tuple[int, int, bytes]],
+) -> tuple[int | None, int | None]:
+    """The sender's pid (None if absent or 0: outside our pid namespace) and uid
+    (None if absent) from a datagram's ``SCM_CREDENTIALS``, as the kernel
+    vouches for them."""
+    for level, kind, data in ancillary:
+        credentials = level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS
+        if credentials and len(data) >= UCRED.size:
+            pid, uid, _ = UCRED.unpack_from(data)
+            return (pid if pid > 0 else None), uid
+    return None, None
 
 
 def sender_pid(ancillary: list[tuple[int, int, bytes]]) -> int | None:
     """The sender's pid from a datagram's ``SCM_CREDENTIALS``; None if absent or 0."""
-    for level, kind, data in ancillary:
-        credentials = level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS
-        if credentials and len(data) >= UCRED.size:
-            pid = UCRED.unpack_from(data)[0]
-            return pid if pid > 0 else None
-    return None
+    return sender_credentials(ancillary)[0]
 
 
 def _read_int(path: Path) -> int | None:

@@ -21,17 +21,20 @@ path; only a report that advances the count changes them. The path's
 filesystem is resolved by the collector at scrape time, not here: ingestion
 is on the push path and stays free of I/O.
 
-Memory is bounded by ``max_jobs`` × ``max_ranks_per_job`` ranks (least recently
-updated first out), ``MAX_REPORTERS_PER_RANK`` remembered reporters and
-``MAX_PHASES`` phases per rank, and ``WINDOW_SLOTS`` window samples per rank.
-A rank that sends nothing for ``ttl_seconds`` is dropped with its series.
+Memory is bounded by ``max_jobs`` jobs (reports and run descriptions alike),
+``max_ranks_per_job`` ranks and as many descriptions per job,
+``MAX_REPORTERS_PER_RANK`` remembered reporters and ``MAX_PHASES`` phases per
+rank, and ``WINDOW_SLOTS`` window samples per rank. A rank (or a description)
+that is not refreshed for ``ttl_seconds`` is dropped with its series; a job
+goes with its last rank and description. Who may write to a job, and how the
+caps are shared between writers, is ``TrainingStore``'s docstring and
+docs/security.md.
 
 Runs: each rank remembers the run id of its latest report (``StepReport.run``)
 and, separately, the latest run description (``RunDescription``) its reporter
 sent, with the sender's pid (for resolving the run's data paths in the right
 mount namespace). A description arrives before the first step and is
-repeated every minute, so descriptions have their own TTL and cap
-(``max_jobs`` × ``max_ranks_per_job``, least recently described first out).
+repeated every minute, so descriptions have their own TTL.
 Config, environment and framework values under secret-looking names
 (``protocol.is_secret_name``) are redacted here again, whatever the sender
 did: nothing downstream (metrics, ledger, logs) can see them.
@@ -43,7 +46,7 @@ import operator
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from trainmon.training.protocol import (
@@ -56,6 +59,7 @@ from trainmon.training.protocol import (
     StepReport,
     is_secret_name,
 )
+from trainmon.training.writers import LOCAL_WRITER, ROOT_WRITER
 
 #: Reporters remembered per rank (more than one only when processes restart or
 #: several processes wrongly claim the same rank); the least recent is forgotten.
@@ -63,7 +67,7 @@ MAX_REPORTERS_PER_RANK = 8
 #: The data-wait window keeps about this many samples per rank.
 WINDOW_SLOTS = 20
 #: Values of the ``reason`` label of ``trainmon_training_evicted_ranks_total``.
-EVICTION_REASONS = ("ttl", "max_jobs", "max_ranks")
+EVICTION_REASONS = ("ttl", "max_jobs", "max_jobs_per_writer", "max_ranks")
 TRANSPORTS = ("unix", "http")
 #: How often ingestion also sweeps expired ranks (seconds).
 EXPIRY_INTERVAL_SECONDS = 1.0
@@ -247,6 +251,8 @@ class RankView:
     last_checkpoint: LastCheckpoint | None = None
     #: Run id of the rank's latest report that named one (None from old clients).
     run: str | None = None
+    #: The writer identity that owns the rank's job (``trainmon.training.writers``).
+    owner: str = LOCAL_WRITER
 
 
 @dataclass(frozen=True)
@@ -258,6 +264,8 @@ class DescribedRank:
     sender_pid: int | None
     #: Unix time it arrived.
     received: float
+    #: The writer identity that owns the job (``trainmon.training.writers``).
+    owner: str = LOCAL_WRITER
 
 
 @dataclass(frozen=True)
@@ -273,8 +281,32 @@ class TrainingStoreView:
     descriptions: Mapping[tuple[str, int], DescribedRank] = field(default_factory=dict)
 
 
+@dataclass
+class _Job:
+    """One job: its owner, its ranks and the run descriptions of its ranks."""
+
+    #: The writer identity that first reported the job (``trainmon.training.writers``).
+    owner: str
+    ranks: OrderedDict[int, _Rank] = field(default_factory=OrderedDict)
+    #: rank -> (latest description, monotonic time it arrived), least recent first.
+    descriptions: OrderedDict[int, tuple[DescribedRank, float]] = field(
+        default_factory=OrderedDict)
+
+
 class TrainingStore:
-    """Thread-safe state of every reporting rank; fed by the receivers, read by collect()."""
+    """Thread-safe state of every reporting rank; fed by the receivers, read by collect().
+
+    Jobs belong to writers (``trainmon.training.writers``): the identity of a
+    job's first report or description owns it until the job expires. Reports
+    and descriptions of another identity for it are refused (``forbidden``)
+    unless that identity is trusted (``local``, ``uid:0``, ``trusted_writers``).
+    Reports and descriptions count against the same caps: at most ``max_jobs``
+    jobs, ``max_jobs_per_writer`` of them per untrusted writer (its least
+    recently updated job makes room for its next one) and ``max_ranks_per_job`` ranks
+    (and descriptions) per job. A new job never evicts another writer's live
+    job: at ``max_jobs``, a writer with no job of its own to replace is refused
+    (``limit``) until a job expires.
+    """
 
     def __init__(
         self,
@@ -282,6 +314,8 @@ class TrainingStore:
         ttl_seconds: float = 300.0,
         max_jobs: int = 64,
         max_ranks_per_job: int = 1024,
+        max_jobs_per_writer: int = 16,
+        trusted_writers: Iterable[str] = (),
         window_seconds: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
@@ -289,31 +323,39 @@ class TrainingStore:
         self._ttl = ttl_seconds
         self._max_jobs = max_jobs
         self._max_ranks = max_ranks_per_job
+        self._max_jobs_per_writer = min(max_jobs_per_writer, max_jobs)
+        self._trusted = frozenset({LOCAL_WRITER, ROOT_WRITER, *trusted_writers})
         self._window = window_seconds
         self._clock = clock
         self._wall_clock = wall_clock
         self._lock = threading.Lock()
-        self._jobs: OrderedDict[str, OrderedDict[int, _Rank]] = OrderedDict()
+        self._jobs: OrderedDict[str, _Job] = OrderedDict()
         self._accepted = dict.fromkeys(TRANSPORTS, 0)
         self._rejected = dict.fromkeys(REJECT_REASONS, 0)
         self._evicted = dict.fromkeys(EVICTION_REASONS, 0)
         self._next_expiry = float("-inf")
-        self._descriptions: OrderedDict[tuple[str, int], tuple[DescribedRank, float]] = (
-            OrderedDict())
-        self._max_descriptions = max_jobs * max_ranks_per_job
 
     def describe(
-        self, description: RunDescription, transport: str, sender_pid: int | None = None
+        self,
+        description: RunDescription,
+        transport: str,
+        sender_pid: int | None = None,
+        identity: str = LOCAL_WRITER,
     ) -> None:
-        """Keep ``description`` as its (job, rank)'s latest, secrets redacted again."""
-        kept = DescribedRank(redact(description), sender_pid, self._wall_clock())
+        """Keep ``description`` as its (job, rank)'s latest, secrets redacted again;
+        raises ``ReportError`` (``forbidden``, ``limit``) like ``ingest``."""
+        redacted = redact(description)
+        received = self._wall_clock()
         with self._lock:
             now = self._clock()
-            key = (description.job, description.rank)
-            self._descriptions.pop(key, None)
-            self._descriptions[key] = (kept, now)
-            while len(self._descriptions) > self._max_descriptions:
-                self._descriptions.popitem(last=False)
+            self._maybe_expire(now)
+            job = self._admit(description.job, identity)
+            kept = DescribedRank(redacted, sender_pid, received, owner=job.owner)
+            job.descriptions.pop(description.rank, None)
+            job.descriptions[description.rank] = (kept, now)
+            while len(job.descriptions) > self._max_ranks:
+                job.descriptions.popitem(last=False)
+            self._jobs.move_to_end(description.job)
             self._accepted[transport] += 1
 
     def reject(self, reason: str, count: int = 1) -> None:
@@ -321,25 +363,37 @@ class TrainingStore:
         with self._lock:
             self._rejected[reason] += count
 
-    def ingest(self, report: StepReport, transport: str, sender_pid: int | None = None) -> None:
-        """Apply one valid report; raises ``ReportError('limit')`` past the phase cap.
+    def reject_counts(self, counts: Mapping[str, int]) -> None:
+        """Count rejected reports by reason, all at once (one lock round trip)."""
+        with self._lock:
+            for reason, count in counts.items():
+                self._rejected[reason] += count
 
+    def ingest(
+        self,
+        report: StepReport,
+        transport: str,
+        sender_pid: int | None = None,
+        identity: str = LOCAL_WRITER,
+    ) -> None:
+        """Apply one valid report from writer ``identity``.
+
+        Raises ``ReportError``: ``forbidden`` when another writer owns the job,
+        ``limit`` past the phase cap or when the job cap leaves no room.
         ``sender_pid``: the process that sent it, as the kernel names it in the
         daemon's pid namespace (unix socket credentials), when known.
         """
         with self._lock:
             now = self._clock()
-            if now >= self._next_expiry:
-                self._expire(now)
-                self._next_expiry = now + EXPIRY_INTERVAL_SECONDS
-            ranks = self._jobs.get(report.job)
-            state = ranks.get(report.rank) if ranks is not None else None
+            self._maybe_expire(now)
+            job = self._admit(report.job, identity)
+            state = job.ranks.get(report.rank)
             if state is None:
-                self._add_rank(report, now, sender_pid)
+                self._add_rank(job, report, now, sender_pid)
             else:
                 self._update_rank(state, report, now, sender_pid)
-                self._jobs.move_to_end(report.job)
-                self._jobs[report.job].move_to_end(report.rank)
+                job.ranks.move_to_end(report.rank)
+            self._jobs.move_to_end(report.job)
             self._accepted[transport] += 1
 
     def snapshot(self) -> TrainingStoreView:
@@ -348,7 +402,7 @@ class TrainingStore:
             self._expire(now)
             views = [
                 RankView(
-                    job=job,
+                    job=name,
                     rank=rank,
                     gpu=state.gpu,
                     pid=state.pid,
@@ -361,13 +415,19 @@ class TrainingStore:
                     data_wait_ratio=self._ratio(state),
                     last_checkpoint=state.last_checkpoint,
                     run=state.run,
+                    owner=job.owner,
                 )
-                for job, ranks in self._jobs.items()
-                for rank, state in ranks.items()
+                for name, job in self._jobs.items()
+                for rank, state in job.ranks.items()
             ]
+            descriptions = {
+                (name, rank): kept
+                for name, job in self._jobs.items()
+                for rank, (kept, _) in job.descriptions.items()
+            }
             return TrainingStoreView(
                 views, dict(self._accepted), dict(self._rejected), dict(self._evicted),
-                {key: kept for key, (kept, _) in self._descriptions.items()},
+                descriptions,
             )
 
     def counts(self) -> dict[str, int]:
@@ -375,19 +435,41 @@ class TrainingStore:
         with self._lock:
             return {
                 "jobs": len(self._jobs),
-                "ranks": sum(len(ranks) for ranks in self._jobs.values()),
+                "ranks": sum(len(job.ranks) for job in self._jobs.values()),
             }
 
     # -- under the lock ---------------------------------------------------------
 
-    def _add_rank(self, report: StepReport, now: float, sender_pid: int | None) -> None:
-        ranks = self._jobs.get(report.job)
-        if ranks is None:
-            if len(self._jobs) >= self._max_jobs:
-                _, evicted = self._jobs.popitem(last=False)
-                self._evicted["max_jobs"] += len(evicted)
-            ranks = self._jobs[report.job] = OrderedDict()
-        elif len(ranks) >= self._max_ranks:
+    def _admit(self, name: str, identity: str) -> _Job:
+        """The job ``name`` for a report of ``identity``, created if new; raises
+        ``ReportError`` when another writer owns it or no cap leaves room."""
+        job = self._jobs.get(name)
+        if job is not None:
+            if identity != job.owner and identity not in self._trusted:
+                raise ReportError("forbidden", f"job {name!r} belongs to another writer")
+            return job
+        # _jobs is in least-recently-updated order: the first one is replaced first.
+        own = [other for other, held in self._jobs.items() if held.owner == identity]
+        full = len(self._jobs) >= self._max_jobs
+        capped = identity not in self._trusted and len(own) >= self._max_jobs_per_writer
+        if full or capped:
+            if not own:
+                raise ReportError(
+                    "limit", f"{len(self._jobs)} jobs of other writers report already "
+                    f"(collectors.training.max_jobs {self._max_jobs})")
+            self._evict(own[0], "max_jobs" if full else "max_jobs_per_writer")
+        job = self._jobs[name] = _Job(owner=identity)
+        return job
+
+    def _evict(self, name: str, reason: str) -> None:
+        job = self._jobs.pop(name)
+        self._evicted[reason] += len(job.ranks)
+
+    def _add_rank(
+        self, job: _Job, report: StepReport, now: float, sender_pid: int | None
+    ) -> None:
+        ranks = job.ranks
+        if len(ranks) >= self._max_ranks:
             ranks.popitem(last=False)
             self._evicted["max_ranks"] += 1
         totals = Totals.of(report)
@@ -487,17 +569,23 @@ class TrainingStore:
         sent = report.last_step_time
         return wall_now if sent is None else min(sent, wall_now)
 
+    def _maybe_expire(self, now: float) -> None:
+        if now >= self._next_expiry:
+            self._expire(now)
+            self._next_expiry = now + EXPIRY_INTERVAL_SECONDS
+
     def _expire(self, now: float) -> None:
         deadline = now - self._ttl
-        for job in list(self._jobs):
-            ranks = self._jobs[job]
-            for rank in [rank for rank, state in ranks.items() if state.last_seen < deadline]:
-                del ranks[rank]
+        for name in list(self._jobs):
+            job = self._jobs[name]
+            for rank in [rank for rank, state in job.ranks.items() if state.last_seen < deadline]:
+                del job.ranks[rank]
                 self._evicted["ttl"] += 1
-            if not ranks:
-                del self._jobs[job]
-        for key in [key for key, (_, seen) in self._descriptions.items() if seen < deadline]:
-            del self._descriptions[key]
+            for rank in [rank for rank, (_, seen) in job.descriptions.items()
+                         if seen < deadline]:
+                del job.descriptions[rank]
+            if not job.ranks and not job.descriptions:
+                del self._jobs[name]
 
 
 def redact(description: RunDescription) -> RunDescription:
