@@ -72,9 +72,24 @@ def parse_listen_address(text: str) -> ListenAddress:
 
 @dataclass(frozen=True)
 class HTTPConfig:
-    """Limits that keep a slow or hostile client from stalling scrapes."""
+    """Limits that keep a slow or hostile client from stalling scrapes.
 
+    Connections are counted while open; timeouts are deadlines (seconds), not
+    per-read timeouts. ``trainmon.http.server`` documents the connection model.
+    """
+
+    #: Connections open at once, all clients together; more get an immediate 503.
     max_connections: int = 64
+    #: Connections open at once from one client IP address; more get an immediate 503.
+    #: A quarter of ``max_connections``: it takes four addresses to fill the server,
+    #: and one Prometheus (one connection per target) plus the HTTP pushes of a
+    #: node's ranks (one short connection per report) stay far below it.
+    max_connections_per_client: int = 16
+    #: Deadline for the request line and headers (and a TLS handshake), counted from
+    #: when the server starts waiting for the request: accept, or the previous
+    #: response on a keep-alive connection, whose idle wait it thus bounds too.
+    header_timeout_seconds: float = 5.0
+    #: Deadline for the whole request, body included, from the same moment.
     read_timeout_seconds: float = 10.0
     max_request_body_bytes: int = 1 << 20
 
@@ -159,6 +174,14 @@ class TrainingConfig:
     window_seconds: float = 60.0
     #: Longest accepted job and phase name (characters).
     max_label_length: int = 128
+    #: Jobs one writer may hold at once (its oldest makes room for its next).
+    max_jobs_per_writer: int = 16
+    #: Writers (``uid:N``, ``token:NAME``) that may report for any job, beside
+    #: root and the daemon itself (docs/security.md).
+    trusted_writers: tuple[str, ...] = ()
+    #: Loopback HTTP clients without a token, identified by the kernel as their
+    #: local user: ``auto`` allows them while no token_file is set.
+    loopback_without_token: bool | Auto = "auto"
 
 
 @dataclass(frozen=True)
@@ -239,6 +262,12 @@ def _http(section: Section) -> HTTPConfig:
     default = HTTPConfig()
     result = HTTPConfig(
         max_connections=section.integer("max_connections", default.max_connections, 1, 100_000),
+        max_connections_per_client=section.integer(
+            "max_connections_per_client", default.max_connections_per_client, 1, 100_000
+        ),
+        header_timeout_seconds=section.number(
+            "header_timeout_seconds", default.header_timeout_seconds, 0.1, 3600
+        ),
         read_timeout_seconds=section.number(
             "read_timeout_seconds", default.read_timeout_seconds, 0.1, 3600
         ),
@@ -374,9 +403,26 @@ def _training(section: Section) -> TrainingConfig:
         ),
         window_seconds=section.number("window_seconds", default.window_seconds, 1, 3600),
         max_label_length=section.integer("max_label_length", default.max_label_length, 8, 1024),
+        max_jobs_per_writer=section.integer(
+            "max_jobs_per_writer", default.max_jobs_per_writer, 1, 100_000
+        ),
+        trusted_writers=section.string_list("trusted_writers"),
+        loopback_without_token=section.enabled(
+            "loopback_without_token", default.loopback_without_token
+        ),
     )
     section.finish()
+    for writer in result.trusted_writers:
+        if not _WRITER.fullmatch(writer):
+            raise ConfigError(
+                section.key_path("trusted_writers"),
+                f"expected uid:<number> or token:<name>, got {writer!r}",
+            )
     return result
+
+
+#: A writer identity in ``trusted_writers`` (``trainmon.training.writers``).
+_WRITER = re.compile(r"uid:[0-9]{1,10}|token:[A-Za-z0-9_.-]{1,64}")
 
 
 def _file_mode(text: str) -> int:

@@ -35,7 +35,11 @@ def hold_connection(port: int, stop: threading.Event, opened: list[socket.socket
 def test_scrapes_answer_while_50_slow_clients_hold_connections(
     start_daemon: Callable[..., Daemon],
 ) -> None:
-    daemon = start_daemon(config={"http": {"read_timeout_seconds": 30}})
+    # 50 slow clients and the scrapes share 127.0.0.1: lift the per-client cap and
+    # the head deadline, which tests/security/test_slow_clients.py holds.
+    daemon = start_daemon(config={"http": {"read_timeout_seconds": 30,
+                                           "header_timeout_seconds": 30,
+                                           "max_connections_per_client": 64}})
     stop = threading.Event()
     opened: list[socket.socket] = []
     holders = [

@@ -1,12 +1,30 @@
 """The HTTP server: ``/``, ``/metrics``, ``/healthz``, push routes and JSON read routes.
 
-One thread per connection, at most ``http.max_connections`` at once; beyond
-that a connection gets an immediate 503 instead of a queue slot, so a flood
-cannot delay the scrapes that come after it. Each request must arrive whole
-within ``http.read_timeout_seconds`` (a deadline over the request line,
-headers and body, not a per-read timeout that a client trickling one byte at
-a time could stretch forever), and the TLS handshake runs in the connection's
-thread under the same deadline, never in the accept loop.
+The connection model. One thread per connection, admitted at accept by
+``trainmon.http.limits.ConnectionLimits``: at most
+``http.max_connections_per_client`` connections open at once from one client
+IP address, and ``http.max_connections`` from all together. A connection over
+either cap gets an immediate 503 with ``Retry-After: 1`` (with TLS: a close)
+from the accept loop, and neither a thread nor a slot, so neither one address
+nor many can queue a flood ahead of the scrapes behind it.
+
+An admitted connection lives under deadlines, never per-read timeouts (which a
+client trickling one byte at a time could stretch forever):
+
+- the TLS handshake runs in the connection's thread, never in the accept
+  loop, and must end within ``http.header_timeout_seconds``;
+- a request's line and headers must have arrived within
+  ``http.header_timeout_seconds``, and the whole request, body included,
+  within ``http.read_timeout_seconds``, both counted from when the server
+  starts waiting for it (the accept, or the end of the previous response): an
+  idle keep-alive connection is closed after ``header_timeout_seconds`` too;
+- the client must take each write of a response within
+  ``http.read_timeout_seconds``.
+
+A connection whose deadline runs out is closed without an answer. The server's
+own counters, ``trainmon_http_refused_connections_total{reason}`` and
+``trainmon_http_request_timeouts_total{phase}`` (an idle keep-alive close is
+not a timeout), follow the registry's families on ``/metrics``.
 
 Basic auth (from the web config) guards the GET routes. Push routes such as
 ``POST /api/v1/steps`` carry their own rule (loopback or bearer token), which
@@ -25,10 +43,9 @@ import logging
 import socket
 import socketserver
 import ssl
-import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any, Protocol
@@ -37,6 +54,7 @@ from prometheus_client.exposition import choose_encoder
 
 from trainmon import __version__
 from trainmon.config import HTTPConfig, ListenAddress
+from trainmon.http.limits import ConnectionLimits, RefusalReason
 from trainmon.http.push import (
     GetHandler,
     GetRequest,
@@ -60,12 +78,35 @@ class Scrapable(Protocol):
     def health(self) -> dict[str, object]: ...
 
 
+class _Exposition:
+    """What ``/metrics`` encodes: the registry's families, then the server's own."""
+
+    def __init__(self, registry: Scrapable, limits: ConnectionLimits) -> None:
+        self._registry = registry
+        self._limits = limits
+
+    def collect(self) -> Iterator[Any]:
+        yield from self._registry.collect()
+        yield from self._limits.collect()
+
+
 class _DeadlineReader(io.RawIOBase):
-    """Socket reads that fail once a per-request deadline has passed."""
+    """Socket reads that fail once a deadline (``time.monotonic()`` seconds) has passed.
+
+    Since the last ``start``: ``received`` counts the bytes read, ``expired``
+    says whether a read ran out of time.
+    """
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
         self.deadline = time.monotonic()
+        self.received = 0
+        self.expired = False
+
+    def start(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.received = 0
+        self.expired = False
 
     def readable(self) -> bool:
         return True
@@ -73,9 +114,16 @@ class _DeadlineReader(io.RawIOBase):
     def readinto(self, buffer: Any) -> int:
         remaining = self.deadline - time.monotonic()
         if remaining <= 0:
+            self.expired = True
             raise TimeoutError("request deadline exceeded")
         self._sock.settimeout(remaining)
-        return self._sock.recv_into(buffer)
+        try:
+            count = self._sock.recv_into(buffer)
+        except TimeoutError:
+            self.expired = True
+            raise
+        self.received += count
+        return count
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -87,18 +135,42 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
-        self.connection.settimeout(self.server.read_timeout)  # bounds writes to a stalled client
         self.rfile.close()
         self._reader = _DeadlineReader(self.connection)
         self.rfile = io.BufferedReader(self._reader)
+        self._requests = 0
+        self._request_deadline = 0.0
+        self._head_read = False
+        self._response_stalled = False
 
     def handle_one_request(self) -> None:
-        # Every request (and every idle keep-alive wait) gets a fresh deadline.
-        self._reader.deadline = time.monotonic() + self.server.read_timeout
+        # Both deadlines of a request, and of the idle wait before it, start now.
+        started = time.monotonic()
+        self._request_deadline = started + self.server.read_timeout
+        self._reader.start(started + self.server.header_timeout)
+        self._head_read = self._response_stalled = False
         try:
+            # The base class catches a TimeoutError itself and closes the connection.
             super().handle_one_request()
         except (TimeoutError, ConnectionError, ssl.SSLError):
             self.close_connection = True
+        if self._response_stalled:
+            self.server.limits.count_timeout("response")
+        elif self._reader.expired:
+            self.close_connection = True
+            if self._head_read:
+                self.server.limits.count_timeout("body")
+            elif self._reader.received or self._requests == 0:
+                self.server.limits.count_timeout("head")
+            # else: an idle keep-alive connection, closed as it should be
+        self._requests += 1
+
+    def parse_request(self) -> bool:
+        if not super().parse_request():
+            return False
+        self._head_read = True
+        self._reader.deadline = self._request_deadline  # the body may take the rest of it
+        return True
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.client_address[0], format % args)
@@ -177,7 +249,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _metrics(self, head: bool) -> None:
         encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
         try:
-            body = encoder(self.server.registry)
+            body = encoder(_Exposition(self.server.registry, self.server.limits))
         except Exception:
             log.exception("building the exposition failed")
             self._send_error(HTTPStatus.INTERNAL_SERVER_ERROR)
@@ -218,8 +290,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_error(HTTPStatus.LENGTH_REQUIRED)
             return None
         host = self.client_address[0]
+        local = self.connection.getsockname()
         common: dict[str, Any] = {
             "client_host": host,
+            "client_port": int(self.client_address[1]),
+            "server_host": str(local[0]),
+            "server_port": int(local[1]),
             "is_loopback": _is_loopback(host),
             "authorization": self.headers.get("Authorization"),
         }
@@ -251,9 +327,14 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         if self.close_connection:
             self.send_header("Connection", "close")
-        self.end_headers()
-        if not head:
-            self.wfile.write(body)
+        self.connection.settimeout(self.server.read_timeout)  # bounds each write to a stalled one
+        try:
+            self.end_headers()
+            if not head:
+                self.wfile.write(body)
+        except TimeoutError:
+            self._response_stalled = True
+            raise
 
 
 _GET_ROUTES: dict[str, Callable[[_Handler, bool], None]] = {
@@ -264,7 +345,7 @@ _GET_ROUTES: dict[str, Callable[[_Handler, bool], None]] = {
 
 
 class ExporterHTTPServer(socketserver.ThreadingMixIn, HTTPServer):
-    """HTTPServer with a connection cap, per-thread TLS handshakes and deadlines."""
+    """HTTPServer with connection caps, per-thread TLS handshakes and deadlines."""
 
     daemon_threads = True
     allow_reuse_address = True
@@ -282,13 +363,14 @@ class ExporterHTTPServer(socketserver.ThreadingMixIn, HTTPServer):
         self.registry = registry
         self.get_routes = dict(get_routes or {})
         self.read_timeout = http.read_timeout_seconds
+        self.header_timeout = min(http.header_timeout_seconds, http.read_timeout_seconds)
         self.max_body_bytes = http.max_request_body_bytes
         self.post_routes = dict(post_routes or {})
         web = web or WebConfig()
         self.extra_headers = dict(web.headers)
         self.authenticator = BasicAuthenticator(web.basic_auth_users)
         self.tls_context = web.tls.context() if web.tls else None
-        self._slots = threading.BoundedSemaphore(http.max_connections)
+        self.limits = ConnectionLimits(http.max_connections, http.max_connections_per_client)
         self.address_family = socket.AF_INET6 if ":" in listen.host else socket.AF_INET
         super().__init__((listen.host, listen.port), _Handler)
 
@@ -312,28 +394,32 @@ class ExporterHTTPServer(socketserver.ThreadingMixIn, HTTPServer):
         super().server_bind()
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            _refuse(request, plaintext=self.tls_context is None)
+        refusal = self.limits.admit(client_address[0])
+        if refusal is not None:
+            _refuse(request, refusal, plaintext=self.tls_context is None)
             return
         try:
             super().process_request(request, client_address)
         except Exception:
-            self._slots.release()
+            self.limits.release(client_address[0])
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             if self.tls_context is not None:
-                request.settimeout(self.read_timeout)
+                # a deadline: ssl counts this timeout over the whole handshake
+                request.settimeout(self.header_timeout)
                 try:
                     request = self.tls_context.wrap_socket(request, server_side=True)
                 except (OSError, ssl.SSLError) as error:
+                    if isinstance(error, TimeoutError):
+                        self.limits.count_timeout("handshake")
                     log.debug("TLS handshake with %s failed: %s", client_address[0], error)
                     self.shutdown_request(request)
                     return
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            self.limits.release(client_address[0])
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         log.debug("connection from %s ended with an error", client_address[0], exc_info=True)
@@ -375,14 +461,22 @@ def _quality(parameters: list[str]) -> float | None:
     return 1.0
 
 
-def _refuse(sock: socket.socket, plaintext: bool) -> None:
-    """Answer 503 without reading, then close: the server is at its connection cap."""
+_REFUSAL_BODIES: dict[RefusalReason, bytes] = {
+    "max_connections": b"too many connections\n",
+    "max_connections_per_client": b"too many connections from your address\n",
+}
+
+
+def _refuse(sock: socket.socket, reason: RefusalReason, plaintext: bool) -> None:
+    """Answer 503 without reading, then close: ``reason`` is the connection cap reached."""
+    body = _REFUSAL_BODIES[reason]
     try:
         sock.settimeout(0.05)
         if plaintext:
             sock.sendall(
-                b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 20\r\n"
-                b"Connection: close\r\nRetry-After: 1\r\n\r\ntoo many connections"
+                b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                b"Content-Length: %d\r\nConnection: close\r\nRetry-After: 1\r\n\r\n%s"
+                % (len(body), body)
             )
     except OSError:
         pass

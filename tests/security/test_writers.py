@@ -1,0 +1,187 @@
+"""Writers are who they say they are: one local user cannot change another's numbers
+or records, over the socket or loopback HTTP, and cannot crowd out other users.
+
+A real ``trainmon serve`` (root, as on a node) and two real local users that the
+test creates: the victim trains, the attacker sends what the issue's probes sent
+(``steps`` 10**15 for the victim's job, a rewritten run description, 10 000 job
+names). docs/security.md states the rules these tests hold.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.security.conftest import AsUser, LocalUser
+from tests.support.daemon import Daemon
+from tests.support.exposition import Scrape, parse
+from tests.support.prometheus import wait_until
+from tests.training.training_support import report
+from trainmon.training.protocol import STEP_BUCKET_COUNT
+
+pytestmark = pytest.mark.integration
+
+RUN = "victim-run-1"
+TOKEN = "ci-token-0123456789abcdef"
+
+
+def step_line(job: str = "victim", **changes: object) -> bytes:
+    buckets = [0] * STEP_BUCKET_COUNT
+    steps = int(changes.pop("steps", 1000))  # type: ignore[call-overload]
+    buckets[4] = steps
+    fields: dict[str, object] = {"job": job, "steps": steps, "step_buckets": buckets,
+                                 "step_seconds": 200.0, "data_wait_seconds": 20.0,
+                                 "run": RUN, "reporter_id": "victim00000000aa"}
+    fields.update(changes)
+    return json.dumps(report(**fields)).encode() + b"\n"
+
+
+def description_line(job: str = "victim", **changes: object) -> bytes:
+    line: dict[str, object] = {
+        "v": 1, "type": "run", "job": job, "rank": 0, "reporter_id": "victim00000000aa",
+        "run": RUN, "started": time.time() - 60, "world_size": 8,
+        "config_hash": "sha256:0123456789abcdef", "config": {"lr": 0.1},
+        "environment": {}, "data_paths": [], "versions": {"python": "3.11"},
+        "git": None, "host": "node-1", "framework": {},
+    }
+    line.update(changes)
+    return json.dumps(line).encode() + b"\n"
+
+
+def forged_report() -> bytes:
+    return step_line(steps=10**15, reporter_id="forged0000000000", step_seconds=1e15,
+                     data_wait_seconds=0.99999e15)
+
+
+def forged_description() -> bytes:
+    return description_line(config={"lr": 999}, started=0, ended="finished",
+                            reporter_id="forged0000000000")
+
+
+class Node:
+    """The daemon of a shared node: its socket every user can reach, its scrapes."""
+
+    def __init__(self, daemon: Daemon, socket_path: Path) -> None:
+        self.daemon = daemon
+        self.socket = f"unix://{socket_path}"
+
+    def scrape(self) -> Scrape:
+        return parse(self.daemon.metrics())
+
+    def value(self, name: str, **labels: str) -> float | None:
+        return self.scrape().value(name, **labels)
+
+    def wait(self, name: str, expected: float, what: str, **labels: str) -> None:
+        wait_until(lambda: self.value(name, **labels) == expected, 15.0, what, interval=0.05)
+
+    def runs(self) -> list[dict[str, Any]]:
+        with urllib.request.urlopen(self.daemon.url + "/api/v1/runs", timeout=10) as answer:
+            records: list[dict[str, Any]] = json.loads(answer.read())
+        return records
+
+
+@pytest.fixture
+def node(
+    start_daemon: Callable[..., Daemon], shared_dir: Path, request: pytest.FixtureRequest,
+) -> Node:
+    training: dict[str, object] = {"socket": str(shared_dir / "steps.sock"),
+                                   "socket_mode": "0666"}
+    training.update(getattr(request, "param", {}))
+    if training.get("token_file") == "TOKEN_FILE":
+        token_file = shared_dir / "tokens"
+        token_file.write_text(f"ci {TOKEN}\n")
+        training["token_file"] = str(token_file)
+    config = {"collectors": {"training": training, "ledger": {"flush_seconds": 0.2},
+                             "gpu": {"enabled": False}}}
+    return Node(start_daemon(config=config), shared_dir / "steps.sock")
+
+
+def start_victim(node: Node, as_user: AsUser, victim: LocalUser) -> None:
+    as_user(victim, node.socket, [description_line(), step_line()])
+    node.wait("trainmon_training_steps_total", 1000, "the victim's steps",
+              job="victim", rank="0")
+    wait_until(lambda: [run["run"] for run in node.runs()] == [RUN], 15.0,
+               "the victim's run in the ledger", interval=0.05)
+
+
+def assert_victim_untouched(node: Node) -> None:
+    result = node.scrape()
+    assert result.value("trainmon_training_steps_total", job="victim", rank="0") == 1000
+    assert result.value("trainmon_training_data_wait_ratio", job="victim", rank="0") == \
+        pytest.approx(0.1)
+    (record,) = [run for run in node.runs() if run["job"] == "victim"]
+    assert record["description"]["config"] == {"lr": 0.1}
+    assert record["end_reason"] is None and record["started"] > 0
+
+
+def test_another_user_cannot_report_for_a_job_on_the_socket(
+    node: Node, as_user: AsUser, local_users: tuple[LocalUser, LocalUser]
+) -> None:
+    victim, attacker = local_users
+    start_victim(node, as_user, victim)
+    as_user(attacker, node.socket, [forged_report(), forged_description()])
+    node.wait("trainmon_training_rejected_reports_total", 2, "both forgeries refused",
+              reason="forbidden")
+    time.sleep(0.5)  # two ledger flushes (0.2 s): a rewrite would have landed
+    assert_victim_untouched(node)
+    log = node.daemon.log()
+    assert f"uid:{attacker.uid}" in log and "belongs to another writer" in log
+
+
+def test_another_user_cannot_report_for_a_job_over_loopback_http(
+    node: Node, as_user: AsUser, local_users: tuple[LocalUser, LocalUser]
+) -> None:
+    victim, attacker = local_users
+    start_victim(node, as_user, victim)
+    answers = as_user(attacker, node.daemon.url, [forged_report(), forged_description()])
+    assert [answer["status"] for answer in answers] == [403, 403]
+    assert json.loads(str(answers[0]["body"]))["error"] == "forbidden"
+    # The victim's own user may go on over HTTP: the kernel names the same uid.
+    (own,) = as_user(victim, node.daemon.url, [step_line(steps=1000)])
+    assert own["status"] == 200
+    time.sleep(0.5)
+    assert_victim_untouched(node)
+
+
+@pytest.mark.parametrize("node", [{"token_file": "TOKEN_FILE"}], indirect=True)
+def test_a_configured_token_is_required_on_loopback(
+    node: Node, as_user: AsUser, local_users: tuple[LocalUser, LocalUser]
+) -> None:
+    victim, attacker = local_users
+    start_victim(node, as_user, victim)
+    (bare,) = as_user(attacker, node.daemon.url, [forged_report()])
+    assert bare["status"] == 401
+    # A valid token is an identity of its own (token:ci), not the victim's uid.
+    (tokened,) = as_user(attacker, node.daemon.url, [forged_report()], token=TOKEN)
+    assert tokened["status"] == 403
+    (fresh,) = as_user(attacker, node.daemon.url, [step_line(job="ci-job")], token=TOKEN)
+    assert fresh["status"] == 200
+    assert_victim_untouched(node)
+
+
+@pytest.mark.parametrize("node", [{"max_jobs": 8, "max_jobs_per_writer": 4}], indirect=True)
+def test_ten_thousand_job_names_cannot_crowd_out_another_user(
+    node: Node, as_user: AsUser, local_users: tuple[LocalUser, LocalUser]
+) -> None:
+    victim, attacker = local_users
+    start_victim(node, as_user, victim)
+    flood = [description_line(job=f"flood-{index}", run=f"flood-{index}",
+                              reporter_id=f"flood{index:011d}") for index in range(10_000)]
+    as_user(attacker, node.socket, flood)
+    node.wait("trainmon_training_reports_total", 2 + 10_000, "every flood line handled",
+              transport="unix")
+    result = node.scrape()
+    jobs = {labels["job"] for labels in result.labelsets("trainmon_training_run_info")}
+    assert "victim" in jobs and len(jobs) == 1 + 4  # the attacker keeps its newest 4
+    assert {f"flood-{index}" for index in range(9_996, 10_000)} < jobs
+    assert_victim_untouched(node)
+    started = time.monotonic()
+    assert node.daemon.stop(signal.SIGTERM, timeout=20.0) == 0
+    assert time.monotonic() - started < 20.0  # the systemd unit's TimeoutStopSec
