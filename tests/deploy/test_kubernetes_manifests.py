@@ -174,6 +174,55 @@ def test_node_daemon_pod_matches_its_configuration(overlays: dict[str, list[Mani
     assert config["collectors"]["training"]["socket_mode"] == "0660"
 
 
+def test_node_daemon_pod_raises_the_datagram_queue_of_the_host(
+    overlays: dict[str, list[Manifest]],
+) -> None:
+    """net.unix.max_dgram_qlen, as deploy/systemd/trainmon.sysctl.conf sets it.
+
+    It belongs to the network namespace: with hostNetwork the host's, which a pod's
+    ``securityContext.sysctls`` may not touch, so a privileged init container writes
+    it before the daemon creates its socket (the queue length is read then).
+    """
+    sysctl_file = KUBERNETES.parent / "systemd" / "trainmon.sysctl.conf"
+    wanted = next(
+        int(line.split("=", 1)[1])
+        for line in sysctl_file.read_text().splitlines()
+        if line.split("=", 1)[0].strip() == "net.unix.max_dgram_qlen"
+    )
+    for variant in VARIANTS:
+        pod = pod_spec(find(overlays[variant], "DaemonSet", "trainmon"))
+        assert pod["hostNetwork"] is True
+        assert "sysctls" not in pod["securityContext"]  # refused beside hostNetwork
+        inits = {entry["name"]: entry for entry in pod["initContainers"]}
+        queue = inits["unix-datagram-queue"]
+        assert queue["securityContext"]["privileged"] is True
+        assert queue["securityContext"]["runAsUser"] == 0
+        script = queue["command"][-1]
+        assert f"-ge {wanted} ] || echo {wanted} > $qlen" in script
+        assert "qlen=/proc/sys/net/unix/max_dgram_qlen" in script
+        # the daemon itself stays unprivileged
+        assert "privileged" not in container(
+            find(overlays[variant], "DaemonSet", "trainmon"), "trainmon"
+        )["securityContext"]
+
+
+def test_datagram_queue_script_raises_and_never_lowers(
+    overlays: dict[str, list[Manifest]], tmp_path: Path
+) -> None:
+    """The init container's script, run on a stand-in file for /proc/sys."""
+    pod = pod_spec(find(overlays["dcgm"], "DaemonSet", "trainmon"))
+    entry = next(e for e in pod["initContainers"] if e["name"] == "unix-datagram-queue")
+    script = entry["command"][-1].replace(
+        "/proc/sys/net/unix/max_dgram_qlen", str(tmp_path / "max_dgram_qlen")
+    )
+    for before, after in (("10", "512"), ("512", "512"), ("4096", "4096")):
+        (tmp_path / "max_dgram_qlen").write_text(before + "\n")
+        completed = run([*entry["command"][:-1], script])
+        assert completed.returncode == 0, completed.stderr
+        assert (tmp_path / "max_dgram_qlen").read_text().strip() == after
+        assert completed.stdout.strip() == f"net.unix.max_dgram_qlen = {after}"
+
+
 def test_images_are_pinned_and_trainmon_is_this_release(
     overlays: dict[str, list[Manifest]],
 ) -> None:
@@ -189,7 +238,7 @@ def test_images_are_pinned_and_trainmon_is_this_release(
                 if name == "trainmon":
                     assert tag == __version__
                     trainmon_images += 1
-    assert trainmon_images == 5  # daemon + init container, twice; the puller
+    assert trainmon_images == 7  # daemon + two init containers, twice; the puller
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
