@@ -13,6 +13,7 @@ from trainmon.ledger import RunRecord
 from trainmon.ledger.config import LedgerConfig
 from trainmon.training.protocol import STEP_BUCKET_COUNT, config_hash
 from trainmon.training.receiver import ingest_payload
+from trainmon.training.writers import LOCAL_WRITER
 
 WALL_START = 1_700_000_000.0
 
@@ -61,9 +62,11 @@ def step(steps: int, *, seconds_per_step: float = 0.1, samples_per_step: int = 3
     return base
 
 
-def send(training: TrainingCollector, *lines: dict[str, object]) -> None:
+def send(training: TrainingCollector, *lines: dict[str, object],
+         identity: str = LOCAL_WRITER) -> None:
+    """Feed ``lines`` to the store as writer ``identity`` sent them (``uid:1000``...)."""
     payload = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
-    result = ingest_payload(training.store, payload, "http", 128)
+    result = ingest_payload(training.store, payload, "http", 128, identity=identity)
     assert not result.errors, result.errors
 
 

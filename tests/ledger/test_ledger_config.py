@@ -17,6 +17,7 @@ def test_defaults() -> None:
     assert (ledger.enabled, ledger.retention_days, ledger.max_runs, ledger.flush_seconds) == (
         "auto", 180.0, 10_000, 10.0)
     assert ledger.stall_seconds == contract.LEDGER_STALL_SECONDS
+    assert ledger.max_runs_per_owner == 1000
     assert (ledger.price_per_gpu_hour, ledger.currency) == (None, "USD")
 
 
@@ -34,6 +35,9 @@ def test_a_price_and_currency() -> None:
     ({"price_per_gpu_hour": -1}, "collectors.ledger.price_per_gpu_hour", "price"),
     ({"flush_seconds": 0}, "collectors.ledger.flush_seconds", ""),
     ({"max_runs": 0}, "collectors.ledger.max_runs", ""),
+    ({"max_runs_per_owner": 0}, "collectors.ledger.max_runs_per_owner", ""),
+    ({"max_runs_per_owner": 10**8}, "collectors.ledger.max_runs_per_owner", ""),
+    ({"max_runs_per_owner": "many"}, "collectors.ledger.max_runs_per_owner", "integer"),
     ({"enabled": "sometimes"}, "collectors.ledger.enabled", "auto"),
     ({"retention": 3}, "collectors.ledger.retention", "unknown key"),
 ])

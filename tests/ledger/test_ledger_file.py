@@ -143,7 +143,8 @@ def test_retention_by_age_then_by_count(tmp_path: Path) -> None:
             *(RecordUpdate(record(f"new{i}", 1000.0 + i, ended=1100.0 + i), {})
               for i in range(5)),
         ])
-        assert ledger.prune(now=1200.0, retention_seconds=500.0, max_runs=4) == 3
+        pruned = ledger.prune(now=1200.0, retention_seconds=500.0, max_runs=4)
+        assert (pruned.age, pruned.max_runs, pruned.total) == (1, 2, 3)
         assert [r.run for r in ledger.runs()] == ["new4", "new3", "new2", "new1"]
 
 

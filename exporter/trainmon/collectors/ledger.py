@@ -29,9 +29,23 @@ modified: ``trainmon.ledger.schema``) is reported in ``/healthz`` and
 during a run resumes its record (rates and verdicts from the stored state;
 counts again from the reporters' cumulative totals).
 
+Owners: each run is recorded with the writer identity that owns its job in
+the training store (``RankView.owner``, ``DescribedRank.owner``). A run whose
+(job, run, node) row belongs to another non-empty owner is neither resumed
+nor overwritten: it is *refused* (counted in
+``trainmon_ledger_refused_runs_total``, logged rate-limited), so whoever
+re-uses another user's job name and run id after that job expired cannot
+rewrite the old record. Reports and descriptions of another owner than the
+one a run in memory started with are left out of that run.
+
+Retention runs every ``PRUNE_SECONDS`` (``Ledger.prune``: age, then
+``max_runs_per_owner``, then ``max_runs`` from the largest owners first),
+counted per rule in ``trainmon_ledger_pruned_runs_total``.
+
 ``GET /api/v1/runs?job=&since=`` and ``GET /api/v1/runs/<run>`` serve the
 records as JSON lists (``RunRecord.to_json``) from a read-only connection
-per request.
+per request (SQLite only: ``trainmon.ledger.schema`` says why no other
+descriptor of the file may be opened in this process).
 """
 
 from __future__ import annotations
@@ -51,7 +65,7 @@ from trainmon.background import BackgroundThread
 from trainmon.collectors.training import TrainingCollector
 from trainmon.core.collector import Collector
 from trainmon.http.push import GetHandler, GetRequest, JSONResponse
-from trainmon.ledger import Ledger, LedgerError, RecordUpdate, RunRecord
+from trainmon.ledger import Ledger, LedgerError, RecordUpdate, RunRecord, WriteResult
 from trainmon.ledger.config import LedgerConfig
 from trainmon.ledger.summary import Progress, RunTotals
 from trainmon.logthrottle import LogThrottle
@@ -68,6 +82,10 @@ MAX_CLOSED = 4096
 #: Longest value of the ``changed`` label.
 MAX_CHANGED_LENGTH = 200
 RUNS_PATH = "/api/v1/runs"
+#: ``reason`` of ``trainmon_ledger_write_errors_total`` (``LedgerError.reason``).
+WRITE_ERROR_REASONS = ("disk_full", "read_only", "io_error", "busy", "corrupt", "other")
+#: ``reason`` of ``trainmon_ledger_pruned_runs_total`` (the rules of ``Ledger.prune``).
+PRUNE_REASONS = ("age", "owner_limit", "max_runs")
 
 
 @dataclass
@@ -75,6 +93,8 @@ class _Run:
     job: str
     run: str
     first_seen: float
+    #: The writer identity of the run's job when it was first seen.
+    owner: str = ""
     totals: RunTotals = field(default_factory=RunTotals)
     ranks: set[int] = field(default_factory=set)
     description: Mapping[str, object] | None = None
@@ -101,7 +121,7 @@ class _Run:
             job=self.job, run=self.run, node=node, config_hash=self.config_hash,
             started=started, ended=self.ended, end_reason=self.end_reason, updated=wall,
             world_size=self.world_size, ranks=len(self.ranks),
-            description=dict(self.description or {}), summary=summary)
+            description=dict(self.description or {}), summary=summary, owner=self.owner)
 
 
 class LedgerCollector(Collector):
@@ -131,12 +151,16 @@ class LedgerCollector(Collector):
         self._next_prune = float("-inf")
         self._runs: dict[tuple[str, str], _Run] = {}
         self._closed: OrderedDict[tuple[str, str], None] = OrderedDict()
+        #: (job, run, owner) refused: the row belongs to another owner.
+        self._refused: OrderedDict[tuple[str, str, str], None] = OrderedDict()
+        self._refused_runs = 0
+        self._pruned = dict.fromkeys(PRUNE_REASONS, 0)
         self._seen: dict[tuple[str, int], tuple[str, Totals]] = {}
         self._last_tick: float | None = None
         self._verdicts: dict[str, tuple[str, float]] = {}
         self._observed: Sequence[Metric] = ()
         self._writes = 0
-        self._write_errors = 0
+        self._write_errors = dict.fromkeys(WRITE_ERROR_REASONS, 0)
         self._stored_runs: int | None = None
         self._last_write: float | None = None
 
@@ -201,7 +225,7 @@ class LedgerCollector(Collector):
         for (job, _), kept in descriptions.items():
             key = (job, kept.description.run)
             if kept.description.ended is None and key not in self._closed:
-                self._run(key, wall)
+                self._run(key, wall, kept.owner)
         for view in ranks:
             run_id = view.run or self._described_run(descriptions, view)
             if run_id is None:
@@ -210,7 +234,9 @@ class LedgerCollector(Collector):
             seen[(view.job, view.rank)] = (run_id, view.totals)
             if key in self._closed:
                 continue
-            run = self._run(key, wall)
+            run = self._run(key, wall, view.owner)
+            if run is None:
+                continue
             previous = self._seen.get((view.job, view.rank))
             progress = _difference(view.totals, previous[1] if previous else None)
             if progress is None:
@@ -240,21 +266,50 @@ class LedgerCollector(Collector):
         kept = descriptions.get((view.job, view.rank))
         return None if kept is None else kept.description.run
 
-    def _run(self, key: tuple[str, str], wall: float) -> _Run:
+    def _run(self, key: tuple[str, str], wall: float, owner: str) -> _Run | None:
+        """The run ``key`` of ``owner``, created (resumed from its row) when new; None when
+        refused: the run in memory or its row belongs to another owner."""
         run = self._runs.get(key)
-        if run is None:
-            run = self._runs[key] = _Run(job=key[0], run=key[1], first_seen=wall)
-            if self._ledger is not None:
-                try:
-                    state = self._ledger.state(key[0], key[1], self._node)
-                except LedgerError as error:
-                    self._failed(error)
-                else:
-                    if state is not None:
-                        run.totals = RunTotals.from_state(state).resumed()
-                        log.info("resuming the ledger record of run %s of job %s",
-                                 key[1], key[0])
+        if run is not None:
+            if run.owner != owner:
+                self._refuse(key, owner, run.owner)
+                return None
+            return run
+        if (*key, owner) in self._refused:
+            return None
+        state = None
+        if self._ledger is not None:
+            try:
+                stored_owner = self._ledger.owner(key[0], key[1], self._node)
+                if stored_owner not in (None, "", owner):
+                    self._refuse(key, owner, stored_owner)
+                    return None
+                state = self._ledger.state(key[0], key[1], self._node)
+            except LedgerError as error:
+                self._failed(error)
+        run = self._runs[key] = _Run(job=key[0], run=key[1], first_seen=wall, owner=owner)
+        if state is not None:
+            run.totals = RunTotals.from_state(state).resumed()
+            log.info("resuming the ledger record of run %s of job %s", key[1], key[0])
         return run
+
+    def _refuse(self, key: tuple[str, str], owner: str, holder: str | None) -> None:
+        """Count and log (rate-limited) that ``owner``'s run ``key`` is not recorded
+        because its record belongs to ``holder``."""
+        refused = (*key, owner)
+        if refused in self._refused:
+            return
+        self._refused[refused] = None
+        while len(self._refused) > MAX_CLOSED:
+            self._refused.popitem(last=False)
+        self._refused_runs += 1
+        held_back = self._errors.admit("refused")
+        if held_back is not None:
+            log.warning(
+                "run ledger: not recording run %s of job %s for %s: its record on node %s "
+                "belongs to %s (a job name and run id re-used by another writer)%s",
+                key[1], key[0], owner, self._node, holder,
+                f"; {held_back} more refused since the last such line" if held_back else "")
 
     def _decide_end(
         self,
@@ -264,7 +319,8 @@ class LedgerCollector(Collector):
         wall: float,
     ) -> None:
         described = [kept.description for (job, _), kept in descriptions.items()
-                     if job == run.job and kept.description.run == run.run]
+                     if job == run.job and kept.description.run == run.run
+                     and kept.owner == run.owner]
         if any(description.ended is not None for description in described):
             run.ended_seen = True
         running = [d for d in described if d.ended is None]
@@ -288,8 +344,9 @@ class LedgerCollector(Collector):
         descriptions: Mapping[tuple[str, int], DescribedRank],
         ranks: Sequence[RankView],
     ) -> None:
-        mine = sorted((rank, kept) for (job, rank), kept in descriptions.items()
-                      if job == run.job and kept.description.run == run.run)
+        mine = sorted(((rank, kept) for (job, rank), kept in descriptions.items()
+                       if job == run.job and kept.description.run == run.run
+                       and kept.owner == run.owner), key=lambda item: item[0])
         if not mine:
             return
         rank, kept = mine[0]
@@ -300,7 +357,8 @@ class LedgerCollector(Collector):
             return
         description = kept.description
         pid = next((view.pid for view in ranks
-                    if view.job == run.job and view.rank == rank), None)
+                    if view.job == run.job and view.rank == rank and view.owner == run.owner),
+                   None)
         if description.data_paths and pid is None and kept.sender_pid is None:
             return  # resolve in the reporter's mount namespace once its pid is known
         data_paths = []
@@ -358,32 +416,53 @@ class LedgerCollector(Collector):
                 pruned = self._ledger.prune(
                     now=self._wall_clock(),
                     retention_seconds=self._config.retention_days * 86400,
-                    max_runs=self._config.max_runs)
+                    max_runs=self._config.max_runs,
+                    max_runs_per_owner=self._config.max_runs_per_owner)
             except LedgerError as error:
                 self._failed(error)
             else:
-                if pruned:
-                    log.info("run ledger: %d runs past retention deleted", pruned)
+                self._pruned["age"] += pruned.age
+                self._pruned["owner_limit"] += pruned.owner_limit
+                self._pruned["max_runs"] += pruned.max_runs
+                if pruned.total:
+                    log.info("run ledger: %d runs deleted (%d ended more than %g days ago, "
+                             "%d beyond max_runs_per_owner, %d beyond max_runs); per owner: %s",
+                             pruned.total, pruned.age, self._config.retention_days,
+                             pruned.owner_limit, pruned.max_runs,
+                             ", ".join(f"{owner or '(none)'} {count}" for owner, count
+                                       in sorted(pruned.by_owner.items())))
 
     def _write(self, updates: list[RecordUpdate], now: float, wall: float) -> None:
         if self._ledger is None or not updates:
             return
         try:
-            self._ledger.write(updates)
+            result = self._ledger.write(updates)
             self._stored_runs = self._ledger.count()
         except LedgerError as error:
-            self._write_errors += 1
+            reason = error.reason if error.reason in self._write_errors else "other"
+            self._write_errors[reason] += 1
             self._failed(error)
             return
         self._writes += 1
         self._last_write = wall
         self._error = None
+        self._errors.forget("ledger")
+        self._drop_refused(result)
+
+    def _drop_refused(self, result: WriteResult) -> None:
+        """Forget the runs whose rows turned out to belong to another owner (a row the
+        recorder could not check when the run began: the ledger was not open then)."""
+        for (job, run_id, _), holder in result.refused:
+            run = self._runs.pop((job, run_id), None)
+            if run is not None:
+                self._refuse((job, run_id), run.owner, holder)
 
     def _failed(self, error: LedgerError) -> None:
         self._error = str(error)
         if self._errors.allow("ledger", self._error):
-            log.error("run ledger: %s (recording goes on in memory; retried every %.0f s)",
-                      error, REOPEN_SECONDS)
+            retry = ("written again at the next flush" if self._ledger is not None
+                     else f"opened again every {REOPEN_SECONDS:.0f} s")
+            log.error("run ledger: %s (recording goes on in memory, %s)", error, retry)
         if self._ledger is not None and not self._config.file.exists():
             self._ledger.close()
             self._ledger = None
@@ -433,9 +512,25 @@ class LedgerCollector(Collector):
             writes.add_metric([], self._writes)
             errors = CounterMetricFamily(
                 "trainmon_ledger_write_errors_total",
-                "Flushes to the run ledger that failed (the records stay in memory).")
-            errors.add_metric([], self._write_errors)
-            families: list[Metric] = [changes, up, writes, errors]
+                "Flushes to the run ledger that failed (the records stay in memory), by "
+                "reason: disk_full, read_only, io_error, busy, corrupt, other.",
+                labels=["reason"])
+            for reason, count in self._write_errors.items():
+                errors.add_metric([reason], count)
+            refused = CounterMetricFamily(
+                "trainmon_ledger_refused_runs_total",
+                "Runs not recorded because their (job, run, node) record in the ledger "
+                "belongs to another writer identity (a job name and run id re-used).")
+            refused.add_metric([], self._refused_runs)
+            pruned = CounterMetricFamily(
+                "trainmon_ledger_pruned_runs_total",
+                "Run records deleted by retention, by rule: age (ended more than "
+                "retention_days ago), owner_limit (beyond max_runs_per_owner of their "
+                "owner), max_runs (beyond max_runs, from the owners with the most runs).",
+                labels=["reason"])
+            for reason, count in self._pruned.items():
+                pruned.add_metric([reason], count)
+            families: list[Metric] = [changes, up, writes, errors, refused, pruned]
             if self._stored_runs is not None:
                 stored = GaugeMetricFamily(
                     "trainmon_ledger_runs", "Run records in the node's run ledger.")

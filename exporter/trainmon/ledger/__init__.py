@@ -8,7 +8,7 @@ the derived collector ``trainmon.collectors.ledger``.
 
 from trainmon.ledger.records import END_REASONS, RunRecord
 from trainmon.ledger.schema import APPLICATION_ID, SCHEMA_VERSION, LedgerError
-from trainmon.ledger.store import Ledger, RecordUpdate
+from trainmon.ledger.store import Ledger, Pruned, RecordUpdate, WriteResult
 
 __all__ = ["APPLICATION_ID", "END_REASONS", "SCHEMA_VERSION", "Ledger", "LedgerError",
-           "RecordUpdate", "RunRecord"]
+           "Pruned", "RecordUpdate", "RunRecord", "WriteResult"]

@@ -4,6 +4,9 @@
 systemd unit's ``StateDirectory``, the DaemonSet's hostPath); ``trainmon
 serve --demo`` puts it in the demo's temporary tree instead unless it is set.
 ``price_per_gpu_hour`` is optional: without it records carry no cost.
+Retention: ``retention_days`` for ended runs, then ``max_runs_per_owner``
+per writer identity, then ``max_runs`` in all, taken from the owners with the
+most rows first (``trainmon.ledger.store``).
 """
 
 from __future__ import annotations
@@ -30,8 +33,11 @@ class LedgerConfig:
     path: Path | None = None
     #: Ended runs older than this are deleted (days).
     retention_days: float = 180.0
-    #: Most runs kept; the oldest go first.
+    #: Most runs kept; beyond, the oldest runs of the owner (writer identity) holding
+    #: the most rows go first, so one user cannot push out the others' history.
     max_runs: int = 10_000
+    #: Most runs kept per owner (writer identity); that owner's oldest go first.
+    max_runs_per_owner: int = 1_000
     #: Seconds between two reads of the training store and writes to the file.
     flush_seconds: float = 10.0
     #: A run without a step for this long while still reporting has stalled.
@@ -59,6 +65,8 @@ def parse_ledger(section: Section) -> LedgerConfig:
         path=section.optional_path("path"),
         retention_days=section.number("retention_days", default.retention_days, 1, 36500),
         max_runs=section.integer("max_runs", default.max_runs, 1, 10_000_000),
+        max_runs_per_owner=section.integer("max_runs_per_owner", default.max_runs_per_owner,
+                                           1, 10_000_000),
         flush_seconds=section.number("flush_seconds", default.flush_seconds, 0.1, 3600),
         stall_seconds=section.number("stall_seconds", default.stall_seconds, 1, 86400),
         price_per_gpu_hour=_optional_price(section),

@@ -5,6 +5,8 @@ The description part is what the run said about itself (its
 the summary part is what the recorder measured (``trainmon.ledger.summary``).
 Both are JSON mappings so that the ledger, ``GET /api/v1/runs`` and
 ``trainmon runs --json`` show the same thing; ``to_json()`` is that shape.
+``owner`` is the writer identity that owned the run's job (absent from the
+records of older daemons: ``""``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 END_REASONS = ("finished", "stalled", "vanished")
 #: Columns of the ``runs`` table in ``RunRecord`` order (``state`` apart).
 COLUMNS = ("job", "run", "node", "config_hash", "started", "ended", "end_reason", "updated",
-           "world_size", "ranks", "description", "summary")
+           "world_size", "ranks", "description", "summary", "owner")
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,9 @@ class RunRecord:
     ranks: int
     description: Mapping[str, object] = field(default_factory=dict)
     summary: Mapping[str, object] = field(default_factory=dict)
+    #: The writer identity the run belongs to (``uid:1000``, ``token:ci``, ``local``:
+    #: ``trainmon.training.writers``); ``""`` for records written before owners were kept.
+    owner: str = ""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -58,6 +63,7 @@ class RunRecord:
             "ranks": self.ranks,
             "description": dict(self.description),
             "summary": dict(self.summary),
+            "owner": self.owner,
         }
 
     @classmethod
@@ -70,6 +76,7 @@ class RunRecord:
             end_reason=data["end_reason"], updated=float(data["updated"]),
             world_size=data["world_size"], ranks=int(data["ranks"]),
             description=dict(data["description"]), summary=dict(data["summary"]),
+            owner=str(data.get("owner") or ""),
         )
 
     @classmethod

@@ -1,21 +1,38 @@
-"""The ledger's SQLite file: how it is recognised, created and opened.
+"""The ledger's SQLite file: how it is recognised, created, upgraded and opened.
 
 A trainmon ledger is an SQLite database whose header carries
 ``PRAGMA application_id`` = ``APPLICATION_ID`` ("TrMn") and
 ``PRAGMA user_version`` = the schema version that wrote it. Opening checks,
-before anything is written:
+before anything is written, on a read-only SQLite connection:
 
-- the file starts with the SQLite magic (``SQLite format 3\\0``): anything
-  else (a log file, a truncated download, random bytes) is not a ledger;
+- SQLite recognises the file (``SQLITE_NOTADB`` otherwise: a log file, a
+  truncated download, random bytes are not a ledger);
 - its ``application_id`` is ours; an SQLite file of another program (0 with
   tables in it, or another id) is foreign;
 - its ``user_version`` is not newer than ``SCHEMA_VERSION`` (a downgraded
-  daemon must not rewrite a newer layout).
+  daemon must not rewrite a newer layout);
+- ``PRAGMA quick_check`` finds no corruption.
 
 Each failure is a ``LedgerError`` that names the path and the problem, and the
-file is left exactly as it was: the checks read the header bytes themselves
-and open SQLite read-only before any PRAGMA that writes. Only a missing or
-empty file is created, in WAL mode.
+file is left exactly as it was. Only a missing or empty file is created, in
+WAL mode, with ``FILE_MODE`` (0640) and, where the group exists, group
+``LEDGER_GROUP``; an existing file (and its ``-wal``/``-shm``) readable or
+writable by others is tightened to that mode, once, with a log line. SQLite
+gives its ``-wal`` and ``-shm`` files the database file's mode and owner.
+
+The database file is only ever opened through SQLite, never with ``open()``:
+closing any descriptor of a file drops every POSIX advisory lock the process
+holds on it (fcntl semantics), the writer's included, and an outside reader
+(``sqlite3 ledger.sqlite3 ".backup x"``) would then believe it the last
+connection and delete the ``-wal``/``-shm`` files under the running daemon.
+Mode and group are set by path (``chmod``/``chown``), which holds no
+descriptor.
+
+Schema versions: 1 (trainmon 0.16) had no ``owner`` column; 2 adds ``owner``
+(the writer identity of the run, ``trainmon.training.writers``; ``''`` for
+rows written before). A version 1 file opened writable is upgraded in place in
+one transaction (``migrate``); opened read-only it is read as it is, every
+owner ``''``.
 
 Durability (docs/deploy.md): ``journal_mode=WAL`` with ``synchronous=NORMAL``.
 A committed transaction is in the WAL before ``COMMIT`` returns, so a daemon
@@ -28,19 +45,33 @@ never block the writer and wait up to ``BUSY_TIMEOUT_MS`` for a checkpoint.
 
 from __future__ import annotations
 
+import grp
+import logging
+import os
 import sqlite3
+import stat
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 #: ``PRAGMA application_id`` of a trainmon ledger: the bytes "TrMn".
 APPLICATION_ID = 0x54724D6E
 #: ``PRAGMA user_version``: the layout of the tables below.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 #: How long a reader or the writer waits for a lock held by the other (ms).
 BUSY_TIMEOUT_MS = 5000
-SQLITE_MAGIC = b"SQLite format 3\x00"
+#: Mode of the ledger file (and so of its ``-wal``/``-shm``): owner rw, group r.
+FILE_MODE = 0o640
+#: Bits a ledger file must not have: group write, anything for others.
+LOOSE_BITS = stat.S_IWGRP | stat.S_IRWXO
+#: The group given the ledger file when it exists (docs/deploy.md: readers of the ledger).
+LEDGER_GROUP = "trainmon"
+#: Files SQLite keeps beside the database in WAL mode.
+SIDE_SUFFIXES = ("-wal", "-shm")
 
 #: One row per (job, run, node): description and summary as JSON text; ``state``
-#: holds the recorder's accumulators so a restarted daemon resumes a run.
+#: holds the recorder's accumulators so a restarted daemon resumes a run;
+#: ``owner`` the writer identity the run belongs to.
 TABLES = (
     """CREATE TABLE runs (
         job TEXT NOT NULL,
@@ -56,24 +87,97 @@ TABLES = (
         description TEXT NOT NULL,
         summary TEXT NOT NULL,
         state TEXT NOT NULL DEFAULT '{}',
+        owner TEXT NOT NULL DEFAULT '',
         PRIMARY KEY (job, run, node)
     )""",
     "CREATE INDEX runs_by_job_started ON runs (job, started)",
     "CREATE INDEX runs_by_started ON runs (started)",
+    "CREATE INDEX runs_by_owner_started ON runs (owner, started)",
 )
+#: Statements that take a file of version ``key`` to version ``key + 1``.
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: ("ALTER TABLE runs ADD COLUMN owner TEXT NOT NULL DEFAULT ''",
+        "CREATE INDEX runs_by_owner_started ON runs (owner, started)"),
+}
+#: What SQLite's primary result codes mean for the ledger, in words.
+_ERROR_WORDS = {
+    "SQLITE_FULL": "the disk is full",
+    "SQLITE_READONLY": "the file or its filesystem is read-only",
+    "SQLITE_IOERR": "I/O error",
+    "SQLITE_CANTOPEN": "cannot open the file or its -wal/-shm",
+    "SQLITE_BUSY": "locked by another writer",
+    "SQLITE_CORRUPT": "the file is corrupt",
+}
 
 
 class LedgerError(Exception):
-    """The ledger file cannot be used: missing (read-only open), foreign, newer or corrupt."""
+    """The ledger file cannot be used: missing (read-only open), foreign, newer or corrupt.
+
+    ``reason``: ``disk_full``, ``read_only``, ``io_error``, ``busy``, ``corrupt``
+    or ``other``, for the recorder's error counter.
+    """
+
+    def __init__(self, message: str, reason: str = "other") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
-def connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
-    """An open, verified connection to the ledger at ``path``.
+#: SQLite's message of each primary result code (``sqlite3_errstr``), for Python 3.10,
+#: whose exceptions lack ``sqlite_errorname``.
+_MESSAGES = {
+    "database or disk is full": "SQLITE_FULL",
+    "attempt to write a readonly database": "SQLITE_READONLY",
+    "disk I/O error": "SQLITE_IOERR",
+    "unable to open database file": "SQLITE_CANTOPEN",
+    "database is locked": "SQLITE_BUSY",
+    "database disk image is malformed": "SQLITE_CORRUPT",
+    "file is not a database": "SQLITE_NOTADB",
+}
+
+
+def error_name(error: sqlite3.Error) -> str:
+    """The SQLite result code name of ``error`` (``SQLITE_IOERR_WRITE``), or ``""``."""
+    name = getattr(error, "sqlite_errorname", None)
+    if isinstance(name, str):
+        return name
+    return _MESSAGES.get(str(error), "")
+
+
+def error_reason(error: sqlite3.Error) -> str:
+    """The ``LedgerError.reason`` of an SQLite error (its primary result code)."""
+    if error_name(error) == "SQLITE_IOERR_SHMSIZE":
+        return "disk_full"
+    return {"SQLITE_FULL": "disk_full", "SQLITE_READONLY": "read_only",
+            "SQLITE_IOERR": "io_error", "SQLITE_BUSY": "busy",
+            "SQLITE_CORRUPT": "corrupt"}.get(_primary(error), "other")
+
+
+def describe_error(error: sqlite3.Error) -> str:
+    """``error`` in words: "the disk is full (SQLITE_FULL: database or disk is full)"."""
+    name = error_name(error)
+    words = _ERROR_WORDS.get(_primary(error))
+    if name == "SQLITE_IOERR_SHMSIZE":  # the -shm file could not grow: ENOSPC
+        words = "the disk is full (the -shm file cannot grow)"
+    if words is None:
+        return str(error)
+    return f"{words} ({name}: {error})"
+
+
+def _primary(error: sqlite3.Error) -> str:
+    """``SQLITE_IOERR`` of ``SQLITE_IOERR_WRITE``: the primary code's name."""
+    name = error_name(error)
+    for primary in _ERROR_WORDS:
+        if name == primary or name.startswith(primary + "_"):
+            return primary
+    return name
+
+
+def connect(path: Path, *, readonly: bool) -> tuple[sqlite3.Connection, int]:
+    """An open, verified connection to the ledger at ``path`` and its schema version.
 
     ``readonly``: the file must exist. Otherwise a missing or empty file is
-    created with the schema (its directory must exist: OSError-like failures
-    surface as ``sqlite3.OperationalError`` from ``sqlite3``, wrapped in
-    ``LedgerError`` with ``missing_directory`` or the SQLite message).
+    created with the schema, and a file of an older schema is upgraded (its
+    directory must exist).
     """
     exists = path.exists()
     if readonly and not exists:
@@ -83,24 +187,87 @@ def connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
     fresh = not exists or path.stat().st_size == 0
     if readonly and fresh:
         raise LedgerError(f"{path} is empty: no run recorded yet")
+    version = SCHEMA_VERSION
     if not fresh:
-        _check_magic(path)
-        _verify(path)
+        version = _verify(path)
     if readonly:
-        connection = _open(path, "ro")
-    else:
-        if not path.parent.is_dir():
-            raise LedgerError(f"directory {path.parent} does not exist")
-        connection = _open(path, "rwc")
+        return _open(path, "ro"), version
+    if not path.parent.is_dir():
+        raise LedgerError(f"directory {path.parent} does not exist")
+    if not fresh:
+        tighten(path)
+    connection = _open(path, "rwc")
+    try:
+        if fresh:
+            restrict(path)
+            _create(connection)
+        connection.execute("PRAGMA journal_mode=WAL")
+        connection.execute("PRAGMA synchronous=NORMAL")
+        if version < SCHEMA_VERSION:
+            migrate(connection, version)
+            log.info("run ledger %s upgraded from schema %d to %d", path, version,
+                     SCHEMA_VERSION)
+            version = SCHEMA_VERSION
+    except sqlite3.Error as error:
+        connection.close()
+        raise LedgerError(f"cannot initialise the ledger {path}: {describe_error(error)}",
+                          error_reason(error)) from None
+    return connection, version
+
+
+def restrict(path: Path) -> None:
+    """Give a just-created ledger file ``FILE_MODE`` (never looser than the umask made
+    it) and group ``LEDGER_GROUP`` where that group exists; by path, no descriptor."""
+    try:
+        os.chmod(path, stat.S_IMODE(path.stat().st_mode) & FILE_MODE)
+    except OSError as error:
+        log.warning("run ledger %s: cannot set mode %o: %s", path, FILE_MODE,
+                    error.strerror or error)
+    try:
+        gid = grp.getgrnam(LEDGER_GROUP).gr_gid
+    except KeyError:
+        return
+    try:
+        os.chown(path, -1, gid)
+    except OSError as error:
+        log.warning("run ledger %s: cannot give it group %s: %s", path, LEDGER_GROUP,
+                    error.strerror or error)
+
+
+def tighten(path: Path) -> None:
+    """Take ``LOOSE_BITS`` off an existing ledger file and its ``-wal``/``-shm``
+    (one log line when it did); by path, no descriptor."""
+    tightened = []
+    for candidate in (path, *(path.with_name(path.name + s) for s in SIDE_SUFFIXES)):
         try:
-            if fresh:
-                _create(connection)
-            connection.execute("PRAGMA journal_mode=WAL")
-            connection.execute("PRAGMA synchronous=NORMAL")
-        except sqlite3.Error as error:
-            connection.close()
-            raise LedgerError(f"cannot initialise the ledger {path}: {error}") from None
-    return connection
+            mode = stat.S_IMODE(candidate.stat().st_mode)
+            if mode & LOOSE_BITS:
+                os.chmod(candidate, mode & ~LOOSE_BITS)
+                tightened.append(f"{candidate.name} {mode:o} -> {mode & ~LOOSE_BITS:o}")
+        except FileNotFoundError:
+            continue
+        except OSError as error:
+            log.warning("run ledger %s: cannot tighten its mode: %s", candidate,
+                        error.strerror or error)
+    if tightened:
+        log.warning("run ledger %s was readable or writable by other users; tightened: %s",
+                    path, ", ".join(tightened))
+
+
+def migrate(connection: sqlite3.Connection, version: int) -> None:
+    """Upgrade a file of schema ``version`` to ``SCHEMA_VERSION`` in one transaction."""
+    connection.execute("BEGIN IMMEDIATE")
+    try:
+        current = connection.execute("PRAGMA user_version").fetchone()[0]
+        for step in range(current, SCHEMA_VERSION):
+            for statement in MIGRATIONS[step]:
+                connection.execute(statement)
+        connection.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        connection.execute("COMMIT")
+    except BaseException:
+        if connection.in_transaction:
+            connection.execute("ROLLBACK")
+        raise
 
 
 def _open(path: Path, mode: str) -> sqlite3.Connection:
@@ -110,45 +277,50 @@ def _open(path: Path, mode: str) -> sqlite3.Connection:
         # start and writes from its thread, under its own lock.
         connection = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000,
                                      isolation_level=None, check_same_thread=False)
+        connection.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
     except sqlite3.Error as error:
-        raise LedgerError(f"cannot open the ledger {path}: {error}") from None
-    connection.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        raise LedgerError(f"cannot open the ledger {path}: {describe_error(error)}",
+                          error_reason(error)) from None
     return connection
 
 
-def _check_magic(path: Path) -> None:
-    try:
-        with path.open("rb") as file:
-            header = file.read(len(SQLITE_MAGIC))
-    except OSError as error:
-        raise LedgerError(f"cannot read {path}: {error.strerror or error}") from None
-    if header != SQLITE_MAGIC:
-        raise LedgerError(f"{path} is not an SQLite database (not a trainmon ledger); "
-                          "left untouched: move it away or set collectors.ledger.path")
-
-
-def _verify(path: Path) -> None:
-    """Application id, schema version and integrity, on a read-only connection."""
+def _verify(path: Path) -> int:
+    """Format, application id, schema version and integrity, on a read-only connection;
+    the schema version."""
     connection = _open(path, "ro")
     try:
-        application_id = connection.execute("PRAGMA application_id").fetchone()[0]
+        try:
+            application_id = connection.execute("PRAGMA application_id").fetchone()[0]
+        except sqlite3.DatabaseError as error:
+            if error_name(error) == "SQLITE_NOTADB":
+                raise LedgerError(
+                    f"{path} is not an SQLite database (not a trainmon ledger); left "
+                    "untouched: move it away or set collectors.ledger.path") from None
+            raise
         version = connection.execute("PRAGMA user_version").fetchone()[0]
         if application_id != APPLICATION_ID:
             raise LedgerError(
                 f"{path} is an SQLite database of another program (application_id "
                 f"{application_id:#x}, a trainmon ledger has {APPLICATION_ID:#x}); left "
                 "untouched: move it away or set collectors.ledger.path")
+        if version < 1:
+            raise LedgerError(
+                f"{path} carries the trainmon application_id but no ledger schema "
+                f"version (user_version {version}); left untouched: move it away")
         if version > SCHEMA_VERSION:
             raise LedgerError(
                 f"{path} has ledger schema {version}, newer than this trainmon's "
                 f"{SCHEMA_VERSION}; left untouched: upgrade trainmon")
         problems = [row[0] for row in connection.execute("PRAGMA quick_check(5)")]
         if problems != ["ok"]:
-            raise LedgerError(f"{path} is corrupt ({'; '.join(problems)}); left untouched")
+            raise LedgerError(f"{path} is corrupt ({'; '.join(problems)}); left untouched",
+                              "corrupt")
     except sqlite3.DatabaseError as error:
-        raise LedgerError(f"{path} is not a readable trainmon ledger: {error}") from None
+        raise LedgerError(f"{path} is not a readable trainmon ledger: "
+                          f"{describe_error(error)}", error_reason(error)) from None
     finally:
         connection.close()
+    return int(version)
 
 
 def _create(connection: sqlite3.Connection) -> None:
@@ -159,6 +331,7 @@ def _create(connection: sqlite3.Connection) -> None:
         connection.execute(f"PRAGMA application_id={APPLICATION_ID}")
         connection.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         connection.execute("COMMIT")
-    except sqlite3.Error:
-        connection.execute("ROLLBACK")
+    except BaseException:
+        if connection.in_transaction:
+            connection.execute("ROLLBACK")
         raise

@@ -4,23 +4,37 @@ Readers (``trainmon runs``/``compare``, ``doctor``, ``GET /api/v1/runs``) open i
 with ``Ledger.open(path, readonly=True)``; the daemon's recorder
 (``trainmon.collectors.ledger``) is the one writer, from its own thread, with
 one short transaction per flush (``write``) so that a reader waits at most
-one flush. Retention (``prune``) drops ended runs older than
-``retention_days`` and then the oldest runs beyond ``max_runs``.
+one flush.
+
+Owners: every row carries the writer identity its run belonged to. ``write``
+never changes a row whose owner is another non-empty identity (it reports
+the record as refused instead); a row without owner (schema 1) is claimed
+by the next writer of that (job, run, node).
+
+Retention (``prune``), once an hour: ended runs older than
+``retention_days``; then each owner's oldest runs beyond
+``max_runs_per_owner`` (rows without owner exempt); then, while more than
+``max_runs`` remain, the oldest runs of the owner holding the most rows, so
+one user's thousands of runs never push out another user's history.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trainmon.ledger.records import COLUMNS, RunRecord
-from trainmon.ledger.schema import LedgerError, connect
+from trainmon.ledger.schema import LedgerError, connect, describe_error, error_reason
 
-_SELECT = f"SELECT {', '.join(COLUMNS)} FROM runs"
+log = logging.getLogger(__name__)
+
+#: (job, run, node) of a row.
+RowKey = tuple[str, str, str]
 
 
 @dataclass(frozen=True)
@@ -31,19 +45,55 @@ class RecordUpdate:
     state: Mapping[str, object]
 
 
+@dataclass(frozen=True)
+class WriteResult:
+    """What one ``Ledger.write`` did."""
+
+    #: Rows inserted or updated.
+    written: int
+    #: Records not written because their row belongs to another owner, with that owner.
+    refused: tuple[tuple[RowKey, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Pruned:
+    """Rows one ``Ledger.prune`` deleted, per rule."""
+
+    #: Ended runs past ``retention_seconds``.
+    age: int = 0
+    #: Runs beyond ``max_runs_per_owner`` of their owner.
+    owner_limit: int = 0
+    #: Runs beyond ``max_runs`` (from the owners with the most rows).
+    max_runs: int = 0
+    #: Deleted per owner (every rule).
+    by_owner: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return self.age + self.owner_limit + self.max_runs
+
+
 class Ledger:
     """An open ledger file; use from one thread (readers open their own)."""
 
-    def __init__(self, path: Path, connection: sqlite3.Connection, readonly: bool) -> None:
+    def __init__(self, path: Path, connection: sqlite3.Connection, readonly: bool,
+                 version: int) -> None:
         self.path = path
         self.readonly = readonly
+        #: Schema version of the file (1: no owners, read as ``""``).
+        self.version = version
         self._connection = connection
+        columns = [name if name != "owner" or version >= 2 else "'' AS owner"
+                   for name in COLUMNS]
+        self._select_sql = f"SELECT {', '.join(columns)} FROM runs"
 
     @classmethod
     def open(cls, path: Path | str, readonly: bool = True) -> Ledger:
-        """Open (and, writable, create) the ledger; ``LedgerError`` if it is not usable."""
+        """Open (and, writable, create or upgrade) the ledger; ``LedgerError`` if it is
+        not usable."""
         path = Path(path)
-        return cls(path, connect(path, readonly=readonly), readonly)
+        connection, version = connect(path, readonly=readonly)
+        return cls(path, connection, readonly, version)
 
     def close(self) -> None:
         self._connection.close()
@@ -59,18 +109,19 @@ class Ledger:
     def runs(self, job: str | None = None, since: float | None = None) -> list[RunRecord]:
         """Runs of ``job`` (all jobs without one) started at or after ``since``, newest first."""
         where, parameters = _filters(job, since)
-        return self._select(f"{_SELECT}{where} ORDER BY started DESC, run DESC", parameters)
+        return self._select(f"{self._select_sql}{where} ORDER BY started DESC, run DESC",
+                            parameters)
 
     def get(self, run: str, job: str | None = None) -> list[RunRecord]:
         """Every record of run ``run`` (one per node that saw it; locally one per job)."""
         where, parameters = _filters(job, None)
         clause = " AND run = ?" if where else " WHERE run = ?"
-        return self._select(f"{_SELECT}{where}{clause} ORDER BY node",
+        return self._select(f"{self._select_sql}{where}{clause} ORDER BY node",
                             [*parameters, run])
 
     def previous(self, job: str, config_hash: str | None, before: float) -> RunRecord | None:
         """The latest run of ``job`` started before ``before`` (with ``config_hash`` if given)."""
-        sql = f"{_SELECT} WHERE job = ? AND started < ?"
+        sql = f"{self._select_sql} WHERE job = ? AND started < ?"
         parameters: list[object] = [job, before]
         if config_hash is not None:
             sql += " AND config_hash = ?"
@@ -90,61 +141,136 @@ class Ledger:
         value = json.loads(rows[0][0])
         return value if isinstance(value, dict) else None
 
+    def owner(self, job: str, run: str, node: str) -> str | None:
+        """The owner stored with a record (``""``: none recorded), or None without one."""
+        if self.version < 2:
+            rows = self._query("SELECT '' FROM runs WHERE job = ? AND run = ? AND node = ?",
+                               [job, run, node])
+        else:
+            rows = self._query("SELECT owner FROM runs WHERE job = ? AND run = ? AND node = ?",
+                               [job, run, node])
+        return None if not rows else str(rows[0][0])
+
+    def owners(self) -> dict[str, int]:
+        """Rows per owner."""
+        if self.version < 2:
+            return {"": self.count()} if self.count() else {}
+        return {str(owner): int(count) for owner, count
+                in self._query("SELECT owner, count(*) FROM runs GROUP BY owner", [])}
+
     # -- writing (the recorder) ---------------------------------------------------
 
-    def write(self, updates: Iterable[RecordUpdate]) -> int:
-        """Insert or replace the given records in one transaction; the rows written."""
-        rows = [_row(update) for update in updates]
-        if not rows:
-            return 0
+    def write(self, updates: Iterable[RecordUpdate]) -> WriteResult:
+        """Insert or update the given records in one transaction, except those whose row
+        belongs to another non-empty owner (``WriteResult.refused``)."""
+        pending = list(updates)
+        if not pending:
+            return WriteResult(0)
         placeholders = ", ".join("?" * (len(COLUMNS) + 1))
         assignments = ", ".join(f"{name} = excluded.{name}"
                                 for name in (*COLUMNS[3:], "state"))
+        # The WHERE keeps the owner rule even if a row appeared since the check.
         sql = (f"INSERT INTO runs ({', '.join(COLUMNS)}, state) VALUES ({placeholders}) "
-               f"ON CONFLICT (job, run, node) DO UPDATE SET {assignments}")
-        self._transaction(lambda: self._connection.executemany(sql, rows))
-        return len(rows)
+               f"ON CONFLICT (job, run, node) DO UPDATE SET {assignments} "
+               "WHERE runs.owner IN ('', excluded.owner)")
+        refused: list[tuple[RowKey, str]] = []
+        written = 0
 
-    def prune(self, *, now: float, retention_seconds: float, max_runs: int) -> int:
-        """Drop ended runs last updated before ``now - retention_seconds``, then the oldest
-        runs beyond ``max_runs``; the rows deleted."""
-        deleted = 0
+        def upsert() -> None:
+            nonlocal written
+            rows = []
+            for update in pending:
+                record = update.record
+                stored = self._connection.execute(
+                    "SELECT owner FROM runs WHERE job = ? AND run = ? AND node = ?",
+                    [record.job, record.run, record.node]).fetchone()
+                if stored is not None and stored[0] not in ("", record.owner):
+                    refused.append(((record.job, record.run, record.node), str(stored[0])))
+                else:
+                    rows.append(_row(update))
+            if rows:
+                self._connection.executemany(sql, rows)
+            written = len(rows)
+
+        self._transaction(upsert)
+        return WriteResult(written, tuple(refused))
+
+    def prune(self, *, now: float, retention_seconds: float, max_runs: int,
+              max_runs_per_owner: int | None = None) -> Pruned:
+        """Drop ended runs last updated before ``now - retention_seconds``; then each
+        owner's oldest runs beyond ``max_runs_per_owner`` (not rows without owner);
+        then, while more than ``max_runs`` remain, the oldest runs of the owner with the
+        most rows (ties: by owner name). One transaction."""
+        result = Pruned()
 
         def delete() -> None:
-            nonlocal deleted
+            nonlocal result
+            by_owner: dict[str, int] = {}
+            before = self.owners()
             cursor = self._connection.execute(
                 "DELETE FROM runs WHERE ended IS NOT NULL AND updated < ?",
                 [now - retention_seconds])
-            deleted = cursor.rowcount
-            cursor = self._connection.execute(
-                "DELETE FROM runs WHERE rowid IN (SELECT rowid FROM runs "
-                "ORDER BY started DESC LIMIT -1 OFFSET ?)", [max_runs])
-            deleted += cursor.rowcount
+            age = max(cursor.rowcount, 0)
+            owner_limit = 0
+            if max_runs_per_owner is not None:
+                cursor = self._connection.execute(
+                    "DELETE FROM runs WHERE rowid IN (SELECT rowid FROM (SELECT rowid, "
+                    "row_number() OVER (PARTITION BY owner ORDER BY started DESC, run DESC) "
+                    "AS position FROM runs WHERE owner != '') WHERE position > ?)",
+                    [max_runs_per_owner])
+                owner_limit = max(cursor.rowcount, 0)
+            counts = self.owners()
+            over = 0
+            for owner, quota in fair_share(counts, max_runs).items():
+                cursor = self._connection.execute(
+                    "DELETE FROM runs WHERE rowid IN (SELECT rowid FROM runs WHERE owner = ? "
+                    "ORDER BY started ASC, run ASC LIMIT ?)", [owner, quota])
+                over += max(cursor.rowcount, 0)
+            after = self.owners()
+            for owner, count in before.items():
+                if count > after.get(owner, 0):
+                    by_owner[owner] = count - after.get(owner, 0)
+            result = Pruned(age, owner_limit, over, by_owner)
 
         self._transaction(delete)
-        return deleted
+        return result
 
     # -- plumbing -------------------------------------------------------------------
 
     def _transaction(self, work: Callable[[], object]) -> None:
+        """``work`` between BEGIN IMMEDIATE and COMMIT; rolled back on failure unless
+        SQLite already did (it does on SQLITE_FULL, most I/O errors, SQLITE_NOMEM)."""
         if self.readonly:
             raise LedgerError(f"{self.path} is open read-only")
+        connection = self._connection
         try:
-            self._connection.execute("BEGIN IMMEDIATE")
+            connection.execute("BEGIN IMMEDIATE")
             try:
                 work()
+                connection.execute("COMMIT")
             except BaseException:
-                self._connection.execute("ROLLBACK")
+                self._rollback()
                 raise
-            self._connection.execute("COMMIT")
         except sqlite3.Error as error:
-            raise LedgerError(f"cannot write the ledger {self.path}: {error}") from None
+            raise LedgerError(f"cannot write the ledger {self.path}: {describe_error(error)}",
+                              error_reason(error)) from None
+
+    def _rollback(self) -> None:
+        """ROLLBACK what is still open; a failure to do so is logged, not raised over the
+        error that caused it (the next BEGIN fails and says so if it matters)."""
+        if not self._connection.in_transaction:
+            return
+        try:
+            self._connection.execute("ROLLBACK")
+        except sqlite3.Error as error:
+            log.warning("run ledger %s: rollback failed: %s", self.path, describe_error(error))
 
     def _query(self, sql: str, parameters: list[object]) -> list[tuple[Any, ...]]:
         try:
             return list(self._connection.execute(sql, parameters))
         except sqlite3.Error as error:
-            raise LedgerError(f"cannot read the ledger {self.path}: {error}") from None
+            raise LedgerError(f"cannot read the ledger {self.path}: {describe_error(error)}",
+                              error_reason(error)) from None
 
     def _select(self, sql: str, parameters: list[object]) -> list[RunRecord]:
         try:
@@ -172,4 +298,29 @@ def _row(update: RecordUpdate) -> tuple[object, ...]:
             record.ended, record.end_reason, record.updated, record.world_size, record.ranks,
             json.dumps(record.description, sort_keys=True, separators=(",", ":")),
             json.dumps(record.summary, sort_keys=True, separators=(",", ":")),
+            record.owner,
             json.dumps(update.state, sort_keys=True, separators=(",", ":")))
+
+
+def fair_share(counts: Mapping[str, int], limit: int) -> dict[str, int]:
+    """Rows to delete per owner so that at most ``limit`` remain: always from the owners
+    holding the most, levelling them down together (ties broken by owner name)."""
+    remaining = {owner: count for owner, count in counts.items() if count > 0}
+    excess = sum(remaining.values()) - limit
+    quotas: dict[str, int] = {}
+    while excess > 0 and remaining:  # at most one pass per distinct count
+        top = max(remaining.values())
+        leaders = sorted(owner for owner, count in remaining.items() if count == top)
+        below = max((count for count in remaining.values() if count < top), default=0)
+        room = (top - below) * len(leaders)
+        if room >= excess:
+            each, extra = divmod(excess, len(leaders))
+            for index, owner in enumerate(leaders):
+                quotas[owner] = quotas.get(owner, 0) + each + (1 if index < extra else 0)
+            break
+        for owner in leaders:
+            quotas[owner] = quotas.get(owner, 0) + top - below
+            remaining[owner] = below
+        excess -= room
+        remaining = {owner: count for owner, count in remaining.items() if count > 0}
+    return quotas
