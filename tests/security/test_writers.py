@@ -185,3 +185,34 @@ def test_ten_thousand_job_names_cannot_crowd_out_another_user(
     started = time.monotonic()
     assert node.daemon.stop(signal.SIGTERM, timeout=20.0) == 0
     assert time.monotonic() - started < 20.0  # the systemd unit's TimeoutStopSec
+
+
+def test_another_users_flood_of_runs_never_deletes_a_victims_run(
+    start_daemon: Callable[..., Daemon], shared_dir: Path, as_user: AsUser,
+    local_users: tuple[LocalUser, LocalUser],
+) -> None:
+    victim, attacker = local_users
+    ledger = shared_dir / "ledger.sqlite3"
+    config = {"collectors": {
+        "training": {"socket": str(shared_dir / "steps.sock"), "socket_mode": "0666",
+                     "max_jobs_per_writer": 4},
+        "ledger": {"path": str(ledger), "flush_seconds": 0.1, "max_runs": 10,
+                   "max_runs_per_owner": 8},
+        "gpu": {"enabled": False}}}
+    node = Node(start_daemon(config=config), shared_dir / "steps.sock")
+    start_victim(node, as_user, victim)
+    for batch in range(5):  # 20 runs, 4 at a time: each batch is recorded, then evicted
+        jobs = [f"flood-{batch}-{index}" for index in range(4)]
+        as_user(attacker, node.socket, [
+            description_line(job=job, run=job, reporter_id=f"flood{batch}{index:010d}")
+            for index, job in enumerate(jobs)])
+        wait_until(lambda jobs=jobs: set(jobs) <= {run["job"] for run in node.runs()}, 15.0,
+                   f"batch {batch} recorded", interval=0.05)
+    assert node.daemon.stop() == 0
+    # The next start prunes: the attacker's oldest runs go, never the victim's.
+    node = Node(start_daemon(config=config), shared_dir / "steps.sock")
+    records = node.runs()
+    assert len(records) <= 10
+    (kept,) = [run for run in records if run["job"] == "victim"]
+    assert kept["owner"] == f"uid:{victim.uid}"
+    assert {run["owner"] for run in records} == {f"uid:{victim.uid}", f"uid:{attacker.uid}"}

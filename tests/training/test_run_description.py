@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
@@ -310,7 +311,7 @@ def test_namespaces_dataclasses_and_unreadable_configs(caplog: pytest.LogCapture
 
 
 def test_a_description_that_cannot_be_built_costs_only_the_description(
-    listener: tuple[str, Callable[[], list[bytes]]], caplog: pytest.LogCaptureFixture,
+    listener: Listener, caplog: pytest.LogCaptureFixture,
 ) -> None:
     class Hostile(Mapping[str, str]):
         """An environment whose copy fails every time, with a secret in the error."""
@@ -324,12 +325,12 @@ def test_a_description_that_cannot_be_built_costs_only_the_description(
         def __iter__(self) -> Iterator[str]:
             raise ValueError(SECRETS[0])
 
-    endpoint, drain = listener
+    endpoint, drain = listener.endpoint, listener.drain
     reporter = Reporter("unit", endpoint=endpoint, environ=Hostile(), interval_seconds=0.05)
     reporter.step(samples=3)
-    time.sleep(0.2)
+    items = listener.until(StepReport)  # sent by the sender thread
     reporter.close()
-    items = items_of(drain())
+    items += items_of(drain())
     assert not any(isinstance(item, RunDescription) for item in items)
     assert [item.samples for item in items if isinstance(item, StepReport)][-1] == 3
     assert "cannot build the run description (ValueError)" in caplog.text
@@ -441,6 +442,11 @@ def test_descriptions_are_due_first_on_change_every_minute_and_back_off() -> Non
     assert not describer.due()
     describer.update(framework={"precision": "bf16"})
     assert describer.due()
+    describer.line()
+    describer.update(framework={"precision": "fp16"})  # while that line is in flight
+    describer.sent(True)
+    assert describer.due()  # the change goes out at the next tick, not a minute later
+    describer.line()
     describer.sent(True)
     now[0] += 59.0
     assert not describer.due()
@@ -459,23 +465,49 @@ def test_descriptions_are_due_first_on_change_every_minute_and_back_off() -> Non
 # -- the Reporter end to end --------------------------------------------------------
 
 
-@pytest.fixture
-def listener(tmp_path: Path) -> Iterator[tuple[str, Callable[[], list[bytes]]]]:
-    """A unix datagram socket standing in for the daemon: (endpoint, drain)."""
-    path = tmp_path / "steps.sock"
-    receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    receiver.bind(str(path))
-    receiver.settimeout(0.3)
+class Listener:
+    """A unix datagram socket standing in for the daemon."""
 
-    def drain() -> list[bytes]:
+    #: Longest wait for an awaited datagram (a bound, not a pace: it ends at arrival).
+    WAIT_SECONDS = 10.0
+
+    def __init__(self, path: Path) -> None:
+        self.endpoint = f"unix://{path}"
+        self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._socket.bind(str(path))
+
+    def drain(self) -> list[bytes]:
+        """Every datagram queued now and within 0.3 s of silence."""
+        self._socket.settimeout(0.3)
         payloads = []
         while True:
             try:
-                payloads.append(receiver.recv(70_000))
+                payloads.append(self._socket.recv(70_000))
             except TimeoutError:
                 return payloads
 
-    yield f"unix://{path}", drain
+    def until(self, kind: type[StepReport | RunDescription] = RunDescription,
+              ) -> list[StepReport | RunDescription]:
+        """The items of the datagrams up to the next one holding a ``kind`` item."""
+        self._socket.settimeout(self.WAIT_SECONDS)
+        items: list[StepReport | RunDescription] = []
+        while not any(isinstance(item, kind) for item in items):
+            items += items_of([self.receive()])  # TimeoutError fails the test
+        return items
+
+    def receive(self) -> bytes:
+        """The next datagram."""
+        self._socket.settimeout(self.WAIT_SECONDS)
+        return self._socket.recv(70_000)
+
+    def close(self) -> None:
+        self._socket.close()
+
+
+@pytest.fixture
+def listener(tmp_path: Path) -> Iterator[Listener]:
+    receiver = Listener(tmp_path / "steps.sock")
+    yield receiver
     receiver.close()
 
 
@@ -486,21 +518,20 @@ def items_of(payloads: list[bytes]) -> list[StepReport | RunDescription]:
 
 
 def test_reporter_describes_its_run_at_start_on_change_and_at_the_end(
-    listener: tuple[str, Callable[[], list[bytes]]], tmp_path: Path,
+    listener: Listener, tmp_path: Path,
 ) -> None:
-    endpoint, drain = listener
     environ = {"RANK": "1", "WORLD_SIZE": "4", "TRAINMON_RUN_ID": "exp-42",
                "NCCL_IB_DISABLE": "1"}
-    reporter = Reporter("unit", endpoint=endpoint, environ=environ, interval_seconds=0.05,
-                        config={"lr": 0.1, "model": {"depth": 50}},
+    reporter = Reporter("unit", endpoint=listener.endpoint, environ=environ,
+                        interval_seconds=0.05, config={"lr": 0.1, "model": {"depth": 50}},
                         data_paths=[tmp_path / "train"])
     reporter.step(samples=8)
-    time.sleep(0.2)
+    items = listener.until()  # the start, with a step report
     reporter.describe(config={"lr": 0.2}, data_paths=["/mnt/cfs/val"],
                       framework={"precision": "bf16"})
-    time.sleep(0.2)
+    items += listener.until()  # the change, with a step report
     reporter.close()
-    items = items_of(drain())
+    items += items_of(listener.drain())
     descriptions = [item for item in items if isinstance(item, RunDescription)]
     steps = [item for item in items if isinstance(item, StepReport)]
     assert len(descriptions) == 3  # start, after describe(), the end
@@ -524,9 +555,9 @@ def test_reporter_describes_its_run_at_start_on_change_and_at_the_end(
 
 
 def test_an_exception_ends_the_run_without_finished(
-    listener: tuple[str, Callable[[], list[bytes]]],
+    listener: Listener,
 ) -> None:
-    endpoint, drain = listener
+    endpoint, drain = listener.endpoint, listener.drain
     with pytest.raises(RuntimeError), Reporter("unit", endpoint=endpoint, environ={}) as reporter:
         reporter.step()
         raise RuntimeError("diverged")
@@ -535,9 +566,9 @@ def test_an_exception_ends_the_run_without_finished(
 
 
 def test_a_crashing_script_does_not_mark_its_run_finished(
-    listener: tuple[str, Callable[[], list[bytes]]],
+    listener: Listener,
 ) -> None:
-    endpoint, drain = listener
+    endpoint, drain = listener.endpoint, listener.drain
     code = ("import trainmon.client as c; "
             f"r = c.Reporter('unit', endpoint={endpoint!r}, interval_seconds=60); "
             "r.step(); raise SystemError('crash')")
@@ -548,9 +579,9 @@ def test_a_crashing_script_does_not_mark_its_run_finished(
 
 
 def test_no_secret_reaches_the_wire_or_the_logs(
-    listener: tuple[str, Callable[[], list[bytes]]], caplog: pytest.LogCaptureFixture,
+    listener: Listener, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    endpoint, drain = listener
+    endpoint, drain = listener.endpoint, listener.drain
     caplog.set_level(logging.DEBUG)
     environ = {"NCCL_IB_TOKEN": SECRETS[0], "TORCH_HUB_SECRET": SECRETS[1],
                "CUDA_PASSWORD_FILE": SECRETS[2], "NCCL_SOCKET_IFNAME": "eth0"}
@@ -563,9 +594,9 @@ def test_no_secret_reaches_the_wire_or_the_logs(
     reporter.describe(framework={"hub_token": SECRETS[1], "tokens": [SECRETS[0]]},
                       config={"AWS_SECRET_ACCESS_KEY": SECRETS[0]})
     reporter.step()
-    time.sleep(0.2)
+    payloads = [listener.receive()]  # the sender thread's first: the description and a report
     reporter.close()
-    payloads = drain()
+    payloads += drain()
     wire = b"".join(payloads)
     assert b'"type":"run"' in wire and b"NCCL_SOCKET_IFNAME" in wire
     for secret in SECRETS:
@@ -577,10 +608,48 @@ def test_no_secret_reaches_the_wire_or_the_logs(
     assert description.config["repo"] == f"https://{REDACTED}@github.com/x.git"
 
 
-def test_describe_never_raises_and_step_stays_untouched(
-    listener: tuple[str, Callable[[], list[bytes]]],
+URL_SECRET = "Wr0ngKeySecr3t"
+
+
+def test_url_credentials_never_reach_the_wire_from_any_field(
+    listener: Listener, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    endpoint, drain = listener
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.chdir(tmp_path)
+    framework = types.ModuleType("deepspeed")  # a framework the program imported
+    framework.__dict__["__version__"] = f"0.14+https://ci:{URL_SECRET}@pypi.example"
+    monkeypatch.setitem(sys.modules, "deepspeed", framework)
+    reporter = Reporter(
+        f"https://bot:{URL_SECRET}@jobs.example/unit", endpoint=listener.endpoint,
+        environ={"NCCL_DEBUG_FILE": f"s3://AKIAXXXX:{URL_SECRET}@logs/nccl"},
+        interval_seconds=60,
+        config={f"mirror.s3://AKIAXXXX:{URL_SECRET}@bucket": 1},
+        data_paths=[f"s3://AKIAXXXX:{URL_SECRET}@bucket/data",
+                    f"hdfs://user:{URL_SECRET}@namenode:8020/train",
+                    f"s3://AKIAXXXX:{URL_SECRET}@bucket/" + "x\n"],  # refused: logged
+    )
+    reporter.describe(framework={"hub": f"https://u:{URL_SECRET}@hub.example"},
+                      data_paths=[f"gs://k:{URL_SECRET}@bucket/val"])
+    reporter.step()
+    reporter.close()
+    payloads = listener.drain()
+    wire = b"".join(payloads)
+    assert b'"type":"run"' in wire
+    assert URL_SECRET.encode() not in wire
+    assert URL_SECRET not in caplog.text
+    assert URL_SECRET not in json.dumps(reporter.run_description())
+    description = [item for item in items_of(payloads) if isinstance(item, RunDescription)][-1]
+    assert description.data_paths[0] == f"{tmp_path}/s3:/{REDACTED}@bucket/data"
+    assert all(REDACTED in path for path in description.data_paths)
+    assert description.versions["deepspeed"] == f"0.14+https://{REDACTED}@pypi.example"
+    assert description.environment["NCCL_DEBUG_FILE"] == f"s3://{REDACTED}@logs/nccl"
+
+
+def test_describe_never_raises_and_step_stays_untouched(
+    listener: Listener,
+) -> None:
+    endpoint, drain = listener.endpoint, listener.drain
     reporter = Reporter("unit", endpoint=endpoint, environ={}, interval_seconds=60)
     reporter.describe(config={1: object(), "deep": {"a": {"b": {"c": 1}}}},
                       data_paths=[b"/bytes/path", None])  # type: ignore[list-item]
@@ -611,7 +680,7 @@ def test_the_daemon_exports_the_run_it_was_told(
 
 
 def test_lightning_callback_describes_the_trainer(
-    listener: tuple[str, Callable[[], list[bytes]]], tmp_path: Path,
+    listener: Listener, tmp_path: Path,
 ) -> None:
     torch = pytest.importorskip("torch")
     lightning = pytest.importorskip("lightning.pytorch")
@@ -630,7 +699,7 @@ def test_lightning_callback_describes_the_trainer(
         def configure_optimizers(self) -> object:
             return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
 
-    endpoint, drain = listener
+    endpoint, drain = listener.endpoint, listener.drain
     data = torch.utils.data.TensorDataset(torch.randn(32, 8), torch.randn(32, 1))
     loader = torch.utils.data.DataLoader(data, batch_size=4)
     callback = TrainmonCallback("pl", endpoint=endpoint, run="pl-run-1",
@@ -656,7 +725,7 @@ def test_lightning_callback_describes_the_trainer(
 
 
 def test_lightning_exception_leaves_the_run_unfinished(
-    listener: tuple[str, Callable[[], list[bytes]]], tmp_path: Path,
+    listener: Listener, tmp_path: Path,
 ) -> None:
     torch = pytest.importorskip("torch")
     lightning = pytest.importorskip("lightning.pytorch")
@@ -673,7 +742,7 @@ def test_lightning_exception_leaves_the_run_unfinished(
         def configure_optimizers(self) -> object:
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
-    endpoint, drain = listener
+    endpoint, drain = listener.endpoint, listener.drain
     data = torch.utils.data.TensorDataset(torch.randn(8, 8), torch.randn(8, 1))
     trainer = lightning.Trainer(
         max_epochs=1, accelerator="cpu", devices=1, logger=False,
@@ -687,7 +756,7 @@ def test_lightning_exception_leaves_the_run_unfinished(
 
 
 def test_transformers_callback_describes_the_training_arguments(
-    listener: tuple[str, Callable[[], list[bytes]]], tmp_path: Path,
+    listener: Listener, tmp_path: Path,
 ) -> None:
     pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
@@ -695,7 +764,7 @@ def test_transformers_callback_describes_the_training_arguments(
     from tests.support.tiny_trainer import Pairs, Regression
     from trainmon.client.transformers import TrainmonCallback
 
-    endpoint, drain = listener
+    endpoint, drain = listener.endpoint, listener.drain
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path), per_device_train_batch_size=4, gradient_accumulation_steps=2,
         max_steps=3, learning_rate=3e-4, seed=7, report_to=[], use_cpu=True,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import threading
@@ -16,6 +17,7 @@ import pytest
 
 from tests.support.exposition import scrape
 from trainmon.client import Reporter
+from trainmon.client.transport import FULL_QUEUE_RETRY_BUDGET_SECONDS, UnixDatagramSender
 from trainmon.collectors.training import TrainingCollector
 from trainmon.training.protocol import parse_report
 
@@ -84,10 +86,10 @@ def test_no_daemon_loop_completes_counts_drops_and_tells_later(
 
 def test_http_endpoint_with_token(start_daemon: Callable[..., object], tmp_path: Path) -> None:
     token_file = tmp_path / "token"
-    token_file.write_text("right-token")
+    token_file.write_text("right-token-0123456789")
     daemon = start_daemon(config={"collectors": {"training": {"token_file": str(token_file)}}})
     url = daemon.url  # type: ignore[attr-defined]
-    good = Reporter("unit", endpoint=url, token="right-token", interval_seconds=60)
+    good = Reporter("unit", endpoint=url, token="right-token-0123456789", interval_seconds=60)
     bad = Reporter("unit", endpoint=url, token="wrong", rank=1, world_size=2,
                    interval_seconds=60)
     for reporter in (good, bad):
@@ -98,8 +100,33 @@ def test_http_endpoint_with_token(start_daemon: Callable[..., object], tmp_path:
     text = daemon.metrics()  # type: ignore[attr-defined]
     assert 'trainmon_training_samples_total{job="unit",rank="0"} 3.0' in text
     assert 'rank="1"' not in text
-    # Refused: the run description, the step report and the final ("ended") description.
-    assert 'trainmon_training_rejected_reports_total{reason="unauthorized"} 3.0' in text
+    # Refused: one POST, the final totals with the ended run description (close()).
+    assert 'trainmon_training_rejected_reports_total{reason="unauthorized"} 1.0' in text
+
+
+def test_a_full_queue_is_retried_for_the_budget_then_counted(tmp_path: Path) -> None:
+    path = str(tmp_path / "steps.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as daemon, \
+            socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as filler:
+        daemon.bind(path)  # bound, never read: a daemon that stalls
+        filler.setblocking(False)
+        for _ in range(100_000):  # net.unix.max_dgram_qlen, or the buffer, fills first
+            try:
+                filler.sendto(b"{}\n", path)
+            except BlockingIOError:
+                break
+        sender = UnixDatagramSender(path)
+        started = time.monotonic()
+        assert not sender.send(b"{}\n")
+        seconds = time.monotonic() - started
+        assert FULL_QUEUE_RETRY_BUDGET_SECONDS <= seconds <= FULL_QUEUE_RETRY_BUDGET_SECONDS + 0.5
+        assert sender.full_queue_retries > 10 and "unavailable" in sender.last_error
+        started = time.monotonic()
+        assert not sender.send(b"{}\n", timeout=0.1)  # close() passes the time it has left
+        assert time.monotonic() - started <= 0.1 + 0.5
+        daemon.recv(100)  # the daemon reads one: the next retry gets in
+        assert sender.send(b"{}\n")
+        sender.close()
 
 
 def test_environment_gives_identity(monkeypatch: pytest.MonkeyPatch) -> None:

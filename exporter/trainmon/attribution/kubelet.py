@@ -13,6 +13,10 @@ bound to this node (``metadata.uid/name/namespace`` and
 - the read-only port, ``http://$(NODE_IP):10255``, where a cluster still
   enables it.
 
+Each fetch is one ``trainmon.outbound`` request: the whole request within
+``timeout_seconds`` (a kubelet that trickles bytes cannot hold the scrape
+longer), at most ``MAX_POD_LIST_BYTES`` of body, never through a proxy.
+
 The kubelet's pod-resources socket speaks only gRPC, which is not a
 dependency of trainmon, so it is not used.
 
@@ -25,15 +29,20 @@ distinct error and leave names empty; attribution goes on with pod UIDs.
 
 from __future__ import annotations
 
+import json
 import logging
+import ssl
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import requests
+from trainmon import outbound
 
 log = logging.getLogger(__name__)
+
+#: Longest pod list read, bytes (110 pods with sidecars are ~2-4 MiB).
+MAX_POD_LIST_BYTES = 64 * 1024 * 1024
 
 #: Prefixes of ``containerID`` in pod status (``<runtime>://<id>``).
 _RUNTIME_SEPARATOR = "://"
@@ -50,7 +59,11 @@ class PodNames:
 
 
 class KubeletPodDirectory:
-    """A cached, rate-limited view of the kubelet's ``/pods`` list."""
+    """A cached, rate-limited view of the kubelet's ``/pods`` list.
+
+    ``timeout_seconds`` bounds each whole fetch; ``fetch`` is the HTTP boundary
+    (``trainmon.outbound.request``).
+    """
 
     def __init__(
         self,
@@ -61,17 +74,17 @@ class KubeletPodDirectory:
         insecure_skip_verify: bool = False,
         refresh_seconds: float = 30.0,
         timeout_seconds: float = 5.0,
-        session: requests.Session | None = None,
+        fetch: outbound.Fetch = outbound.request,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.url = url.rstrip("/")
         self._token_file = token_file
-        self._verify: bool | str = (
-            False if insecure_skip_verify else (str(ca_file) if ca_file else True)
-        )
+        self._ca_file = ca_file
+        self._insecure = insecure_skip_verify
+        self._context: ssl.SSLContext | None = None
         self._refresh_seconds = refresh_seconds
         self._timeout = timeout_seconds
-        self._session = session if session is not None else requests.Session()
+        self._request = fetch
         self._clock = clock
         self._pods: dict[str, PodNames] = {}
         self._next_fetch = float("-inf")
@@ -104,12 +117,14 @@ class KubeletPodDirectory:
             if self._token_file is not None:
                 token = self._token_file.read_text(encoding="utf-8").strip()
                 headers["Authorization"] = f"Bearer {token}"
-            response = self._session.get(
-                f"{self.url}/pods", headers=headers, timeout=self._timeout, verify=self._verify
+            response = self._request(
+                "GET", f"{self.url}/pods", headers=headers, timeout=self._timeout,
+                max_body_bytes=MAX_POD_LIST_BYTES, ssl_context=self._tls(),
             )
-            response.raise_for_status()
-            pods = parse_pod_list(response.json())
-        except (OSError, requests.RequestException, ValueError) as error:
+            if response.status != 200:
+                raise ValueError(f"HTTP {response.status} {response.reason}")
+            pods = parse_pod_list(json.loads(response.body))
+        except (OSError, outbound.OutboundError, ValueError) as error:
             self.fetches["error"] += 1
             message = f"cannot list pods from the kubelet at {self.url}/pods: {error}"
             if message != self._last_error:
@@ -121,6 +136,21 @@ class KubeletPodDirectory:
             log.info("kubelet pod list at %s/pods readable again", self.url)
         self._last_error = None
         self._pods = pods
+
+
+    def _tls(self) -> ssl.SSLContext | None:
+        """The TLS settings for an ``https://`` kubelet (built once); None for http."""
+        if not self.url.startswith("https:"):
+            return None
+        if self._context is None:
+            context = ssl.create_default_context(
+                cafile=str(self._ca_file) if self._ca_file and not self._insecure else None
+            )
+            if self._insecure:
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+            self._context = context
+        return self._context
 
 
 def parse_pod_list(document: object) -> dict[str, PodNames]:

@@ -22,14 +22,20 @@ ranks when the launcher provides one, the user's ``config`` (hashed, secrets
 redacted), the NCCL/TORCH/CUDA/OMP environment, ``data_paths``, versions and
 the git commit (``trainmon.client.run``). ``describe()`` adds to it; the
 sender thread sends it at start, on change and every minute, and ``close()``
-marks the run finished, so the daemon's ledger can compare runs.
+marks the run finished, so the daemon's ledger can compare runs. The
+description never travels alone: it rides in the payload of a report (the
+line before it; the ended one the line after the final report; the protocol
+allows several lines per payload), so it is delivered, or fails and is
+retried, with that report.
 
 A step runs from the end of the previous ``step()`` to this one (the first
 from the first ``next()`` of ``track()``, or from construction). Everything is
 aggregated in process; a daemon thread sends the cumulative totals about once
-a second and ``close()`` sends the last ones. Nothing here blocks or raises
-into the training loop; reports that cannot be delivered (no daemon, full
-socket) are counted and the count travels with the next delivered report.
+a second and ``close()`` sends the last ones, within ``CLOSE_TIMEOUT_SECONDS``
+in all however the daemon behaves. Nothing here blocks or raises into the
+training loop; reports that cannot be delivered (no daemon, a queue still full
+after the sender's retries, an HTTP daemon that does not answer in time) are
+counted and the count travels with the next delivered report.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ from trainmon.training.protocol import (
     STEP_BUCKET_COUNT,
     STEP_SECONDS_BOUNDS,
     encode_report,
+    redact_value,
     sanitize_label,
 )
 
@@ -68,6 +75,10 @@ T = TypeVar("T")
 M = TypeVar("M")
 
 DEFAULT_INTERVAL_SECONDS = 1.0
+#: Longest ``close()`` takes, seconds: waiting for a delivery in flight on the
+#: sender thread (at most ``HTTP_TIMEOUT_SECONDS``), then one last payload (the
+#: final totals and, on a clean end, the ended run description) in the time left.
+CLOSE_TIMEOUT_SECONDS = 4.0
 #: Phase name that absorbs phases beyond the protocol's MAX_PHASES.
 OTHER_PHASE = "other"
 #: Raw phase names whose cleaned form is remembered; names past this many are
@@ -126,10 +137,12 @@ class Reporter:
     ) -> None:
         env = os.environ if environ is None else environ
         raw_job = job if job is not None else env.get("TRAINMON_JOB", "unnamed")
-        self.job = sanitize_label(str(raw_job), DEFAULT_MAX_LABEL_LENGTH)
+        # URL credentials out first: the label charset keeps ``:``, ``/`` and ``@``
+        self.job = sanitize_label(str(redact_value("job", str(raw_job))),
+                                  DEFAULT_MAX_LABEL_LENGTH)
         if self.job != raw_job:
-            log.warning("trainmon job name %r is sent as %r (allowed: A-Za-z0-9_.:@/+-)",
-                        raw_job, self.job)
+            log.warning("trainmon job name is sent as %r (allowed: A-Za-z0-9_.:@/+-)",
+                        self.job)
         identity = rank_identity(env, rank, local_rank, world_size)
         self.rank, self.local_rank, self.world_size = (
             identity.rank, identity.local_rank, identity.world_size,
@@ -394,17 +407,24 @@ class Reporter:
     def close(self, finished: bool = True) -> None:
         """Send the final totals and stop the sender thread; safe to call twice.
 
+        Returns within ``CLOSE_TIMEOUT_SECONDS``: it waits for a delivery the
+        sender thread has in flight for at most the time left, then sends the
+        final totals in one payload within the time left (an undeliverable
+        one is counted, never waited for longer).
+
         ``finished`` (the default) ends the run description with
-        ``"ended": "finished"``; ``close(finished=False)`` (and leaving a
-        ``with`` block on an exception, or exiting on an uncaught exception)
-        does not, so the daemon concludes the run stopped rather than ended.
+        ``"ended": "finished"`` (in the same payload as the final totals);
+        ``close(finished=False)`` (and leaving a ``with`` block on an
+        exception, or exiting on an uncaught exception) does not, so the
+        daemon concludes the run stopped rather than ended.
         """
         if self._closed:
             return
         self._closed = True
+        give_up = time.monotonic() + CLOSE_TIMEOUT_SECONDS
         _OPEN_REPORTERS.discard(self)
         self._closing.set()
-        self._thread.join(timeout=5.0)
+        self._thread.join(timeout=max(0.0, give_up - time.monotonic()))
         source = self._comm_source
         if source is not None:
             source.fold()  # what completed since the last step
@@ -413,25 +433,46 @@ class Reporter:
             # Phase time after the last step (a final validation, a checkpoint)
             # still counts; data wait without a step to contain it does not.
             self._commit_phases()
-        self.flush()
-        if finished:
-            with self._send_lock:
-                self._send_description(ended="finished")
+        self._deliver(ended="finished" if finished else None, give_up=give_up)
         self._sender.close()
 
     def flush(self) -> bool:
-        """Send the current totals now (and the run description when it is due);
-        True if the totals were delivered."""
-        with self._send_lock:
-            if self._run_describer.due():
-                self._send_description()
-            payload = encode_report(self.report())
-            if self._sender.send(payload):
+        """Send the current totals now (with the run description when it is due);
+        True if they were delivered."""
+        return self._deliver()
+
+    def _deliver(self, ended: str | None = None, give_up: float | None = None) -> bool:
+        """Send one payload: the run description when it is due, then the
+        current totals; with ``ended``, the totals, then the ended description.
+        ``give_up``: the monotonic time by which this must be done (None: the
+        sender's own bound)."""
+        timeout: float | None = None
+        if give_up is None:
+            self._send_lock.acquire()
+        elif not self._send_lock.acquire(timeout=max(0.0, give_up - time.monotonic())):
+            with self._lock:  # the sender thread still holds it: no time left
+                self._dropped += 1
+            return False
+        try:
+            describer = self._run_describer
+            described = ended is not None or describer.due()
+            description = self._description_line(ended) if described else b""
+            report = encode_report(self.report())
+            # the run is known before its first report; "ended" is the last line sent
+            payload = (report + description) if ended else (description + report)
+            if give_up is not None:
+                timeout = max(0.0, give_up - time.monotonic())
+            delivered = self._sender.send(payload, timeout)
+            if description:
+                describer.sent(delivered)
+            if delivered:
                 return True
             with self._lock:
                 self._dropped += 1
             self._log_failure()
             return False
+        finally:
+            self._send_lock.release()
 
     def report(self) -> dict[str, object]:
         """The protocol v1 report of the current totals (see docs/protocol.md)."""
@@ -505,20 +546,18 @@ class Reporter:
                 source.fold()  # bounds what instrumentation holds between steps
             self.flush()
 
-    def _send_description(self, ended: str | None = None) -> None:
-        """Send the run description in a payload of its own (a daemon that
-        refuses it still takes the totals); send lock held. Never raises: a
-        description that cannot be built costs the description, not the reports."""
+    def _description_line(self, ended: str | None) -> bytes:
+        """The run description line to send with the totals (send lock held);
+        b"" when it cannot be built: that costs the description, not the report."""
         describer = self._run_describer
         try:
-            line = describer.line(ended=ended)
+            return describer.line(ended=ended)
         except Exception as error:  # a bug or a hostile object must not stop the sender
             if self._description_errors.allow("build"):  # the type only: no values logged
                 log.warning("trainmon: cannot build the run description (%s)",
                             type(error).__name__)
             describer.sent(False)
-            return
-        describer.sent(self._sender.send(line))
+            return b""
 
     def _phase_name(self, name: str) -> str:
         """The phase name as sent: sanitized, and ``OTHER_PHASE`` past the phase cap."""

@@ -16,8 +16,13 @@ thread delivers at start, on change, every minute and at the end.
   start time and 8 random hex digits. Only the launcher's ids are shared by
   the ranks of a job; without one, each process is its own run.
 - **Secrets**: a config key or environment name that ``is_secret_name`` flags
-  is sent as ``REDACTED``, and URL credentials are cut out of values, before
-  anything is hashed, sent or logged; the daemon applies the same rule again.
+  is sent as ``REDACTED``, and URL credentials (``s3://AKIA…:…@bucket``) are
+  cut out of values, before anything is hashed, sent or logged; the daemon
+  applies the same rule again. Data paths lose their credentials before
+  ``abspath`` (which would fold ``s3://`` into ``s3:/`` and hide them from the
+  URL rule), config and framework keys before they are mapped onto the label
+  charset, and every string value of the line (versions, identity, host, data
+  paths…) goes through the same rule once more when the description is built.
 - **Config**: nested mappings are flattened to dotted keys; values become JSON
   scalars (anything else its ``str()``); ``config_hash`` covers every key at
   full length, while the line carries at most 64 keys of at most 256
@@ -53,6 +58,7 @@ from typing import Any
 
 import trainmon
 from trainmon.training.protocol import (
+    DEFAULT_MAX_LABEL_LENGTH,
     GIT_COMMIT_PATTERN,
     MAX_COUNT,
     MAX_DATA_PATHS,
@@ -162,7 +168,7 @@ def _as_mapping(settings: object) -> Mapping[Any, Any]:
 def _flatten(settings: Mapping[Any, Any], prefix: str, depth: int,
              flat: dict[str, ConfigValue]) -> None:
     for raw_key, value in settings.items():
-        key = sanitize_label(f"{prefix}{raw_key}", 4 * MAX_DESCRIPTION_KEY_LENGTH)
+        key = sanitize_label(_redacted(f"{prefix}{raw_key}"), 4 * MAX_DESCRIPTION_KEY_LENGTH)
         if isinstance(value, Mapping) and value and depth < MAX_CONFIG_DEPTH:
             _flatten(value, f"{key}.", depth + 1, flat)
         else:
@@ -247,13 +253,14 @@ def capture_versions() -> dict[str, str]:
         if isinstance(version, str):
             versions[name] = version
     kept = list(versions.items())[:MAX_VERSIONS]
-    return {name: _clean(value, MAX_VERSION_LENGTH) for name, value in kept}
+    return {name: _clean(_redacted(value), MAX_VERSION_LENGTH) for name, value in kept}
 
 
 def absolute_data_paths(paths: DataPaths) -> tuple[str, ...]:
-    """``paths`` (or one path) made absolute (symlinks kept), deduplicated;
-    those the protocol cannot carry (control characters, over 4096 bytes) and
-    those past 8 are left out with a warning."""
+    """``paths`` (or one path) without URL credentials, made absolute (symlinks
+    kept), deduplicated; those the protocol cannot carry (control characters,
+    over 4096 bytes) and those past 8 are left out with a warning (which names
+    the path without its credentials)."""
     if isinstance(paths, (str, bytes, os.PathLike)):
         paths = [paths]
     try:
@@ -264,20 +271,44 @@ def absolute_data_paths(paths: DataPaths) -> tuple[str, ...]:
     kept: list[str] = []
     for path in candidates:
         try:
-            absolute = os.path.abspath(os.fsdecode(os.fspath(path)))
+            text = _redacted(os.fsdecode(os.fspath(path)))
+        except (TypeError, ValueError, UnicodeError) as error:
+            log.warning("trainmon: data path of type %s not recorded: %s",
+                        type(path).__name__, type(error).__name__)
+            continue
+        try:
+            absolute = _redacted(os.path.abspath(text))
             size = len(absolute.encode("utf-8"))
         except (TypeError, ValueError, UnicodeError) as error:
-            log.warning("trainmon: data path %.200r not recorded: %s", path, error)
+            log.warning("trainmon: data path %.200r not recorded: %s", text, error)
             continue
         if size > MAX_PATH_BYTES or _CONTROL.search(absolute):
             log.warning("trainmon: data path %.200r not recorded: over %d bytes or "
-                        "control characters", path, MAX_PATH_BYTES)
+                        "control characters", text, MAX_PATH_BYTES)
         elif absolute not in kept:
             kept.append(absolute)
     if len(kept) > MAX_DATA_PATHS:
         log.warning("trainmon: %d data paths, only the first %d are recorded",
                     len(kept), MAX_DATA_PATHS)
     return tuple(kept[:MAX_DATA_PATHS])
+
+
+def _redacted(text: str) -> str:
+    """``text`` with URL credentials cut out (the protocol's ``redact_value`` rule)."""
+    value = redact_value("", text)
+    return value if isinstance(value, str) else text
+
+
+def _redacted_strings(value: object) -> object:
+    """``value`` with ``_redacted`` applied to every string value in it (keys are
+    labels, already redacted when flattened: ``_redacted`` would bring ``<`` back)."""
+    if isinstance(value, str):
+        return _redacted(value)
+    if isinstance(value, dict):
+        return {key: _redacted_strings(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_redacted_strings(item) for item in value]
+    return value
 
 
 def hostname() -> str:
@@ -405,7 +436,9 @@ class RunDescriber:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._identity: dict[str, object] = {
-            "job": job, "rank": rank, "reporter_id": reporter_id, "run": run,
+            # a label: credentials out, then the charset (``<redacted>`` → ``_redacted_``)
+            "job": sanitize_label(_redacted(job), DEFAULT_MAX_LABEL_LENGTH),
+            "rank": rank, "reporter_id": reporter_id, "run": run,
             "started": started, "world_size": world_size,
         }
         self._environ = environ
@@ -419,6 +452,10 @@ class RunDescriber:
         self._static: dict[str, object] | None = None
         self._due = 0.0  # monotonic time of the next send; 0: at the next tick
         self._retry = 1.0
+        # Changes made by update(), and how many of them the last line() had:
+        # a change made while a line is in flight is sent again after it.
+        self._changes = 0
+        self._changes_in_line = 0
         self._trimmed_logged = False
 
     @property
@@ -447,6 +484,7 @@ class RunDescriber:
                 self._data_paths = absolute_data_paths((*self._data_paths, *paths))
             if (self._config, self._framework, self._data_paths) != before:
                 self._due = 0.0
+                self._changes += 1
 
     def description(self, ended: str | None = None) -> dict[str, object]:
         """The run description as sent (within the line limit)."""
@@ -474,7 +512,9 @@ class RunDescriber:
             }
         if ended is not None:
             description["ended"] = ended
-        return self._fit(description)
+        redacted = {key: value if key == "job" else _redacted_strings(value)
+                    for key, value in description.items()}
+        return self._fit(redacted)
 
     def due(self) -> bool:
         """Whether the description is to be sent now: first, changed, a minute
@@ -483,14 +523,23 @@ class RunDescriber:
 
     def line(self, ended: str | None = None) -> bytes:
         """The description as one encoded line (``ended``: ``"finished"`` at the end)."""
-        return encode_report(self.description(ended))
+        with self._lock:
+            changes = self._changes
+        line = encode_report(self.description(ended))
+        with self._lock:
+            self._changes_in_line = changes
+        return line
 
     def sent(self, delivered: bool) -> None:
-        """Schedule the next send: a minute after a delivery; after a failure,
-        1 s, 2 s, 4 s… up to a minute."""
+        """Schedule the next send: a minute after a delivery (at the next tick
+        when ``update()`` changed the description after ``line()`` built it);
+        after a failure, 1 s, 2 s, 4 s… up to a minute."""
         now = self._clock()
         with self._lock:
-            if delivered:
+            if delivered and self._changes != self._changes_in_line:
+                self._due = 0.0
+                self._retry = 1.0
+            elif delivered:
                 self._due = now + RUN_DESCRIPTION_INTERVAL_SECONDS
                 self._retry = 1.0
             else:

@@ -3,36 +3,51 @@
 ``TRAINMON_ENDPOINT`` (or the ``endpoint`` argument) selects it:
 
 - ``unix:///run/trainmon/steps.sock`` (the default): one non-blocking
-  ``sendto`` per report; a missing daemon or a full socket buffer fails at once;
+  ``sendto`` per payload; a missing daemon fails at once, a full receive
+  queue (``EAGAIN``) is retried with backoff for up to
+  ``FULL_QUEUE_RETRY_BUDGET_SECONDS`` before the payload counts as undelivered;
 - ``http://host:port`` or ``https://host:port`` (path defaults to
-  ``/api/v1/steps``): one POST per report with a short timeout; a token from
+  ``/api/v1/steps``): one POST per payload through ``trainmon.outbound``, the
+  whole request within ``HTTP_TIMEOUT_SECONDS``; a token from
   ``TRAINMON_TOKEN`` (or the ``token`` argument) is sent as
   ``Authorization: Bearer …``, needed when the daemon is not on loopback.
 
+``send(payload, timeout)`` takes at most the smaller of ``timeout`` and the
+sender's own bound above, which is how ``Reporter.close()`` keeps its bound.
 A sender never raises: ``send`` returns False and keeps ``last_error``.
 """
 
 from __future__ import annotations
 
-import http.client
+import random
 import socket
 import time
 import urllib.parse
 from typing import Protocol
 
+from trainmon import outbound
 from trainmon.training.protocol import STEPS_PATH
 
 DEFAULT_ENDPOINT = "unix:///run/trainmon/steps.sock"
-#: Seconds an HTTP delivery may take before it counts as undelivered.
+#: Seconds one HTTP delivery (connect to the last byte of the answer) may take
+#: before it counts as undelivered.
 HTTP_TIMEOUT_SECONDS = 2.0
-#: Pauses between retries of a datagram refused because the daemon's queue is full.
-FULL_QUEUE_RETRY_SECONDS = (0.001, 0.002, 0.004, 0.008, 0.016)
+#: Longest answer of the daemon read, bytes (a JSON object of a few hundred).
+MAX_ANSWER_BYTES = 64 * 1024
+#: Seconds a datagram refused because the daemon's queue is full (EAGAIN) is
+#: retried, in all, before it counts as undelivered.
+FULL_QUEUE_RETRY_BUDGET_SECONDS = 1.0
+#: First and longest pause between those retries (doubling, with jitter).
+FULL_QUEUE_FIRST_PAUSE_SECONDS = 0.001
+FULL_QUEUE_MAX_PAUSE_SECONDS = 0.025
 
 
 class Sender(Protocol):
     last_error: str
 
-    def send(self, payload: bytes) -> bool: ...
+    def send(self, payload: bytes, timeout: float | None = None) -> bool:
+        """Deliver ``payload`` within ``timeout`` seconds and the sender's own bound."""
+        ...
 
     def close(self) -> None: ...
 
@@ -40,65 +55,78 @@ class Sender(Protocol):
 class UnixDatagramSender:
     """Non-blocking datagrams to the daemon's socket.
 
-    A full receive queue (EAGAIN) is retried a few times with short sleeps
-    (``FULL_QUEUE_RETRY_SECONDS``, 31 ms in all): Linux refuses a datagram once
-    ``net.unix.max_dgram_qlen`` datagrams (often only 10) wait in the daemon's
-    queue, which a burst of reports from many ranks can reach for a moment.
-    This runs on the reporter's sender thread, never in the training loop.
+    Linux refuses a datagram (EAGAIN) once ``net.unix.max_dgram_qlen``
+    datagrams (often only 10) wait in the daemon's queue, which a burst of
+    reports from many ranks of one node reaches for a moment. Such a datagram
+    is retried after 1, 2, 4… ms (at most ``FULL_QUEUE_MAX_PAUSE_SECONDS``,
+    jittered so that the ranks do not retry in step) for up to
+    ``FULL_QUEUE_RETRY_BUDGET_SECONDS`` in all. This runs on the reporter's
+    sender thread (and in ``close()``), never in the training loop.
+    ``full_queue_retries`` counts the retries.
     """
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.last_error = ""
+        self.full_queue_retries = 0
         self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._socket.setblocking(False)
 
-    def send(self, payload: bytes) -> bool:
-        for pause in (*FULL_QUEUE_RETRY_SECONDS, None):
+    def send(self, payload: bytes, timeout: float | None = None) -> bool:
+        budget = FULL_QUEUE_RETRY_BUDGET_SECONDS
+        if timeout is not None:
+            budget = min(timeout, budget)
+        give_up = time.monotonic() + budget
+        pause = FULL_QUEUE_FIRST_PAUSE_SECONDS
+        while True:
             try:
                 self._socket.sendto(payload, self.path)
                 return True
             except BlockingIOError as error:  # the daemon's queue is full
                 self.last_error = f"unix://{self.path}: {error.strerror or error}"
-                if pause is not None:
-                    time.sleep(pause)
             except OSError as error:  # ENOENT/ECONNREFUSED: no daemon; EMSGSIZE
                 self.last_error = f"unix://{self.path}: {error.strerror or error}"
                 return False
-        return False
+            left = give_up - time.monotonic()
+            if left <= 0:
+                return False
+            self.full_queue_retries += 1
+            time.sleep(min(left, pause * (0.5 + random.random())))
+            pause = min(pause * 2, FULL_QUEUE_MAX_PAUSE_SECONDS)
 
     def close(self) -> None:
         self._socket.close()
 
 
 class HTTPSender:
-    """POSTs to the daemon's ``/api/v1/steps`` (one short-lived connection per report)."""
+    """POSTs to the daemon's ``/api/v1/steps`` (one short-lived connection per payload)."""
 
-    def __init__(self, url: urllib.parse.SplitResult, token: str | None) -> None:
+    def __init__(
+        self, url: urllib.parse.SplitResult, token: str | None,
+        fetch: outbound.Fetch = outbound.request,
+    ) -> None:
         self.url = url
         self.last_error = ""
-        self._path = url.path if url.path not in ("", "/") else STEPS_PATH
+        path = url.path if url.path not in ("", "/") else STEPS_PATH
+        self._target = urllib.parse.urlunsplit((url.scheme, url.netloc, path, url.query, ""))
         self._headers = {"Content-Type": "application/x-ndjson"}
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
+        self._fetch = fetch
 
-    def send(self, payload: bytes) -> bool:
-        connection: http.client.HTTPConnection
-        if self.url.scheme == "https":
-            connection = http.client.HTTPSConnection(self.url.netloc, timeout=HTTP_TIMEOUT_SECONDS)
-        else:
-            connection = http.client.HTTPConnection(self.url.netloc, timeout=HTTP_TIMEOUT_SECONDS)
-        try:
-            connection.request("POST", self._path, body=payload, headers=self._headers)
-            response = connection.getresponse()
-            body = response.read(4096)
-        except (OSError, http.client.HTTPException) as error:
-            self.last_error = f"{self.url.geturl()}: {error}"
+    def send(self, payload: bytes, timeout: float | None = None) -> bool:
+        limit = HTTP_TIMEOUT_SECONDS if timeout is None else min(timeout, HTTP_TIMEOUT_SECONDS)
+        if limit <= 0:
+            self.last_error = f"{self.url.geturl()}: no time left to deliver"
             return False
-        finally:
-            connection.close()
+        try:
+            response = self._fetch("POST", self._target, body=payload, headers=self._headers,
+                                   timeout=limit, max_body_bytes=MAX_ANSWER_BYTES)
+        except outbound.OutboundError as error:  # its text starts with host:port
+            self.last_error = f"{self.url.scheme}://{error}"
+            return False
         if response.status != 200:
-            detail = body.decode("utf-8", "replace").strip()
+            detail = response.body[:4096].decode("utf-8", "replace").strip()
             self.last_error = f"{self.url.geturl()}: HTTP {response.status} {detail}"
             return False
         return True
@@ -113,7 +141,7 @@ class DisabledSender:
     def __init__(self, reason: str) -> None:
         self.last_error = reason
 
-    def send(self, payload: bytes) -> bool:
+    def send(self, payload: bytes, timeout: float | None = None) -> bool:
         return False
 
     def close(self) -> None:

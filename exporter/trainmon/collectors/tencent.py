@@ -19,7 +19,6 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-import requests
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -57,7 +56,6 @@ class TencentCollector(Collector):
         self,
         config: TencentConfig,
         *,
-        session: requests.Session | None = None,
         environ: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
@@ -65,7 +63,6 @@ class TencentCollector(Collector):
         align: bool = True,
     ) -> None:
         self._config = config
-        self._session = session or _session(config.concurrency)
         self._environ = os.environ if environ is None else environ
         self._clock = clock
         self._monotonic = monotonic
@@ -108,7 +105,7 @@ class TencentCollector(Collector):
     def _connect(self) -> Connection:
         """Resolve regions and credentials (may ask the metadata service)."""
         config = self._config
-        metadata = MetadataService(config.metadata_url, self._session)
+        metadata = MetadataService(config.metadata_url)
         regions = tuple(resolve_region(region, metadata) for region in config.target_regions)
         credentials = resolve_credentials(
             secret_id=config.secret_id,
@@ -125,7 +122,6 @@ class TencentCollector(Collector):
             credentials,
             limiter=self._limiter,
             stats=self._stats,
-            session=self._session,
             timeout=config.request_timeout_seconds,
             max_retries=config.max_retries,
             clock=self._clock,
@@ -257,12 +253,3 @@ class TencentCollector(Collector):
             "estimated_monthly_calls": round(status.estimated_monthly_calls),
             "last_refresh_end": status.last_refresh_end,
         }
-
-
-def _session(concurrency: int) -> requests.Session:
-    """A session whose connection pool holds every concurrent request."""
-    session = requests.Session()
-    adapter = requests.adapters.HTTPAdapter(pool_maxsize=max(10, concurrency))
-    session.mount("https://", adapter)
-    session.mount("http://", adapter)
-    return session

@@ -30,9 +30,11 @@ reclaim. Failures are ``MetadataError`` with a ``reason`` that is the label of
 not ASCII text).
 
 The HTTP layer is a ``MetadataTransport``; ``HTTPTransport`` is the real one
-(``requests``, connect and read timeout of ~1 s: the service answers in
-milliseconds on a CVM and does not exist anywhere else), and the demo plugs a
-simulated one in below this module's validation.
+(``trainmon.outbound``: the whole request, connect to last body byte, within
+``timeout_seconds``, ~1 s, however slowly the server trickles bytes; the
+service answers in milliseconds on a CVM and does not exist anywhere else; no
+proxy, no redirect), and the demo plugs a simulated one in below this module's
+validation.
 """
 
 from __future__ import annotations
@@ -43,8 +45,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Literal, Protocol
 
-import requests
-import urllib3
+from trainmon import outbound
 
 ErrorReason = Literal["timeout", "unreachable", "http_status", "invalid"]
 ERROR_REASONS: tuple[ErrorReason, ...] = ("timeout", "unreachable", "http_status", "invalid")
@@ -90,7 +91,7 @@ class MetadataError(Exception):
 
 @dataclass(frozen=True)
 class MetadataReply:
-    """One answer of the service: status, body (at most ``MAX_BODY_BYTES`` + 1), type."""
+    """One answer of the service: status, body (at most ``MAX_BODY_BYTES`` over HTTP), type."""
 
     status: int
     body: bytes
@@ -106,36 +107,34 @@ class MetadataTransport(Protocol):
 
 
 class HTTPTransport:
-    """The real service over HTTP; ``timeout`` seconds to connect and again to read."""
+    """The real service over HTTP; ``timeout`` seconds for each whole request.
+
+    ``fetch`` is the HTTP boundary (``trainmon.outbound.request``; tests may
+    pass another with the same signature).
+    """
 
     def __init__(
-        self, base_url: str, timeout: float, session: requests.Session | None = None
+        self, base_url: str, timeout: float, fetch: outbound.Fetch = outbound.request
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self._timeout = timeout
-        self._session = session or requests.Session()
-        self._session.trust_env = False  # never through an HTTP proxy from the environment
+        self._fetch = fetch
 
     def get(self, path: str) -> MetadataReply:
         url = f"{self.base_url}{BASE_PATH}{path}"
         try:
-            response = self._session.get(
-                url, timeout=(self._timeout, self._timeout), stream=True, allow_redirects=False
-            )
-        except requests.Timeout:
-            raise MetadataError("timeout", f"no answer within {self._timeout:g} s") from None
-        except requests.RequestException as error:
-            raise MetadataError("unreachable", f"cannot connect ({type(error).__name__})") from None
-        try:
-            body = response.raw.read(MAX_BODY_BYTES + 1, decode_content=True)
-        except urllib3.exceptions.ReadTimeoutError:
-            raise MetadataError("timeout", f"body not sent within {self._timeout:g} s") from None
-        except (urllib3.exceptions.HTTPError, OSError) as error:
-            raise MetadataError("unreachable", f"answer cut off ({type(error).__name__})") from None
-        finally:
-            response.close()
+            response = self._fetch("GET", url, timeout=self._timeout,
+                                   max_body_bytes=MAX_BODY_BYTES)
+        except outbound.OutboundError as error:
+            if error.reason == "timeout":
+                raise MetadataError("timeout", f"no answer within {self._timeout:g} s") from None
+            if error.reason == "too_large":
+                raise MetadataError(
+                    "invalid", f"{path}: answer longer than {MAX_BODY_BYTES} bytes"
+                ) from None
+            raise MetadataError("unreachable", f"cannot read the answer ({error})") from None
         return MetadataReply(
-            response.status_code, body, response.headers.get("Content-Type", "text/plain")
+            response.status, response.body, response.header("Content-Type") or "text/plain"
         )
 
 

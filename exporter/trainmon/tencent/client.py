@@ -19,6 +19,13 @@ action) and ``InvalidParameter*``: retrying those only burns quota.
 ``AuthFailure.SignatureExpire`` is reported with the clock offset measured from
 the response's ``Date`` header, because the fix is NTP, not the key.
 
+Each attempt is one ``trainmon.outbound`` request: connect to last body byte
+within ``timeout`` seconds (``tencent.request_timeout_seconds``), however
+slowly the server trickles bytes, and at most ``MAX_RESPONSE_BYTES`` of body
+(a longer answer is ``ResponseTooLarge``, not retried). One TLS connection per
+attempt; through the proxy ``HTTPS_PROXY`` names unless ``NO_PROXY`` exempts
+the host (``outbound.environment_proxy``, as ``requests`` did).
+
 Every attempt is counted in ``APIStats`` (requests, errors by code, latency
 histogram, last success), which the collector exports as self-metrics.
 """
@@ -36,8 +43,7 @@ from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from urllib.parse import urlsplit
 
-import requests
-
+from trainmon import outbound
 from trainmon.tencent import signer
 from trainmon.tencent.credentials import CredentialProvider, CredentialsUnavailable
 from trainmon.tencent.ratelimit import TokenBucket
@@ -49,6 +55,9 @@ DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 RETRYABLE_PREFIXES = ("RequestLimitExceeded", "InternalError")
 #: Codes made up by this client for failures that never reached an envelope.
 TRANSPORT_RETRYABLE = ("Timeout", "NetworkError", "MalformedResponse")
+#: Longest answer body read, bytes: a GetMonitorData answer for 10 objects of
+#: 8 GPUs over 1440 points is ~3 MiB; past this the answer is not believed.
+MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -69,7 +78,7 @@ class APIError(Exception):
 
     ``code`` is Tencent's error code (``AuthFailure.SignatureFailure``...) or
     one of ours: ``Timeout``, ``NetworkError``, ``MalformedResponse``,
-    ``HTTP<status>``, ``CredentialsUnavailable``.
+    ``ResponseTooLarge``, ``HTTP<status>``, ``CredentialsUnavailable``.
     """
 
     def __init__(
@@ -184,7 +193,11 @@ def service_url(endpoint: str, service: Service) -> str:
 
 
 class TencentAPI:
-    """Calls actions of any product with the shared bucket, stats and credentials."""
+    """Calls actions of any product with the shared bucket, stats and credentials.
+
+    ``timeout`` bounds each whole attempt (seconds). ``fetch`` is the HTTP
+    boundary (``trainmon.outbound.request``).
+    """
 
     def __init__(
         self,
@@ -193,7 +206,7 @@ class TencentAPI:
         *,
         limiter: TokenBucket,
         stats: APIStats,
-        session: requests.Session | None = None,
+        fetch: outbound.Fetch = outbound.request,
         timeout: float = 10.0,
         max_retries: int = 2,
         clock: Callable[[], float] = time.time,
@@ -206,8 +219,8 @@ class TencentAPI:
         self.credentials = credentials
         self._limiter = limiter
         self.stats = stats
-        self._session = session or requests.Session()
-        self._timeout = (min(3.0, timeout), timeout)
+        self._fetch = fetch
+        self._timeout = timeout
         self._max_retries = max_retries
         self._clock = clock
         self._monotonic = monotonic
@@ -267,21 +280,24 @@ class TencentAPI:
         self.stats.attempt(action)
         started = self._monotonic()
         try:
-            response = self._session.post(
-                url, data=payload, headers=dict(headers), timeout=self._timeout
-            )
-        except requests.Timeout:
-            self.stats.observe(action, self._monotonic() - started)
-            raise APIError(action, "Timeout", f"no answer within {self._timeout[1]:g}s") from None
-        except requests.RequestException as error:
-            raise APIError(action, "NetworkError", f"{type(error).__name__} ({host})") from None
+            response = self._fetch("POST", url, body=payload, headers=dict(headers),
+                                   timeout=self._timeout, max_body_bytes=MAX_RESPONSE_BYTES,
+                                   proxy=outbound.environment_proxy(url))
+        except outbound.OutboundError as error:
+            if error.reason == "timeout":
+                self.stats.observe(action, self._monotonic() - started)
+                raise APIError(action, "Timeout", f"no answer within {self._timeout:g}s") from None
+            if error.reason == "too_large":
+                raise APIError(action, "ResponseTooLarge",
+                               f"answer over {MAX_RESPONSE_BYTES} bytes") from None
+            raise APIError(action, "NetworkError", str(error)) from None  # host:port: cause
         self.stats.observe(action, self._monotonic() - started)
         skew = self._measure_skew(response)
-        if response.status_code != 200:
-            raise APIError(action, f"HTTP{response.status_code}", response.reason or "")
+        if response.status != 200:
+            raise APIError(action, f"HTTP{response.status}", response.reason or "")
         try:
-            body = response.json()
-        except ValueError:
+            body = json.loads(response.body)
+        except ValueError:  # not JSON, not UTF-8
             raise APIError(action, "MalformedResponse", "the body is not JSON") from None
         answer = body.get("Response") if isinstance(body, dict) else None
         if not isinstance(answer, dict):
@@ -296,9 +312,9 @@ class TencentAPI:
         self.stats.success(self._clock())
         return answer
 
-    def _measure_skew(self, response: requests.Response) -> float | None:
+    def _measure_skew(self, response: outbound.Response) -> float | None:
         """Server clock minus ours, from the ``Date`` header (1 s resolution)."""
-        date = response.headers.get("Date")
+        date = response.header("Date")
         if not date:
             return None
         try:

@@ -19,12 +19,18 @@ Credentials are looked up in this order, the first complete source wins:
 The region is the configured one, else the CVM's own region from
 ``/latest/meta-data/placement/region``.
 
+Every metadata request goes through ``trainmon.outbound``: the whole request
+within ``METADATA_TIMEOUT_SECONDS`` (a service that trickles bytes cannot hold
+the puller's start-up longer), bodies capped at ``MAX_METADATA_BODY_BYTES``,
+never through a proxy.
+
 Secrets never leave this module except inside a ``Credential`` (whose repr
 hides them) handed to the signer; error messages name sources, never values.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -33,16 +39,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-import requests
+from trainmon import outbound
 
 log = logging.getLogger(__name__)
 
 DEFAULT_METADATA_URL = "http://metadata.tencentyun.com"
 ROLE_PATH = "/latest/meta-data/cam/security-credentials/"
 REGION_PATH = "/latest/meta-data/placement/region"
-#: (connect, read) seconds: the metadata service answers in milliseconds on a
-#: CVM and does not exist anywhere else, so waiting longer only delays start-up.
-METADATA_TIMEOUT: tuple[float, float] = (1.0, 2.0)
+#: Seconds one whole metadata request (connect to last body byte) may take: the
+#: service answers in milliseconds on a CVM and does not exist anywhere else,
+#: so waiting longer only delays start-up.
+METADATA_TIMEOUT_SECONDS = 2.0
+#: Longest metadata answer read, bytes (a credential document is ~1.5 KiB).
+MAX_METADATA_BODY_BYTES = 64 * 1024
 #: Fetch temporary credentials again this many seconds before they expire.
 REFRESH_MARGIN_SECONDS = 300.0
 
@@ -102,32 +111,31 @@ class StaticCredentials:
 
 
 class MetadataService:
-    """The CVM instance metadata service (``http://metadata.tencentyun.com``)."""
+    """The CVM instance metadata service (``http://metadata.tencentyun.com``).
+
+    ``fetch`` is the HTTP boundary (``trainmon.outbound.request``).
+    """
 
     def __init__(
         self,
         base_url: str = DEFAULT_METADATA_URL,
-        session: requests.Session | None = None,
-        timeout: tuple[float, float] = METADATA_TIMEOUT,
+        timeout: float = METADATA_TIMEOUT_SECONDS,
+        *,
+        fetch: outbound.Fetch = outbound.request,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        self._session = session or requests.Session()
         self._timeout = timeout
+        self._fetch = fetch
 
     def text(self, path: str) -> str:
         """GET ``path``; raises CredentialsUnavailable when it cannot be read."""
-        url = self.base_url + path
+        body = self._get(path)
         try:
-            response = self._session.get(url, timeout=self._timeout)
-        except requests.RequestException as error:
+            return body.decode("utf-8").strip()
+        except UnicodeDecodeError:
             raise CredentialsUnavailable(
-                f"metadata service {self.base_url} unreachable ({type(error).__name__})"
+                f"metadata service returned non-UTF-8 text for {path}"
             ) from None
-        if response.status_code != 200:
-            raise CredentialsUnavailable(
-                f"metadata service answered HTTP {response.status_code} for {path}"
-            )
-        return response.text.strip()
 
     def region(self) -> str:
         """This CVM's region, e.g. ``ap-shanghai``."""
@@ -147,13 +155,8 @@ class MetadataService:
         """Temporary credentials of ``role``."""
         path = ROLE_PATH + role
         try:
-            document = self._session.get(self.base_url + path, timeout=self._timeout)
-            payload = document.json() if document.status_code == 200 else None
-        except requests.RequestException as error:
-            raise CredentialsUnavailable(
-                f"metadata service {self.base_url} unreachable ({type(error).__name__})"
-            ) from None
-        except ValueError:
+            payload = json.loads(self._get(path))
+        except ValueError:  # not JSON, not UTF-8
             raise CredentialsUnavailable(f"metadata service returned non-JSON for {path}") from None
         if not isinstance(payload, dict) or payload.get("Code") != "Success":
             code = payload.get("Code") if isinstance(payload, dict) else None
@@ -172,6 +175,26 @@ class MetadataService:
                 f"metadata credentials of role {role!r} lack TmpSecretId/TmpSecretKey/"
                 "Token/ExpiredTime"
             ) from None
+
+    def _get(self, path: str) -> bytes:
+        """The body of a 200 answer to ``GET path``; else CredentialsUnavailable."""
+        try:
+            response = self._fetch("GET", self.base_url + path, timeout=self._timeout,
+                                   max_body_bytes=MAX_METADATA_BODY_BYTES)
+        except outbound.OutboundError as error:
+            if error.reason == "timeout":
+                raise CredentialsUnavailable(
+                    f"metadata service {self.base_url} gave no answer within "
+                    f"{self._timeout:g} s (Timeout)"
+                ) from None
+            raise CredentialsUnavailable(
+                f"metadata service {self.base_url} unreachable ({error.reason})"
+            ) from None
+        if response.status != 200:
+            raise CredentialsUnavailable(
+                f"metadata service answered HTTP {response.status} for {path}"
+            )
+        return response.body
 
 
 class CVMRoleCredentials:
