@@ -23,6 +23,7 @@ run ledger (``trainmon.collectors.ledger``) reads the same store and exports
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -43,6 +44,7 @@ from trainmon.node.mounts import MountResolver, PathStorage
 from trainmon.training.protocol import STEP_SECONDS_BOUNDS, STEPS_PATH
 from trainmon.training.receiver import PeerUid, SocketReceiver, StepPushHandler, read_tokens
 from trainmon.training.store import LastCheckpoint, RankView, TrainingStore, TrainingStoreView
+from trainmon.training.writers import uid_writer
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +76,8 @@ class TrainingCollector(Collector):
             max_jobs=config.max_jobs,
             max_ranks_per_job=config.max_ranks_per_job,
             max_jobs_per_writer=config.max_jobs_per_writer,
-            trusted_writers=config.trusted_writers,
+            # The daemon's own user (its demo jobs report over the socket) is trusted too.
+            trusted_writers=(*config.trusted_writers, uid_writer(os.geteuid())),
             window_seconds=config.window_seconds,
             clock=clock,
             wall_clock=wall_clock,

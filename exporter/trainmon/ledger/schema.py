@@ -50,6 +50,7 @@ import logging
 import os
 import sqlite3
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -256,13 +257,23 @@ def tighten(path: Path) -> None:
 
 def migrate(connection: sqlite3.Connection, version: int) -> None:
     """Upgrade a file of schema ``version`` to ``SCHEMA_VERSION`` in one transaction."""
-    connection.execute("BEGIN IMMEDIATE")
-    try:
+
+    def upgrade() -> None:
         current = connection.execute("PRAGMA user_version").fetchone()[0]
         for step in range(current, SCHEMA_VERSION):
             for statement in MIGRATIONS[step]:
                 connection.execute(statement)
         connection.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    _immediate(connection, upgrade)
+
+
+def _immediate(connection: sqlite3.Connection, work: Callable[[], None]) -> None:
+    """Run ``work`` in one ``BEGIN IMMEDIATE`` transaction; roll back what SQLite
+    has not already rolled back itself when it fails."""
+    connection.execute("BEGIN IMMEDIATE")
+    try:
+        work()
         connection.execute("COMMIT")
     except BaseException:
         if connection.in_transaction:
@@ -324,14 +335,10 @@ def _verify(path: Path) -> int:
 
 
 def _create(connection: sqlite3.Connection) -> None:
-    connection.execute("BEGIN IMMEDIATE")
-    try:
+    def create() -> None:
         for statement in TABLES:
             connection.execute(statement)
         connection.execute(f"PRAGMA application_id={APPLICATION_ID}")
         connection.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-        connection.execute("COMMIT")
-    except BaseException:
-        if connection.in_transaction:
-            connection.execute("ROLLBACK")
-        raise
+
+    _immediate(connection, create)
