@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.training.training_support import FakeClock, this_user
+from tests.training.training_support import FakeClock
 from trainmon.collectors.training import TrainingCollector
 from trainmon.config import TrainingConfig
 
@@ -26,12 +26,10 @@ def make_collector(
 
     def make(**settings: object) -> TrainingCollector:
         settings.setdefault("socket", None)
-        peer_uid = settings.pop("peer_uid", this_user)
         collector = TrainingCollector(
             TrainingConfig(**settings),  # type: ignore[arg-type]
             clock=clock,
             wall_clock=lambda: 1_700_000_100.0,
-            peer_uid=peer_uid,  # type: ignore[arg-type]
         )
         collector.start()
         started.append(collector)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.exposition import Scrape, scrape
-from tests.training.training_support import FakeClock, line, push, report, this_user
+from tests.training.training_support import FakeClock, line, push, report
 from trainmon.client import Reporter
 from trainmon.collectors.training import TrainingCollector
 from trainmon.config import TrainingConfig
@@ -43,7 +43,7 @@ def make(clock: FakeClock) -> Iterator[Make]:
     ) -> TrainingCollector:
         collector = TrainingCollector(
             TrainingConfig(socket=socket), clock=clock, wall_clock=lambda: WALL_NOW,
-            proc_root=proc_root, sys_root=sys_root, peer_uid=this_user,
+            proc_root=proc_root, sys_root=sys_root,
         )
         collector.start()
         started.append(collector)

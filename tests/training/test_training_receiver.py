@@ -57,8 +57,8 @@ def test_loopback_without_token_can_be_allowed_beside_a_token(
 
 
 def test_loopback_client_the_kernel_cannot_name_is_refused(make_collector: Make) -> None:
-    collector = make_collector(peer_uid=lambda *_: None)
-    response = collector.handle_push(push(line()))
+    collector = make_collector()
+    response = collector.handle_push(push(line(), known_user=False))
     assert (response.status, response.payload["error"]) == (403, "unauthorized")
     assert scrape(collector).labelsets("trainmon_training_steps_total") == []
 

@@ -59,25 +59,23 @@ def line(**changes: object) -> bytes:
     return json.dumps(report(**changes)).encode() + b"\n"
 
 
-def this_user(client_host: str, client_port: int, server_host: str, server_port: int) -> int:
-    """The kernel's answer for an in-process loopback request: this test's own user
-    (``push()`` builds requests without a connection to look up)."""
-    return os.geteuid()
-
-
 def push(
     body: bytes,
     *,
     loopback: bool = True,
     authorization: str | None = None,
     too_large: bool = False,
+    known_user: bool = True,
 ) -> PushRequest:
+    """A push as the server hands it over; from loopback, by this test's own user as
+    the kernel would name it (``known_user=False``: a user the kernel did not name)."""
     return PushRequest(
         body=body,
         client_host="127.0.0.1" if loopback else "192.0.2.7",
         is_loopback=loopback,
         authorization=authorization,
         too_large=too_large,
+        peer_uid=os.geteuid() if loopback and known_user else None,
     )
 
 

@@ -37,12 +37,11 @@ from prometheus_client.core import (
 
 from trainmon.config import TrainingConfig
 from trainmon.core.collector import Collector
-from trainmon.http.peer import loopback_peer_uid
 from trainmon.http.push import PushHandler, PushRequest, PushResponse
 from trainmon.logthrottle import LogThrottle
 from trainmon.node.mounts import MountResolver, PathStorage
 from trainmon.training.protocol import STEP_SECONDS_BOUNDS, STEPS_PATH
-from trainmon.training.receiver import PeerUid, SocketReceiver, StepPushHandler, read_tokens
+from trainmon.training.receiver import SocketReceiver, StepPushHandler, read_tokens
 from trainmon.training.store import LastCheckpoint, RankView, TrainingStore, TrainingStoreView
 from trainmon.training.writers import uid_writer
 
@@ -65,10 +64,8 @@ class TrainingCollector(Collector):
         wall_clock: Callable[[], float] = time.time,
         proc_root: Path = Path("/proc"),
         sys_root: Path = Path("/sys"),
-        peer_uid: PeerUid = loopback_peer_uid,
     ) -> None:
         self._config = config
-        self._peer_uid = peer_uid
         self._mounts = MountResolver(proc_root, sys_root, clock=clock)
         self._mount_errors = LogThrottle()
         self.store = TrainingStore(
@@ -86,7 +83,7 @@ class TrainingCollector(Collector):
         # names may push, and only where the configuration lets them without a token.
         self._push = StepPushHandler(
             self.store, loopback_without_token=config.loopback_without_token is not False,
-            max_label_length=config.max_label_length, peer_uid=peer_uid,
+            max_label_length=config.max_label_length,
         )
         self._receiver: SocketReceiver | None = None
         self._socket_error: str | None = None
@@ -113,7 +110,7 @@ class TrainingCollector(Collector):
                 self._push = StepPushHandler(
                     self.store, tokens=tokens,
                     loopback_without_token=config.loopback_without_token is True,
-                    max_label_length=config.max_label_length, peer_uid=self._peer_uid,
+                    max_label_length=config.max_label_length,
                 )
         if config.socket is None:
             return

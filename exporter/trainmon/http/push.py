@@ -28,12 +28,10 @@ class PushRequest:
     authorization: str | None
     #: The body exceeded ``http.max_request_body_bytes`` and was not read.
     too_large: bool = False
-    #: The client's TCP port, and the server's own address and port of the
-    #: connection: with ``client_host`` they name the connection in the
-    #: kernel's socket table (``trainmon.http.peer``); 0 / "" when unknown.
-    client_port: int = 0
-    server_host: str = ""
-    server_port: int = 0
+    #: For a loopback client: the local user owning its socket, as the kernel
+    #: names it (``trainmon.http.peer``, looked up once per connection); None
+    #: for other clients or when the kernel does not say.
+    peer_uid: int | None = None
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ from prometheus_client.exposition import choose_encoder
 from trainmon import __version__
 from trainmon.config import HTTPConfig, ListenAddress
 from trainmon.http.limits import ConnectionLimits, RefusalReason
+from trainmon.http.peer import loopback_peer_uid
 from trainmon.http.push import (
     GetHandler,
     GetRequest,
@@ -142,6 +143,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._request_deadline = 0.0
         self._head_read = False
         self._response_stalled = False
+        self._peer_asked = False
+        self._peer_uid: int | None = None
 
     def handle_one_request(self) -> None:
         # Both deadlines of a request, and of the idle wait before it, start now.
@@ -290,19 +293,29 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_error(HTTPStatus.LENGTH_REQUIRED)
             return None
         host = self.client_address[0]
-        local = self.connection.getsockname()
+        loopback = _is_loopback(host)
         common: dict[str, Any] = {
             "client_host": host,
-            "client_port": int(self.client_address[1]),
-            "server_host": str(local[0]),
-            "server_port": int(local[1]),
-            "is_loopback": _is_loopback(host),
+            "is_loopback": loopback,
+            "peer_uid": self._loopback_user() if loopback else None,
             "authorization": self.headers.get("Authorization"),
         }
         if length > self.server.max_body_bytes:
             self.close_connection = True  # the unread body must not be parsed as a request
             return PushRequest(body=b"", too_large=True, **common)
         return PushRequest(body=self.rfile.read(length), **common)
+
+    def _loopback_user(self) -> int | None:
+        """The local user of this loopback connection's client socket, asked of the
+        kernel at the connection's first push and kept while it lasts (the socket,
+        and so its owner, cannot change under an open connection)."""
+        if not self._peer_asked:
+            self._peer_asked = True
+            local = self.connection.getsockname()
+            self._peer_uid = loopback_peer_uid(
+                str(self.client_address[0]), int(self.client_address[1]),
+                str(local[0]), int(local[1]))
+        return self._peer_uid
 
     def _send_json(self, status: int, payload: Mapping[str, object]) -> None:
         body = json.dumps(payload, sort_keys=True).encode() + b"\n"

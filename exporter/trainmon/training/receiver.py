@@ -29,13 +29,12 @@ import socket
 import stat
 import struct
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
 
 from trainmon.background import BackgroundThread
-from trainmon.http.peer import loopback_peer_uid
 from trainmon.http.push import PushRequest, PushResponse
 from trainmon.logthrottle import LogThrottle
 from trainmon.training.protocol import (
@@ -159,16 +158,13 @@ def read_tokens(path: Path) -> dict[str, str]:
     return tokens
 
 
-#: Answers the uid owning the client socket of a loopback connection (or None).
-PeerUid = Callable[[str, int, str, int], "int | None"]
-
-
 class StepPushHandler:
     """``POST /api/v1/steps``: who is writing, size check, then ``ingest_payload``.
 
     The writer is the bearer token's name (``token:<name>``), or, for a
     loopback client without a token when ``loopback_without_token`` allows
-    it, the local user the kernel names (``uid:<n>``, ``trainmon.http.peer``).
+    it, the local user the kernel names for its connection (``uid:<n>``,
+    ``PushRequest.peer_uid``).
     Anything else is refused: 401 with a wrong or missing token, 403 for a
     client that may not push without one.
     """
@@ -180,14 +176,12 @@ class StepPushHandler:
         tokens: Mapping[str, str] | None = None,
         loopback_without_token: bool = True,
         max_label_length: int,
-        peer_uid: PeerUid = loopback_peer_uid,
     ) -> None:
         self._store = store
         self._tokens = [(f"Bearer {token}".encode(), name)
                         for token, name in (tokens or {}).items()]
         self._loopback_without_token = loopback_without_token
         self._max_label_length = max_label_length
-        self._peer_uid = peer_uid
         self._refusals = LogThrottle()
 
     def __call__(self, request: PushRequest) -> PushResponse:
@@ -228,10 +222,8 @@ class StepPushHandler:
                 return token_writer(found), None
             return None, _error(HTTPStatus.UNAUTHORIZED, "unauthorized", "invalid bearer token")
         if request.is_loopback and self._loopback_without_token:
-            uid = self._peer_uid(request.client_host, request.client_port,
-                                 request.server_host, request.server_port)
-            if uid is not None:
-                return uid_writer(uid), None
+            if request.peer_uid is not None:
+                return uid_writer(request.peer_uid), None
             return None, _error(
                 HTTPStatus.FORBIDDEN, "unauthorized",
                 "cannot tell which local user this loopback client is; send a bearer token",
