@@ -329,7 +329,7 @@ def _decode_line(line: bytes) -> dict[str, object]:
     """Size, UTF-8, JSON, object and version checks common to every line type."""
     if len(line) > MAX_LINE_BYTES:
         raise ReportError("too_large", f"line of {len(line)} bytes exceeds {MAX_LINE_BYTES}")
-    if not line.lstrip(b" \t").startswith(b"{"):  # junk is refused before any decoding
+    if line[:1] != b"{" and not line.lstrip(b" \t").startswith(b"{"):  # junk: refused at once
         raise ReportError("malformed", "a report must be a JSON object")
     try:
         text = line.decode("utf-8")

@@ -28,7 +28,6 @@ import select
 import socket
 import stat
 import struct
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -101,7 +100,7 @@ def ingest_payload(
     """
     accepted = 0
     errors: list[ReportError] = []
-    rejected: Counter[str] = Counter()
+    rejected: dict[str, int] = {}  # reason -> count; stays empty on the usual path
     for item in decode_payload(payload, max_label_length):
         problem: ReportError | None = item if isinstance(item, ReportError) else None
         try:
@@ -117,15 +116,16 @@ def ingest_payload(
                 log.warning("refused a %s line from %s: %s (rate-limited)",
                             transport, identity, refused)
         if problem is not None:
-            rejected[problem.reason] += 1
+            rejected[problem.reason] = rejected.get(problem.reason, 0) + 1
             if len(errors) < MAX_ERRORS_KEPT:
                 errors.append(problem)
-    if accepted == 0 and not rejected:
+    if not rejected:
+        if accepted:
+            return IntakeResult(accepted)
         empty = ReportError("malformed", "empty payload")
-        rejected[empty.reason] += 1
+        rejected[empty.reason] = 1
         errors.append(empty)
-    if rejected:
-        store.reject_counts(rejected)
+    store.reject_counts(rejected)
     return IntakeResult(accepted, errors, sum(rejected.values()))
 
 
