@@ -81,6 +81,13 @@ class Node:
     def wait(self, name: str, expected: float, what: str, **labels: str) -> None:
         wait_until(lambda: self.value(name, **labels) == expected, 15.0, what, interval=0.05)
 
+    def wait_ledger_flushes(self, count: int = 2) -> None:
+        """Until the recorder has committed ``count`` more flushes: what it would
+        have written from what was sent before is in the file by then."""
+        written = self.value("trainmon_ledger_writes_total") or 0
+        wait_until(lambda: (self.value("trainmon_ledger_writes_total") or 0) >= written + count,
+                   15.0, f"{count} more ledger flushes", interval=0.05)
+
     def runs(self) -> list[dict[str, Any]]:
         with urllib.request.urlopen(self.daemon.url + "/api/v1/runs", timeout=10) as answer:
             records: list[dict[str, Any]] = json.loads(answer.read())
@@ -129,7 +136,7 @@ def test_another_user_cannot_report_for_a_job_on_the_socket(
     as_user(attacker, node.socket, [forged_report(), forged_description()])
     node.wait("trainmon_training_rejected_reports_total", 2, "both forgeries refused",
               reason="forbidden")
-    time.sleep(0.5)  # two ledger flushes (0.2 s): a rewrite would have landed
+    node.wait_ledger_flushes()  # a rewrite would have landed by then
     assert_victim_untouched(node)
     log = node.daemon.log()
     assert f"uid:{attacker.uid}" in log and "belongs to another writer" in log
@@ -146,7 +153,7 @@ def test_another_user_cannot_report_for_a_job_over_loopback_http(
     # The victim's own user may go on over HTTP: the kernel names the same uid.
     (own,) = as_user(victim, node.daemon.url, [step_line(steps=1000)])
     assert own["status"] == 200
-    time.sleep(0.5)
+    node.wait_ledger_flushes()
     assert_victim_untouched(node)
 
 
