@@ -252,3 +252,30 @@ def test_a_long_change_list_is_truncated_in_the_label(clocks: Clocks, tmp_path: 
     ledger.stop()
     assert len(labels["changed"]) == 200 and labels["changed"].endswith("…")
     assert labels["changed"].startswith("batch_size,lr,model.encoder.layer_00.dropout,")
+
+
+def test_a_run_whose_end_is_replaced_by_the_next_run_before_a_tick_has_finished(
+    clocks: Clocks, tmp_path: Path
+) -> None:
+    """The rank's next run starts within one flush of the clean end: the ended
+    description is gone from the store before the recorder reads it, yet the run
+    finished (it used to be recorded as vanished)."""
+    path = tmp_path / "ledger.sqlite3"
+    training, ledger = make_recorder(clocks, path, flush_seconds=3600.0)()
+    ledger.start()
+    try:
+        run_job(clocks, training, ledger, run="run-a", rate_steps=100, end=False)
+        started = clocks.wall
+        clocks.advance(1)
+        send(training, description(run="run-a", started=started - 50, ended="finished"))
+        send(training, description(run="run-b", started=clocks.wall), step(0, run="run-b",
+                                                                            reporter_id="b0"))
+        clocks.advance(1)
+        send(training, step(10, run="run-b", reporter_id="b0"))
+        ledger.tick()
+    finally:
+        ledger.stop()
+        training.stop()
+    with Ledger.open(path) as reader:
+        ends = {record.run: record.end_reason for record in reader.runs(job="resnet50")}
+    assert ends == {"run-a": "finished", "run-b": None}

@@ -197,6 +197,8 @@ class LedgerCollector(Collector):
             live = self._progress(snapshot.ranks, snapshot.descriptions, now, wall)
             updates = []
             for key, run in list(self._runs.items()):
+                if snapshot.ended_runs.get(key) == run.owner:
+                    run.ended_seen = True  # even if the rank's next run replaced the line
                 self._decide_end(run, live.get(key, []), snapshot.descriptions, wall)
                 self._describe(run, snapshot.descriptions, snapshot.ranks)
                 record = run.record(self._node, wall, self._config)

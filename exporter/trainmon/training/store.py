@@ -69,6 +69,8 @@ WINDOW_SLOTS = 20
 #: Values of the ``reason`` label of ``trainmon_training_evicted_ranks_total``.
 EVICTION_REASONS = ("ttl", "max_jobs", "max_jobs_per_writer", "max_ranks")
 TRANSPORTS = ("unix", "http")
+#: Runs announced ended that are remembered (each for the TTL at most).
+MAX_ENDED_RUNS = 4096
 #: How often ingestion also sweeps expired ranks (seconds).
 EXPIRY_INTERVAL_SECONDS = 1.0
 
@@ -279,6 +281,9 @@ class TrainingStoreView:
     evicted: Mapping[str, int]
     #: Latest run description per (job, rank), for ranks that sent one.
     descriptions: Mapping[tuple[str, int], DescribedRank] = field(default_factory=dict)
+    #: (job, run) -> owner of every run a description said ended within the TTL,
+    #: also when the rank's next run has replaced that description since.
+    ended_runs: Mapping[tuple[str, str], str] = field(default_factory=dict)
 
 
 @dataclass
@@ -334,6 +339,8 @@ class TrainingStore:
         self._rejected = dict.fromkeys(REJECT_REASONS, 0)
         self._evicted = dict.fromkeys(EVICTION_REASONS, 0)
         self._next_expiry = float("-inf")
+        # (job, run) -> (owner, monotonic time) of runs announced ended, least recent first.
+        self._ended: OrderedDict[tuple[str, str], tuple[str, float]] = OrderedDict()
 
     def describe(
         self,
@@ -355,6 +362,14 @@ class TrainingStore:
             job.descriptions[description.rank] = (kept, now)
             while len(job.descriptions) > self._max_ranks:
                 job.descriptions.popitem(last=False)
+            if description.ended is not None:
+                # Remembered beyond the description itself: a rank's next run may
+                # replace it before the ledger's recorder has read it.
+                key = (description.job, description.run)
+                self._ended.pop(key, None)
+                self._ended[key] = (job.owner, now)
+                while len(self._ended) > MAX_ENDED_RUNS:
+                    self._ended.popitem(last=False)
             self._jobs.move_to_end(description.job)
             self._accepted[transport] += 1
 
@@ -427,7 +442,7 @@ class TrainingStore:
             }
             return TrainingStoreView(
                 views, dict(self._accepted), dict(self._rejected), dict(self._evicted),
-                descriptions,
+                descriptions, {key: owner for key, (owner, _) in self._ended.items()},
             )
 
     def counts(self) -> dict[str, int]:
@@ -586,6 +601,8 @@ class TrainingStore:
                 del job.descriptions[rank]
             if not job.ranks and not job.descriptions:
                 del self._jobs[name]
+        while self._ended and next(iter(self._ended.values()))[1] < deadline:
+            self._ended.popitem(last=False)
 
 
 def redact(description: RunDescription) -> RunDescription:
