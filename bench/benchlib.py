@@ -75,18 +75,25 @@ def start_trainmon(
     quiet: bool = False,
     wait: bool = True,
     args: Sequence[str] = (),
+    log_path: Path | None = None,
 ) -> Daemon:
     """``trainmon serve --config config [args]`` on a free loopback port, at log level warning.
 
-    ``quiet`` discards its output; with ``wait`` it returns once ``/healthz`` answers.
+    ``quiet`` discards its output, ``log_path`` writes it to that file; with
+    ``wait`` it returns once ``/healthz`` answers.
     """
     port = free_port()
-    output = subprocess.DEVNULL if quiet else None
-    process = subprocess.Popen(
-        [sys.executable, "-m", "trainmon", "serve", "--config", str(config),
-         "--listen", f"127.0.0.1:{port}", "--log-level", "warning", *args],
-        env=None if env is None else dict(env), cwd=ROOT, stdout=output, stderr=output,
-    )
+    command = [sys.executable, "-m", "trainmon", "serve", "--config", str(config),
+               "--listen", f"127.0.0.1:{port}", "--log-level", "warning", *args]
+    environment = None if env is None else dict(env)
+    if log_path is not None:
+        with log_path.open("wb") as log_file:  # the child keeps its own descriptor
+            process = subprocess.Popen(command, env=environment, cwd=ROOT, stdout=log_file,
+                                       stderr=subprocess.STDOUT)
+    else:
+        output = subprocess.DEVNULL if quiet else None
+        process = subprocess.Popen(command, env=environment, cwd=ROOT, stdout=output,
+                                   stderr=output)
     daemon = Daemon(process, port)
     if wait:
         try:

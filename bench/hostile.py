@@ -70,7 +70,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from bench import benchlib
-from tests.support.daemon import free_port
 from trainmon.client import Reporter
 from trainmon.training import protocol
 from trainmon.training.protocol import STEP_BUCKET_COUNT
@@ -234,25 +233,17 @@ def imported_from(exporter: Path) -> Path:
 def start_daemon(exporter: Path, folder: Path) -> Daemon:
     """``trainmon serve`` of the tree whose package folder is ``exporter``."""
     folder.mkdir(parents=True, exist_ok=True)
-    config = daemon_config(folder)
-    port = free_port()
     log_path = folder / "trainmon.log"
-    with log_path.open("wb") as log_file:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "trainmon", "serve", "--config", str(config),
-             "--listen", f"127.0.0.1:{port}", "--log-level", "warning"],
-            env=tree_environment(exporter), cwd=benchlib.ROOT, stdout=log_file,
-            stderr=subprocess.STDOUT,
-        )
-    daemon = Daemon(process, port, folder / "steps.sock", log_path)
     try:
-        benchlib.wait_ready(f"http://127.0.0.1:{port}/healthz", process)
-        deadline = time.monotonic() + 10
-        while not daemon.socket_path.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        started = benchlib.start_trainmon(daemon_config(folder), env=tree_environment(exporter),
+                                          log_path=log_path)
     except RuntimeError:
-        benchlib.stop(process)
-        raise RuntimeError(f"trainmon did not start:\n{daemon.log_tail()}") from None
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
+        raise RuntimeError(f"trainmon did not start:\n{tail}") from None
+    daemon = Daemon(started.process, started.port, folder / "steps.sock", log_path)
+    deadline = time.monotonic() + 10
+    while not daemon.socket_path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
     return daemon
 
 

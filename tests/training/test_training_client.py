@@ -120,12 +120,18 @@ def test_a_full_queue_is_retried_for_the_budget_then_counted(tmp_path: Path) -> 
         assert not sender.send(b"{}\n")
         seconds = time.monotonic() - started
         assert FULL_QUEUE_RETRY_BUDGET_SECONDS <= seconds <= FULL_QUEUE_RETRY_BUDGET_SECONDS + 0.5
-        assert sender.full_queue_retries > 10 and "unavailable" in sender.last_error
+        assert "unavailable" in sender.last_error
         started = time.monotonic()
         assert not sender.send(b"{}\n", timeout=0.1)  # close() passes the time it has left
         assert time.monotonic() - started <= 0.1 + 0.5
-        daemon.recv(100)  # the daemon reads one: the next retry gets in
+        # The daemon drains one datagram while the sender waits: a later retry gets in,
+        # well within the budget.
+        drain = threading.Timer(0.2, daemon.recv, (100,))
+        started = time.monotonic()
+        drain.start()
         assert sender.send(b"{}\n")
+        assert 0.2 <= time.monotonic() - started < FULL_QUEUE_RETRY_BUDGET_SECONDS
+        drain.join()
         sender.close()
 
 

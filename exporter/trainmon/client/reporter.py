@@ -65,7 +65,7 @@ from trainmon.training.protocol import (
     STEP_BUCKET_COUNT,
     STEP_SECONDS_BOUNDS,
     encode_report,
-    redact_value,
+    redact_text,
     sanitize_label,
 )
 
@@ -138,8 +138,7 @@ class Reporter:
         env = os.environ if environ is None else environ
         raw_job = job if job is not None else env.get("TRAINMON_JOB", "unnamed")
         # URL credentials out first: the label charset keeps ``:``, ``/`` and ``@``
-        self.job = sanitize_label(str(redact_value("job", str(raw_job))),
-                                  DEFAULT_MAX_LABEL_LENGTH)
+        self.job = sanitize_label(redact_text(str(raw_job)), DEFAULT_MAX_LABEL_LENGTH)
         if self.job != raw_job:
             log.warning("trainmon job name is sent as %r (allowed: A-Za-z0-9_.:@/+-)",
                         self.job)

@@ -74,6 +74,7 @@ from trainmon.training.protocol import (
     ConfigValue,
     config_hash,
     encode_report,
+    redact_text,
     redact_value,
     sanitize_label,
     sanitize_run_id,
@@ -168,7 +169,7 @@ def _as_mapping(settings: object) -> Mapping[Any, Any]:
 def _flatten(settings: Mapping[Any, Any], prefix: str, depth: int,
              flat: dict[str, ConfigValue]) -> None:
     for raw_key, value in settings.items():
-        key = sanitize_label(_redacted(f"{prefix}{raw_key}"), 4 * MAX_DESCRIPTION_KEY_LENGTH)
+        key = sanitize_label(redact_text(f"{prefix}{raw_key}"), 4 * MAX_DESCRIPTION_KEY_LENGTH)
         if isinstance(value, Mapping) and value and depth < MAX_CONFIG_DEPTH:
             _flatten(value, f"{key}.", depth + 1, flat)
         else:
@@ -253,7 +254,7 @@ def capture_versions() -> dict[str, str]:
         if isinstance(version, str):
             versions[name] = version
     kept = list(versions.items())[:MAX_VERSIONS]
-    return {name: _clean(_redacted(value), MAX_VERSION_LENGTH) for name, value in kept}
+    return {name: _clean(value, MAX_VERSION_LENGTH) for name, value in kept}
 
 
 def absolute_data_paths(paths: DataPaths) -> tuple[str, ...]:
@@ -271,13 +272,14 @@ def absolute_data_paths(paths: DataPaths) -> tuple[str, ...]:
     kept: list[str] = []
     for path in candidates:
         try:
-            text = _redacted(os.fsdecode(os.fspath(path)))
+            # before abspath, which folds "s3://" into "s3:/"
+            text = redact_text(os.fsdecode(os.fspath(path)))
         except (TypeError, ValueError, UnicodeError) as error:
             log.warning("trainmon: data path of type %s not recorded: %s",
                         type(path).__name__, type(error).__name__)
             continue
         try:
-            absolute = _redacted(os.path.abspath(text))
+            absolute = os.path.abspath(text)
             size = len(absolute.encode("utf-8"))
         except (TypeError, ValueError, UnicodeError) as error:
             log.warning("trainmon: data path %.200r not recorded: %s", text, error)
@@ -293,17 +295,11 @@ def absolute_data_paths(paths: DataPaths) -> tuple[str, ...]:
     return tuple(kept[:MAX_DATA_PATHS])
 
 
-def _redacted(text: str) -> str:
-    """``text`` with URL credentials cut out (the protocol's ``redact_value`` rule)."""
-    value = redact_value("", text)
-    return value if isinstance(value, str) else text
-
-
 def _redacted_strings(value: object) -> object:
-    """``value`` with ``_redacted`` applied to every string value in it (keys are
-    labels, already redacted when flattened: ``_redacted`` would bring ``<`` back)."""
+    """``value`` with ``redact_text`` applied to every string value in it (keys are
+    labels, already redacted when flattened: ``redact_text`` would bring ``<`` back)."""
     if isinstance(value, str):
-        return _redacted(value)
+        return redact_text(value)
     if isinstance(value, dict):
         return {key: _redacted_strings(item) for key, item in value.items()}
     if isinstance(value, list):
@@ -437,7 +433,7 @@ class RunDescriber:
     ) -> None:
         self._identity: dict[str, object] = {
             # a label: credentials out, then the charset (``<redacted>`` → ``_redacted_``)
-            "job": sanitize_label(_redacted(job), DEFAULT_MAX_LABEL_LENGTH),
+            "job": sanitize_label(redact_text(job), DEFAULT_MAX_LABEL_LENGTH),
             "rank": rank, "reporter_id": reporter_id, "run": run,
             "started": started, "world_size": world_size,
         }

@@ -62,13 +62,11 @@ class UnixDatagramSender:
     jittered so that the ranks do not retry in step) for up to
     ``FULL_QUEUE_RETRY_BUDGET_SECONDS`` in all. This runs on the reporter's
     sender thread (and in ``close()``), never in the training loop.
-    ``full_queue_retries`` counts the retries.
     """
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.last_error = ""
-        self.full_queue_retries = 0
         self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._socket.setblocking(False)
 
@@ -90,7 +88,6 @@ class UnixDatagramSender:
             left = give_up - time.monotonic()
             if left <= 0:
                 return False
-            self.full_queue_retries += 1
             time.sleep(min(left, pause * (0.5 + random.random())))
             pause = min(pause * 2, FULL_QUEUE_MAX_PAUSE_SECONDS)
 

@@ -82,7 +82,7 @@ class TrainingCollector(Collector):
         # Until start() has read the token file, only loopback clients the kernel
         # names may push, and only where the configuration lets them without a token.
         self._push = StepPushHandler(
-            self.store, loopback_without_token=config.loopback_without_token is not False,
+            self.store, loopback_without_token=config.loopback_without_token,
             max_label_length=config.max_label_length,
         )
         self._receiver: SocketReceiver | None = None
@@ -109,7 +109,7 @@ class TrainingCollector(Collector):
             else:
                 self._push = StepPushHandler(
                     self.store, tokens=tokens,
-                    loopback_without_token=config.loopback_without_token is True,
+                    loopback_without_token=config.loopback_without_token,
                     max_label_length=config.max_label_length,
                 )
         if config.socket is None:

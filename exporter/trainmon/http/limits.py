@@ -29,7 +29,6 @@ number of refusals held back since the line before.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import threading
 import time
@@ -38,6 +37,7 @@ from typing import Final, Literal
 
 from prometheus_client.core import CounterMetricFamily, Metric
 
+from trainmon.http.peer import ip_address_of
 from trainmon.logthrottle import LogThrottle
 
 log = logging.getLogger(__name__)
@@ -72,12 +72,9 @@ def client_key(host: str) -> str:
     host that is not an IP address (never seen from a TCP socket) is its own key.
     """
     try:
-        address = ipaddress.ip_address(host.split("%", 1)[0])
+        return str(ip_address_of(host))
     except ValueError:
         return host
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return str(address.ipv4_mapped)
-    return str(address)
 
 
 class ConnectionLimits:

@@ -23,7 +23,6 @@ import struct
 #: ``NETLINK_SOCK_DIAG`` and its request type ``SOCK_DIAG_BY_FAMILY`` (linux/sock_diag.h).
 NETLINK_SOCK_DIAG = 4
 SOCK_DIAG_BY_FAMILY = 20
-NLMSG_ERROR = 2
 NLM_F_REQUEST = 1
 #: Every TCP state (a bit per state).
 ALL_STATES = 0xFFFFFFFF
@@ -53,8 +52,8 @@ def loopback_peer_uid(
     the kernel does not say (or the addresses are not loopback).
     """
     try:
-        client = _address(client_host)
-        server = _address(server_host)
+        client = ip_address_of(client_host)
+        server = ip_address_of(server_host)
     except ValueError:
         return None
     if not (client.is_loopback and server.is_loopback) or client_port <= 0 or server_port <= 0:
@@ -77,7 +76,10 @@ def loopback_peer_uid(
     return _uid_of(answer)
 
 
-def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+def ip_address_of(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """The address a socket reported for a peer: an IPv6 scope (``%eth0``) dropped, an
+    IPv4-mapped IPv6 address (``::ffff:127.0.0.1``, what a dual-stack listener sees
+    of an IPv4 client) as its IPv4 address; ``ValueError`` when it is not one."""
     address = ipaddress.ip_address(host.split("%", 1)[0])
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         return address.ipv4_mapped
@@ -94,6 +96,6 @@ def _uid_of(answer: bytes) -> int | None:
         return None
     length, kind, _, _, _ = _NLMSGHDR.unpack_from(answer)
     if kind != SOCK_DIAG_BY_FAMILY or length < _NLMSGHDR.size + _MESSAGE.size:
-        return None  # NLMSG_ERROR: no such socket
+        return None  # an error message (NLMSG_ERROR): no such socket
     fields = _MESSAGE.unpack_from(answer, _NLMSGHDR.size)
     return int(fields[8])

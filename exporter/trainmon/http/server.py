@@ -37,7 +37,6 @@ from __future__ import annotations
 import gzip
 import html
 import io
-import ipaddress
 import json
 import logging
 import socket
@@ -55,7 +54,7 @@ from prometheus_client.exposition import choose_encoder
 from trainmon import __version__
 from trainmon.config import HTTPConfig, ListenAddress
 from trainmon.http.limits import ConnectionLimits, RefusalReason
-from trainmon.http.peer import loopback_peer_uid
+from trainmon.http.peer import ip_address_of, loopback_peer_uid
 from trainmon.http.push import (
     GetHandler,
     GetRequest,
@@ -499,9 +498,6 @@ def _refuse(sock: socket.socket, reason: RefusalReason, plaintext: bool) -> None
 
 def _is_loopback(host: str) -> bool:
     try:
-        address = ipaddress.ip_address(host.split("%", 1)[0])
+        return ip_address_of(host).is_loopback
     except ValueError:
         return False
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return address.is_loopback

@@ -28,7 +28,7 @@ connection and delete the ``-wal``/``-shm`` files under the running daemon.
 Mode and group are set by path (``chmod``/``chown``), which holds no
 descriptor.
 
-Schema versions: 1 (trainmon 0.16) had no ``owner`` column; 2 adds ``owner``
+Schema versions: 1 (the first release of the ledger) had no ``owner`` column; 2 adds ``owner``
 (the writer identity of the run, ``trainmon.training.writers``; ``''`` for
 rows written before). A version 1 file opened writable is upgraded in place in
 one transaction (``migrate``); opened read-only it is read as it is, every
@@ -100,14 +100,28 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: ("ALTER TABLE runs ADD COLUMN owner TEXT NOT NULL DEFAULT ''",
         "CREATE INDEX runs_by_owner_started ON runs (owner, started)"),
 }
-#: What SQLite's primary result codes mean for the ledger, in words.
-_ERROR_WORDS = {
-    "SQLITE_FULL": "the disk is full",
-    "SQLITE_READONLY": "the file or its filesystem is read-only",
-    "SQLITE_IOERR": "I/O error",
-    "SQLITE_CANTOPEN": "cannot open the file or its -wal/-shm",
-    "SQLITE_BUSY": "locked by another writer",
-    "SQLITE_CORRUPT": "the file is corrupt",
+#: What SQLite's primary result codes mean for the ledger: the ``LedgerError.reason``
+#: (the recorder's error counter label) and the words of the message.
+_CODES: dict[str, tuple[str, str]] = {
+    "SQLITE_FULL": ("disk_full", "the disk is full"),
+    "SQLITE_READONLY": ("read_only", "the file or its filesystem is read-only"),
+    "SQLITE_IOERR": ("io_error", "I/O error"),
+    "SQLITE_CANTOPEN": ("other", "cannot open the file or its -wal/-shm"),
+    "SQLITE_BUSY": ("busy", "locked by another writer"),
+    "SQLITE_CORRUPT": ("corrupt", "the file is corrupt"),
+}
+#: The -shm file could not grow: ENOSPC, whatever the primary code says.
+_SHM_FULL = ("disk_full", "the disk is full (the -shm file cannot grow)")
+#: SQLite's message of each primary result code (``sqlite3_errstr``), for Python 3.10,
+#: whose exceptions lack ``sqlite_errorname``.
+_MESSAGES = {
+    "database or disk is full": "SQLITE_FULL",
+    "attempt to write a readonly database": "SQLITE_READONLY",
+    "disk I/O error": "SQLITE_IOERR",
+    "unable to open database file": "SQLITE_CANTOPEN",
+    "database is locked": "SQLITE_BUSY",
+    "database disk image is malformed": "SQLITE_CORRUPT",
+    "file is not a database": "SQLITE_NOTADB",
 }
 
 
@@ -122,18 +136,11 @@ class LedgerError(Exception):
         super().__init__(message)
         self.reason = reason
 
-
-#: SQLite's message of each primary result code (``sqlite3_errstr``), for Python 3.10,
-#: whose exceptions lack ``sqlite_errorname``.
-_MESSAGES = {
-    "database or disk is full": "SQLITE_FULL",
-    "attempt to write a readonly database": "SQLITE_READONLY",
-    "disk I/O error": "SQLITE_IOERR",
-    "unable to open database file": "SQLITE_CANTOPEN",
-    "database is locked": "SQLITE_BUSY",
-    "database disk image is malformed": "SQLITE_CORRUPT",
-    "file is not a database": "SQLITE_NOTADB",
-}
+    @classmethod
+    def of(cls, what: str, error: sqlite3.Error) -> LedgerError:
+        """``what`` failed with ``error``: "cannot write …: the disk is full (SQLITE_FULL: …)"."""
+        reason, words = _meaning(error)
+        return cls(f"{what}: {words}", reason)
 
 
 def error_name(error: sqlite3.Error) -> str:
@@ -144,33 +151,23 @@ def error_name(error: sqlite3.Error) -> str:
     return _MESSAGES.get(str(error), "")
 
 
-def error_reason(error: sqlite3.Error) -> str:
-    """The ``LedgerError.reason`` of an SQLite error (its primary result code)."""
-    if error_name(error) == "SQLITE_IOERR_SHMSIZE":
-        return "disk_full"
-    return {"SQLITE_FULL": "disk_full", "SQLITE_READONLY": "read_only",
-            "SQLITE_IOERR": "io_error", "SQLITE_BUSY": "busy",
-            "SQLITE_CORRUPT": "corrupt"}.get(_primary(error), "other")
-
-
 def describe_error(error: sqlite3.Error) -> str:
     """``error`` in words: "the disk is full (SQLITE_FULL: database or disk is full)"."""
-    name = error_name(error)
-    words = _ERROR_WORDS.get(_primary(error))
-    if name == "SQLITE_IOERR_SHMSIZE":  # the -shm file could not grow: ENOSPC
-        words = "the disk is full (the -shm file cannot grow)"
-    if words is None:
-        return str(error)
-    return f"{words} ({name}: {error})"
+    return _meaning(error)[1]
 
 
-def _primary(error: sqlite3.Error) -> str:
-    """``SQLITE_IOERR`` of ``SQLITE_IOERR_WRITE``: the primary code's name."""
+def _meaning(error: sqlite3.Error) -> tuple[str, str]:
+    """The ``LedgerError.reason`` of ``error`` and its message in words."""
     name = error_name(error)
-    for primary in _ERROR_WORDS:
-        if name == primary or name.startswith(primary + "_"):
-            return primary
-    return name
+    if name == "SQLITE_IOERR_SHMSIZE":
+        reason, words = _SHM_FULL
+    else:
+        primary = next((code for code in _CODES
+                        if name == code or name.startswith(code + "_")), None)
+        if primary is None:
+            return "other", str(error)
+        reason, words = _CODES[primary]
+    return reason, f"{words} ({name}: {error})"
 
 
 def connect(path: Path, *, readonly: bool) -> tuple[sqlite3.Connection, int]:
@@ -211,8 +208,7 @@ def connect(path: Path, *, readonly: bool) -> tuple[sqlite3.Connection, int]:
             version = SCHEMA_VERSION
     except sqlite3.Error as error:
         connection.close()
-        raise LedgerError(f"cannot initialise the ledger {path}: {describe_error(error)}",
-                          error_reason(error)) from None
+        raise LedgerError.of(f"cannot initialise the ledger {path}", error) from None
     return connection, version
 
 
@@ -290,8 +286,7 @@ def _open(path: Path, mode: str) -> sqlite3.Connection:
                                      isolation_level=None, check_same_thread=False)
         connection.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
     except sqlite3.Error as error:
-        raise LedgerError(f"cannot open the ledger {path}: {describe_error(error)}",
-                          error_reason(error)) from None
+        raise LedgerError.of(f"cannot open the ledger {path}", error) from None
     return connection
 
 
@@ -327,8 +322,7 @@ def _verify(path: Path) -> int:
             raise LedgerError(f"{path} is corrupt ({'; '.join(problems)}); left untouched",
                               "corrupt")
     except sqlite3.DatabaseError as error:
-        raise LedgerError(f"{path} is not a readable trainmon ledger: "
-                          f"{describe_error(error)}", error_reason(error)) from None
+        raise LedgerError.of(f"{path} is not a readable trainmon ledger", error) from None
     finally:
         connection.close()
     return int(version)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from trainmon.ledger.records import COLUMNS, RunRecord
-from trainmon.ledger.schema import LedgerError, connect, describe_error, error_reason
+from trainmon.ledger.schema import LedgerError, connect, describe_error
 
 log = logging.getLogger(__name__)
 
@@ -252,8 +252,7 @@ class Ledger:
                 self._rollback()
                 raise
         except sqlite3.Error as error:
-            raise LedgerError(f"cannot write the ledger {self.path}: {describe_error(error)}",
-                              error_reason(error)) from None
+            raise LedgerError.of(f"cannot write the ledger {self.path}", error) from None
 
     def _rollback(self) -> None:
         """ROLLBACK what is still open; a failure to do so is logged, not raised over the
@@ -269,8 +268,7 @@ class Ledger:
         try:
             return list(self._connection.execute(sql, parameters))
         except sqlite3.Error as error:
-            raise LedgerError(f"cannot read the ledger {self.path}: {describe_error(error)}",
-                              error_reason(error)) from None
+            raise LedgerError.of(f"cannot read the ledger {self.path}", error) from None
 
     def _select(self, sql: str, parameters: list[object]) -> list[RunRecord]:
         try:

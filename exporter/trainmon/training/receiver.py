@@ -36,6 +36,7 @@ from pathlib import Path
 from trainmon.background import BackgroundThread
 from trainmon.http.push import PushRequest, PushResponse
 from trainmon.logthrottle import LogThrottle
+from trainmon.settings import Auto
 from trainmon.training.protocol import (
     MAX_DATAGRAM_BYTES,
     ReportError,
@@ -48,10 +49,8 @@ from trainmon.training.writers import LOCAL_WRITER, token_writer, uid_writer
 
 log = logging.getLogger(__name__)
 
-#: Errors listed in an HTTP answer (the counts cover all of them).
+#: Errors of one payload kept for its HTTP answer; the rest are only counted.
 MAX_ERRORS_IN_RESPONSE = 10
-#: Errors of one payload kept for its answer; the rest are only counted.
-MAX_ERRORS_KEPT = MAX_ERRORS_IN_RESPONSE
 #: The writer name of a token that stands alone on its line of the token file.
 DEFAULT_TOKEN_NAME = "default"
 WRITER_NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -72,7 +71,7 @@ MAX_DGRAM_QLEN_PATH = Path("/proc/sys/net/unix/max_dgram_qlen")
 @dataclass(frozen=True)
 class IntakeResult:
     accepted: int = 0
-    #: The first ``MAX_ERRORS_KEPT`` errors of the payload (``rejected`` counts all).
+    #: The first ``MAX_ERRORS_IN_RESPONSE`` errors of the payload (``rejected`` counts all).
     errors: list[ReportError] = field(default_factory=list)
     rejected: int = 0
 
@@ -91,7 +90,7 @@ def ingest_payload(
 
     The cost is linear in the payload's bytes with a small constant: a payload
     of more than ``MAX_PAYLOAD_LINES`` lines is refused whole before parsing,
-    junk lines fail on their first byte, only the first ``MAX_ERRORS_KEPT``
+    junk lines fail on their first byte, only the first ``MAX_ERRORS_IN_RESPONSE``
     errors are kept (the others are counted), and the store's counters are
     updated once per payload. ``sender_pid``: the sending process in the
     daemon's pid namespace, as the kernel vouches for it (``SCM_CREDENTIALS``);
@@ -117,7 +116,7 @@ def ingest_payload(
                             transport, identity, refused)
         if problem is not None:
             rejected[problem.reason] = rejected.get(problem.reason, 0) + 1
-            if len(errors) < MAX_ERRORS_KEPT:
+            if len(errors) < MAX_ERRORS_IN_RESPONSE:
                 errors.append(problem)
     if not rejected:
         if accepted:
@@ -174,13 +173,15 @@ class StepPushHandler:
         store: TrainingStore,
         *,
         tokens: Mapping[str, str] | None = None,
-        loopback_without_token: bool = True,
+        loopback_without_token: bool | Auto = "auto",
         max_label_length: int,
     ) -> None:
         self._store = store
         self._tokens = [(f"Bearer {token}".encode(), name)
                         for token, name in (tokens or {}).items()]
-        self._loopback_without_token = loopback_without_token
+        # auto: loopback without a token only while no token is configured
+        self._loopback_without_token = (
+            not self._tokens if loopback_without_token == "auto" else loopback_without_token)
         self._max_label_length = max_label_length
         self._refusals = LogThrottle()
 
@@ -200,7 +201,7 @@ class StepPushHandler:
             return PushResponse(HTTPStatus.OK, payload)
         payload["errors"] = [
             {"reason": error.reason, "detail": error.detail}
-            for error in result.errors[:MAX_ERRORS_IN_RESPONSE]
+            for error in result.errors
         ]
         payload["error"] = result.errors[0].reason
         status = (HTTPStatus.FORBIDDEN if result.accepted == 0
@@ -365,11 +366,6 @@ def sender_credentials(
             pid, uid, _ = UCRED.unpack_from(data)
             return (pid if pid > 0 else None), uid
     return None, None
-
-
-def sender_pid(ancillary: list[tuple[int, int, bytes]]) -> int | None:
-    """The sender's pid from a datagram's ``SCM_CREDENTIALS``; None if absent or 0."""
-    return sender_credentials(ancillary)[0]
 
 
 def _read_int(path: Path) -> int | None:

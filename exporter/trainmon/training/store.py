@@ -375,8 +375,7 @@ class TrainingStore:
 
     def reject(self, reason: str, count: int = 1) -> None:
         """Count ``count`` rejected reports (``reason`` from ``REJECT_REASONS``)."""
-        with self._lock:
-            self._rejected[reason] += count
+        self.reject_counts({reason: count})
 
     def reject_counts(self, counts: Mapping[str, int]) -> None:
         """Count rejected reports by reason, all at once (one lock round trip)."""
