@@ -1,6 +1,7 @@
 # trainmon — every target does its own set-up in a local virtualenv.
 #   make run     install and start the node daemon with its built-in defaults
-#   make demo    the same over a simulated 8-GPU node with two training jobs
+#   make demo    the same over a simulated 8-GPU node with two training jobs; its runs go to
+#                demo-ledger.sqlite3 beside your ledger (the start log says how to read them)
 #   make test    install everything the suite needs (pip + Debian packages) and run it
 #   make lint    ruff, mypy, and a check that every generated file is up to date
 #   make generate  regenerate the dashboards (dashboards/*/*.json), the alert rules
@@ -8,6 +9,7 @@
 #                and the sharded vmagent configs (deploy/scale)
 #   make stack   trainmon --demo, Prometheus and Alertmanager on loopback (docs/deploy.md)
 #   make bench   every benchmark that runs without a GPU (bash bench/gpu_check.sh runs the rest)
+#   make dist    a wheel and an sdist in dist/ (python -m build), e.g. for training images
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -17,7 +19,7 @@ DEBIAN_PACKAGES := prometheus prometheus-alertmanager prometheus-node-exporter \
 	prometheus-pushgateway gcc libc6-dev systemd docker-compose victoria-metrics
 PYTEST_ARGS ?=
 
-.PHONY: run demo test lint bench clean debian-packages generate stack
+.PHONY: run demo test lint bench clean debian-packages generate stack dist
 
 $(BIN)/trainmon: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -71,6 +73,13 @@ bench: $(VENV)/.test-installed debian-packages
 		case $$name in __init__|benchlib|fleet_sim|gpu_baseline_exporter|gpm_check|nvml_call_cost) continue;; esac; \
 		echo "== python -m bench.$$name"; $(BIN)/python -m bench.$$name || exit 1; \
 	done
+
+# The wheel carries the client too: `pip install --no-deps dist/trainmon-*.whl` in a training
+# image skips the daemon's dependencies, which trainmon.client does not need (README.md).
+dist: $(BIN)/trainmon
+	$(BIN)/pip install --quiet build
+	rm -f dist/trainmon-*.whl dist/trainmon-*.tar.gz
+	$(BIN)/python -m build --outdir dist .
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

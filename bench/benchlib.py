@@ -80,12 +80,15 @@ def start_trainmon(
     """``trainmon serve --config config [args]`` on a free loopback port, at log level warning.
 
     ``quiet`` discards its output, ``log_path`` writes it to that file; with
-    ``wait`` it returns once ``/healthz`` answers.
+    ``wait`` it returns once ``/healthz`` answers. A ledger the config does not
+    place goes beside the config (``$STATE_DIRECTORY``), never into the machine's
+    /var/lib/trainmon.
     """
     port = free_port()
     command = [sys.executable, "-m", "trainmon", "serve", "--config", str(config),
                "--listen", f"127.0.0.1:{port}", "--log-level", "warning", *args]
-    environment = None if env is None else dict(env)
+    environment = dict(os.environ if env is None else env)
+    environment.setdefault("STATE_DIRECTORY", str(config.parent))
     if log_path is not None:
         with log_path.open("wb") as log_file:  # the child keeps its own descriptor
             process = subprocess.Popen(command, env=environment, cwd=ROOT, stdout=log_file,

@@ -8,7 +8,10 @@ Side by side, in one process, on loopback:
 - **Histogram.observe()**: a ``prometheus_client`` histogram, timing the step
   with ``perf_counter`` first (``Reporter.step`` measures the step itself);
 - **statsd UDP send**: one ``sendto`` of a statsd timing line per step to a
-  loopback UDP socket (what a statsd/DogStatsD client does per call).
+  loopback UDP socket (what a statsd/DogStatsD client does per call);
+- **track() next + step()**: one iteration of ``for batch in
+  reporter.track(loader)`` over an ``(x, y)`` tensor batch, the step given
+  ``samples=32`` or counting the batch's leading dimension itself (needs torch).
 
 Each call is timed alone with ``perf_counter_ns``; the timer's own cost (the
 bare loop's median) is subtracted. Rounds alternate between the variants so all
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import os
 import socket
 import statistics
@@ -81,12 +85,32 @@ def variants(reporter: Reporter, udp_target: tuple[str, int]) -> dict[str, Calla
     def report_step() -> None:
         step(32)
 
-    return {
+    calls = {
         "bare loop": lambda: None,
         "Reporter.step() (trainmon)": report_step,
         "prometheus_client Histogram.observe()": observe,
         "statsd-style UDP sendto()": statsd,
     }
+    try:
+        import torch
+    except ImportError:  # the counted rows need a real tensor batch
+        return calls
+    batch = (torch.zeros(32, 3, 8, 8), torch.zeros(32, dtype=torch.long))
+    # One loop iteration each: next() through track(), then the step.
+    explicit = reporter.track(itertools.repeat(batch))
+    counted = reporter.track(itertools.repeat(batch))
+
+    def tracked_explicit() -> None:
+        next(explicit)
+        step(32)
+
+    def tracked_counted() -> None:
+        next(counted)
+        step()  # counts x.shape[0] of the (x, y) batch
+
+    calls["track() next + step(samples=32)"] = tracked_explicit
+    calls["track() next + step() counting (x, y)"] = tracked_counted
+    return calls
 
 
 def main() -> None:

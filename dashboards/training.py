@@ -6,7 +6,9 @@ the best earlier run with the same config, and what a million samples cost —,
 data loading (存), checkpoints — how old, how long, on which storage (存),
 gradient sync (通), the job's GPUs and their sawtooth (算), and the alerts that
 concern it. A marker at each run start names what changed since the job's
-previous run (the run ledger, ``trainmon_training_run_changes_info``).
+previous run (the run ledger, ``trainmon_training_run_changes_info``); a marker
+at each run end names how it ended (``trainmon_training_run_end_timestamp_seconds``:
+green for a clean finish, red for crashed, preempted, lost or stalled).
 """
 
 from __future__ import annotations
@@ -77,6 +79,19 @@ RUN_STARTS = (
     '  topk by (job, run) (1, trainmon_training_run_changes_info{job="$job"})\n'
     f"or\n  {RUN_START}"
 )
+#: Each end of a run of the job (ms) with the ledger's reason, per node that saw it:
+#: the clean ends, and the others (crashed, preempted, lost, stalled).
+RUN_END = "trainmon_training_run_end_timestamp_seconds"
+RUN_FINISHES = f'max by (job, run, reason) ({RUN_END}{{job="$job", reason="finished"}}) * 1000'
+RUN_FAILURES = f'max by (job, run, reason) ({RUN_END}{{job="$job", reason!="finished"}}) * 1000'
+#: How the run ledger names each end reason, for the markers' text.
+RUN_END_TEXT = (
+    "How the run ended, as the run ledger of a node that saw it says: finished (its ranks "
+    "said so at a clean end), crashed (an exception ended a rank), preempted (SIGTERM: a "
+    "scheduler or a spot reclaim), lost (a rank went silent without a word), stalled (no "
+    "step for collectors.ledger.stall_seconds). trainmon runs / compare tell the rest."
+)
+
 #: What the job's ranks cost per second (price per GPU hour of their node × ranks
 #: there, one GPU per rank) over its samples per second, per million samples.
 COST_PER_MILLION = (
@@ -106,6 +121,14 @@ def build(variant: Variant) -> Board:
     board.annotation(PromAnnotation(
         "Run starts", RUN_STARTS, title="Run {{run}} started",
         text="Changed since the job's previous run: {{changed}}", tags=("job", "run"),
+    ))
+    board.annotation(PromAnnotation(
+        "Run ends", RUN_FINISHES, title="Run {{run}} ended: {{reason}}", text=RUN_END_TEXT,
+        tags=("job", "run", "reason"), color="green",
+    ))
+    board.annotation(PromAnnotation(
+        "Run failures", RUN_FAILURES, title="Run {{run}} ended: {{reason}}", text=RUN_END_TEXT,
+        tags=("job", "run", "reason"), color="red",
     ))
     _verdict_row(board)
     _step_row(board)

@@ -20,6 +20,25 @@ from tests.support.workloads import Workload
 __all__ = ["Daemon", "free_port", "trainmon_command", "wait_ready"]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def state_folders(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Every daemon the suite starts without a configured ledger or socket uses folders
+    of the session (``$STATE_DIRECTORY``/``$RUNTIME_DIRECTORY``, as under systemd), never
+    the machine's /var/lib/trainmon or /run/trainmon; tests of those defaults build
+    their processes' environment themselves."""
+    saved = {name: os.environ.get(name) for name in ("STATE_DIRECTORY", "RUNTIME_DIRECTORY")}
+    os.environ["STATE_DIRECTORY"] = str(tmp_path_factory.mktemp("state"))
+    os.environ["RUNTIME_DIRECTORY"] = str(tmp_path_factory.mktemp("runtime"))
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 @pytest.fixture
 def start_daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
     """Start ``trainmon serve`` with an optional config mapping; waits until /healthz answers.

@@ -56,6 +56,8 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_CONFIG = 2
 LOG_LEVELS = ("debug", "info", "warning", "error")
+#: How long a stopping demo waits for its ranks' last reports to be received.
+DEMO_DELIVERY_SECONDS = 2.0
 
 
 Section = TypeVar("Section")
@@ -204,7 +206,8 @@ COLLECTORS: tuple[CollectorEntry[Any], ...] = (
                    derived=True, requires=("gpu",)),
     # reads the GPUs' bus ids from trainmon_gpu_info of the same scrape
     CollectorEntry("numa", lambda c: c.numa, _numa, derived=True, requires=("gpu",)),
-    # last: the diagnosis reads the families collected before it
+    # last: the diagnosis reads the families collected before it; it and the
+    # collectors after it are evaluated on the registry's clock, not on scrapes
     CollectorEntry("diagnosis", lambda c: c.diagnosis, _diagnosis, derived=True),
     # after the diagnosis: records its verdicts with each run
     CollectorEntry("ledger", lambda c: c.ledger, _ledger, derived=True,
@@ -310,12 +313,14 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "doctor", help="one-shot bottleneck report: GPU, storage, network, verdict (exit 0/1/2)"
     )
     env_option(doctor, "--url", "DOCTOR_URL", "URL",
-               "read a running daemon (host:port or URL); without it, sample this node")
+               "read a running daemon (host:port or URL); without it, the local daemon "
+               "when one answers, else sample this node")
     doctor.add_argument("--seconds", type=float, default=10.0, help="how long to measure (10)")
     doctor.add_argument("--lang", choices=("en", "zh"), default="en", help="report language")
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
     env_option(doctor, "--config", "CONFIG", "FILE",
-               "configuration (diagnosis thresholds, local collectors)")
+               "configuration (diagnosis thresholds, local collectors, the local "
+               "daemon's listen address)")
     env_option(doctor, "--ledger", "LEDGER", "FILE",
                "run ledger for the previous-run line; default collectors.ledger.path")
     _add_log_level(doctor, env("LOG_LEVEL", "warning"))
@@ -334,10 +339,12 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
                                 help="runs started since: 90m, 12h, 2d, 1w or ISO-8601 (UTC)")
         history.add_argument("--json", action="store_true", help="print JSON")
         env_option(history, "--ledger", "LEDGER", "FILE",
-                   "ledger file; default the config's collectors.ledger.path")
+                   "ledger file; default the config's collectors.ledger.path, or the "
+                   "local daemon's /api/v1/runs when this user cannot read that file")
         env_option(history, "--prometheus", "PROMETHEUS_URL", "URL",
                    "read the runs from a Prometheus server instead of the local ledger")
-        env_option(history, "--config", "CONFIG", "FILE", "configuration (the ledger path)")
+        env_option(history, "--config", "CONFIG", "FILE",
+                   "configuration (the ledger path, the local daemon's listen address)")
         _add_log_level(history, env("LOG_LEVEL", "warning"))
 
     commands.add_parser("version", help="print the version")
@@ -391,36 +398,49 @@ def _check_config(path: Path, environ: Mapping[str, str]) -> int:
 
 def _doctor(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from trainmon.diagnosis.doctor import DoctorOptions, run_doctor
+    from trainmon.local_daemon import LocalDaemon
 
     if not 1 <= args.seconds <= 3600:
         print("trainmon doctor: --seconds must be between 1 and 3600", file=sys.stderr)
         return EXIT_CONFIG
+    config_path = Path(args.config) if args.config else None
     try:
-        config = load_config(Path(args.config) if args.config else None, environ)
+        config = load_config(config_path, environ)
     except ConfigError as error:
         print(f"trainmon: invalid configuration: {error}", file=sys.stderr)
         return EXIT_CONFIG
+    local = None if args.url else LocalDaemon.of(config, config_path, environ)
     options = DoctorOptions(
         url=args.url or None, seconds=args.seconds, lang=args.lang, json=args.json,
         ledger=Path(args.ledger) if args.ledger else config.collectors.ledger.file,
+        local_daemon=local,
     )
-    # Sampling this node for a few seconds must not write the daemon's run ledger.
+    # Sampling this node for a few seconds must not write the daemon's run ledger,
+    # nor try to bind the step socket a running daemon holds.
+    training = config.collectors.training
+    if local is not None and local.socket is not None and local.socket == training.socket:
+        training = dataclasses.replace(training, socket=None)
     sampling = dataclasses.replace(config, collectors=dataclasses.replace(
-        config.collectors,
+        config.collectors, training=training,
         ledger=dataclasses.replace(config.collectors.ledger, enabled=False)))
     return run_doctor(
         options,
         config.collectors.diagnosis,
         lambda: build_collectors(sampling, demo=False),
         sys.stdout,
+        err=sys.stderr,
     )
 
 
 def _runs(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    """``runs`` and ``compare``: the local ledger, or Prometheus with ``--prometheus``."""
+    """``runs`` and ``compare``: ``--prometheus``, ``--ledger``, or by default the
+    user's ledger file when readable, else the local daemon (``trainmon.runs.daemon``)."""
     import time
 
+    from trainmon.local_daemon import LocalDaemon
     from trainmon.runs.commands import RunSource, compare_runs, list_runs
+    from trainmon.runs.daemon import default_source
+    from trainmon.runs.local import LocalSource
     from trainmon.runs.timespec import parse_since
 
     def open_source() -> RunSource:
@@ -428,19 +448,21 @@ def _runs(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             from trainmon.runs.prometheus import PrometheusSource
 
             return PrometheusSource(args.prometheus)
-        from trainmon.runs.local import LocalSource
+        if args.ledger:
+            return LocalSource(Path(args.ledger))
+        assert ledger_path is not None and local is not None
+        return default_source(ledger_path, local.url, sys.stderr)
 
-        assert ledger_path is not None
-        return LocalSource(ledger_path)
-
-    ledger_path = Path(args.ledger) if args.ledger else None
-    if ledger_path is None and not args.prometheus:
+    ledger_path, local = None, None
+    if not args.ledger and not args.prometheus:
+        config_path = Path(args.config) if args.config else None
         try:
-            config = load_config(Path(args.config) if args.config else None, environ)
+            config = load_config(config_path, environ)
         except ConfigError as error:
             print(f"trainmon: invalid configuration: {error}", file=sys.stderr)
             return EXIT_CONFIG
         ledger_path = config.collectors.ledger.file
+        local = LocalDaemon.of(config, config_path, environ)
     if args.command == "compare":
         return compare_runs(open_source, args.run_a, args.run_b, job=args.job,
                             as_json=args.json, out=sys.stdout, err=sys.stderr)
@@ -464,7 +486,9 @@ def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         from trainmon.demo.node import SimulatedNodeFiles
 
         demo_node = SimulatedNodeFiles()
+        own_ledger = config.collectors.ledger.path is None
         config = _demo_config(config, demo_node.root)
+        _seed_demo_history(config, demo_node.sys_root, make_folder=own_ledger)
         demo_node.start()
     try:
         return _run_server(config, web, demo=args.demo)
@@ -474,25 +498,66 @@ def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 def _demo_config(config: Config, root: Path) -> Config:
-    """The configuration with every node source pointed into the simulated tree."""
+    """The configuration with every node source pointed into the simulated tree, and
+    what the configuration leaves unset taken from the simulated node: its own run
+    ledger beside the user's (kept after the demo stops, never the real one), its price
+    per GPU hour and its placement labels."""
+    from trainmon.demo.history import PRICE_PER_GPU_HOUR, demo_ledger_path
+    from trainmon.demo.platform import PLACEMENT_LABELS
+
     training = dataclasses.replace(config.collectors.training, socket=root / "steps.sock")
     ledger = config.collectors.ledger
-    if ledger.path is None:  # never the real /var/lib/trainmon from a demo
-        ledger = dataclasses.replace(ledger, path=root / "ledger.sqlite3")
+    if ledger.path is None:
+        ledger = dataclasses.replace(ledger, path=demo_ledger_path(ledger.file))
+    if ledger.price_per_gpu_hour is None:
+        ledger = dataclasses.replace(ledger, price_per_gpu_hour=PRICE_PER_GPU_HOUR)
+    platform = config.collectors.platform
+    if not platform.labels:
+        platform = dataclasses.replace(platform, labels=dict(PLACEMENT_LABELS))
     return dataclasses.replace(
         config,
         paths=PathsConfig(proc=root / "proc", sys=root / "sys"),
-        collectors=dataclasses.replace(config.collectors, training=training, ledger=ledger),
+        collectors=dataclasses.replace(config.collectors, training=training, ledger=ledger,
+                                       platform=platform),
     )
+
+
+def _seed_demo_history(config: Config, sys_root: Path, *, make_folder: bool) -> None:
+    """The demo's earlier runs in its ledger (once), in a folder made first when the demo
+    chose the file (``make_folder``); a ledger it cannot use is logged, and the ledger
+    collector reports it as for any daemon."""
+    import time
+
+    from trainmon.demo.history import demo_ledger_path, seed_history
+    from trainmon.ledger import LedgerError
+    from trainmon.paths import make_state_directory
+
+    ledger = config.collectors.ledger
+    if ledger.enabled is False:
+        return
+    try:
+        if make_folder:
+            make_state_directory(ledger.file.parent)
+        seeded = seed_history(ledger, sys_root=sys_root, now=time.time())
+    except (LedgerError, OSError) as error:
+        log.warning("demo: cannot seed the run history in %s: %s", ledger.file, error)
+        return
+    own = LedgerConfig().file
+    log.info("demo: run ledger %s (%s)%s", ledger.file,
+             f"the demo's own, apart from {own} of this user's daemon"
+             if ledger.file == demo_ledger_path(own) else "collectors.ledger.path",
+             "; earlier runs seeded: " + ", ".join(r.run for r in seeded) if seeded else "")
 
 
 def _run_server(config: Config, web: WebConfig | None, *, demo: bool) -> int:
     from trainmon.http.server import ExporterHTTPServer
 
     collectors = build_collectors(config, demo=demo)
-    # The daemon's own CPU, memory and file descriptors (process_*), after the sources.
+    # The daemon's own CPU, memory and file descriptors (process_*) first, among the
+    # sources: the diagnosis and the collectors after it are evaluated on the
+    # registry's clock (trainmon.core.registry), not on scrapes.
     registry = CollectorRegistry(
-        [*collectors, OwnProcessCollector()], mode="demo" if demo else "real"
+        [OwnProcessCollector(), *collectors], mode="demo" if demo else "real"
     )
     try:
         server = ExporterHTTPServer(
@@ -523,7 +588,7 @@ def _run_server(config: Config, web: WebConfig | None, *, demo: bool) -> int:
         ", ".join(c.name for c in collectors) or "none",
         " (demo mode)" if demo else "",
     )
-    stop_demo_jobs = _start_demo_jobs(collectors, server.port) if demo else None
+    stop_demo_jobs = _start_demo_jobs(collectors, server.port, config) if demo else None
     try:
         server.serve_forever(poll_interval=0.5)
     finally:
@@ -543,16 +608,53 @@ def _get_routes(collectors: Sequence[Collector]) -> Mapping[str, GetHandler]:
     return {} if ledger is None else ledger.get_routes()
 
 
-def _start_demo_jobs(collectors: Sequence[Collector], port: int) -> Callable[[], None] | None:
-    """The demo's two simulated jobs report through the real client to our receiver."""
+def _start_demo_jobs(
+    collectors: Sequence[Collector], port: int, config: Config
+) -> Callable[[], None] | None:
+    """The demo's two simulated jobs report through the real client to our receiver;
+    the log says how to read their runs. The stop function returns once the receiver
+    has the ranks' last run descriptions (at most ``DEMO_DELIVERY_SECONDS``), so that
+    the ledger's last flush, which comes before the receiver stops, records the runs
+    as finished."""
+    import shlex
+    import time
+
+    from trainmon.collectors.ledger import LedgerCollector
     from trainmon.collectors.training import TrainingCollector
-    from trainmon.demo.jobs import start_demo_jobs
+    from trainmon.demo.history import EARLIER_RUNS
+    from trainmon.demo.jobs import DEMO_JOBS, RANKS_PER_JOB, run_id, start_demo_jobs
 
     training = next((c for c in collectors if isinstance(c, TrainingCollector)), None)
     if training is None:
         log.info("demo mode: the training collector is off, so no simulated jobs run")
         return None
-    return start_demo_jobs(training.socket_endpoint or f"http://127.0.0.1:{port}")
+    started = time.time()
+    runs = {job.name: run_id(job, started) for job in DEMO_JOBS}
+    stop_jobs = start_demo_jobs(training.socket_endpoint or f"http://127.0.0.1:{port}",
+                                started=started)
+    if any(isinstance(c, LedgerCollector) for c in collectors):
+        ledger = shlex.quote(str(config.collectors.ledger.file))
+        log.info("demo: its runs: trainmon runs --ledger %s", ledger)
+        for earlier in EARLIER_RUNS:
+            log.info("demo: what slowed %s down: trainmon compare %s %s --ledger %s "
+                     "(its samples/s from %g s on)", earlier.job.name, earlier.run,
+                     runs[earlier.job.name], ledger, 2 * config.collectors.ledger.flush_seconds)
+
+    def ended() -> bool:
+        descriptions = training.store.snapshot().descriptions
+        return all(
+            sum(1 for (job, _), kept in descriptions.items() if job == name
+                and kept.description.run == run and kept.description.ended is not None)
+            == RANKS_PER_JOB
+            for name, run in runs.items())
+
+    def stop() -> None:
+        stop_jobs()
+        deadline = time.monotonic() + DEMO_DELIVERY_SECONDS
+        while not ended() and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    return stop
 
 
 if __name__ == "__main__":  # pragma: no cover

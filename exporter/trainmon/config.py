@@ -22,6 +22,7 @@ from trainmon import contract
 from trainmon.attribution.config import AttributionConfig, parse_attribution
 from trainmon.diagnosis.config import DiagnosisConfig, parse_diagnosis
 from trainmon.ledger.config import LedgerConfig, parse_ledger
+from trainmon.paths import default_socket_path
 from trainmon.platform.config import PlatformConfig, parse_platform
 from trainmon.settings import Auto, ConfigError, Section
 from trainmon.tencent.config import TencentConfig, parse_tencent
@@ -159,7 +160,10 @@ class GPUConfig:
 @dataclass(frozen=True)
 class TrainingConfig:
     enabled: bool = True
-    socket: Path | None = Path("/run/trainmon/steps.sock")
+    #: None: HTTP only. Default ``/run/trainmon/steps.sock`` for root (and the
+    #: service user owning ``/run/trainmon``), else under ``$XDG_RUNTIME_DIR``
+    #: (``trainmon.paths``).
+    socket: Path | None = field(default_factory=default_socket_path)
     token_file: Path | None = None
     ttl_seconds: float = 300.0
     max_jobs: int = 64

@@ -262,16 +262,25 @@ def test_the_json_round_trips_through_grafanas_schema_model(dashboards: list[Das
 def test_the_training_dashboards_mark_each_run_start_with_what_changed(
     dashboards: list[Dashboard],
 ) -> None:
-    """One Prometheus annotation per Training overview: the start of each run of the job
-    (milliseconds, used as the marker's time) with the ledger's `changed` keys as text;
+    """Prometheus annotations on each Training overview only: the start of each run of
+    the job (milliseconds, used as the marker's time) with the ledger's `changed` keys as
+    text, and each run's end with the ledger's reason (clean ends apart from the rest);
     the other dashboards have none."""
     for dashboard in dashboards:
         annotations = dashboard.model.get("annotations", {}).get("list", [])
         if dashboard.kind != "training":
             assert not annotations, dashboard.name
             continue
-        assert [a["name"] for a in annotations] == ["Run starts"], dashboard.name
-        (runs,) = annotations
+        assert [a["name"] for a in annotations] == ["Run starts", "Run ends", "Run failures"], \
+            dashboard.name
+        runs, finishes, failures = annotations
+        for end, matcher in ((finishes, 'reason="finished"'), (failures, 'reason!="finished"')):
+            assert "trainmon_training_run_end_timestamp_seconds" in end["expr"], dashboard.name
+            assert matcher in end["expr"] and "* 1000" in end["expr"], dashboard.name
+            assert end["useValueForTime"] is True and end["enable"], dashboard.name
+            assert "{{reason}}" in end["titleFormat"] and "{{run}}" in end["titleFormat"]
+            assert set(end["tagKeys"].split(",")) == {"job", "run", "reason"}
+        assert (finishes["iconColor"], failures["iconColor"]) == ("green", "red")
         assert runs["datasource"] == DATASOURCE_REF and runs["enable"], dashboard.name
         assert runs["useValueForTime"] is True, dashboard.name
         assert "trainmon_training_run_start_timestamp_seconds" in runs["expr"]

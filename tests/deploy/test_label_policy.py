@@ -36,6 +36,9 @@ ALLOWED = {
     "trainmon_gpu_process_numa_local_ratio": {"pid"},
     # one series per run live on the node; the value is the start time
     "trainmon_training_run_start_timestamp_seconds": {"run"},
+    # one series per run ended on the node in the last hour (at most 16); the value is
+    # the end time
+    "trainmon_training_run_end_timestamp_seconds": {"run"},
 }
 #: Series a rank creates at its first checkpoint (docs/metrics.md, checkpoints).
 CHECKPOINT_FAMILIES = frozenset({

@@ -17,10 +17,17 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 
 from tests.diagnosis.diagnosis_support import ContractSource
+from tests.diagnosis.test_platform_findings import PlatformNode
 from tests.support.loopback import LoopbackHTTPServer, Reply, Request
 from trainmon.config import DiagnosisConfig
 from trainmon.core.collector import Collector, CollectorUnavailable
+from trainmon.diagnosis import text as catalogue
 from trainmon.diagnosis.doctor import DoctorOptions, metrics_url, run_doctor
+from trainmon.diagnosis.finding import SEVERITIES
+from trainmon.diagnosis.render import render_history, render_text
+from trainmon.node.mounts import STORAGE_KINDS
+from trainmon.platform.config import PROVIDERS
+from trainmon.runs.regression import Regression
 
 
 class StarvedNode:
@@ -452,3 +459,70 @@ def test_busy_gpus_with_idle_sms_count_for_communication(lang: str, note: str) -
     [job] = json.loads(gpm_report(plain, lang)[1])["jobs"]
     assert "sm_active" not in job["findings"][0]["values"]
     assert "SM" not in job["findings"][0]["message"]
+
+
+# -- label values and counts in words ----------------------------------------------------
+
+
+def risky_node() -> PlatformNode:
+    """A spot instance about to be reclaimed, checkpoints on its local disk, a far process."""
+    return PlatformNode(spot=1, reclaim_in=90, checkpoint_age=3600,
+                        checkpoint_storage=("/data", "xfs", "local_disk"),
+                        numa_nodes={"0": 0, "1": 1}, numa_ratios={("0", "100"): 0.1},
+                        nfs_read=2e8)
+
+
+def test_zh_text_translates_severities_storage_kinds_providers_and_units() -> None:
+    text = render_text(risky_node().report("zh"))
+    for expected in ("   腾讯云, 实例 ins-7f3a", "   ! [严重] 竞价实例即将被回收",
+                     "      + [严重] 运行在竞价实例上", "      + [警告] checkpoint 写在 /data（xfs，本地盘）",
+                     "任务 llm: 最近 checkpoint 在 3600 秒前 (耗时 12.5 秒, 共 4 次 checkpoint), "
+                     "/data (xfs, 本地盘)",
+                     "读 200.0 MB/s, 写 0 B/s, 每次 READ 12.0 毫秒", "[跨 NUMA 节点]"):
+        assert expected in text, text
+    for untranslated in ("[CRITICAL]", "[WARNING]", "local_disk", "tencent", "[far]",
+                         " s 前", " ms "):
+        assert untranslated not in text, (untranslated, text)
+
+
+def test_en_text_keeps_the_label_values() -> None:
+    text = render_text(risky_node().report("en"))
+    for expected in ("   tencent, instance ins-7f3a", "   ! [CRITICAL] spot instance will be",
+                     "      + [WARNING] checkpoints are written to /data (xfs, local_disk)",
+                     "job llm: last checkpoint 3600 s ago (took 12.5 s, 4 checkpoints), "
+                     "/data (xfs, local_disk)", "12.0 ms per READ", "[far]"):
+        assert expected in text, text
+
+
+def test_every_label_value_that_reaches_the_text_has_words_in_both_languages() -> None:
+    assert set(catalogue.STORAGE_NAMES) == set(STORAGE_KINDS)
+    assert set(catalogue.SEVERITY_TAGS) == set(SEVERITIES)
+    assert set(catalogue.PROVIDER_NAMES) == set(PROVIDERS) - {"auto"}
+    for kind in STORAGE_KINDS:
+        assert catalogue.storage_name(kind, "en") == kind
+        assert catalogue.storage_name(kind, "zh").isascii() is False
+
+
+@pytest.mark.parametrize(("count", "en", "zh"), [
+    (1, "1 checkpoint", "共 1 次 checkpoint"), (4, "4 checkpoints", "共 4 次 checkpoint"),
+    (0, "0 checkpoints", "共 0 次 checkpoint")])
+def test_counts_are_singular_for_one(count: int, en: str, zh: str) -> None:
+    assert (catalogue.count_text("checkpoints", count, "en"), catalogue.count_text("checkpoints", count, "zh")
+            ) == (en, zh)
+
+
+def test_too_few_steps_for_a_verdict_is_singular_for_one_step() -> None:
+    assert catalogue.finding_text("insufficient_data", {"steps": 1.0, "threshold": 3.0}, "en") == (
+        "only 1 step in the window (needs 3)")
+    assert catalogue.finding_text("insufficient_data", {"steps": 2.0, "threshold": 3.0}, "en") == (
+        "only 2 steps in the window (needs 3)")
+
+
+def test_run_history_lines_in_both_languages() -> None:
+    slower = Regression("llm", "run-9", "run-8", 1.9e9, -0.25)
+    assert render_history([], "en") == ""
+    assert render_history([slower], "en") == (
+        f"\nRun history (this node's ledger)\n   llm: {slower.text}\n")
+    assert render_history([slower], "zh") == (
+        "\n运行历史（本节点的运行台账）\n   llm: samples/s 比上一次可比的运行 run-8"
+        "（2030-03-17 17:46 UTC）−25 %；对比：trainmon compare run-8 run-9\n")

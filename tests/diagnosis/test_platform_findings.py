@@ -17,8 +17,7 @@ import pytest
 from prometheus_client import CollectorRegistry as PrometheusRegistry
 from prometheus_client import generate_latest
 
-from tests.diagnosis.diagnosis_support import ContractSource
-from tests.support.exposition import scrape
+from tests.diagnosis.diagnosis_support import ContractSource, evaluated
 from trainmon.collectors.diagnosis import DiagnosisCollector
 from trainmon.config import DiagnosisConfig, parse_config
 from trainmon.core.registry import CollectorRegistry
@@ -477,7 +476,7 @@ def test_the_daemon_exports_the_risk_findings() -> None:
         DiagnosisConfig(), clock=node.clock, wall_clock=node.wall)])
     for _ in range(6):
         node.tick()
-        result = scrape(registry)
+        result = evaluated(registry)
     rows = {(row["job"], row["kind"], row["finding"])
             for row in result.labelsets("trainmon_diagnosis_finding_info")}
     assert {("llm", "scheduling", "spot_reclaim"), ("llm", "scheduling", "numa_far"),

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tests.diagnosis.diagnosis_support import ContractSource, job_verdicts
+from tests.diagnosis.diagnosis_support import ContractSource, evaluated, job_verdicts
 from tests.support.exposition import Scrape, scrape
 from trainmon.collectors.diagnosis import DiagnosisCollector
 from trainmon.config import DiagnosisConfig, parse_config
@@ -119,10 +119,10 @@ class Node:
     def run(self, config: DiagnosisConfig | None = None, ticks: int = 6) -> Scrape:
         collector = diagnosing(config or DiagnosisConfig(), self.source,
                                        clock=self.clock, wall_clock=self.wall)
-        result = scrape(collector)
+        result = evaluated(collector)
         for _ in range(ticks):
             self.tick()
-            result = scrape(collector)
+            result = evaluated(collector)
         return result
 
 
@@ -184,7 +184,7 @@ def test_storage_from_a_sawtooth_gpu_with_a_rising_data_wait() -> None:
     for wait in (0.02, 0.02, 0.02, 0.05, 0.06, 0.07):  # 8 % → 24 % of a growing step
         node.ranks[("llm", "0")].wait = wait
         node.tick()
-        result = scrape(collector)
+        result = evaluated(collector)
     assert job_verdicts(result) == {"llm": "storage"}
     assert "sawtooth_data_wait" in findings(result, "llm")
     # the same waits, falling: no storage verdict
@@ -196,7 +196,7 @@ def test_storage_from_a_sawtooth_gpu_with_a_rising_data_wait() -> None:
     for wait in (0.07, 0.06, 0.05, 0.03, 0.03, 0.03):
         falling.ranks[("llm", "0")].wait = wait
         falling.tick()
-        result = scrape(collector)
+        result = evaluated(collector)
     assert job_verdicts(result) == {"llm": "compute"}
 
 
@@ -432,7 +432,7 @@ def test_link_near_its_rate_is_communication_when_no_comm_phase_is_reported() ->
         node.source.add("trainmon_infiniband_receive_bytes_total", 5 * 1e9,
                         device="mlx5_0", port="1")
         node.tick()
-        result = scrape(collector)
+        result = evaluated(collector)
     assert job_verdicts(result) == {"llm": "communication"}
     assert "link_saturated" in findings(result, "llm")
 
@@ -471,7 +471,7 @@ def test_stalled_job_is_scheduling() -> None:
     node, collector = stalled_job()
     for _ in range(14):  # 70 s without a step
         node.tick()
-        result = scrape(collector)
+        result = evaluated(collector)
     assert job_verdicts(result) == {"llm": "scheduling"}
     assert findings(result, "llm") == {"stalled", "insufficient_data"}
     assert result.value("trainmon_diagnosis_stalled_ranks", job="llm") == 2
@@ -534,7 +534,7 @@ def test_a_failing_source_does_not_stop_the_verdict(caplog: pytest.LogCaptureFix
                                    clock=node.clock, wall_clock=node.wall)
     for _ in range(3):
         node.tick()
-        result = scrape(collector)
+        result = evaluated(collector)
     assert job_verdicts(result) == {"llm": "compute"}
     assert result.value("trainmon_collector_success", collector="broken") == 0
     assert result.value("trainmon_collector_success", collector="diagnosis") == 1
@@ -549,11 +549,11 @@ def test_old_snapshots_leave_the_window() -> None:
                                    clock=node.clock, wall_clock=node.wall)
     for _ in range(4):
         node.tick()
-        scrape(collector)
+        evaluated(collector)
     node.ranks[("llm", "0")].wait = 0.01  # ... then fixed: the verdict follows within a window
     for _ in range(5):
         node.tick()
-        result = scrape(collector)
+        result = evaluated(collector)
     assert job_verdicts(result) == {"llm": "compute"}
     assert result.value("trainmon_diagnosis_window_seconds") == 20
 
@@ -588,18 +588,20 @@ def test_scrapes_closer_than_a_twentieth_of_the_window_reuse_the_verdict() -> No
 
     for _ in range(3):
         node.tick()
-        scrape(registry)
+        evaluated(registry)
     assert snapshots() == 3
     node.now += 2.9  # under 60 / 20 s: no new evaluation
-    again = scrape(registry)
+    again = evaluated(registry)
     assert snapshots() == 3
     assert job_verdicts(again) == {"llm": "compute"}
     node.now += 0.2
-    scrape(registry)
+    scrape(registry)  # a scrape never evaluates ...
+    assert snapshots() == 3
+    evaluated(registry)  # ... the registry's evaluation does
     assert snapshots() == 4
 
 
-def test_the_verdict_reads_this_scrape_without_collecting_a_source_twice() -> None:
+def test_an_evaluation_collects_each_source_once_and_a_scrape_reads_its_verdict() -> None:
     class Counting(ContractSource):
         collections = 0
 
@@ -610,10 +612,13 @@ def test_the_verdict_reads_this_scrape_without_collecting_a_source_twice() -> No
     node = Node(source=Counting())
     healthy_job(node)
     registry = diagnosing(DiagnosisConfig(), node.source, clock=node.clock, wall_clock=node.wall)
+    assert job_verdicts(scrape(registry)) == {}  # nothing evaluated yet
     for _ in range(4):
         node.tick()
-        result = scrape(registry)
-    assert Counting.collections == 4  # once per scrape, by the registry only
+        registry.evaluate()
+    assert Counting.collections == 5  # the scrape, then once per evaluation
+    result = scrape(registry)
+    assert Counting.collections == 6  # a scrape collects the sources for its own output
     assert job_verdicts(result) == {"llm": "compute"}
 
 
@@ -630,7 +635,7 @@ def test_a_stall_needs_a_live_reporter_when_heartbeats_are_exported(
             if reporting or node.now < 1020:  # finished: silent after the first 20 s
                 node.source.set("trainmon_training_last_report_timestamp_seconds", node.wall(),
                                 job=job, rank=rank_name)
-        result = scrape(collector)
+        result = evaluated(collector)
     assert job_verdicts(result) == {"llm": verdict}
 
 

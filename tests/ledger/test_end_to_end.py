@@ -1,5 +1,7 @@
 """Two runs of a real client process against a real daemon, one variable changed: the
-ledger holds both, finished, measured, with the change named and no secret anywhere."""
+ledger holds both, finished, measured, with the change named and no secret anywhere; the
+storage of the data and of the checkpoint, known while the run was live, is still in the
+record once the reporter has exited."""
 
 from __future__ import annotations
 
@@ -26,9 +28,13 @@ with Reporter("e2e", endpoint=sys.argv[1], interval_seconds=0.1,
               config={"lr": 0.1, "optimizer": {"name": "sgd"}, "hf_token": sys.argv[3]},
               data_paths=[sys.argv[4]]) as reporter:
     deadline = time.monotonic() + 3.0
+    saved = False
     while time.monotonic() < deadline:
         time.sleep(seconds)
         reporter.step(samples=32)
+        if not saved and time.monotonic() > deadline - 2.0:
+            reporter.checkpoint_saved(sys.argv[4] + "/step.ckpt", 0.01)
+            saved = True
 """
 
 
@@ -67,6 +73,9 @@ def test_two_runs_one_change(start_daemon: Callable[..., Daemon], tmp_path: Path
         return bool(changes)
 
     wait_for(seen_change)
+    status, body = daemon.get("/api/v1/runs/e2e-b?job=e2e")
+    assert status == 200
+    [live] = json.loads(body)
     assert second.wait(60) == 0
 
     def both_finished() -> bool:
@@ -80,9 +89,16 @@ def test_two_runs_one_change(start_daemon: Callable[..., Daemon], tmp_path: Path
     assert changes == {"NCCL_IB_DISABLE"}
     assert changed_keys(a.description, b.description) == "NCCL_IB_DISABLE"
     assert a.config_hash == b.config_hash
-    assert a.description["data_paths"] == [{  # the test's tmp folder: whatever holds it
-        "path": str(data), **{key: a.description["data_paths"][0][key]  # type: ignore[index]
-                              for key in ("mountpoint", "fstype", "storage")}}]
+    [where] = a.description["data_paths"]  # type: ignore[misc]
+    assert where["path"] == str(data)  # the test's tmp folder: whatever holds it, but known
+    assert where["storage"] != "unknown" and where["mountpoint"], where
+    # the reporter is gone: the finished record keeps what the live one said
+    assert b.description["data_paths"] == live["description"]["data_paths"] == [where]
+    assert (a.summary["checkpoints"], b.summary["checkpoints"]) == (1, 1)
+    last = b.summary["last_checkpoint"]
+    assert isinstance(last, dict) and last["path"] == f"{data}/step.ckpt"
+    assert (last["mountpoint"], last["fstype"], last["storage"]) == (
+        where["mountpoint"], where["fstype"], where["storage"])
     rate_a = a.summary["samples_per_second_median"]
     rate_b = b.summary["samples_per_second_median"]
     assert isinstance(rate_a, float) and isinstance(rate_b, float)

@@ -8,12 +8,16 @@ import pytest
 
 from trainmon import contract
 from trainmon.config import parse_config
+from trainmon.paths import default_ledger_path
 from trainmon.settings import ConfigError
 
 
 def test_defaults() -> None:
     ledger = parse_config({}).collectors.ledger
-    assert ledger.file == Path("/var/lib/trainmon/ledger.sqlite3")
+    assert ledger.file == default_ledger_path()  # the suite's $STATE_DIRECTORY
+    assert default_ledger_path(environ={}, euid=0) == Path("/var/lib/trainmon/ledger.sqlite3")
+    assert default_ledger_path(environ={"STATE_DIRECTORY": "/var/lib/x:/var/lib/y"}) == Path(
+        "/var/lib/x/ledger.sqlite3")
     assert (ledger.enabled, ledger.retention_days, ledger.max_runs, ledger.flush_seconds) == (
         "auto", 180.0, 10_000, 10.0)
     assert ledger.stall_seconds == contract.LEDGER_STALL_SECONDS

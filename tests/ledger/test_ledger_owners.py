@@ -1,5 +1,5 @@
 """Owners in the ledger: each row belongs to a writer identity, another writer's row is
-never rewritten, retention is fair between owners, and a schema 1 file is upgraded."""
+never rewritten, retention is fair between owners; schema 1 and 2 files are upgraded."""
 
 from __future__ import annotations
 
@@ -46,16 +46,27 @@ def runs_of(ledger: Ledger) -> dict[str, list[str]]:
     return found
 
 
-def make_schema_1(path: Path) -> None:
+def make_schema_1(path: Path, end_reason: str = "finished") -> None:
     connection = sqlite3.connect(path, isolation_level=None)
     for statement in SCHEMA_1:
         connection.execute(statement)
     connection.execute(
         "INSERT INTO runs VALUES ('resnet50', 'old-run', 'node-1', 'sha256:0', 10.0, 20.0, "
-        "'finished', 20.0, 1, 1, '{}', '{\"steps\": 7}', '{}')")
+        "?, 20.0, 1, 1, '{}', '{\"steps\": 7}', '{}')", [end_reason])
     connection.execute(f"PRAGMA application_id={APPLICATION_ID}")
     connection.execute("PRAGMA user_version=1")
     connection.execute("PRAGMA journal_mode=WAL")
+    connection.close()
+
+
+def make_schema_2(path: Path) -> None:
+    """A file as trainmon wrote it before end reasons were renamed: a ``vanished`` run."""
+    make_schema_1(path, end_reason="vanished")
+    connection = sqlite3.connect(path, isolation_level=None)
+    connection.execute("ALTER TABLE runs ADD COLUMN owner TEXT NOT NULL DEFAULT ''")
+    connection.execute("CREATE INDEX runs_by_owner_started ON runs (owner, started)")
+    connection.execute("UPDATE runs SET owner = 'uid:1000'")
+    connection.execute("PRAGMA user_version=2")
     connection.close()
 
 
@@ -100,13 +111,13 @@ def test_a_schema_1_file_is_read_as_it_is_and_upgraded_when_opened_writable(
     connection.close()
 
     with Ledger.open(path, readonly=False) as ledger:
-        assert ledger.version == SCHEMA_VERSION == 2
+        assert ledger.version == SCHEMA_VERSION == 3
         assert ledger.get("old-run")[0].owner == ""
         # a row without owner is claimed by the next writer of it
         write(ledger, record("old-run", 10.0, "uid:1000", ended=30.0, steps=9))
         write(ledger, record("new-run", 40.0, "uid:1000"))
     connection = sqlite3.connect(path)
-    assert connection.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert connection.execute("PRAGMA user_version").fetchone()[0] == 3
     columns = [row[1] for row in connection.execute("PRAGMA table_info(runs)")]
     assert columns[-1] == "owner"
     indexes = {row[1] for row in connection.execute("PRAGMA index_list(runs)")}
@@ -169,3 +180,23 @@ def test_fair_share(counts: dict[str, int], limit: int, expected: dict[str, int]
     quotas = fair_share(counts, limit)
     assert quotas == expected
     assert sum(counts.values()) - sum(quotas.values()) == min(limit, sum(counts.values()))
+
+
+def test_a_vanished_run_of_an_older_ledger_reads_as_lost_and_is_migrated(
+        tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    make_schema_2(path)
+    with Ledger.open(path) as reader:  # read-only: the file stays as it is
+        [old] = reader.runs()
+        assert (old.end_reason, old.owner, reader.version) == ("lost", "uid:1000", 2)
+        assert RunRecord.from_json({**old.to_json(), "end_reason": "vanished"}) == old
+    connection = sqlite3.connect(path)
+    assert connection.execute("SELECT end_reason FROM runs").fetchall() == [("vanished",)]
+    connection.close()
+
+    with Ledger.open(path, readonly=False) as ledger:
+        assert ledger.version == SCHEMA_VERSION
+    connection = sqlite3.connect(path)
+    assert connection.execute("SELECT end_reason FROM runs").fetchall() == [("lost",)]
+    assert connection.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    connection.close()

@@ -128,7 +128,7 @@ def test_a_run_without_steps_stalls_and_recovers(clocks: Clocks, tmp_path: Path)
     ledger.stop()
 
 
-def test_a_run_whose_ranks_expire_has_vanished(clocks: Clocks, tmp_path: Path) -> None:
+def test_a_run_whose_ranks_expire_is_lost(clocks: Clocks, tmp_path: Path) -> None:
     path = tmp_path / "ledger.sqlite3"
     training, ledger = make_recorder(clocks, path, flush_seconds=3600.0)()
     ledger.start()
@@ -139,26 +139,65 @@ def test_a_run_whose_ranks_expire_has_vanished(clocks: Clocks, tmp_path: Path) -
     ledger.stop()
     with Ledger.open(path) as reader:
         record = only(reader.runs())
-    assert (record.end_reason, record.ended) == ("vanished", last_report)
+    assert (record.end_reason, record.ended) == ("lost", last_report)
 
 
-def test_the_time_under_each_verdict_is_recorded(clocks: Clocks, tmp_path: Path) -> None:
+def verdict(kind: str, job: str = "resnet50") -> GaugeMetricFamily:
+    """``trainmon_bottleneck`` as the diagnosis exports it: 1 for ``kind``, 0 for the rest."""
+    family = GaugeMetricFamily("trainmon_bottleneck", "", labels=["job", "kind"])
+    for other in ("compute", "storage", "none"):
+        family.add_metric([job, other], 1.0 if other == kind else 0.0)
+    return family
+
+
+def test_the_time_under_each_verdict_is_recorded_from_evaluations_alone(
+        clocks: Clocks, tmp_path: Path) -> None:
+    """The evaluations (observe) count verdict time, capped per gap; scrapes (collect)
+    count none; an evaluation without any verdict family tells nothing."""
     path = tmp_path / "ledger.sqlite3"
     training, ledger = make_recorder(clocks, path, flush_seconds=3600.0)()
     ledger.start()
     run_job(clocks, training, ledger, run="run-a", rate_steps=10, intervals=1, end=False)
     for kind in ("storage", "storage", "storage", "compute", "compute"):
-        verdict = GaugeMetricFamily("trainmon_bottleneck", "", labels=["job", "kind"])
-        for other in ("compute", "storage", "none"):
-            verdict.add_metric(["resnet50", other], 1.0 if other == kind else 0.0)
-        ledger.observe([verdict])
-        list(ledger.collect())
+        ledger.observe([verdict(kind), verdict("compute", job="other-job")])
+        for _ in range(3):
+            list(ledger.collect())
         clocks.advance(5)
+    ledger.observe([])  # a failed diagnosis: the verdict goes on
+    clocks.advance(5)
+    ledger.observe([verdict("compute")])  # 10 s since the last evaluation that said it
+    clocks.advance(100)
+    ledger.observe([verdict("compute")])  # a long pause counts MAX_VERDICT_GAP_SECONDS
+    clocks.advance(5)
+    ledger.observe([verdict("storage")])  # the latest verdict, no time yet
     ledger.tick()
     ledger.stop()
     with Ledger.open(path) as reader:
         record = only(reader.runs())
-    assert record.summary["verdicts"] == {"compute": 5.0, "storage": 10.0}
+    assert record.summary["verdicts"] == {"compute": 75.0, "storage": 10.0}
+    assert record.summary["final_verdict"] == "storage"
+
+
+def test_an_ended_run_keeps_its_final_verdict(clocks: Clocks, tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    training, ledger = make_recorder(clocks, path, flush_seconds=3600.0)()
+    ledger.start()
+    run_job(clocks, training, ledger, run="run-a", rate_steps=10, intervals=1, end=False)
+    ledger.observe([verdict("storage")])
+    clocks.advance(5)
+    ledger.observe([verdict("storage")])
+    send(training, description(run="run-a", ended="finished"))
+    ledger.tick()
+    ledger.observe([verdict("compute")])  # after the end: not the run's any more
+    clocks.advance(5)
+    ledger.observe([verdict("compute")])
+    ledger.tick()
+    ledger.stop()
+    with Ledger.open(path) as reader:
+        record = only(reader.runs())
+    assert record.end_reason == "finished"
+    assert (record.summary["verdicts"], record.summary["final_verdict"]) == (
+        {"storage": 5.0}, "storage")
 
 
 def test_a_restarted_daemon_resumes_the_run(clocks: Clocks, tmp_path: Path) -> None:

@@ -1,13 +1,19 @@
 """Where the ledger lives when deployed: the default path is writable under the systemd
-unit's hardening and on the DaemonSet's node, for the daemon's user."""
+unit's hardening and on the DaemonSet's node, for the daemon's user, and it is the
+daemon's default because that user owns the folder (``trainmon.paths``). The folders a
+daemon makes itself: ``tests/core/test_paths.py``, ``tests/security/test_user_defaults.py``.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import pytest
 import yaml
 
 from trainmon.ledger.config import DEFAULT_LEDGER_PATH, LedgerConfig
+from trainmon.paths import default_ledger_path, uses_system_directory
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -18,7 +24,9 @@ def test_the_systemd_unit_gives_the_ledger_a_state_directory() -> None:
     assert "ProtectSystem=strict" in settings  # only StateDirectory= makes /var/lib writable
     assert f"StateDirectory={DEFAULT_LEDGER_PATH.parent.name}" in settings
     assert DEFAULT_LEDGER_PATH.parent == Path("/var/lib") / DEFAULT_LEDGER_PATH.parent.name
-    assert LedgerConfig().file == DEFAULT_LEDGER_PATH
+    assert default_ledger_path(euid=0) == DEFAULT_LEDGER_PATH
+    if os.geteuid() == 0:
+        assert LedgerConfig().file == DEFAULT_LEDGER_PATH
 
 
 def test_the_daemonset_keeps_the_ledger_on_the_node_writable_by_the_daemon() -> None:
@@ -35,3 +43,21 @@ def test_the_daemonset_keeps_the_ledger_on_the_node_writable_by_the_daemon() -> 
     user = pod["securityContext"]["runAsUser"]
     command = " ".join(init["command"][-1].split())
     assert f"chown {user}:{user} /run/trainmon {folder}" in command
+
+
+
+def test_the_deployed_daemons_user_owns_the_system_folders_so_they_are_its_defaults(
+        tmp_path: Path) -> None:
+    """The DaemonSet runs as ``runAsUser`` after its init container's chown, the unit as
+    ``trainmon`` with StateDirectory=: neither is root, both get the system paths."""
+    if os.geteuid() != 0:
+        pytest.skip("chown needs root; the rule itself is in tests/core/test_paths.py")
+    [daemonset] = [doc for doc in yaml.safe_load_all(
+        (ROOT / "deploy/kubernetes/base/daemonset.yaml").read_text()) if doc]
+    user = daemonset["spec"]["template"]["spec"]["securityContext"]["runAsUser"]
+    state = tmp_path / "var/lib/trainmon"
+    state.mkdir(parents=True)
+    assert not uses_system_directory(state, user)
+    os.chown(state, user, user)  # what the init container does
+    assert uses_system_directory(state, user)
+    assert default_ledger_path({"HOME": "/"}, user, state) == state / "ledger.sqlite3"

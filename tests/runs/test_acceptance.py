@@ -107,8 +107,10 @@ def recorded(start_daemon: Callable[..., Daemon], prometheus: Prometheus, tmp_pa
                    for label in ("a", "b"))
 
     wait_until(both_finished, 30, "both runs finished in the ledger")
-    wait_until(lambda: bool(prometheus.query(f'trainmon_training_steps_total{{job="{JOB}"}}')),
-               10, "the steps in Prometheus")
+    # the ranks of a finished run leave the exposition at once: look back for their steps
+    wait_until(lambda: bool(prometheus.query(
+        f'count_over_time(trainmon_training_steps_total{{job="{JOB}"}}[10m])')),
+        10, "the steps in Prometheus")
     time.sleep(3)  # a few more scrapes after run B's last report
     yield daemon, prometheus, ledger, measured
 
@@ -160,6 +162,11 @@ def test_two_runs_one_variable_changed_local_ledger_and_prometheus(
     listed = trainmon("runs", "--json", "--prometheus", prometheus.url, "--job", JOB)
     assert [run["run"] for run in json.loads(listed.stdout)["runs"]][:2] == [
         "accept-b", "accept-a"]
+    # how they ended, from the ledger's end series alone (the listing asks no daemon)
+    assert [(run["end_reason"], run["ranks"]) for run in json.loads(listed.stdout)["runs"]][
+        :2] == [("finished", 1), ("finished", 1)]
+    assert (local["a"]["ranks"], local["a"]["world_size"]) == (1, 1)
+    assert local["throughput"]["basis"] == remote["throughput"]["basis"] == "job"
 
     # Secrets: not in the ledger's bytes, the metrics, the daemon's log, the outputs.
     stored = b"".join(path.read_bytes() for path in ledger.parent.iterdir() if path.is_file())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.runs.runs_support import STARTED, description, record, summary
-from trainmon.runs.compare import compare, quantity, signed_percent
+from trainmon.runs.compare import compare, count_text, coverage_text, quantity, signed_percent
 from trainmon.runs.view import RunView
 
 
@@ -126,6 +126,42 @@ def test_a_multi_node_run_adds_up_its_nodes() -> None:
     assert merged.nodes == ("n1", "n2")
     assert merged.summary["samples_per_second_median"] == 1210.0
     assert merged.summary["data_wait_ratio"] == pytest.approx(0.25)
+    assert (merged.ranks, merged.world_size, merged.partial) == (16, 8, False)
+
+
+def test_a_merged_run_ends_as_its_worst_node_and_keeps_its_latest_checkpoint() -> None:
+    def last(time: float, path: str) -> dict[str, object]:
+        return {"time": time, "duration_seconds": 1.0, "path": path, "mountpoint": "/",
+                "fstype": "ext4", "storage": "local_disk"}
+
+    merged = RunView.from_records([
+        record("r", node="n1", ranks=4, world_size=16, end_reason="finished",
+               summary_=summary(checkpoints=3, final_verdict="compute",
+                                last_checkpoint=last(STARTED + 100, "/a"))),
+        record("r", node="n2", ranks=4, world_size=16, end_reason="lost",
+               summary_=summary(checkpoints=2, final_verdict="storage",
+                                last_checkpoint=last(STARTED + 200, "/b"))),
+        record("r", node="n3", ranks=4, world_size=16, end_reason="crashed",
+               summary_=summary(checkpoints=None, final_verdict="storage")),
+    ])
+    assert merged.end_reason == "crashed"
+    assert (merged.ranks, merged.partial, coverage_text(merged)) == (12, True, "12 of 16")
+    assert merged.summary["checkpoints"] == 5
+    assert merged.summary["last_checkpoint"]["path"] == "/b"
+    assert merged.summary["final_verdict"] == "storage"
+    still_running = RunView.from_records([record("r", node="n1", end_reason="crashed"),
+                                          record("r", node="n2", ended=None, end_reason=None)])
+    assert (still_running.ended, still_running.end_reason) == (None, None)
+
+
+def test_an_end_reason_of_an_older_ledger_reads_as_today() -> None:
+    assert view("r", end_reason="vanished").end_reason == "lost"
+
+
+@pytest.mark.parametrize(("count", "text"), [(1, "1 checkpoint"), (0, "0 checkpoints"),
+                                             (3, "3 checkpoints")])
+def test_counts_agree_with_their_noun(count: int, text: str) -> None:
+    assert count_text(count, "checkpoint") == text
 
 
 @pytest.mark.parametrize(("value", "text"), [

@@ -38,11 +38,11 @@ def doctor(url: str, ledger: Path | None, json_out: bool = False) -> str:
     return out.getvalue()
 
 
-def history(tmp_path: Path, now: float, *, config_hash: str = HASH) -> Path:
+def history(tmp_path: Path, now: float, *, config_hash: str = HASH, ranks: int = 8) -> Path:
     return write_ledger(tmp_path / "ledger.sqlite3", [
         record("vit-1", job="vit", summary_=summary(samples_per_second_median=1000.0)),
         record("vit-2", job="vit", config_hash=config_hash, started=STARTED + 7200,
-               ended=None, end_reason=None,
+               ended=None, end_reason=None, ranks=ranks,
                summary_=summary(samples_per_second_median=now)),
     ])
 
@@ -62,6 +62,14 @@ def test_a_slower_run_names_the_previous_one_and_the_compare(
 def test_no_line_within_the_regression_ratio(tmp_path: Path, daemon_url: str,
                                              speed: float) -> None:
     assert "Run history" not in doctor(daemon_url, history(tmp_path, speed))
+
+
+def test_fewer_ranks_on_this_node_are_not_a_slowdown(tmp_path: Path, daemon_url: str) -> None:
+    """Half the ranks on this node, half the samples/s here: the same per rank."""
+    assert "Run history" not in doctor(daemon_url, history(tmp_path, 500.0, ranks=4))
+    (tmp_path / "slower").mkdir()
+    text = doctor(daemon_url, history(tmp_path / "slower", 390.0, ranks=4))
+    assert "vit: samples/s −22 % vs run vit-1" in text
 
 
 def test_no_line_against_a_run_of_another_config(tmp_path: Path, daemon_url: str) -> None:

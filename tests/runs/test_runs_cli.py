@@ -47,12 +47,14 @@ def test_runs_text_has_the_columns_and_cost(ledger: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["runs", "--ledger", str(ledger)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["RUN", "JOB", "STARTED", "DURATION", "SAMPLES/S", "STEP",
-                                "P50", "VERDICT", "END", "COST/M", "SAMPLES"]
+    assert lines[0].split() == ["RUN", "JOB", "STARTED", "DURATION", "RANKS", "SAMPLES/S",
+                                "STEP", "P50", "VERDICT", "END", "COST/M", "SAMPLES"]
     assert lines[1].split()[:2] == ["run-b", "llama"]
     assert "communication" in lines[1] and "running" in lines[1]
     assert "1 210" in lines[2] and "1h00m00s" not in lines[2] and "1h00m" in lines[2]
     assert "36.76 CNY" in lines[2] and "compute" in lines[2] and "finished" in lines[2]
+    assert lines[2].split()[5:7] == ["1h00m", "8"]  # RANKS: all 8 of the job's ranks
+    assert not any("ranks:" in line for line in lines)  # no note: every run is whole
 
 
 def test_compare_json_names_the_change(ledger: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -60,7 +62,8 @@ def test_compare_json_names_the_change(ledger: Path, capsys: pytest.CaptureFixtu
     result = json.loads(capsys.readouterr().out)
     assert result["changes"] == [
         {"key": "NCCL_IB_DISABLE", "kind": "environment", "a": "0", "b": "1"}]
-    assert result["throughput"] == {"a": 1210.0, "b": 992.0, "change_ratio": -0.1802}
+    assert result["throughput"] == {"a": 1210.0, "b": 992.0, "change_ratio": -0.1802,
+                                    "basis": "job"}
     assert result["summary"].startswith("samples/s −18 % (1 210 → 992); NCCL_IB_DISABLE 0 → 1")
     assert result["a"]["run"] == "run-a" and result["b"]["description"]["environment"]
     assert set(result) >= {"step_seconds_p50", "step_seconds_p95", "phases"}
@@ -105,11 +108,13 @@ def test_a_bad_since_names_the_accepted_forms(ledger: Path,
     assert "90m, 12h, 2d" in capsys.readouterr().err
 
 
-def test_an_unreachable_prometheus_is_a_runtime_failure(
+def test_an_unreachable_prometheus_is_a_runtime_failure_in_one_clear_line(
         capsys: pytest.CaptureFixture[str]) -> None:
     url = f"http://127.0.0.1:{free_port()}"
     assert main(["runs", "--prometheus", url]) == 1
-    assert f"cannot reach Prometheus at {url}" in capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert captured.err == f"trainmon: cannot reach Prometheus at {url}: connection refused\n"
+    assert captured.out == ""
 
 
 def test_doctor_takes_the_ledger_from_the_command_line(
@@ -134,3 +139,39 @@ def test_doctor_takes_the_ledger_from_the_command_line(
     report = json.loads(capsys.readouterr().out)
     assert [(r["previous_run"], r["run"]) for r in report["previous_runs"]] == [
         ("vit-1", "vit-2")]
+
+
+def test_figures_of_part_of_a_job_say_so_and_compare_per_rank(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One node's ledger holds 4 of the 16 ranks of run-b: the table says 4 of 16, and
+    compare weighs samples/s per rank instead of reading a quarter as a slowdown."""
+    path = write_ledger(tmp_path / "ledger.sqlite3", [
+        record("run-a", world_size=16, ranks=16),
+        record("run-b", started=STARTED + 7200, ended=STARTED + 9000, end_reason="crashed",
+               world_size=16, ranks=4,
+               summary_=summary(samples_per_second_median=290.0, checkpoints=1,
+                                final_verdict="storage", last_checkpoint={
+                                    "time": STARTED + 8000, "duration_seconds": 3.0,
+                                    "path": "/ckpt/step-100.pt", "mountpoint": "/ckpt",
+                                    "fstype": "nfs4", "storage": "network_fs"})),
+    ])
+    assert main(["runs", "--ledger", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split()[:1] == ["run-b"] and " 4 of 16 " in lines[1]
+    assert "crashed" in lines[1]
+    assert lines[-1].startswith("N of M ranks: the figures cover only the ranks")
+    assert main(["compare", "run-a", "run-b", "--json", "--ledger", str(path)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["throughput"] == {"a": 1210.0 / 16, "b": 290.0 / 4,
+                                    "change_ratio": round(290 / 4 / (1210 / 16) - 1, 4),
+                                    "basis": "per_rank"}
+    assert result["summary"].startswith(
+        "samples/s per rank −4 % (75.6 → 72.5; run B: 4 of 16 ranks recorded)")
+    assert result["summary"].endswith("; run B ended: crashed")
+    assert (result["b"]["ranks"], result["b"]["world_size"]) == (4, 16)
+    assert main(["compare", "run-a", "run-b", "--ledger", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "samples/s per rank" in text
+    assert ("ended: crashed; world size 16; ranks recorded 4 of 16; nodes gpu-node-1; final "
+            "verdict storage; 1 checkpoint, the last at /ckpt/step-100.pt (CFS/NFS))") in text
+    assert "ended: finished; world size 16; nodes gpu-node-1)" in text

@@ -364,6 +364,43 @@ def test_real_torch_save_through_the_socket(
                                   "ephemeral", "unknown")
 
 
+def test_checkpoint_called_without_with_records_an_untimed_save_and_warns_once(
+    make: Make, socket_path: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    torch = pytest.importorskip("torch")
+    collector = make(proc_root=Path("/proc"), sys_root=Path("/sys"), socket=socket_path)
+    model = torch.nn.Linear(8, 8)
+    with Reporter("torch-job", endpoint=f"unix://{socket_path}", environ={},
+                  interval_seconds=60) as reporter:
+        for step in range(2):
+            reporter.step(samples=8)
+            torch.save(model.state_dict(), tmp_path / f"step-{step}.pt")
+            before = time.time()
+            reporter.checkpoint(tmp_path / f"step-{step}.pt")  # the README's mistake
+            sent = reporter.report()
+            assert sent["checkpoints"] == step + 1 and sent["checkpoint_seconds"] == 0.0
+            assert before <= sent["last_checkpoint_time"] <= time.time()  # type: ignore[operator]
+            assert sent["checkpoint_path"] == str(tmp_path / f"step-{step}.pt")
+    hints = [record for record in caplog.records if "not used with `with`" in record.getMessage()]
+    assert len(hints) == 1 and "with reporter.checkpoint(path)" in hints[0].getMessage()
+    wait_for(collector, "trainmon_training_checkpoints_total", 2.0)
+
+
+def test_a_checkpoint_entered_later_or_failing_counts_once_or_not_at_all(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    with Reporter("ckpt", endpoint=f"unix://{tmp_path}/none.sock", environ={}) as reporter:
+        saving = reporter.checkpoint(tmp_path / "step-1.pt")  # kept, then entered
+        assert reporter.report()["checkpoints"] == 0
+        with saving:
+            pass
+        del saving
+        with pytest.raises(OSError), reporter.checkpoint(tmp_path / "step-2.pt"):
+            raise OSError("disk full")
+        assert reporter.report()["checkpoints"] == 1
+    assert not [record for record in caplog.records if "`with`" in record.getMessage()]
+
+
 def wait_for(collector: TrainingCollector, name: str, value: float) -> Scrape:
     deadline = time.monotonic() + 10
     while True:

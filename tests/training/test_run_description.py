@@ -174,7 +174,7 @@ TOO_MANY = {f"k{index}": index for index in range(65)}
         ({"git": {"commit": "XYZ", "dirty": None}}, "invalid_field"),
         ({"git": {"commit": COMMIT, "dirty": "no"}}, "invalid_field"),
         ({"host": "node 3"}, "invalid_field"),
-        ({"ended": "crashed"}, "invalid_field"),
+        ({"ended": "lost"}, "invalid_field"),  # the daemon concludes lost; no client says it
         ({"v": 2}, "unsupported_version"),
     ],
 )
@@ -554,7 +554,7 @@ def test_reporter_describes_its_run_at_start_on_change_and_at_the_end(
     assert reporter.dropped_reports == 0
 
 
-def test_an_exception_ends_the_run_without_finished(
+def test_an_exception_ends_the_run_crashed(
     listener: Listener,
 ) -> None:
     endpoint, drain = listener.endpoint, listener.drain
@@ -562,10 +562,10 @@ def test_an_exception_ends_the_run_without_finished(
         reporter.step()
         raise RuntimeError("diverged")
     descriptions = [item for item in items_of(drain()) if isinstance(item, RunDescription)]
-    assert [description.ended for description in descriptions] == [None]
+    assert [description.ended for description in descriptions] == ["crashed"]
 
 
-def test_a_crashing_script_does_not_mark_its_run_finished(
+def test_a_crashing_script_marks_its_run_crashed(
     listener: Listener,
 ) -> None:
     endpoint, drain = listener.endpoint, listener.drain
@@ -575,7 +575,7 @@ def test_a_crashing_script_does_not_mark_its_run_finished(
     subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60,
                    env={**os.environ, "TRAINMON_RUN_ID": "crash-1"})
     descriptions = [item for item in items_of(drain()) if isinstance(item, RunDescription)]
-    assert [(d.run, d.ended) for d in descriptions] == [("crash-1", None)]
+    assert [(d.run, d.ended) for d in descriptions] == [("crash-1", "crashed")]
 
 
 def test_no_secret_reaches_the_wire_or_the_logs(
@@ -724,7 +724,7 @@ def test_lightning_callback_describes_the_trainer(
     assert {"torch", "lightning"} <= set(last.versions)
 
 
-def test_lightning_exception_leaves_the_run_unfinished(
+def test_lightning_exception_ends_the_run_crashed(
     listener: Listener, tmp_path: Path,
 ) -> None:
     torch = pytest.importorskip("torch")
@@ -752,7 +752,8 @@ def test_lightning_exception_leaves_the_run_unfinished(
     with pytest.raises(FloatingPointError):
         trainer.fit(Diverging(), torch.utils.data.DataLoader(data, batch_size=4))
     descriptions = [item for item in items_of(drain()) if isinstance(item, RunDescription)]
-    assert descriptions and all(description.ended is None for description in descriptions)
+    assert [description.ended for description in descriptions][-1] == "crashed"
+    assert all(description.ended is None for description in descriptions[:-1])
 
 
 def test_transformers_callback_describes_the_training_arguments(

@@ -7,12 +7,16 @@ from pathlib import Path
 import pytest
 
 from trainmon.config import parse_config
+from trainmon.paths import default_socket_path
 from trainmon.settings import ConfigError
 
 
 def test_defaults() -> None:
     training = parse_config({}).collectors.training
-    assert training.socket == Path("/run/trainmon/steps.sock")
+    assert training.socket == default_socket_path()  # the suite's $RUNTIME_DIRECTORY
+    assert default_socket_path(environ={}, euid=0) == Path("/run/trainmon/steps.sock")
+    assert default_socket_path(environ={"RUNTIME_DIRECTORY": "/run/x"}) == Path(
+        "/run/x/steps.sock")
     assert (training.ttl_seconds, training.max_jobs, training.max_ranks_per_job) == (300, 64, 1024)
     assert (training.socket_mode, training.window_seconds, training.max_label_length) == (
         0o666, 60.0, 128,

@@ -58,6 +58,31 @@ def rank_identity(
     return RankIdentity(resolved_rank, resolved_local, max(resolved_size, resolved_rank + 1))
 
 
+@dataclass(frozen=True)
+class NamedIdentity:
+    """Which of rank, local rank and world size the caller or the environment named
+    (as opposed to ``rank_identity``'s single-process defaults)."""
+
+    rank: bool
+    local_rank: bool
+    world_size: bool
+
+
+def named_identity(
+    environ: Mapping[str, str],
+    rank: int | None = None,
+    local_rank: int | None = None,
+    world_size: int | None = None,
+) -> NamedIdentity:
+    """What ``rank_identity`` took from the arguments or the environment rather than
+    its defaults: a value given, or a variable holding a non-negative integer."""
+    return NamedIdentity(
+        rank is not None or _names_int(environ, _RANK_VARIABLES),
+        local_rank is not None or _names_int(environ, _LOCAL_RANK_VARIABLES),
+        world_size is not None or _names_int(environ, _WORLD_SIZE_VARIABLES),
+    )
+
+
 def detect_gpu(environ: Mapping[str, str], local_rank: int) -> str | None:
     """The NVML index of the GPU this process uses, as a decimal string, or None."""
     visible = _visible_devices(environ)
@@ -125,6 +150,17 @@ def _torch_device(local_rank: int) -> int | None:
     except (AttributeError, RuntimeError, TypeError, ValueError) as error:
         log.debug("cannot read the current CUDA device: %s", error)
         return None
+
+
+def _names_int(environ: Mapping[str, str], names: tuple[str, ...]) -> bool:
+    """Whether one of ``names`` holds what ``_first_int`` would take (without its warning)."""
+    for name in names:
+        try:
+            if int(environ.get(name, "")) >= 0:
+                return True
+        except ValueError:
+            continue
+    return False
 
 
 def _first_int(environ: Mapping[str, str], names: tuple[str, ...], default: int) -> int:

@@ -13,8 +13,9 @@ What is measured, and how exactly:
 
 - a **step** is one training batch (``on_train_batch_end``); with gradient
   accumulation that is a micro-batch, not an optimizer step;
-- **samples** is the size of the batch's first dimension (first tensor found in
-  a tensor, sequence or mapping batch; 0 if none);
+- **samples** is the batch's leading dimension, by ``Reporter.step()``'s rule
+  (``trainmon.client.batches.samples_in``: ``(x, y)`` counts ``x.shape[0]``, a
+  dict its first tensor's; 0 if nothing counts);
 - **data wait** is the time from the end of one batch (or the start of the
   epoch) to ``on_train_batch_start`` of the next, minus validation. Lightning
   fetches the batch in that gap, so it is the fetch time plus the host-to-device
@@ -37,8 +38,9 @@ callback adds what the trainer knows to the run's ``framework`` settings:
 precision, strategy, accelerator, devices and nodes, epoch and step limits,
 gradient accumulation, the train loader's batch size, and the module's (and
 datamodule's) ``hparams`` as ``hparams.<name>`` (secret-looking names
-redacted like any config key). An exception ends the run without
-``"ended": "finished"``.
+redacted like any config key). An exception (``on_exception``) ends the
+run ``"ended": "crashed"`` (``"preempted"`` after a SIGTERM: see
+``trainmon.client.ending``).
 
 **Communication** (``instrument=True``, the default, with more than one
 process): at ``on_train_start`` the model the strategy wrapped
@@ -55,7 +57,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import Any
 
 try:
@@ -72,6 +74,7 @@ except ImportError:  # the standalone package
             "trainmon.client.lightning needs `lightning` or `pytorch_lightning` installed"
         ) from missing
 
+from trainmon.client.batches import samples_in
 from trainmon.client.identity import device_gpu
 from trainmon.client.reporter import Reporter
 
@@ -135,7 +138,7 @@ class TrainmonCallback(Callback):
         batch_idx: int,
     ) -> None:
         if self.reporter is not None:
-            self.reporter.step(samples=batch_size(batch))
+            self.reporter.step(samples=samples_in(batch))
         self._start_gap()
 
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -223,21 +226,6 @@ def framework_settings(trainer: Trainer, pl_module: LightningModule) -> dict[str
         if value is not None and value != {}:
             settings[name] = value
     return settings
-
-
-def batch_size(batch: object) -> int:
-    """First dimension of the first tensor in ``batch`` (tensor, sequence, mapping), else 0."""
-    for _ in range(8):  # nesting depth we are willing to look into
-        shape = getattr(batch, "shape", None)
-        if shape is not None:
-            return int(shape[0]) if len(shape) else 0
-        if isinstance(batch, Mapping) and batch:
-            batch = next(iter(batch.values()))
-        elif isinstance(batch, Sequence) and not isinstance(batch, (str, bytes)) and batch:
-            batch = batch[0]
-        else:
-            return 0
-    return 0
 
 
 def _hparams(owner: object) -> dict[str, object] | None:

@@ -7,8 +7,11 @@
         loss = train_step(batch)
         with reporter.phase("comm"):          # optional named phases
             sync()
-        reporter.step(samples=len(batch))     # ends one step
+        reporter.step()                       # ends one step of x.shape[0] samples
     reporter.close()
+
+(``batch`` is ``(x, y)``; ``step()`` counts the tracked batch's leading
+dimension, ``trainmon.client.batches``; ``step(samples=n)`` says it.)
 
 ``model = reporter.instrument(DDP(net))`` measures the communication of a
 ``DistributedDataParallel`` or FSDP model inside the job (``distributed``,
@@ -18,11 +21,15 @@ and times a checkpoint save and records where it went (``checkpoint_saved()``
 for saves timed elsewhere); the daemon tells what storage that path is on.
 
 Each reporter also describes its **run** (``run``): an id shared by the job's
-ranks when the launcher provides one, the user's ``config`` (hashed, secrets
+ranks (the launcher's, else rank 0's, agreed through ``torch.distributed``'s
+store: ``trainmon.client.agreement``; until then the sender thread sends
+nothing, for at most ``PENDING_LIMIT_SECONDS``, and a single process settles
+at once), the user's ``config`` (hashed, secrets
 redacted), the NCCL/TORCH/CUDA/OMP environment, ``data_paths``, versions and
 the git commit (``trainmon.client.run``). ``describe()`` adds to it; the
-sender thread sends it at start, on change and every minute, and ``close()``
-marks the run finished, so the daemon's ledger can compare runs. The
+sender thread sends it at start, on change and every minute, and the last one
+says how the run ended (``finished``, ``crashed``, ``preempted``; the hooks that
+tell are ``trainmon.client.ending``), so the daemon's ledger can compare runs. The
 description never travels alone: it rides in the payload of a report (the
 line before it; the ended one the line after the final report; the protocol
 allows several lines per payload), so it is delivered, or fails and is
@@ -40,28 +47,29 @@ counted and the count travels with the next delivered report.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import math
 import os
 import secrets
-import sys
 import threading
 import time
-import weakref
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol, TypeVar
 
-from trainmon.client.identity import detect_gpu, rank_identity
-from trainmon.client.run import DataPaths, RunDescriber, resolve_run_id
-from trainmon.client.transport import DEFAULT_ENDPOINT, Sender, open_sender
+from trainmon.client.agreement import RunAgreement, Settlement
+from trainmon.client.batches import samples_in, tuple_length_mistake
+from trainmon.client.ending import ProcessEnding
+from trainmon.client.identity import detect_gpu, named_identity, rank_identity
+from trainmon.client.run import DataPaths, RunDescriber, launcher_run_id, process_run_id
+from trainmon.client.transport import Sender, default_endpoint, open_sender
 from trainmon.logthrottle import LogThrottle
 from trainmon.training.protocol import (
     DEFAULT_MAX_LABEL_LENGTH,
     MAX_PATH_BYTES,
     MAX_PHASES,
     PROTOCOL_VERSION,
+    RUN_END_REASONS,
     STEP_BUCKET_COUNT,
     STEP_SECONDS_BOUNDS,
     encode_report,
@@ -77,7 +85,7 @@ M = TypeVar("M")
 DEFAULT_INTERVAL_SECONDS = 1.0
 #: Longest ``close()`` takes, seconds: waiting for a delivery in flight on the
 #: sender thread (at most ``HTTP_TIMEOUT_SECONDS``), then one last payload (the
-#: final totals and, on a clean end, the ended run description) in the time left.
+#: final totals and the ended run description) in the time left.
 CLOSE_TIMEOUT_SECONDS = 4.0
 #: Phase name that absorbs phases beyond the protocol's MAX_PHASES.
 OTHER_PHASE = "other"
@@ -87,6 +95,9 @@ MAX_CACHED_PHASE_NAMES = 4 * MAX_PHASES
 
 #: The phase checkpoint saves are timed in (also for failed saves).
 CHECKPOINT_PHASE = "checkpoint"
+#: Longest a never-entered ``checkpoint()`` object waits for the reporter's lock
+#: when it goes away, seconds (it may go away inside it: then it is recorded later).
+UNTIMED_LOCK_SECONDS = 0.1
 
 _perf_counter = time.perf_counter
 
@@ -109,14 +120,17 @@ class Reporter:
 
     ``rank``, ``local_rank`` and ``world_size`` default to the launcher's
     environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``); ``job`` to
-    ``TRAINMON_JOB``; ``endpoint`` to ``TRAINMON_ENDPOINT`` or
-    ``unix:///run/trainmon/steps.sock``; ``token`` to ``TRAINMON_TOKEN``;
+    ``TRAINMON_JOB``; ``endpoint`` to ``TRAINMON_ENDPOINT`` or the socket of
+    the local daemon (``transport.default_endpoint``); ``token`` to ``TRAINMON_TOKEN``;
     ``gpu`` (NVML index) is detected when it can be (see ``identity``).
 
     ``run`` names the run (default: ``TRAINMON_RUN_ID``, the launcher's job
-    id, else a fresh id); ``config`` is the run's configuration (a mapping,
-    nested ones flattened), ``data_paths`` where its data comes from; both
-    go into the run description (``describe()`` adds more later).
+    id, else rank 0's fresh id once ``torch.distributed`` is initialised, else
+    a fresh id); ``run``, ``rank``, ``local_rank`` and ``world_size`` hold the
+    settled values from the first report on (``trainmon.client.agreement``).
+    ``config`` is the run's configuration (a mapping, nested ones
+    flattened), ``data_paths`` where its data comes from; both go into the
+    run description (``describe()`` adds more later).
     """
 
     def __init__(
@@ -152,13 +166,14 @@ class Reporter:
         self.reporter_id = secrets.token_hex(8)
         #: Unix time at which the reporter (the run, for this process) started.
         self.started = time.time()
-        self.run = resolve_run_id(run, env, self.started)
+        agreed_run = launcher_run_id(run, env)
+        self.run = agreed_run or process_run_id(self.started)
         self._run_describer = RunDescriber(
             job=self.job, rank=self.rank, reporter_id=self.reporter_id,
             world_size=self.world_size, run=self.run, started=self.started, environ=env,
             config=config, data_paths=data_paths,
         )
-        self.endpoint = endpoint or env.get("TRAINMON_ENDPOINT") or DEFAULT_ENDPOINT
+        self.endpoint = endpoint or env.get("TRAINMON_ENDPOINT") or default_endpoint(env)
         self._sender: Sender = open_sender(self.endpoint, token or env.get("TRAINMON_TOKEN"))
         self._interval = max(0.05, float(interval_seconds))
 
@@ -196,25 +211,65 @@ class Reporter:
         self._last_checkpoint_time: float | None = None
         self._checkpoint_path: str | None = None
         self._bad_paths_logged = LogThrottle()
+        # checkpoint() objects never entered, recorded at their end (_Checkpoint.__del__)
+        self._untimed_checkpoints: list[tuple[str | os.PathLike[str], float]] = []
+        self._untimed_warned = False
+        # Samples of step() without samples=: the batch track() yielded last (None
+        # once a step counted it), the steps done when it came, and the samples of
+        # the batches before it in the same step (gradient accumulation).
+        self._batch: object = None
+        self._batch_step = 0
+        self._carried_samples = 0
+        self._carried_step = 0
+        # None: nothing tracked yet; True: check the first explicit samples= against
+        # the tracked batch (a tuple length?); False: checked.
+        self._check_samples: bool | None = None
         # Delivery failures are logged once per 5 minutes.
         self._failures_logged = LogThrottle()
         self._description_errors = LogThrottle()
 
         self._closed = False
         self._closing = threading.Event()
+        # Last: it may settle (and call _settle) at once, which needs the above.
+        self._agreement = RunAgreement(
+            job=self.job, run=self.run, run_agreed=agreed_run is not None, identity=identity,
+            named=named_identity(env, rank, local_rank, world_size), environ=env,
+            on_settle=self._settle,
+        )
+        self._agreement.poll()
         self._thread = threading.Thread(
             target=self._run, name=f"trainmon-reporter-{self.job}", daemon=True
         )
         self._thread.start()
-        _OPEN_REPORTERS.add(self)
+        _ENDING.watch(self)
 
     # -- the training loop's API ----------------------------------------------
 
-    def step(self, samples: int = 0) -> None:
-        """End one step that processed ``samples`` samples (about a microsecond)."""
+    def step(self, samples: int | None = None) -> None:
+        """End one step that processed ``samples`` samples (about a microsecond).
+
+        Without ``samples``, the step counts the batches ``track()`` yielded
+        since the previous step by their leading dimension
+        (``trainmon.client.batches``: ``(x, y)`` counts ``x.shape[0]``, a
+        dict its first tensor's); 0 without ``track()``. An explicit
+        ``samples`` always wins; one that equals the length of the tracked
+        tuple, list or dict batch while its leading dimension differs
+        (``samples=len((x, y))`` is 2) is logged once.
+        """
         now = _perf_counter()
-        if samples.__class__ is not int or samples < 0:
+        if samples is None:  # the tracked batch (inline: this is the usual path)
+            batch = self._batch
+            if batch is not None:
+                self._batch = None  # counted once
+                samples = samples_in(batch)
+            else:
+                samples = 0
+            if self._carried_samples:
+                samples += self._take_carried()
+        elif samples.__class__ is not int or samples < 0:
             samples = _as_count(samples)
+        elif self._check_samples:
+            self._check_explicit_samples(samples)
         if self._comm_source is not None:
             self._comm_source.fold()
         lock = self._lock
@@ -237,21 +292,35 @@ class Reporter:
             lock.release()
 
     def track(self, iterable: Iterable[T]) -> Iterator[T]:
-        """Yield from ``iterable``, counting the time blocked in ``next()`` as data wait."""
+        """Yield from ``iterable``, counting the time blocked in ``next()`` as data wait.
+
+        The batch yielded last is kept (until the next one) for ``step()``
+        without ``samples``; the thread iterating drives the reporter (an
+        uncaught exception in it ends the run ``crashed``, see ``ending``).
+        """
         self._refresh_gpu()
         clock = _perf_counter
         started = clock()
         if self._steps == 0 and not self._pending_wait:
             with self._lock:
                 self._step_start = started  # the first step starts with the loop
+        _ENDING.drives(self)  # this thread's uncaught exception ends the run
+        if self._check_samples is None:
+            self._check_samples = True
         iterator = iter(iterable)  # DataLoader starts its workers here: that is waiting too
         while True:
             try:
                 item = next(iterator)
             except StopIteration:
                 self.add_data_wait(clock() - started)
+                self._batch = None  # counted, or never to be: let it go
                 return
             self.add_data_wait(clock() - started)
+            previous = self._batch
+            if previous is not None and self._batch_step == self._steps:
+                self._carry(previous)  # no step() since: one step of several batches
+            self._batch = item
+            self._batch_step = self._steps
             yield item
             started = clock()
 
@@ -286,7 +355,14 @@ class Reporter:
         (``0`` while the first save runs), so the daemon knows the job
         checkpoints. A path the protocol cannot carry (over 4096 bytes,
         control characters) is not sent; the checkpoint still counts.
+
+        Called without ``with`` (``reporter.checkpoint(path)`` after a save),
+        the returned object is never entered: when it goes away (at once, in
+        CPython, for a bare call) it records a checkpoint saved at the time
+        of the call, in 0 s, and logs once how to time it. An object that is
+        entered records only at the end of its block, so nothing counts twice.
         """
+        self._record_untimed()
         with self._lock:
             if self._checkpoints is None:
                 self._checkpoints = 0
@@ -301,13 +377,11 @@ class Reporter:
         if not (isinstance(seconds, (int, float)) and 0 <= seconds < math.inf):
             log.debug("trainmon: checkpoint_saved(seconds=%r) counted as 0", seconds)
             seconds = 0.0
+        self._record_untimed()
         sent = self._checkpoint_path_of(path)
         finished = time.time()
         with self._lock:
-            self._checkpoints = (self._checkpoints or 0) + 1
-            self._checkpoint_seconds += seconds
-            self._last_checkpoint_time = finished
-            self._checkpoint_path = sent
+            self._record_checkpoint(sent, seconds, finished)
         self.add_phase(CHECKPOINT_PHASE, seconds)
 
     def add_comm(
@@ -359,8 +433,12 @@ class Reporter:
         docs/protocol.md, "Measured communication". Imports torch (only
         here). Never raises into training: a model it cannot measure is
         returned unmeasured with one warning; instrumenting a model twice is
-        a no-op.
+        a no-op. A run id still pending (``trainmon.client.agreement``) is
+        looked for here too: the model's process group is initialised.
         """
+        if self._agreement.pending:
+            self._agreement.poll(wait=False)
+            self._refresh_gpu()  # the local rank may have changed; this is the training thread
         try:
             from trainmon.client import distributed
         except ImportError as missing:
@@ -403,7 +481,7 @@ class Reporter:
         """``"sha256:"`` + 16 hex digits over the redacted config."""
         return self._run_describer.config_hash
 
-    def close(self, finished: bool = True) -> None:
+    def close(self, finished: bool = True, *, ended: str | None = None) -> None:
         """Send the final totals and stop the sender thread; safe to call twice.
 
         Returns within ``CLOSE_TIMEOUT_SECONDS``: it waits for a delivery the
@@ -411,28 +489,38 @@ class Reporter:
         final totals in one payload within the time left (an undeliverable
         one is counted, never waited for longer).
 
-        ``finished`` (the default) ends the run description with
-        ``"ended": "finished"`` (in the same payload as the final totals);
-        ``close(finished=False)`` (and leaving a ``with`` block on an
-        exception, or exiting on an uncaught exception) does not, so the
-        daemon concludes the run stopped rather than ended.
+        The run description sent last says how the run ended (``ended``, in
+        the same payload as the final totals): ``"finished"`` by default,
+        ``"crashed"`` with ``finished=False`` (as when a ``with`` block is
+        left on an exception), or ``ended=`` one of ``RUN_END_REASONS``
+        (``"preempted"``: stopped from outside). A process that received
+        SIGTERM says ``"preempted"`` whatever is asked (``trainmon.client.ending``,
+        which also closes the reporters left open when the process ends).
+        Raises ``ValueError`` for another ``ended``.
         """
-        if self._closed:
-            return
-        self._closed = True
+        if ended is None:
+            ended = "finished" if finished else "crashed"
+        elif ended not in RUN_END_REASONS:
+            raise ValueError(f"ended must be one of {', '.join(RUN_END_REASONS)}, not {ended!r}")
+        with self._lock:  # one close, even from a signal's closing thread and the loop at once
+            if self._closed:
+                return
+            self._closed = True
         give_up = time.monotonic() + CLOSE_TIMEOUT_SECONDS
-        _OPEN_REPORTERS.discard(self)
+        _ENDING.forget(self)
         self._closing.set()
         self._thread.join(timeout=max(0.0, give_up - time.monotonic()))
         source = self._comm_source
         if source is not None:
             source.fold()  # what completed since the last step
             source.close()
+        self._record_untimed()
+        self._batch = None
         with self._lock:
             # Phase time after the last step (a final validation, a checkpoint)
             # still counts; data wait without a step to contain it does not.
             self._commit_phases()
-        self._deliver(ended="finished" if finished else None, give_up=give_up)
+        self._deliver(ended=_ENDING.reason(ended), give_up=give_up)
         self._sender.close()
 
     def flush(self) -> bool:
@@ -444,7 +532,15 @@ class Reporter:
         """Send one payload: the run description when it is due, then the
         current totals; with ``ended``, the totals, then the ended description.
         ``give_up``: the monotonic time by which this must be done (None: the
-        sender's own bound)."""
+        sender's own bound; given by ``close()``). Nothing is sent while the
+        run id is pending (False; the totals are cumulative, so nothing is
+        lost), except the last payload (``ended`` or ``give_up`` given),
+        which settles it first."""
+        agreement = self._agreement
+        if agreement.pending:
+            if ended is None and give_up is None:
+                return False
+            agreement.finish(None if give_up is None else max(0.0, give_up - time.monotonic()))
         timeout: float | None = None
         if give_up is None:
             self._send_lock.acquire()
@@ -519,10 +615,83 @@ class Reporter:
     def __enter__(self) -> Reporter:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
-        self.close(finished=exc_type is None)
+    def __exit__(self, exc_type: type[BaseException] | None, error: BaseException | None,
+                 traceback: object) -> None:
+        """Close: ``finished`` unless an exception (other than ``SystemExit(0)``) leaves."""
+        clean = error is None or (isinstance(error, SystemExit) and error.code in (0, None))
+        self.close(finished=clean)
 
     # -- internals -------------------------------------------------------------
+
+    def _take_carried(self) -> int:
+        """The samples of the batches ``track()`` yielded before the last one since
+        the previous step (0 when a step that counted explicitly came between)."""
+        carried = self._carried_samples if self._carried_step == self._steps else 0
+        self._carried_samples = 0
+        return carried
+
+    def _carry(self, batch: object) -> None:
+        """``batch`` was not followed by a step: it belongs to the next one."""
+        if self._carried_samples and self._carried_step != self._steps:
+            self._carried_samples = 0  # left from a step that counted explicitly
+        self._carried_samples += samples_in(batch)
+        self._carried_step = self._steps
+
+    def _check_explicit_samples(self, samples: int) -> None:
+        """Once: is an explicit ``samples`` the length of the tracked batch's tuple?"""
+        batch = self._batch
+        if batch is None:
+            return
+        self._check_samples = False
+        if tuple_length_mistake(batch, samples):
+            log.warning(
+                "trainmon: step(samples=%d) counts the %d items of the %s batch, not its "
+                "%d samples (its leading dimension); pass the batch size (e.g. len(labels)) "
+                "or leave samples out to count the tracked batch",
+                samples, samples, type(batch).__name__, samples_in(batch))
+
+    def _untimed_checkpoint(self, path: str | os.PathLike[str], saved: float) -> None:
+        """A ``checkpoint()`` object ends never entered: record a 0 s save at ``saved``.
+
+        Runs in ``_Checkpoint.__del__``, which may run on any thread at any
+        time, even inside this reporter's lock: the lock is waited for only
+        ``UNTIMED_LOCK_SECONDS``, else the save is recorded by the next
+        ``checkpoint()``, ``checkpoint_saved()`` or ``close()``.
+        """
+        if not self._untimed_warned:
+            self._untimed_warned = True
+            log.warning(
+                "trainmon: reporter.checkpoint(%.200r) was not used with `with`; recorded as "
+                "a checkpoint saved at that call, in 0 s. Time the save with "
+                "`with reporter.checkpoint(path): torch.save(...)`, or report it with "
+                "reporter.checkpoint_saved(path, seconds)", path)
+        sent = self._checkpoint_path_of(path)
+        if not self._lock.acquire(timeout=UNTIMED_LOCK_SECONDS):
+            self._untimed_checkpoints.append((path, saved))
+            return
+        try:
+            self._record_checkpoint(sent, 0.0, saved)
+        finally:
+            self._lock.release()
+
+    def _record_untimed(self) -> None:
+        """Record the untimed checkpoints ``_untimed_checkpoint`` had to leave."""
+        pending = self._untimed_checkpoints
+        while pending:
+            path, saved = pending.pop(0)
+            sent = self._checkpoint_path_of(path)
+            with self._lock:
+                self._record_checkpoint(sent, 0.0, saved)
+
+    def _record_checkpoint(self, path: str | None, seconds: float, finished: float) -> None:
+        """Count one save of ``seconds`` that ended at ``finished`` (lock held); the
+        last checkpoint's time and path stay those of the latest save."""
+        self._checkpoints = (self._checkpoints or 0) + 1
+        self._checkpoint_seconds += seconds
+        last = self._last_checkpoint_time
+        if last is None or finished >= last:
+            self._last_checkpoint_time = finished
+            self._checkpoint_path = path
 
     def _commit_phases(self) -> None:
         """Move the pending phase time into the totals (lock held)."""
@@ -539,11 +708,23 @@ class Reporter:
         self._pending_exposed = 0.0
 
     def _run(self) -> None:
+        agreement = self._agreement
         while not self._closing.wait(self._interval):
             source = self._comm_source
             if source is not None:
                 source.fold()  # bounds what instrumentation holds between steps
+            if agreement.pending:
+                agreement.poll()
             self.flush()
+
+    def _settle(self, settled: Settlement) -> None:
+        """Take the agreed run id and identity (``RunAgreement.on_settle``), before
+        anything is sent."""
+        with self._lock:
+            self.run, self.rank = settled.run, settled.rank
+            self.local_rank, self.world_size = settled.local_rank, settled.world_size
+        self._run_describer.settle(run=settled.run, rank=settled.rank,
+                                   world_size=settled.world_size)
 
     def _description_line(self, ended: str | None) -> bytes:
         """The run description line to send with the totals (send lock held);
@@ -628,16 +809,20 @@ class _Phase:
 
 
 class _Checkpoint:
-    """Times one ``with reporter.checkpoint(path):`` block."""
+    """Times one ``with reporter.checkpoint(path):`` block; never entered, it
+    records an untimed save when it goes away (``Reporter.checkpoint``)."""
 
-    __slots__ = ("_path", "_reporter", "_started")
+    __slots__ = ("_called", "_entered", "_path", "_reporter", "_started")
 
     def __init__(self, reporter: Reporter, path: str | os.PathLike[str]) -> None:
         self._reporter = reporter
         self._path = path
         self._started = 0.0
+        self._called = time.time()
+        self._entered = False
 
     def __enter__(self) -> _Checkpoint:
+        self._entered = True
         self._started = _perf_counter()
         return self
 
@@ -647,6 +832,11 @@ class _Checkpoint:
             self._reporter.checkpoint_saved(self._path, seconds)
         else:  # the save failed: its time was still spent, nothing was saved
             self._reporter.add_phase(CHECKPOINT_PHASE, seconds)
+
+    def __del__(self) -> None:
+        if not self._entered:
+            self._entered = True
+            self._reporter._untimed_checkpoint(self._path, self._called)
 
 
 def _as_count(samples: object) -> int:
@@ -659,14 +849,5 @@ def _as_count(samples: object) -> int:
     return max(value, 0)
 
 
-_OPEN_REPORTERS: weakref.WeakSet[Reporter] = weakref.WeakSet()
-
-
-@atexit.register
-def _close_at_exit() -> None:
-    """Deliver the final totals of reporters the program did not close; an
-    uncaught exception (``sys.last_value``, set before ``atexit`` runs) means
-    the run did not finish."""
-    crashed = getattr(sys, "last_value", None) is not None
-    for reporter in list(_OPEN_REPORTERS):
-        reporter.close(finished=not crashed)
+#: How this process's runs end (finished, crashed, preempted): its hooks.
+_ENDING = ProcessEnding(close_timeout=CLOSE_TIMEOUT_SECONDS)

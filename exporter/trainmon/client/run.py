@@ -9,12 +9,16 @@ framework versions and the code's commit. ``RunDescriber`` keeps that for one
 (``"type": "run"``, docs/protocol.md, "Run description"), which the sender
 thread delivers at start, on change, every minute and at the end.
 
-- **Run id** (``resolve_run_id``): the ``run`` argument, else
+- **Run id** (``launcher_run_id``): the ``run`` argument, else
   ``TRAINMON_RUN_ID``, else torchrun's ``TORCHELASTIC_RUN_ID`` (unless it is
   torchrun's default ``none``), else Slurm's ``SLURM_JOB_ID`` (with
-  ``.<SLURM_RESTART_COUNT>`` after a requeue), else a per-process id from the
-  start time and 8 random hex digits. Only the launcher's ids are shared by
-  the ranks of a job; without one, each process is its own run.
+  ``.<SLURM_RESTART_COUNT>`` after a requeue): ids every rank finds for
+  itself. Without one, ``process_run_id`` makes a per-process id from the
+  start time and 8 random hex digits, and a process that may belong to a
+  distributed job takes rank 0's instead once ``torch.distributed`` is
+  initialised (``trainmon.client.agreement``); ``RunDescriber.settle`` puts
+  the agreed id, rank and world size into the description before it is
+  first sent.
 - **Secrets**: a config key or environment name that ``is_secret_name`` flags
   is sent as ``REDACTED``, and URL credentials (``s3://AKIA…:…@bucket``) are
   cut out of values, before anything is hashed, sent or logged; the daemon
@@ -114,6 +118,12 @@ _REF_NAME = re.compile(r"refs/[A-Za-z0-9_./@+-]{1,240}")
 
 def resolve_run_id(run: str | None, environ: Mapping[str, str], started: float) -> str:
     """The run id: ``run``, the launcher's job id, or a fresh per-process id."""
+    return launcher_run_id(run, environ) or process_run_id(started)
+
+
+def launcher_run_id(run: str | None, environ: Mapping[str, str]) -> str | None:
+    """``run``, ``TRAINMON_RUN_ID``, torchrun's or Slurm's job id (cleaned), else None:
+    an id every rank of the job finds for itself."""
     restarts = environ.get("SLURM_RESTART_COUNT", "")
     slurm = environ.get("SLURM_JOB_ID", "").strip()
     if slurm and restarts.isdigit() and int(restarts) > 0:
@@ -128,6 +138,11 @@ def resolve_run_id(run: str | None, environ: Mapping[str, str], started: float) 
                 log.warning("trainmon run id %.80r is sent as %r (allowed: A-Za-z0-9_.:-, "
                             "at most 64)", raw, cleaned)
             return cleaned
+    return None
+
+
+def process_run_id(started: float) -> str:
+    """A fresh id for a run of one process: ``<UTC start %Y%m%dT%H%M%SZ>-<8 hex digits>``."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started))
     return f"{stamp}-{secrets.token_hex(4)}"
 
@@ -457,6 +472,13 @@ class RunDescriber:
     @property
     def config_hash(self) -> str:
         return self._config_hash
+
+    def settle(self, *, run: str, rank: int, world_size: int) -> None:
+        """Replace the run id, rank and world size given at construction with the
+        agreed ones (``trainmon.client.agreement``); the reporter calls it before it
+        sends the first description, so no description carries the provisional ones."""
+        with self._lock:
+            self._identity.update(run=run, rank=rank, world_size=world_size)
 
     def update(
         self,

@@ -2,15 +2,19 @@
 
 ``TRAINMON_ENDPOINT`` (or the ``endpoint`` argument) selects it:
 
-- ``unix:///run/trainmon/steps.sock`` (the default): one non-blocking
-  ``sendto`` per payload; a missing daemon fails at once, a full receive
-  queue (``EAGAIN``) is retried with backoff for up to
-  ``FULL_QUEUE_RETRY_BUDGET_SECONDS`` before the payload counts as undelivered;
+- ``unix:///path/to/steps.sock``: one non-blocking ``sendto`` per payload; a
+  missing daemon fails at once, a full receive queue (``EAGAIN``) is retried
+  with backoff for up to ``FULL_QUEUE_RETRY_BUDGET_SECONDS`` before the
+  payload counts as undelivered;
 - ``http://host:port`` or ``https://host:port`` (path defaults to
   ``/api/v1/steps``): one POST per payload through ``trainmon.outbound``, the
   whole request within ``HTTP_TIMEOUT_SECONDS``; a token from
   ``TRAINMON_TOKEN`` (or the ``token`` argument) is sent as
   ``Authorization: Bearer …``, needed when the daemon is not on loopback.
+
+Without either, ``default_endpoint``: the unix socket of this user's own
+daemon when one listens there, else ``/run/trainmon/steps.sock``
+(``trainmon.paths.client_socket_path`` has the rule).
 
 ``send(payload, timeout)`` takes at most the smaller of ``timeout`` and the
 sender's own bound above, which is how ``Reporter.close()`` keeps its bound.
@@ -23,12 +27,13 @@ import random
 import socket
 import time
 import urllib.parse
+from collections.abc import Mapping
 from typing import Protocol
 
 from trainmon import outbound
+from trainmon.paths import client_socket_path
 from trainmon.training.protocol import STEPS_PATH
 
-DEFAULT_ENDPOINT = "unix:///run/trainmon/steps.sock"
 #: Seconds one HTTP delivery (connect to the last byte of the answer) may take
 #: before it counts as undelivered.
 HTTP_TIMEOUT_SECONDS = 2.0
@@ -143,6 +148,12 @@ class DisabledSender:
 
     def close(self) -> None:
         pass
+
+
+def default_endpoint(environ: Mapping[str, str] | None = None) -> str:
+    """``unix://`` and the socket a client of this user sends to by default,
+    decided once, now (``environ``: ``XDG_RUNTIME_DIR``; ``os.environ`` if None)."""
+    return f"unix://{client_socket_path(environ)}"
 
 
 def open_sender(endpoint: str, token: str | None) -> Sender:

@@ -1,14 +1,22 @@
 """Diagnosis collector: the 算 通 存 调 verdict per job, with its evidence.
 
-On a scrape it snapshots the samples the diagnosis reads from the families the
-registry has just collected from the other collectors (GPU, network,
+The verdicts run on the daemon's clock, not on scrapes: the collector's
+``evaluation_seconds`` is ``diagnosis.window_seconds / EVALUATIONS_PER_WINDOW``
+(3 s by default), and the registry's evaluation loop
+(``trainmon.core.registry``) collects the other collectors (GPU, network,
 InfiniBand, disk, training, attribution, and the platform, NUMA and NFS
-sources where present: handed over through
-``Collector.observe``, so no source is collected twice and the verdict rests
-on exactly the samples exported), keeps the snapshots of the last
-``diagnosis.window_seconds``, and runs ``trainmon.diagnosis`` over that
-window. It evaluates at most 20 times per window (every 3 s by default);
-scrapes in between get the last verdicts again.
+sources where present) that often, whether or not anything scrapes, and hands
+their families over through ``Collector.observe``. There the collector
+snapshots the samples the diagnosis reads (so the verdict rests on exactly the
+samples exported), keeps the snapshots of the last ``diagnosis.window_seconds``
+and runs ``trainmon.diagnosis`` over that window; ``collect()`` exports the
+latest verdicts, which is what every scrape gets (a scrape never evaluates).
+So the first scrape after a start that had a few intervals of data already
+has a verdict, and the run ledger, after this collector in the same
+evaluation, records verdicts on a node that nothing scrapes. Observations
+closer together than ``evaluation_seconds`` (an explicit
+``CollectorRegistry.evaluate()``) keep the last verdicts: at most 20
+evaluations, and snapshots, per window.
 Exports, per job (a training job's name, or ``pod:…``/``slurm:…``/``pid:…``
 for GPU processes that report no steps):
 
@@ -45,8 +53,8 @@ from trainmon.diagnosis import KINDS, ScrapedSamples, Verdict, Window, diagnose,
 from trainmon.diagnosis.config import DiagnosisConfig
 from trainmon.diagnosis.measure import MEASURED_SAMPLES
 
-#: At most this many evaluations (and snapshots) per window: scrapes closer
-#: together than window / 20 re-export the last verdicts.
+#: Evaluations (and snapshots) per window: the registry evaluates every
+#: window / 20; observations closer together keep the last verdicts.
 EVALUATIONS_PER_WINDOW = 20
 #: Snapshots kept at most (bounds memory even with a clock that jumps).
 MAX_SNAPSHOTS = EVALUATIONS_PER_WINDOW + 2
@@ -55,8 +63,8 @@ MAX_SNAPSHOTS = EVALUATIONS_PER_WINDOW + 2
 class DiagnosisCollector(Collector):
     """Runs the verdict rules over a sliding window of the other collectors' samples.
 
-    Register it after the collectors it reads: it sees the families collected
-    before it in the same scrape.
+    Register it after the collectors it reads: it sees the families the
+    registry collected before it in the same evaluation.
     """
 
     name = "diagnosis"
@@ -69,11 +77,11 @@ class DiagnosisCollector(Collector):
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._config = config
-        self._observed: Sequence[Metric] = ()
         self._clock = clock
         self._wall_clock = wall_clock
         self._snapshots: deque[ScrapedSamples] = deque(maxlen=MAX_SNAPSHOTS)
-        self._min_interval = config.window_seconds / EVALUATIONS_PER_WINDOW
+        self._interval = config.window_seconds / EVALUATIONS_PER_WINDOW
+        self.evaluation_seconds = self._interval
         self._verdicts: list[Verdict] = []
         self._window_seconds = 0.0
 
@@ -84,22 +92,24 @@ class DiagnosisCollector(Collector):
         }
 
     def observe(self, families: Sequence[Metric]) -> None:
-        self._observed = families
-
-    def collect(self) -> Iterable[Metric]:
-        """Evaluate again if the last evaluation is older than ``window / 20``; else
-        re-export the last verdicts (frequent scrapes cost nothing extra)."""
+        """Snapshot ``families`` and evaluate the window again, unless the last
+        evaluation is younger than ``evaluation_seconds``."""
         now = self._clock()
-        if self._snapshots and now - self._snapshots[-1].at < self._min_interval:
-            return verdict_families(self._verdicts, self._window_seconds)
+        if self._snapshots and now - self._snapshots[-1].at < self._interval:
+            return
         self._snapshots.append(ScrapedSamples.from_families(
-            self._observed, now, self._wall_clock(), MEASURED_SAMPLES))
+            families, now, self._wall_clock(), MEASURED_SAMPLES))
         horizon = now - self._config.window_seconds
         while len(self._snapshots) > 1 and self._snapshots[1].at <= horizon:
             self._snapshots.popleft()
         window = Window(list(self._snapshots))
         self._verdicts = diagnose(measure(window, self._config.comm_phases), self._config)
         self._window_seconds = window.seconds
+
+    def collect(self) -> Iterable[Metric]:
+        """The families of the latest verdicts (none before the first evaluation)."""
+        if not self._snapshots:
+            return []
         return verdict_families(self._verdicts, self._window_seconds)
 
 

@@ -2,9 +2,9 @@
 
 A derived collector (after ``diagnosis``): it reads the training collector's
 store directly for counters and descriptions, and the verdicts from the
-``trainmon_bottleneck`` family of the same scrape (``observe()``).
+``trainmon_bottleneck`` family the diagnosis evaluated (``observe()``).
 
-Two paths, one lock:
+Three paths:
 
 - the **recorder thread** ("ledger-recorder") wakes every
   ``flush_seconds``: one *tick* reads a store snapshot, adds each rank's
@@ -12,22 +12,51 @@ Two paths, one lock:
   has the math), decides end reasons, and writes every changed record in
   one transaction. Runs are recorded whether or not anyone scrapes; the
   scrape path never touches the file.
-- **scrapes** add the time each job spent under its current verdict, and
-  export ``trainmon_training_run_changes_info`` plus the ledger's
-  self-metrics.
+- **evaluations** (``observe()``, called by the daemon's evaluation loop
+  after the diagnosis, and by scrapes): the time each job spent under its
+  current verdict since the previous evaluation that said the same
+  (``verdict_gap``: capped), for the runs the last tick left running, and
+  the latest verdict (``final_verdict``). It takes only a small lock of its
+  own, never the recorder's (which a slow write may hold), and the next tick
+  adds what it counted to the runs: verdicts are recorded on a node that
+  nothing scrapes. An evaluation without any ``trainmon_bottleneck`` family
+  tells nothing and is ignored.
+- **scrapes** (``collect()``) export ``trainmon_training_run_changes_info``,
+  ``trainmon_training_run_end_timestamp_seconds`` and the ledger's
+  self-metrics; they count no verdict time.
 
-End reasons: ``finished`` when every description of the run on this node
-says ``ended`` (or its ranks are gone after saying so), ``vanished`` when its
-ranks expired (training TTL) without it, ``stalled`` while its ranks report
-but no step completed for ``stall_seconds`` (cleared when steps resume).
+End reasons (``trainmon.ledger.records.END_REASONS``), from what the run's
+ranks on this node did: ``crashed`` if any rank's description said
+``ended: crashed``; else ``preempted`` if any said ``preempted``; else
+``lost`` if any rank went silent without an ``ended`` (it expired past the
+training TTL, was evicted, or went on with another run); else ``finished``
+once all said ``finished`` (``combined_end_reason``). The run ends when no
+rank reports or describes it any more, or as soon as every description of it
+says ``ended``. Once an end of the run was announced, a rank that went on with
+another run counts as ``finished``: its next run may have replaced its ended
+description before a tick read it (the store remembers that some rank
+announced an end, not which rank nor the word). ``stalled``: its ranks report but no step completed
+for ``stall_seconds`` (cleared when steps resume). Finished, crashed,
+preempted and lost runs are closed; ``trainmon_training_run_end_timestamp_seconds``
+shows each of them (and each stalled run) for ``RUN_END_EXPORT_SECONDS``
+after its end, at most ``MAX_EXPORTED_RUN_ENDS`` of the latest.
+
+Facts kept to the end: a data path or checkpoint path is resolved to its
+storage (``TrainingCollector.storage_of``) while its reporter lives and not
+again once known, so the record of an ended run still says where its data
+and its last checkpoint lived (the reporter's mount namespace is gone by
+then); the last verdict, the throughput and the checkpoint count stay in the
+summary.
 
 The file: opened (created when missing) at start; a missing directory, a
 read-only filesystem, or a file that is not a trainmon ledger (never
 modified: ``trainmon.ledger.schema``) is reported in ``/healthz`` and
-``trainmon_ledger_up`` 0, logged (rate-limited), and tried again every
+``trainmon_ledger_up`` 0 (``/healthz`` state ``degraded``, with the error, also
+while the last write failed), logged (rate-limited), and tried again every
 ``REOPEN_SECONDS``; recording goes on in memory meanwhile. A daemon restarted
-during a run resumes its record (rates and verdicts from the stored state;
-counts again from the reporters' cumulative totals).
+during a run resumes its record (rates, verdicts, the last checkpoint and
+the data paths' storage from the stored state; counts again from the
+reporters' cumulative totals).
 
 Owners: each run is recorded with the writer identity that owns its job in
 the training store (``RankView.owner``, ``DescribedRank.owner``). A run whose
@@ -65,11 +94,20 @@ from trainmon.background import BackgroundThread
 from trainmon.collectors.training import TrainingCollector
 from trainmon.core.collector import Collector
 from trainmon.http.push import GetHandler, GetRequest, JSONResponse
-from trainmon.ledger import Ledger, LedgerError, RecordUpdate, RunRecord, WriteResult
+from trainmon.ledger import (
+    FINAL_END_REASONS,
+    Ledger,
+    LedgerError,
+    RecordUpdate,
+    RunRecord,
+    WriteResult,
+    combined_end_reason,
+)
 from trainmon.ledger.config import LedgerConfig
-from trainmon.ledger.summary import Progress, RunTotals
+from trainmon.ledger.summary import Progress, RunTotals, verdict_gap
 from trainmon.logthrottle import LogThrottle
-from trainmon.training.store import DescribedRank, RankView, Totals
+from trainmon.paths import make_state_directory
+from trainmon.training.store import DescribedRank, RankView, Totals, TrainingStoreView
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +124,13 @@ RUNS_PATH = "/api/v1/runs"
 WRITE_ERROR_REASONS = ("disk_full", "read_only", "io_error", "busy", "corrupt", "other")
 #: ``reason`` of ``trainmon_ledger_pruned_runs_total`` (the rules of ``Ledger.prune``).
 PRUNE_REASONS = ("age", "owner_limit", "max_runs")
+#: Seconds after its end that a run's ``trainmon_training_run_end_timestamp_seconds``
+#: is exported (long enough for Prometheus to keep it, short enough to stay few).
+RUN_END_EXPORT_SECONDS = 3600.0
+#: Most series of ``trainmon_training_run_end_timestamp_seconds`` at once (the latest ends).
+MAX_EXPORTED_RUN_ENDS = 16
+#: A path's storage when it could not be told.
+UNKNOWN = "unknown"
 
 
 @dataclass
@@ -103,7 +148,13 @@ class _Run:
     config_hash: str = ""
     started: float | None = None
     world_size: int | None = None
-    ended_seen: bool = False
+    #: rank -> how its description said the run ended (``RUN_END_REASONS``).
+    said: dict[int, str] = field(default_factory=dict)
+    #: The store remembers an end announced for the run (``ended_runs``), maybe by a
+    #: description that the rank's next run replaced before a tick read it.
+    announced: bool = False
+    #: data path -> its storage once resolved: mountpoint, fstype, storage.
+    storages: dict[str, dict[str, str]] = field(default_factory=dict)
     last_progress: float | None = None
     last_report: float | None = None
     end_reason: str | None = None
@@ -122,6 +173,10 @@ class _Run:
             started=started, ended=self.ended, end_reason=self.end_reason, updated=wall,
             world_size=self.world_size, ranks=len(self.ranks),
             description=dict(self.description or {}), summary=summary, owner=self.owner)
+
+    def state(self) -> dict[str, object]:
+        """What a restarted daemon resumes the run from (``Ledger.state``)."""
+        return {**self.totals.to_state(), "data_storage": self.storages}
 
 
 class LedgerCollector(Collector):
@@ -157,8 +212,17 @@ class LedgerCollector(Collector):
         self._pruned = dict.fromkeys(PRUNE_REASONS, 0)
         self._seen: dict[tuple[str, int], tuple[str, Totals]] = {}
         self._last_tick: float | None = None
+        #: (job, run) -> (reason, Unix end time) of the runs closed lately, oldest first.
+        self._recent_ends: OrderedDict[tuple[str, str], tuple[str, float]] = OrderedDict()
+        # Evaluations (observe) touch only these, under their own lock.
+        self._verdict_lock = threading.Lock()
+        #: job -> (verdict kind, monotonic time of the evaluation that said it first).
         self._verdicts: dict[str, tuple[str, float]] = {}
-        self._observed: Sequence[Metric] = ()
+        #: job -> its runs that the last tick left running.
+        self._recording: dict[str, tuple[tuple[str, str], ...]] = {}
+        #: (job, run) -> kind -> seconds, and the latest kind, for the next tick.
+        self._pending_verdicts: dict[tuple[str, str], dict[str, float]] = {}
+        self._pending_final: dict[tuple[str, str], str] = {}
         self._writes = 0
         self._write_errors = dict.fromkeys(WRITE_ERROR_REASONS, 0)
         self._stored_runs: int | None = None
@@ -195,20 +259,52 @@ class LedgerCollector(Collector):
             now, wall = self._clock(), self._wall_clock()
             self._ensure_open(now)
             live = self._progress(snapshot.ranks, snapshot.descriptions, now, wall)
+            self._take_verdicts()
             updates = []
             for key, run in list(self._runs.items()):
                 if snapshot.ended_runs.get(key) == run.owner:
-                    run.ended_seen = True  # even if the rank's next run replaced the line
-                self._decide_end(run, live.get(key, []), snapshot.descriptions, wall)
+                    run.announced = True  # even if the rank's next run replaced the line
+                self._decide_end(run, live.get(key, []), snapshot, wall)
                 self._describe(run, snapshot.descriptions, snapshot.ranks)
                 record = run.record(self._node, wall, self._config)
-                updates.append(RecordUpdate(record, run.totals.to_state()))
-                if run.end_reason in ("finished", "vanished"):
+                updates.append(RecordUpdate(record, run.state()))
+                if run.end_reason in FINAL_END_REASONS:
                     del self._runs[key]
                     self._closed[key] = None
                     while len(self._closed) > MAX_CLOSED:
                         self._closed.popitem(last=False)
+                    self._recent_ends.pop(key, None)
+                    self._recent_ends[key] = (run.end_reason, record.ended or wall)
+            while self._recent_ends and (
+                    len(self._recent_ends) > MAX_EXPORTED_RUN_ENDS
+                    or wall - next(iter(self._recent_ends.values()))[1] > RUN_END_EXPORT_SECONDS):
+                self._recent_ends.popitem(last=False)
             self._write(updates, now, wall)
+            self._publish_recording()
+
+    def _take_verdicts(self) -> None:
+        """Add the verdict time the evaluations counted since the last tick to the runs."""
+        with self._verdict_lock:
+            pending, self._pending_verdicts = self._pending_verdicts, {}
+            final, self._pending_final = self._pending_final, {}
+        for key, kinds in pending.items():
+            run = self._runs.get(key)
+            if run is not None:
+                for kind, seconds in kinds.items():
+                    run.totals.add_verdict(kind, seconds)
+        for key, kind in final.items():
+            run = self._runs.get(key)
+            if run is not None:
+                run.totals.final_verdict = kind
+
+    def _publish_recording(self) -> None:
+        """Tell the evaluations which runs of each job go on (not ended, not stalled)."""
+        recording: dict[str, list[tuple[str, str]]] = {}
+        for key, run in self._runs.items():
+            if run.end_reason is None:
+                recording.setdefault(run.job, []).append(key)
+        with self._verdict_lock:
+            self._recording = {job: tuple(keys) for job, keys in recording.items()}
 
     def _progress(
         self,
@@ -246,6 +342,7 @@ class LedgerCollector(Collector):
                 partial.add(key)
             assert progress is not None
             run.totals.add(progress)
+            self._note_checkpoint(run, view)
             run.ranks.add(view.rank)
             if run.world_size is None:
                 run.world_size = view.world_size
@@ -260,6 +357,27 @@ class LedgerCollector(Collector):
                 if key not in partial:
                     self._runs[key].totals.add_bucket(samples[key], interval)
         return live
+
+    def _note_checkpoint(self, run: _Run, view: RankView) -> None:
+        """Keep the run's latest checkpoint, its path resolved while the rank lives (a
+        path already known is not resolved again)."""
+        last = view.last_checkpoint
+        kept = run.totals.last_checkpoint
+        if last is None or (kept is not None and _number(kept.get("time")) >= last.time):
+            return
+        entry: dict[str, object] = {"time": last.time, "duration_seconds": last.duration_seconds,
+                                    "path": last.path, "mountpoint": "", "fstype": "",
+                                    "storage": UNKNOWN}
+        if last.path is not None:
+            if kept is not None and kept.get("path") == last.path and kept.get("storage") \
+                    not in (None, UNKNOWN):
+                where = {key: kept.get(key) for key in ("mountpoint", "fstype", "storage")}
+            else:
+                found = self._training.storage_of(last.path, view.pid, view.sender_pid)
+                where = {"mountpoint": found.mountpoint, "fstype": found.fstype,
+                         "storage": found.storage}
+            entry.update(where)
+        run.totals.last_checkpoint = entry
 
     @staticmethod
     def _described_run(
@@ -292,6 +410,7 @@ class LedgerCollector(Collector):
         run = self._runs[key] = _Run(job=key[0], run=key[1], first_seen=wall, owner=owner)
         if state is not None:
             run.totals = RunTotals.from_state(state).resumed()
+            run.storages = _storages(state.get("data_storage"))
             log.info("resuming the ledger record of run %s of job %s", key[1], key[0])
         return run
 
@@ -317,21 +436,23 @@ class LedgerCollector(Collector):
         self,
         run: _Run,
         live: list[RankView],
-        descriptions: Mapping[tuple[str, int], DescribedRank],
+        snapshot: TrainingStoreView,
         wall: float,
     ) -> None:
-        described = [kept.description for (job, _), kept in descriptions.items()
+        described = {rank: kept.description for (job, rank), kept
+                     in snapshot.descriptions.items()
                      if job == run.job and kept.description.run == run.run
-                     and kept.owner == run.owner]
-        if any(description.ended is not None for description in described):
-            run.ended_seen = True
-        running = [d for d in described if d.ended is None]
+                     and kept.owner == run.owner}
+        for rank, description in described.items():
+            if description.ended is not None:
+                run.said[rank] = description.ended
+        running = [d for d in described.values() if d.ended is None]
         if not live and not running:
-            run.end_reason = "finished" if run.ended_seen else "vanished"
+            run.end_reason = self._end_reason(run, live, snapshot)
             run.ended = wall if run.last_report is None else min(run.last_report, wall)
             return
-        if described and not running and run.ended_seen:
-            run.end_reason, run.ended = "finished", wall
+        if described and not running and (run.said or run.announced):
+            run.end_reason, run.ended = self._end_reason(run, live, snapshot), wall
             return
         since = run.last_progress if run.last_progress is not None else (
             run.started if run.started is not None else run.first_seen)
@@ -339,6 +460,20 @@ class LedgerCollector(Collector):
             run.end_reason, run.ended = "stalled", since
         else:
             run.end_reason, run.ended = None, None
+
+    @staticmethod
+    def _end_reason(run: _Run, live: list[RankView], snapshot: TrainingStoreView) -> str:
+        """How the run ended on this node (module docstring, "End reasons"): what its
+        ranks said, ``lost`` for a rank that went silent without a word."""
+        reasons = set(run.said.values())
+        reporting = {view.rank for view in live}
+        present = {rank for job, rank in snapshot.descriptions if job == run.job} | {
+            view.rank for view in snapshot.ranks if view.job == run.job}
+        for rank in run.ranks - run.said.keys() - reporting:
+            # gone from the store, or on with another run without an end announced
+            moved_on_after_an_end = run.announced and rank in present
+            reasons.add("finished" if moved_on_after_an_end else "lost")
+        return combined_end_reason(reasons) or ("finished" if run.announced else "lost")
 
     def _describe(
         self,
@@ -361,13 +496,17 @@ class LedgerCollector(Collector):
         pid = next((view.pid for view in ranks
                     if view.job == run.job and view.rank == rank and view.owner == run.owner),
                    None)
-        if description.data_paths and pid is None and kept.sender_pid is None:
+        unresolved = [path for path in description.data_paths
+                      if run.storages.get(path, {}).get("storage", UNKNOWN) == UNKNOWN]
+        if unresolved and pid is None and kept.sender_pid is None:
             return  # resolve in the reporter's mount namespace once its pid is known
-        data_paths = []
-        for path in description.data_paths:
+        for path in unresolved:
+            # once known, never resolved again: the reporter (and its mount namespace)
+            # may be gone when its final description arrives
             where = self._training.storage_of(path, pid, kept.sender_pid)
-            data_paths.append({"path": path, "mountpoint": where.mountpoint,
-                               "fstype": where.fstype, "storage": where.storage})
+            run.storages[path] = {"mountpoint": where.mountpoint, "fstype": where.fstype,
+                                  "storage": where.storage}
+        data_paths = [{"path": path, **run.storages[path]} for path in description.data_paths]
         run.source = description
         run.config_hash = description.config_hash
         run.world_size = description.world_size or run.world_size
@@ -400,6 +539,17 @@ class LedgerCollector(Collector):
     def _ensure_open(self, now: float) -> None:
         if self._ledger is None and now >= self._next_open:
             self._next_open = now + REOPEN_SECONDS
+            # The default folder is made when missing (trainmon.paths); a configured
+            # one is not: it may be a filesystem that is not mounted yet.
+            try:
+                made = [] if self._config.path is not None else make_state_directory(
+                    self._config.file.parent)
+            except OSError as error:
+                self._failed(LedgerError(f"cannot use the folder of {self._config.file}: "
+                                         f"{error.strerror or error}"))
+                return
+            for folder in made:
+                log.info("created %s for the run ledger", folder)
             try:
                 self._ledger = Ledger.open(self._config.file, readonly=False)
             except LedgerError as error:
@@ -472,16 +622,36 @@ class LedgerCollector(Collector):
     # -- scrapes ----------------------------------------------------------------------
 
     def observe(self, families: Sequence[Metric]) -> None:
-        self._observed = families
+        """One evaluation of the diagnosis: count the time since the previous one toward
+        each running run's verdict when the job's verdict held (module docstring)."""
+        now = self._clock()
+        current: dict[str, str] | None = None
+        for family in families:
+            if family.name != "trainmon_bottleneck":
+                continue
+            current = {} if current is None else current
+            for sample in family.samples:
+                job, kind = sample.labels.get("job"), sample.labels.get("kind")
+                if sample.value == 1 and job is not None and kind is not None:
+                    current[job] = kind
+        if current is None:
+            return  # no verdicts at all in this evaluation: it tells nothing
+        with self._verdict_lock:
+            for job, kind in current.items():
+                before = self._verdicts.get(job)
+                keys = self._recording.get(job, ())
+                if before is not None and before[0] == kind:
+                    seconds = verdict_gap(now - before[1])
+                    for key in keys:
+                        kinds = self._pending_verdicts.setdefault(key, {})
+                        kinds[kind] = kinds.get(kind, 0.0) + seconds
+                for key in keys:
+                    self._pending_final[key] = kind
+                self._verdicts[job] = (kind, now)
+            for job in set(self._verdicts) - set(current):
+                del self._verdicts[job]
 
     def collect(self) -> Iterable[Metric]:
-        now = self._clock()
-        current: dict[str, str] = {}
-        for family in self._observed:
-            if family.name == "trainmon_bottleneck":
-                for sample in family.samples:
-                    if sample.value == 1:
-                        current[sample.labels["job"]] = sample.labels["kind"]
         changes = GaugeMetricFamily(
             "trainmon_training_run_changes_info",
             "What changed from the job's previous run in the ledger: the sorted, "
@@ -489,19 +659,26 @@ class LedgerCollector(Collector):
             "and world_size that differ (empty for the first run); always 1.",
             labels=["job", "run", "changed"],
         )
+        ends = GaugeMetricFamily(
+            "trainmon_training_run_end_timestamp_seconds",
+            "Unix time a run ended on this node, by the ledger's end reason: finished, "
+            "crashed, preempted (what its ranks said), lost (a rank went silent), stalled "
+            "(no step for stall_seconds; gone when steps resume); for an hour after the "
+            "end, the latest 16 runs.",
+            labels=["job", "run", "reason"],
+        )
+        wall = self._wall_clock()
         with self._lock:
-            for job, kind in current.items():
-                before = self._verdicts.get(job)
-                if before is not None and before[0] == kind:
-                    for run in self._runs.values():
-                        if run.job == job and run.end_reason is None:
-                            run.totals.add_verdict(kind, now - before[1])
-                self._verdicts[job] = (kind, now)
-            for job in set(self._verdicts) - set(current):
-                del self._verdicts[job]
             for (job, run_id), run in sorted(self._runs.items()):
                 if run.changed is not None:
                     changes.add_metric([job, run_id, _truncate(run.changed)], 1.0)
+            ended = [(end, key, reason) for key, (reason, end) in self._recent_ends.items()]
+            ended += [(run.ended, key, "stalled") for key, run in self._runs.items()
+                      if run.end_reason == "stalled" and run.ended is not None]
+            recent = sorted((item for item in ended if wall - item[0] <= RUN_END_EXPORT_SECONDS),
+                            reverse=True)[:MAX_EXPORTED_RUN_ENDS]
+            for end, (job, run_id), reason in sorted(recent, key=lambda item: item[1]):
+                ends.add_metric([job, run_id, reason], end)
             up = GaugeMetricFamily(
                 "trainmon_ledger_up",
                 "1 while the run ledger file is open and its last write succeeded; 0 when it "
@@ -532,7 +709,7 @@ class LedgerCollector(Collector):
                 labels=["reason"])
             for reason, count in self._pruned.items():
                 pruned.add_metric([reason], count)
-            families: list[Metric] = [changes, up, writes, errors, refused, pruned]
+            families: list[Metric] = [changes, ends, up, writes, errors, refused, pruned]
             if self._stored_runs is not None:
                 stored = GaugeMetricFamily(
                     "trainmon_ledger_runs", "Run records in the node's run ledger.")
@@ -560,6 +737,10 @@ class LedgerCollector(Collector):
             }
             if self._error is not None:
                 state["ledger_error"] = self._error
+            if self._ledger is None or self._error is not None:
+                # recording goes on in memory, but nothing reaches the file
+                state["state"] = "degraded"
+                state["error"] = self._error or f"the run ledger {self._config.file} is not open"
             return state
 
     # -- read routes --------------------------------------------------------------------
@@ -610,12 +791,16 @@ def _difference(now: Totals, before: Totals | None) -> Progress | None:
         return Progress(
             steps=now.steps, samples=now.samples, step_seconds=now.step_seconds,
             data_wait_seconds=now.data_wait_seconds, step_buckets=list(now.step_buckets),
-            phase_seconds=dict(now.phase_seconds), comm_exposed_seconds=now.comm_exposed_seconds)
+            phase_seconds=dict(now.phase_seconds), comm_exposed_seconds=now.comm_exposed_seconds,
+            checkpoints=now.checkpoints)
     if not now.covers(before):
         return None
     exposed = None
     if now.comm_exposed_seconds is not None:
         exposed = now.comm_exposed_seconds - (before.comm_exposed_seconds or 0.0)
+    checkpoints = None
+    if now.checkpoints is not None:
+        checkpoints = now.checkpoints - (before.checkpoints or 0)
     return Progress(
         steps=now.steps - before.steps,
         samples=now.samples - before.samples,
@@ -625,7 +810,24 @@ def _difference(now: Totals, before: Totals | None) -> Progress | None:
         phase_seconds={name: seconds - before.phase_seconds.get(name, 0.0)
                        for name, seconds in now.phase_seconds.items()},
         comm_exposed_seconds=exposed,
+        checkpoints=checkpoints,
     )
+
+
+def _number(value: object) -> float:
+    """``value`` as a number (a stored fact); -inf when it is none."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return float("-inf")
+
+
+def _storages(value: object) -> dict[str, dict[str, str]]:
+    """Data path -> storage as ``_Run.state`` saved it; {} where it does not parse."""
+    if not isinstance(value, Mapping):
+        return {}
+    return {str(path): {key: str(where.get(key, "")) for key in ("mountpoint", "fstype",
+                                                                  "storage")}
+            for path, where in value.items() if isinstance(where, Mapping)}
 
 
 def changed_keys(before: Mapping[str, object], after: Mapping[str, object]) -> str:

@@ -18,6 +18,14 @@ descriptions in the store (one series per job and run, however many ranks
 describe it; a run whose description says it ended is no longer live). The
 run ledger (``trainmon.collectors.ledger``) reads the same store and exports
 ``trainmon_training_run_changes_info``, which needs the ledger's history.
+
+Ended ranks: a rank whose run said it ended (its description's ``ended``;
+``Reporter.close()`` sends it after the final totals) keeps its series, with
+those final totals, until the TTL, and gets
+``trainmon_training_rank_end_timestamp_seconds{job,rank}``: the diagnosis
+and ``doctor`` leave it out, so an ended job is not taken for a live one that
+stopped stepping. Which run a rank is in: that of its latest report, else
+that of its description; the first report of its next run makes it live again.
 """
 
 from __future__ import annotations
@@ -286,6 +294,16 @@ def _run_families(snapshot: TrainingStoreView) -> Iterable[Metric]:
         "Unix time at which the run started (its earliest rank on this node).",
         labels=["job", "run"],
     )
+    ended = GaugeMetricFamily(
+        "trainmon_training_rank_end_timestamp_seconds",
+        "Unix time at which the rank's run said it ended (its run description's ended); "
+        "the rank's series stay, with their final totals, until the TTL; absent while live.",
+        labels=_RANK,
+    )
+    for view in snapshot.ranks:
+        end = _run_end(view, snapshot)
+        if end is not None:
+            ended.add_metric([view.job, str(view.rank)], end)
     runs: dict[tuple[str, str], tuple[str, float]] = {}
     for (job, _), kept in sorted(snapshot.descriptions.items()):
         description = kept.description
@@ -298,7 +316,20 @@ def _run_families(snapshot: TrainingStoreView) -> Iterable[Metric]:
     for (job, run), (config_hash, start) in sorted(runs.items()):
         info.add_metric([job, run, config_hash], 1.0)
         started.add_metric([job, run], start)
-    return [info, started]
+    return [info, started, ended]
+
+
+def _run_end(view: RankView, snapshot: TrainingStoreView) -> float | None:
+    """When the run the rank is in said it ended (None while it is live): its
+    description's arrival, when that description is of the run its latest report
+    names (or that names none); else, when the store remembers that run ended (the
+    rank's next run described before its first report), the rank's last report."""
+    described = snapshot.descriptions.get((view.job, view.rank))
+    if described is not None and view.run in (None, described.description.run):
+        return described.received if described.description.ended is not None else None
+    if view.run is not None and snapshot.ended_runs.get((view.job, view.run)) == view.owner:
+        return view.last_report_time
+    return None
 
 
 def _counter_by(

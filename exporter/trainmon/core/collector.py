@@ -6,6 +6,10 @@ registry isolates failures and reports them through
 ``trainmon_collector_success``. Work that must run continuously (sampling,
 event threads, cloud pulls) starts in ``start()`` and ends in ``stop()``;
 ``collect()`` then only reads its latest state.
+
+A collector with an ``evaluation_seconds`` (the diagnosis) and every collector
+registered after it are *derived*: the registry collects them on its own
+clock, in its evaluation loop, not on scrapes (``trainmon.core.registry``).
 """
 
 from __future__ import annotations
@@ -33,6 +37,11 @@ class Collector(abc.ABC):
 
     #: Value of the ``collector`` label in the self-metrics and key in ``/healthz``.
     name: str = ""
+    #: Seconds between two evaluations, for a collector derived on the daemon's own
+    #: clock: the registry evaluates it and every collector after it that often,
+    #: whether or not anything scrapes, and scrapes export the families of the
+    #: latest evaluation. None (the default): collected on every scrape.
+    evaluation_seconds: float | None = None
 
     def start(self) -> None:  # noqa: B027 - optional hook
         """Start background work (threads, sockets). Called once before serving."""
@@ -41,12 +50,13 @@ class Collector(abc.ABC):
         """Stop background work. Must be safe to call after a failed ``start``."""
 
     def observe(self, families: Sequence[Metric]) -> None:  # noqa: B027 - optional hook
-        """Families the collectors before this one produced in the same scrape.
+        """Families the collectors before this one produced in the same scrape
+        (in the same evaluation, for a derived collector).
 
         The registry calls it just before ``collect()``. A collector derived
-        from the others' metrics (the diagnosis) reads them here instead of
-        collecting its sources a second time. The sequence is only valid until
-        ``collect()`` returns.
+        from the others' metrics (the diagnosis, the ledger) reads them here
+        instead of collecting its sources a second time. The sequence is only
+        valid until ``collect()`` returns.
         """
 
     @abc.abstractmethod

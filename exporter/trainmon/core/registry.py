@@ -1,10 +1,31 @@
-"""Collector isolation and the exporter's self-metrics.
+"""Collector isolation, the evaluation loop and the exporter's self-metrics.
 
 ``CollectorRegistry`` is what the HTTP server scrapes. It asks every collector
 for its families in turn; a collector that raises loses only its own families
 for that scrape. For each one it exports ``trainmon_collector_success`` and
 ``trainmon_collector_duration_seconds``, and it keeps the latest state of each
 for ``/healthz``. It also exports ``trainmon_build_info``.
+
+Two kinds of collectors, split by their order:
+
+- **sources**, up to the first collector with an ``evaluation_seconds``: each
+  scrape collects them afresh (showing each the families of the ones before
+  it through ``Collector.observe``);
+- **derived collectors**, that one and every collector after it (the
+  diagnosis, then the run ledger that records its verdicts): the *evaluation
+  loop* (a ``BackgroundThread``, "evaluation") collects the sources every
+  ``evaluation_seconds`` whether or not anything scrapes, and shows them to
+  the derived collectors in order — each one ``observe()``s the sources and
+  the families of the derived ones before it, then is collected. A scrape
+  never evaluates: it exports the derived collectors' families of the latest
+  evaluation, and their ``_success``, ``_duration_seconds`` and ``/healthz``
+  state are those of that evaluation (``pending`` before the first).
+
+``start()`` evaluates once before it returns (so ``/healthz`` and the first
+scrape tell the truth), then starts the loop; ``stop()`` ends the loop before
+it stops the collectors. One lock serialises scrapes and evaluations:
+collectors keep state between collections (counter wrap tracking, the
+diagnosis' window), and two concurrent full reads of ``/proc`` buy nothing.
 
 prometheus_client's own registry has no such isolation: one exception there
 turns the whole scrape into an HTTP 500.
@@ -21,6 +42,7 @@ from dataclasses import dataclass
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from trainmon import __version__
+from trainmon.background import BackgroundThread
 from trainmon.core.collector import Collector, CollectorUnavailable
 from trainmon.logthrottle import LogThrottle
 
@@ -38,7 +60,8 @@ class CollectorState:
 
 
 class CollectorRegistry:
-    """Scrapes every collector in isolation; the object the server exposes."""
+    """Scrapes the sources and evaluates the derived collectors, each in isolation;
+    the object the server exposes."""
 
     def __init__(
         self,
@@ -53,21 +76,36 @@ class CollectorRegistry:
         if duplicates or "" in names:
             raise ValueError(f"collector names must be unique and non-empty: {names}")
         self._collectors = list(collectors)
+        split = next((index for index, collector in enumerate(self._collectors)
+                      if collector.evaluation_seconds is not None), len(self._collectors))
+        self._sources = self._collectors[:split]
+        self._derived = self._collectors[split:]
+        #: Seconds between two evaluations (the shortest any derived collector asks
+        #: for); None without derived collectors.
+        self.evaluation_seconds = min(
+            (collector.evaluation_seconds for collector in self._derived
+             if collector.evaluation_seconds is not None), default=None)
+        # Each derived collector's families of the latest evaluation, by name.
+        self._evaluated: dict[str, list[Metric]] = {}
+        self._evaluation = BackgroundThread("evaluation", self._evaluate_every_interval)
         self._mode = mode
         self._clock = clock
         self._wall_clock = wall_clock
         self._states = {name: CollectorState() for name in names}
         # A failing collector logs its error once per 5 minutes, and at once when it changes.
         self._errors_logged = LogThrottle(clock=clock)
-        # Scrapes are serialised: collectors keep per-scrape state (counter
-        # wrap tracking) and two concurrent full reads of /proc buy nothing.
+        # Scrapes and evaluations are serialised: collectors keep state between
+        # collections (counter wrap tracking, the diagnosis' window) and two
+        # concurrent full reads of /proc buy nothing.
         self._lock = threading.Lock()
 
     def start(self) -> None:
-        """Start every collector's background work, then collect once so that
-        ``/healthz`` tells the truth before the first scrape. A collector that
-        fails to start is reported as such; the others go on."""
-        started = []
+        """Start every collector's background work, evaluate once so that
+        ``/healthz`` and the first scrape tell the truth, then start the
+        evaluation loop (when there are derived collectors). A collector that
+        fails to start is reported as such and left out of that first
+        evaluation; the others go on."""
+        started: list[Collector] = []
         for collector in self._collectors:
             try:
                 collector.start()
@@ -78,20 +116,52 @@ class CollectorRegistry:
                 self._record(collector.name, "failed", _describe(error), 0.0)
             else:
                 started.append(collector)
-        with self._lock:
-            families: list[Metric] = []
-            for collector in started:
-                families.extend(self._collect_one(collector, families))
+        self._evaluate(started)
+        if self.evaluation_seconds is not None:
+            self._evaluation.start()
 
     def stop(self) -> None:
+        """End the evaluation loop, then every collector's background work."""
+        self._evaluation.stop()
         for collector in reversed(self._collectors):
             try:
                 collector.stop()
             except Exception:
                 log.exception("collector %s failed to stop cleanly", collector.name)
 
+    def evaluate(self) -> None:
+        """One evaluation: collect the sources, then show them to each derived
+        collector in order and keep its families for the scrapes (the loop calls
+        it every ``evaluation_seconds``; tests with an injected clock call it)."""
+        self._evaluate(self._collectors)
+
+    def _evaluate(self, collectors: Sequence[Collector]) -> None:
+        included = {id(collector) for collector in collectors}
+        with self._lock:
+            families: list[Metric] = []
+            for collector in self._sources:
+                if id(collector) in included:
+                    families.extend(self._collect_one(collector, families))
+            for collector in self._derived:
+                if id(collector) in included:
+                    produced = self._collect_one(collector, families)
+                    self._evaluated[collector.name] = produced
+                    families.extend(produced)
+
+    def _evaluate_every_interval(self) -> None:
+        interval = self.evaluation_seconds
+        assert interval is not None
+        # A fixed delay after each evaluation: never two closer than the interval.
+        while not self._evaluation.stopping.wait(interval):
+            try:
+                self.evaluate()
+            except Exception:  # the loop must outlive any one bad evaluation
+                log.exception("evaluation failed")
+
     def collect(self) -> Iterator[Metric]:
-        """All families of every collector, then the self-metrics."""
+        """The sources' families, collected now, the derived collectors' families
+        of the latest evaluation, then the self-metrics."""
+        derived = {id(collector) for collector in self._derived}
         with self._lock:
             families: list[Metric] = []
             success = GaugeMetricFamily(
@@ -109,11 +179,15 @@ class CollectorRegistry:
             )
             duration = GaugeMetricFamily(
                 "trainmon_collector_duration_seconds",
-                "Wall time of the collector's last collection, in seconds.",
+                "Wall time of the collector's last collection, in seconds (for the "
+                "diagnosis and the ledger: their part of the last evaluation).",
                 labels=["collector"],
             )
             for collector in self._collectors:
-                families.extend(self._collect_one(collector, families))
+                if id(collector) in derived:
+                    families.extend(self._evaluated.get(collector.name, ()))
+                else:
+                    families.extend(self._collect_one(collector, families))
                 state = self._states[collector.name]
                 success.add_metric([collector.name], 1.0 if state.state == "ok" else 0.0)
                 available.add_metric(
@@ -150,7 +224,8 @@ class CollectorRegistry:
             return {"mode": self._mode, "version": __version__, "collectors": report}
 
     def _collect_one(self, collector: Collector, earlier: Sequence[Metric]) -> list[Metric]:
-        """``collector``'s families, after showing it the ``earlier`` ones of this scrape."""
+        """``collector``'s families, after showing it the ``earlier`` ones of this
+        scrape or evaluation."""
         started = self._clock()
         try:
             collector.observe(earlier)

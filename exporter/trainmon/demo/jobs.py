@@ -25,10 +25,14 @@ instance, as intended). The demo node's ``proc/1/mountinfo``
 (``trainmon.demo.node``) holds those mounts. A checkpoint every 30 s adds
 about 0.2 % to the step time, so the ratios above hold.
 
-Each job is one run (``<job>-<UTC start>``, shared by its four ranks, as
-torchrun's run id would be) described with a small config
-(``model``, ``batch_size``), so the run ledger and the run metrics have a
-record per job.
+Each job is one run (``<job>-<UTC start>``: ``run_id``, shared by its four
+ranks, as torchrun's run id would be, new at every start of the demo)
+described with a small config (``model``, ``batch_size``), so the run ledger
+and the run metrics have a record per job. ``demo-healthy`` runs with
+``NCCL_ALGO=Tree`` in its environment and ``demo-starved`` reads its dataset
+from CFS (``/mnt/cfs/datasets/demo-starved``): what changed since the earlier,
+faster run of each job that ``trainmon.demo.history`` keeps in the demo's
+ledger, which ``trainmon compare`` shows.
 
 Durations jitter by ±10 % (seeded per rank) so the series look alive.
 """
@@ -39,8 +43,8 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 
 from trainmon.client import Reporter
 
@@ -71,41 +75,62 @@ class SimulatedJob:
     checkpoint_dir: str = "/tmp/checkpoints"
     #: Seconds one checkpoint save takes.
     checkpoint_seconds: float = 0.05
+    #: The ranks' NCCL_*/TORCH_*/CUDA_* environment (their run description's).
+    environment: Mapping[str, str] = field(default_factory=dict)
+    #: Where the job reads its training data (its run description's data paths).
+    data_paths: tuple[str, ...] = ()
+
+    @property
+    def step_seconds(self) -> float:
+        """One step's mean duration (jitter averages out; checkpoints not counted)."""
+        return self.data_wait_seconds + self.compute_seconds + self.comm_seconds
 
     @property
     def data_wait_ratio(self) -> float:
         """The ratio the daemon should report for this job (jitter averages out)."""
-        step = self.data_wait_seconds + self.compute_seconds + self.comm_seconds
-        return self.data_wait_seconds / step
+        return self.data_wait_seconds / self.step_seconds
+
+    @property
+    def config(self) -> dict[str, object]:
+        """The run's config (``Reporter(config=…)``): the same for every run of the job,
+        so every run of it has one ``config_hash`` and compares with the others."""
+        return {"model": "simulated", "batch_size": self.batch_size}
+
+
+def run_id(job: SimulatedJob, started: float) -> str:
+    """The run id of ``job`` in a demo started at ``started`` (Unix seconds)."""
+    return f"{job.name}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(started))}"
 
 
 DEMO_JOBS = (
     SimulatedJob("demo-starved", first_gpu=0, data_wait_seconds=0.14, compute_seconds=0.20,
                  comm_seconds=0.06, batch_size=64, overlapped_comm_seconds=0.06,
                  comm_bytes=600_000_000, checkpoint_dir="/data/checkpoints/demo-starved",
-                 checkpoint_seconds=0.08),
+                 checkpoint_seconds=0.08, data_paths=("/mnt/cfs/datasets/demo-starved",)),
     SimulatedJob("demo-healthy", first_gpu=4, data_wait_seconds=0.01, compute_seconds=0.20,
                  comm_seconds=0.04, batch_size=128, overlapped_comm_seconds=0.12,
                  comm_bytes=1_600_000_000,
-                 checkpoint_dir="/mnt/cfs/checkpoints/demo-healthy", checkpoint_seconds=0.05),
+                 checkpoint_dir="/mnt/cfs/checkpoints/demo-healthy", checkpoint_seconds=0.05,
+                 environment={"NCCL_ALGO": "Tree"}),
 )
 
 
 def start_demo_jobs(
-    endpoint: str, jobs: tuple[SimulatedJob, ...] = DEMO_JOBS
+    endpoint: str, jobs: tuple[SimulatedJob, ...] = DEMO_JOBS, *, started: float | None = None
 ) -> Callable[[], None]:
     """Start every rank of ``jobs`` reporting to ``endpoint``; returns a stop function.
 
     ``endpoint`` is a client endpoint (``unix:///…/steps.sock`` or
-    ``http://127.0.0.1:PORT``). The stop function ends the loops, sends the
-    final reports and joins the threads (about a second at most).
+    ``http://127.0.0.1:PORT``); ``started`` (Unix seconds, default now) makes the
+    run ids (``run_id``). The stop function ends the loops, sends the final
+    reports and joins the threads (about a second at most).
     """
     stopping = threading.Event()
     # One run per job, shared by its ranks (as torchrun's TORCHELASTIC_RUN_ID would be).
-    started = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    started = time.time() if started is None else started
     threads = [
         threading.Thread(
-            target=_run_rank, args=(job, rank, endpoint, stopping, f"{job.name}-{started}"),
+            target=_run_rank, args=(job, rank, endpoint, stopping, run_id(job, started)),
             name=f"demo-{job.name}-{rank}", daemon=True,
         )
         for job in jobs
@@ -138,8 +163,8 @@ def _run_rank(
 
     reporter = Reporter(
         job.name, rank=rank, local_rank=rank, world_size=RANKS_PER_JOB,
-        gpu=job.first_gpu + rank, endpoint=endpoint, environ={}, run=run,
-        config={"model": "simulated", "batch_size": job.batch_size},
+        gpu=job.first_gpu + rank, endpoint=endpoint, environ=dict(job.environment), run=run,
+        config=job.config, data_paths=job.data_paths,
     )
     next_checkpoint = time.monotonic() + FIRST_CHECKPOINT_SECONDS
     steps = 0

@@ -5,6 +5,12 @@
 real validation, poller and collector run on it unchanged: a spot
 (``SPOTPAID``) ``GT4.41XLARGE948`` in ``ap-shanghai-5`` with no reclaim
 scheduled. The instance id ``ins-demo0001`` is not a real one.
+
+``PLACEMENT_LABELS`` is where the instance hangs in the cluster network, which no
+metadata service tells: the demo's ``collectors.platform.labels`` unless the
+configuration sets some, so that ``trainmon_node_info`` carries a ``leaf`` and a
+``rack`` and the placement rules and panels (zones and leaf switches per job)
+have something to count.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ INSTANCE: Mapping[str, str] = {
     "instance/instance-type": "GT4.41XLARGE948",
     "payment/charge-type": "SPOTPAID",
 }
+#: Leaf switch and rack of the simulated instance (``trainmon_node_info`` labels).
+PLACEMENT_LABELS: Mapping[str, str] = {"leaf": "leaf-07", "rack": "r12"}
 
 
 class SimulatedMetadata:

@@ -5,13 +5,18 @@ the daemon runs:
 
 - ``--url``: scrape a running daemon's ``/metrics`` about once a second for
   ``--seconds`` and parse the text with prometheus_client's parser;
-- no ``--url``: run the node collectors in this process (GPU sampler, training
-  socket, network, InfiniBand, disk, attribution and whatever else the CLI's
-  collector table builds — the platform, NUMA and NFS sources included; only
-  ``LOCAL_EXCLUDED`` are left out) for ``--seconds`` and snapshot their
-  families the same way. When a daemon already owns the
-  training socket, the training socket stays with it and ``--url`` is the way
-  to see step telemetry.
+- no ``--url``: the local daemon (``trainmon.local_daemon``: the listen
+  address of ``--config`` / ``$TRAINMON_CONFIG``, else ``:19400``, asked on
+  loopback) is read the same way when it answers, and a line on stderr says
+  which daemon was read and why;
+- no ``--url`` and no daemon answering: run the node collectors in this
+  process (GPU sampler, training socket, network, InfiniBand, disk,
+  attribution and whatever else the CLI's collector table builds — the
+  platform, NUMA and NFS sources included; only ``LOCAL_EXCLUDED`` are left
+  out) for ``--seconds`` and snapshot their families the same way. When a
+  daemon holds the training socket but did not answer over HTTP (it listens
+  elsewhere), the socket stays with it (sampled without it: the stderr line
+  says so) and ``--url`` is the way to see step telemetry.
 
 The report starts with the platform (instance, zone, spot state, a scheduled
 reclaim), then goes GPU → storage → network, the order an engineer checks, and
@@ -44,9 +49,10 @@ from trainmon.core.collector import Collector
 from trainmon.core.registry import CollectorRegistry
 from trainmon.diagnosis.config import DiagnosisConfig
 from trainmon.diagnosis.measure import MEASURED_SAMPLES
-from trainmon.diagnosis.render import render_text
+from trainmon.diagnosis.render import render_history, render_text
 from trainmon.diagnosis.report import Source, build_report, unmeasured_report
 from trainmon.diagnosis.samples import ScrapedSamples, Window
+from trainmon.local_daemon import LocalDaemon, answers
 from trainmon.runs.regression import slower_runs
 
 log = logging.getLogger(__name__)
@@ -78,6 +84,8 @@ class DoctorOptions:
     timeout_seconds: float = 5.0
     #: The node's run ledger, for the "vs the previous comparable run" line; None: none.
     ledger: Path | None = None
+    #: Without ``url``: the daemon expected on this node, read when it answers.
+    local_daemon: LocalDaemon | None = None
 
 
 def run_doctor(
@@ -88,14 +96,21 @@ def run_doctor(
     *,
     session: requests.Session | None = None,
     sleep: Sleep = time.sleep,
+    err: TextIO | None = None,
 ) -> int:
-    """Measure, diagnose, print the report (text or JSON); return the exit code."""
-    source: Source = (
-        {"kind": "url", "url": metrics_url(options.url)} if options.url else {"kind": "local"}
-    )
+    """Measure, diagnose, print the report (text or JSON); return the exit code.
+
+    ``err`` gets the line that says which daemon was found (or none), when
+    ``options.local_daemon`` was looked for."""
+    url = options.url
+    if url is None and options.local_daemon is not None:
+        url, note = find_daemon(options.local_daemon, session)
+        if err is not None:
+            err.write(f"trainmon doctor: {note}\n")
+    source: Source = {"kind": "url", "url": metrics_url(url)} if url else {"kind": "local"}
     try:
-        if options.url:
-            window = scrape_url(options.url, options.seconds, options.interval_seconds,
+        if url:
+            window = scrape_url(url, options.seconds, options.interval_seconds,
                                 timeout=options.timeout_seconds, session=session, sleep=sleep)
         else:
             window = sample_collectors(local_collectors(), options.seconds,
@@ -111,10 +126,23 @@ def run_doctor(
         out.write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
     else:
         out.write(render_text(report))
-        if regressions:
-            out.write("\nRun history (this node's ledger)\n")
-            out.writelines(f"   {found.job}: {found.text}\n" for found in regressions)
+        out.write(render_history(regressions, options.lang))
     return report["exit_code"]
+
+
+def find_daemon(daemon: LocalDaemon, session: requests.Session | None = None
+                ) -> tuple[str | None, str]:
+    """The local daemon's URL when it answers (else None), and a sentence saying so."""
+    if daemon.url is not None and answers(daemon.url, session):
+        return daemon.url, f"read the daemon at {daemon.url} ({daemon.origin})"
+    if daemon.url is None:
+        note = f"the daemon's port is chosen when it starts ({daemon.origin})"
+    else:
+        note = f"no daemon answered at {daemon.url} ({daemon.origin})"
+    if daemon.socket is not None:
+        return None, (f"{note}; a daemon holds {daemon.socket} but is listening elsewhere: "
+                      "give --url to read it; sampling this node without its step socket")
+    return None, f"{note}; sampling this node"
 
 
 def scrape_url(

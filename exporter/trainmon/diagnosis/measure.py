@@ -9,7 +9,10 @@ collector's internals, so the same code serves the daemon and ``doctor``:
   (Hopper and newer), the means of ``trainmon_gpu_sm_active_ratio``,
   ``trainmon_gpu_sm_occupancy_ratio``, ``trainmon_gpu_tensor_active_ratio``,
   ``trainmon_gpu_dram_active_ratio`` and ``trainmon_gpu_pipe_active_ratio{pipe}``;
-- ranks: increases of ``trainmon_training_step_seconds_sum``/``_count``,
+- ranks: those whose run has not said it ended (no
+  ``trainmon_training_rank_end_timestamp_seconds`` in the newest snapshot that
+  holds the rank), with increases of
+  ``trainmon_training_step_seconds_sum``/``_count``,
   ``trainmon_training_data_wait_seconds_total``,
   ``trainmon_training_phase_seconds_total{phase}`` and, for ranks that measure
   communication, ``trainmon_training_comm_seconds_total``,
@@ -51,7 +54,7 @@ MEASURED_SAMPLES = frozenset({
     "trainmon_training_step_seconds_count", "trainmon_training_step_seconds_sum",
     "trainmon_training_data_wait_seconds_total", "trainmon_training_phase_seconds_total",
     "trainmon_training_comm_seconds_total", "trainmon_training_comm_exposed_seconds_total",
-    "trainmon_training_comm_bytes_total",
+    "trainmon_training_comm_bytes_total", "trainmon_training_rank_end_timestamp_seconds",
     "trainmon_disk_io_time_seconds_total", "trainmon_disk_read_bytes_total",
     "trainmon_disk_written_bytes_total",
     "trainmon_network_receive_bytes_total", "trainmon_network_transmit_bytes_total",
@@ -261,6 +264,8 @@ def _ranks(window: Window, comm_phases: tuple[str, ...]) -> tuple[RankState, ...
     last_report = window.latest("trainmon_training_last_report_timestamp_seconds")
     ranks = []
     for labels in window.label_sets("trainmon_training_step_seconds_count"):
+        if _ended(window, labels):
+            continue
         labels_dict = dict(labels)
         job, rank = labels_dict.get("job", ""), labels_dict.get("rank", "")
         phases = {phase: labels_of({**labels_dict, "phase": phase}) for phase in comm_phases}
@@ -292,6 +297,14 @@ def _ranks(window: Window, comm_phases: tuple[str, ...]) -> tuple[RankState, ...
         ))
     ranks.sort(key=lambda state: (state.job, _numeric_first(state.rank)))
     return tuple(ranks)
+
+
+def _ended(window: Window, labels: Labels) -> bool:
+    """Whether the rank's run said it ended, as of the newest snapshot that holds it."""
+    for snapshot in reversed(window.snapshots):
+        if labels in snapshot.series("trainmon_training_step_seconds_count"):
+            return labels in snapshot.series("trainmon_training_rank_end_timestamp_seconds")
+    return False
 
 
 def _wait_ratio(window: Window, labels: Labels) -> float | None:

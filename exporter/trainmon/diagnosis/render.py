@@ -4,11 +4,15 @@
 engineer checks: the platform (instance, spot state, a scheduled reclaim),
 GPU (with NUMA binding), storage (disks, NFS/CFS mounts, checkpoints), network,
 then each job's verdict with its findings — risk findings marked
-``[CRITICAL]``/``[WARNING]`` — and the next action. Every word comes from
-``text``; this module only lays the lines out.
+``[CRITICAL]``/``[WARNING]`` (``[严重]``/``[警告]``) — and the next action;
+``render_history`` adds doctor's run-ledger lines. Every word comes from
+``text``, label values (severity, storage kind, provider) included; this
+module only lays the lines out.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from trainmon.diagnosis.report import (
     CheckpointEntry,
@@ -23,7 +27,19 @@ from trainmon.diagnosis.report import (
     Report,
 )
 from trainmon.diagnosis.risks import utc_text
-from trainmon.diagnosis.text import heading, rate_text, render, word
+from trainmon.diagnosis.text import (
+    count_text,
+    heading,
+    provider_name,
+    rate_text,
+    render,
+    severity_tag,
+    storage_name,
+    word,
+)
+from trainmon.runs.compare import signed_percent
+from trainmon.runs.regression import Regression
+from trainmon.runs.timespec import utc_text as run_time_text
 
 
 def render_text(report: Report) -> str:
@@ -73,7 +89,7 @@ def render_text(report: Report) -> str:
     for job in report["jobs"]:
         deciding, *others = job["findings"]
         lines.append(f"   {job['job']}: {job['kind_name'].upper()} — {deciding['message']}")
-        lines += [f"      + {_severity(finding)}{finding['message']}" for finding in others
+        lines += [f"      + {_severity(finding, lang)}{finding['message']}" for finding in others
                   if finding["kind"] != job["kind"] or finding["code"] != deciding["code"]]
         lines += [f"      ! NCCL: {problem['message']}" for problem in job["nccl"]]
         if job["advice"]:
@@ -87,16 +103,30 @@ def render_text(report: Report) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _severity(finding: FindingEntry) -> str:
+def render_history(regressions: Sequence[Regression], lang: str) -> str:
+    """doctor's lines for jobs slower than their previous comparable run; "" for none."""
+    if not regressions:
+        return ""
+    lines = ["", heading("history", lang)]
+    lines += [f"   {found.job}: " + render(word("slower_run", lang), {
+        "change": signed_percent(found.change_ratio), "run": found.run,
+        "previous_run": found.previous_run, "started": run_time_text(found.previous_started),
+    }) for found in regressions]
+    return "\n".join(lines) + "\n"
+
+
+def _severity(finding: FindingEntry, lang: str) -> str:
     """``[CRITICAL] `` before a risk finding's message; nothing for the verdict's."""
-    return f"[{finding['severity'].upper()}] " if finding["severity"] else ""
+    severity = finding["severity"]
+    return f"[{severity_tag(severity, lang)}] " if severity else ""
 
 
 def _platform_lines(platform: PlatformSection, lang: str) -> list[str]:
     """``tencent ins-1 (GN10X), region …, zone …, leaf …`` and the spot state."""
     if not platform["provider"] and platform["spot"] is None and platform["metadata_up"] is None:
         return [f"   {heading('no_platform', lang)}"]
-    identity = [platform["provider"] or word("unknown", lang)]
+    identity = [provider_name(platform["provider"], lang) if platform["provider"]
+                else word("unknown", lang)]
     if platform["instance_id"]:
         instance = f"{word('instance', lang)} {platform['instance_id']}"
         if platform["instance_type"]:
@@ -118,7 +148,8 @@ def _platform_lines(platform: PlatformSection, lang: str) -> list[str]:
     state.append(word("no_reclaim", lang) if at is None else render(
         word("reclaim_at", lang), {"at": utc_text(at), "seconds": seconds or 0.0}))
     lines = [f"   {', '.join(identity)}", f"   {'; '.join(state)}"]
-    lines += [f"   ! {_severity(finding)}{finding['message']}" for finding in platform["findings"]]
+    lines += [f"   ! {_severity(finding, lang)}{finding['message']}"
+              for finding in platform["findings"]]
     return lines
 
 
@@ -133,7 +164,8 @@ def _numa_lines(numa: NumaSection, lang: str) -> list[str]:
         line = (f"   NUMA gpu {process['gpu']} ({word('numa_node', lang)} "
                 f"{process['numa_node']}): pid {process['pid']}{owner} "
                 f"{_percent(process['local_ratio'])} {word('numa_local', lang)}")
-        lines.append(line + (" [far]" if process["status"] == "far" else ""))
+        lines.append(line + (f" [{word('numa_far', lang)}]" if process["status"] == "far"
+                             else ""))
     if numa["gpus"] and not unknown and not numa["processes"]:
         lines.append(f"   NUMA: {word('numa_no_ratio', lang)}")
     return lines
@@ -147,7 +179,8 @@ def _nfs_line(mount: NfsEntry, lang: str) -> str:
             f"{word('read', lang)} {_rate(mount['read_bytes_per_second'])}, "
             f"{word('write', lang)} {_rate(mount['write_bytes_per_second'])}")
     if mount["read_rtt_seconds"] is not None:
-        line += f", {mount['read_rtt_seconds'] * 1000:.1f} ms {word('nfs_reads', lang)}"
+        line += ", " + render(word("nfs_reads", lang),
+                              {"milliseconds": mount["read_rtt_seconds"] * 1000})
     return line
 
 
@@ -159,13 +192,15 @@ def _checkpoint_line(entry: CheckpointEntry, lang: str) -> str:
     else:
         details = []
         if entry["last_duration_seconds"] is not None:
-            details.append(f"{word('took', lang)} {entry['last_duration_seconds']:.1f} s")
+            details.append(render(word("took", lang),
+                                  {"seconds": entry["last_duration_seconds"]}))
         if entry["checkpoints"] is not None:
-            details.append(f"{entry['checkpoints']:.0f} {word('checkpoints', lang)}")
-        line += (f"{word('checkpoint', lang)} {entry['age_seconds']:.0f} s {word('ago', lang)}"
+            details.append(count_text("checkpoints", entry["checkpoints"], lang))
+        line += (render(word("checkpoint_age", lang), {"age": entry["age_seconds"]})
                  + (f" ({', '.join(details)})" if details else ""))
     if entry["mountpoint"]:
-        line += f", {entry['mountpoint']} ({entry['fstype']}, {entry['storage']})"
+        line += (f", {entry['mountpoint']} ({entry['fstype']}, "
+                 f"{storage_name(entry['storage'], lang)})")
     return line
 
 

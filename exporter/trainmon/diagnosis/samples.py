@@ -1,8 +1,9 @@
 """Metric snapshots and windows: the one input of the diagnosis, wherever it runs.
 
 The daemon's diagnosis collector snapshots its sibling collectors' families on
-every scrape; ``trainmon doctor`` snapshots a daemon's ``/metrics`` text, or
-collectors run in process, about once a second. Both keep the snapshots of
+every evaluation (every window / 20, on the daemon's clock); ``trainmon
+doctor`` snapshots a daemon's ``/metrics`` text, or collectors run in process,
+about once a second. Both keep the snapshots of
 the last few seconds to a minute in a ``Window``, from which counters give
 increases and gauges give means — the same arithmetic in every case, so the
 daemon and ``doctor`` reach the same verdict from the same data.

@@ -3,11 +3,16 @@
 One catalogue, keyed by the stable codes of ``rules`` and ``risks`` (finding
 codes) and ``trainmon.diagnosis.nccl`` (problem names), so ``doctor``'s report,
 its JSON and the docs use the same words. The risk findings' Chinese follows
-the article the project grew from (竞价实例即将被回收, checkpoint 一定不要只写在本地临时盘,
-预热, numactl 绑核). Each entry is an ``(English, 中文)`` pair of
-``str.format`` templates over the finding's values (advice too: ``numactl
---cpunodebind={node:.0f}``); each ``*_bytes_per_second`` value also comes as
-``*_bytes_per_second_text`` (``180.0 MB/s``).
+the tuning article the project grew from (README.md, "The tuning article":
+Tencent Cloud GPU instances vs self-hosted GPU clusters; 竞价实例即将被回收,
+checkpoint 一定不要只写在本地临时盘, 预热, numactl 绑核). Each entry is an
+``(English, 中文)`` pair of ``str.format`` templates over the finding's values
+(advice too: ``numactl --cpunodebind={node:.0f}``); each ``*_bytes_per_second``
+value also comes as ``*_bytes_per_second_text`` (``180.0 MB/s``), and each
+number as ``*_plural`` (``""`` for 1, else ``"s"``: ``{steps:.0f}
+step{steps_plural}``). Label values that reach the text (severities, storage
+kinds, providers) are words of the catalogue too; English keeps the label
+value itself, so it can be grepped in the metrics.
 """
 
 from __future__ import annotations
@@ -26,6 +31,29 @@ KIND_NAMES: Mapping[str, Pair] = {
     "storage": ("storage", "存（数据加载与存储）"),
     "scheduling": ("scheduling", "调（调度）"),
     "none": ("none", "无结论"),
+}
+
+#: Severity tags of risk findings (``[CRITICAL]``, ``[严重]``).
+SEVERITY_TAGS: Mapping[str, Pair] = {
+    "critical": ("CRITICAL", "严重"),
+    "warning": ("WARNING", "警告"),
+}
+
+#: Checkpoint storage kinds, the ``storage`` label of
+#: ``trainmon_training_checkpoint_storage_info`` (``trainmon.node.mounts.STORAGE_KINDS``).
+STORAGE_NAMES: Mapping[str, Pair] = {
+    "network_fs": ("network_fs", "网络文件系统"),
+    "object_store": ("object_store", "对象存储"),
+    "cloud_disk": ("cloud_disk", "云硬盘"),
+    "local_disk": ("local_disk", "本地盘"),
+    "ephemeral": ("ephemeral", "临时存储"),
+    "unknown": ("unknown", "未知存储"),
+}
+
+#: The ``provider`` label of ``trainmon_node_info``.
+PROVIDER_NAMES: Mapping[str, Pair] = {
+    "tencent": ("tencent", "腾讯云"),
+    "self-hosted": ("self-hosted", "自建"),
 }
 
 HEADINGS: Mapping[str, Pair] = {
@@ -51,7 +79,8 @@ HEADINGS: Mapping[str, Pair] = {
     "healthy": ("No bottleneck that needs action.", "没有需要处理的瓶颈。"),
     "found": ("Bottleneck found.", "发现瓶颈。"),
     "risk": ("No bottleneck, but a risk that needs action (critical or warning above).",
-             "没有瓶颈，但有需要处理的风险（见上面的 critical 或 warning）。"),
+             "没有瓶颈，但有需要处理的风险（见上面标为 [严重] 或 [警告] 的条目）。"),
+    "history": ("Run history (this node's ledger)", "运行历史（本节点的运行台账）"),
     "unmeasured": ("Could not measure: {reason}", "无法测量：{reason}"),
 }
 
@@ -95,14 +124,18 @@ WORDS: Mapping[str, Pair] = {
     "reclaim_at": ("reclaim scheduled at {at} (in {seconds:.0f} s)",
                    "计划回收时间 {at}（还剩 {seconds:.0f} 秒）"),
     "no_reclaim": ("no reclaim scheduled", "没有计划中的回收"),
-    "checkpoint": ("last checkpoint", "最近 checkpoint"),
-    "ago": ("ago", "前"),
-    "took": ("took", "耗时"),
-    "checkpoints": ("checkpoints", "次 checkpoint"),
+    "slower_run": ("samples/s {change} vs run {previous_run} ({started}); "
+                   "trainmon compare {previous_run} {run}",
+                   "samples/s 比上一次可比的运行 {previous_run}（{started}）{change}；"
+                   "对比：trainmon compare {previous_run} {run}"),
+    "checkpoint_age": ("last checkpoint {age:.0f} s ago", "最近 checkpoint 在 {age:.0f} 秒前"),
+    "took": ("took {seconds:.1f} s", "耗时 {seconds:.1f} 秒"),
+    "checkpoints": ("{count:.0f} checkpoint{count_plural}", "共 {count:.0f} 次 checkpoint"),
     "no_checkpoint": ("no checkpoint reported", "未上报 checkpoint"),
-    "nfs_reads": ("per READ", "每次 READ"),
+    "nfs_reads": ("{milliseconds:.1f} ms per READ", "每次 READ {milliseconds:.1f} 毫秒"),
     "numa_node": ("NUMA node", "NUMA 节点"),
     "numa_local": ("of its CPUs on the GPU's node", "的 CPU 在 GPU 所在节点"),
+    "numa_far": ("far", "跨 NUMA 节点"),
     "numa_unknown": ("NUMA topology unknown (virtualised host: numa_node = -1); binding is "
                      "unlikely to pay off here",
                      "NUMA 拓扑未知（虚拟化主机：numa_node = -1）；在这里绑核收益很小"),
@@ -120,7 +153,7 @@ FINDINGS: Mapping[str, Pair] = {
         "rank(s) {ranks} made no step for {seconds:.0f} s (threshold {threshold:.0f} s)",
         "rank {ranks} 已 {seconds:.0f} 秒没有完成一步（阈值 {threshold:.0f} 秒）"),
     "insufficient_data": (
-        "only {steps:.0f} steps in the window (needs {threshold:.0f})",
+        "only {steps:.0f} step{steps_plural} in the window (needs {threshold:.0f})",
         "窗口内只有 {steps:.0f} 步（至少需要 {threshold:.0f} 步）"),
     "data_wait": (
         "rank {rank} waits for data {ratio:.0%} of each step (threshold {threshold:.0%})",
@@ -482,6 +515,25 @@ def kind_name(kind: str, lang: str) -> str:
     return pick(KIND_NAMES.get(kind, (kind, kind)), lang)
 
 
+def severity_tag(severity: str, lang: str) -> str:
+    """``CRITICAL``/``严重`` for a risk finding's severity; an unknown one upper-cased."""
+    return pick(SEVERITY_TAGS.get(severity, (severity.upper(), severity.upper())), lang)
+
+
+def storage_name(storage: str, lang: str) -> str:
+    """A checkpoint storage kind in words (English: the label value, ``local_disk``)."""
+    return pick(STORAGE_NAMES.get(storage, (storage, storage)), lang)
+
+
+def provider_name(provider: str, lang: str) -> str:
+    return pick(PROVIDER_NAMES.get(provider, (provider, provider)), lang)
+
+
+def count_text(key: str, count: float, lang: str) -> str:
+    """``WORDS[key]`` for ``count`` things: ``1 checkpoint``, ``4 checkpoints``."""
+    return render(word(key, lang), _with_derived_values({"count": count}))
+
+
 def heading(key: str, lang: str, **values: object) -> str:
     return render(pick(HEADINGS[key], lang), values)
 
@@ -489,7 +541,9 @@ def heading(key: str, lang: str, **values: object) -> str:
 def finding_text(code: str, values: Mapping[str, object], lang: str) -> str:
     if code == "gpu_bound" and "utilization" not in values:
         code = "gpu_bound_unmeasured"
-    values = _with_rate_texts(values)
+    values = _with_derived_values(values)
+    if isinstance(values.get("storage"), str):
+        values = {**values, "storage": storage_name(str(values["storage"]), lang)}
     pair = FINDINGS.get(code)
     text = render(pick(pair, lang), values) if pair else code
     if code in ("comm_exposed", "comm_phase") and "sm_active" in values:
@@ -508,7 +562,7 @@ def advice_text(code: str, lang: str, values: Mapping[str, object] | None = None
     pair = ADVICE.get(ADVICE_ALIASES.get(code, code))
     if not pair:
         return ""
-    return render(pick(pair, lang), _with_rate_texts(values or {}))
+    return render(pick(pair, lang), _with_derived_values(values or {}))
 
 
 def rate_text(value: float | None) -> str:
@@ -521,11 +575,17 @@ def rate_text(value: float | None) -> str:
     return f"{value:.0f} B/s"
 
 
-def _with_rate_texts(values: Mapping[str, object]) -> Mapping[str, object]:
-    """``values`` plus ``<key>_text`` for each ``*_bytes_per_second`` number (``180.0 MB/s``)."""
-    texts = {f"{key}_text": rate_text(value) for key, value in values.items()
-             if key.endswith("_bytes_per_second") and isinstance(value, (int, float))}
-    return {**values, **texts} if texts else values
+def _with_derived_values(values: Mapping[str, object]) -> Mapping[str, object]:
+    """``values`` plus ``<key>_text`` for each ``*_bytes_per_second`` number (``180.0 MB/s``)
+    and ``<key>_plural`` for each number (``""`` where it shows as ``1`` with ``:.0f``, else
+    ``"s"``)."""
+    numbers = {key: value for key, value in values.items()
+               if isinstance(value, (int, float)) and not isinstance(value, bool)}
+    derived = {f"{key}_text": rate_text(value) for key, value in numbers.items()
+               if key.endswith("_bytes_per_second")}
+    derived.update({f"{key}_plural": "" if f"{value:.0f}" == "1" else "s"
+                    for key, value in numbers.items()})
+    return {**values, **derived} if derived else values
 
 
 def nccl_text(problem: str, variable: str, value: str, lang: str) -> str:

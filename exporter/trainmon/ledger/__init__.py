@@ -6,9 +6,15 @@
 the derived collector ``trainmon.collectors.ledger``.
 """
 
-from trainmon.ledger.records import END_REASONS, RunRecord
+from trainmon.ledger.records import (
+    END_REASONS,
+    FINAL_END_REASONS,
+    RunRecord,
+    combined_end_reason,
+)
 from trainmon.ledger.schema import APPLICATION_ID, SCHEMA_VERSION, LedgerError
 from trainmon.ledger.store import Ledger, Pruned, RecordUpdate, WriteResult
 
-__all__ = ["APPLICATION_ID", "END_REASONS", "SCHEMA_VERSION", "Ledger", "LedgerError",
-           "Pruned", "RecordUpdate", "RunRecord", "WriteResult"]
+__all__ = ["APPLICATION_ID", "END_REASONS", "FINAL_END_REASONS", "SCHEMA_VERSION", "Ledger",
+           "LedgerError", "Pruned", "RecordUpdate", "RunRecord", "WriteResult",
+           "combined_end_reason"]

@@ -1,8 +1,12 @@
 """The ``collectors.ledger`` configuration section (README: configuration reference).
 
-``path`` None means the default ``/var/lib/trainmon/ledger.sqlite3`` (the
-systemd unit's ``StateDirectory``, the DaemonSet's hostPath); ``trainmon
-serve --demo`` puts it in the demo's temporary tree instead unless it is set.
+``path`` None means the default (``trainmon.paths``):
+``/var/lib/trainmon/ledger.sqlite3`` for root and for the service user that owns
+``/var/lib/trainmon`` (the systemd unit's ``StateDirectory``, the DaemonSet's
+hostPath), ``$XDG_STATE_HOME/trainmon/ledger.sqlite3`` for any other user,
+``$STATE_DIRECTORY/ledger.sqlite3`` under a systemd unit that names one;
+``trainmon serve --demo`` uses ``demo-ledger.sqlite3`` beside that default
+unless it is set (``trainmon.demo.history``).
 ``price_per_gpu_hour`` is optional: without it records carry no cost.
 Retention: ``retention_days`` for ended runs, then ``max_runs_per_owner``
 per writer identity, then ``max_runs`` in all, taken from the owners with the
@@ -17,9 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainmon import contract
+from trainmon.paths import SYSTEM_LEDGER_PATH, default_ledger_path
 from trainmon.settings import Auto, ConfigError, Section
 
-DEFAULT_LEDGER_PATH = Path("/var/lib/trainmon/ledger.sqlite3")
+#: The system default (root's, the deployed daemon's); other users': ``file``.
+DEFAULT_LEDGER_PATH = SYSTEM_LEDGER_PATH
 _CURRENCY = re.compile(r"[A-Z]{3}")
 
 
@@ -50,7 +56,8 @@ class LedgerConfig:
 
     @property
     def file(self) -> Path:
-        return DEFAULT_LEDGER_PATH if self.path is None else self.path
+        """``path``, or the default ledger of the user running this process."""
+        return default_ledger_path() if self.path is None else self.path
 
     @property
     def node_name(self) -> str:

@@ -13,12 +13,22 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-#: Values of ``RunRecord.end_reason`` (None while the run goes on).
-END_REASONS = ("finished", "stalled", "vanished")
+#: Values of ``RunRecord.end_reason`` (None while the run goes on): ``finished``,
+#: ``crashed``, ``preempted`` (what the run's ranks said, ``RUN_END_REASONS``), ``lost``
+#: (a rank went silent without saying), ``stalled`` (no step for ``stall_seconds``;
+#: cleared when steps resume).
+END_REASONS = ("finished", "crashed", "preempted", "lost", "stalled")
+#: The reasons of a run that is over (a stalled run may resume).
+FINAL_END_REASONS = ("finished", "crashed", "preempted", "lost")
+#: Reasons written by older trainmon versions, and what they are called now.
+RENAMED_END_REASONS = {"vanished": "lost"}
+#: The reason of a run from the reasons of its parts (its ranks on one node, or its
+#: nodes): the first of these that any part has.
+END_REASON_PRECEDENCE = ("crashed", "preempted", "lost", "stalled", "finished")
 #: Columns of the ``runs`` table in ``RunRecord`` order (``state`` apart).
 COLUMNS = ("job", "run", "node", "config_hash", "started", "ended", "end_reason", "updated",
            "world_size", "ranks", "description", "summary", "owner")
@@ -36,7 +46,7 @@ class RunRecord:
     started: float
     #: Unix time it ended; None while it runs (or stalls).
     ended: float | None
-    #: ``finished`` | ``stalled`` | ``vanished``; None while it runs.
+    #: One of ``END_REASONS``; None while it runs.
     end_reason: str | None
     #: Unix time of the latest summary update.
     updated: float
@@ -73,7 +83,7 @@ class RunRecord:
             job=str(data["job"]), run=str(data["run"]), node=str(data["node"]),
             config_hash=str(data["config_hash"]), started=float(data["started"]),
             ended=None if data["ended"] is None else float(data["ended"]),
-            end_reason=data["end_reason"], updated=float(data["updated"]),
+            end_reason=current_end_reason(data["end_reason"]), updated=float(data["updated"]),
             world_size=data["world_size"], ranks=int(data["ranks"]),
             description=dict(data["description"]), summary=dict(data["summary"]),
             owner=str(data.get("owner") or ""),
@@ -85,3 +95,16 @@ class RunRecord:
         values["description"] = json.loads(values["description"])
         values["summary"] = json.loads(values["summary"])
         return cls.from_json(values)
+
+
+def current_end_reason(reason: str | None) -> str | None:
+    """``reason`` as this version names it (``vanished`` of older ledgers is ``lost``)."""
+    return None if reason is None else RENAMED_END_REASONS.get(reason, reason)
+
+
+def combined_end_reason(reasons: Iterable[str | None]) -> str | None:
+    """The reason of a whole from its parts' (``END_REASON_PRECEDENCE``): ``crashed`` if
+    any part crashed, else ``preempted``, ``lost``, ``stalled``, ``finished``; None when no
+    part has a known reason."""
+    present = {current_end_reason(reason) for reason in reasons if reason}
+    return next((reason for reason in END_REASON_PRECEDENCE if reason in present), None)

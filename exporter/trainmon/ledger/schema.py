@@ -30,9 +30,11 @@ descriptor.
 
 Schema versions: 1 (the first release of the ledger) had no ``owner`` column; 2 adds ``owner``
 (the writer identity of the run, ``trainmon.training.writers``; ``''`` for
-rows written before). A version 1 file opened writable is upgraded in place in
-one transaction (``migrate``); opened read-only it is read as it is, every
-owner ``''``.
+rows written before); 3 renames the end reason ``vanished`` to ``lost``
+(``trainmon.ledger.records.END_REASONS``). An older file opened writable is
+upgraded in place in one transaction (``migrate``); opened read-only it is
+read as it is, every owner ``''`` in a version 1 file, and ``vanished`` read as
+``lost`` (``RunRecord.from_json``).
 
 Durability (docs/deploy.md): ``journal_mode=WAL`` with ``synchronous=NORMAL``.
 A committed transaction is in the WAL before ``COMMIT`` returns, so a daemon
@@ -58,7 +60,7 @@ log = logging.getLogger(__name__)
 #: ``PRAGMA application_id`` of a trainmon ledger: the bytes "TrMn".
 APPLICATION_ID = 0x54724D6E
 #: ``PRAGMA user_version``: the layout of the tables below.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: How long a reader or the writer waits for a lock held by the other (ms).
 BUSY_TIMEOUT_MS = 5000
 #: Mode of the ledger file (and so of its ``-wal``/``-shm``): owner rw, group r.
@@ -99,6 +101,7 @@ TABLES = (
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: ("ALTER TABLE runs ADD COLUMN owner TEXT NOT NULL DEFAULT ''",
         "CREATE INDEX runs_by_owner_started ON runs (owner, started)"),
+    2: ("UPDATE runs SET end_reason = 'lost' WHERE end_reason = 'vanished'",),
 }
 #: What SQLite's primary result codes mean for the ledger: the ``LedgerError.reason``
 #: (the recorder's error counter label) and the words of the message.

@@ -23,8 +23,16 @@ exported totals). From those:
   seconds, else the ``comm`` phase's; **phase_ratios**: each phase's seconds
   / step seconds.
 - **verdicts**: seconds during which ``trainmon_bottleneck{job,kind}`` was 1
-  for the run's job, one entry per kind that ever was (scrape to scrape,
-  each gap counted at most ``MAX_VERDICT_GAP_SECONDS``).
+  for the run's job, one entry per kind that ever was (from one evaluation of
+  the diagnosis to the next that still says it, each gap counted at most
+  ``MAX_VERDICT_GAP_SECONDS``: ``verdict_gap``); **final_verdict**: the kind
+  that held at the latest evaluation while the run went on (its verdict at
+  the end, once it ended).
+- **checkpoints**: saves the run's ranks on this node completed (None when no
+  rank reports checkpoints); **last_checkpoint**: the latest one's ``time``
+  (Unix), ``duration_seconds``, ``path`` and where that path lives
+  (``mountpoint``, ``fstype``, ``storage``, resolved while the rank was alive
+  and never replaced by ``unknown`` afterwards).
 - **gpu_hours**: ranks on this node × duration / 3600 (one GPU per rank);
   **cost** when a price per GPU hour is configured: total = gpu_hours × price,
   per_million_samples = total / samples × 10⁶.
@@ -57,6 +65,15 @@ class Progress:
     step_buckets: Sequence[int] = ()
     phase_seconds: Mapping[str, float] = field(default_factory=dict)
     comm_exposed_seconds: float | None = None
+    #: Checkpoint saves completed; None when the rank does not report checkpoints.
+    checkpoints: int | None = None
+
+
+def verdict_gap(seconds: float) -> float:
+    """How much of the time between two evaluations under the same verdict counts
+    toward it: at most ``MAX_VERDICT_GAP_SECONDS`` (a daemon that paused or a
+    diagnosis that stopped for a while does not credit the whole pause)."""
+    return min(max(seconds, 0.0), MAX_VERDICT_GAP_SECONDS)
 
 
 @dataclass
@@ -76,13 +93,23 @@ class RunTotals:
     #: Full buckets seen, counted or not (the first is the warm-up).
     intervals: int = 0
     verdict_seconds: dict[str, float] = field(default_factory=dict)
+    #: The verdict kind of the latest evaluation while the run went on.
+    final_verdict: str | None = None
+    #: Checkpoint saves of the run's ranks; None while none reports checkpoints.
+    checkpoints: int | None = None
+    #: The latest checkpoint: time, duration_seconds, path, mountpoint, fstype, storage.
+    last_checkpoint: dict[str, object] | None = None
 
     def resumed(self) -> RunTotals:
-        """What a restarted daemon keeps of a stored run: the rate buckets and verdict
-        seconds. The counts start again from zero because the reporters' cumulative
-        totals, which a fresh store takes whole, already hold the run's counts so far."""
+        """What a restarted daemon keeps of a stored run: the rate buckets, verdicts and
+        the last checkpoint. The counts start again from zero because the reporters'
+        cumulative totals, which a fresh store takes whole, already hold the run's
+        counts so far."""
         return RunTotals(buckets=list(self.buckets), intervals=self.intervals,
-                         verdict_seconds=dict(self.verdict_seconds))
+                         verdict_seconds=dict(self.verdict_seconds),
+                         final_verdict=self.final_verdict,
+                         last_checkpoint=None if self.last_checkpoint is None
+                         else dict(self.last_checkpoint))
 
     def add(self, progress: Progress) -> None:
         self.steps += progress.steps
@@ -96,6 +123,8 @@ class RunTotals:
         if progress.comm_exposed_seconds is not None:
             self.comm_exposed_seconds = (self.comm_exposed_seconds or 0.0) + \
                 progress.comm_exposed_seconds
+        if progress.checkpoints is not None:
+            self.checkpoints = (self.checkpoints or 0) + progress.checkpoints
 
     def add_bucket(self, samples: int, seconds: float) -> None:
         """One tick interval's samples of the run's ranks over its length."""
@@ -107,8 +136,8 @@ class RunTotals:
             self.buckets = _merge_pairs(self.buckets)
 
     def add_verdict(self, kind: str, seconds: float) -> None:
-        seconds = min(max(seconds, 0.0), MAX_VERDICT_GAP_SECONDS)
-        self.verdict_seconds[kind] = self.verdict_seconds.get(kind, 0.0) + seconds
+        """``seconds`` more under verdict ``kind`` (each gap already ``verdict_gap``)."""
+        self.verdict_seconds[kind] = self.verdict_seconds.get(kind, 0.0) + max(seconds, 0.0)
 
     def rates(self) -> list[float]:
         """The counted samples/s buckets (the warm-up one left out once there are three)."""
@@ -148,11 +177,15 @@ class RunTotals:
             "phase_ratios": {name: seconds / step for name, seconds
                              in sorted(self.phase_seconds.items())} if step > 0 else {},
             "verdicts": dict(sorted(self.verdict_seconds.items())),
+            "final_verdict": self.final_verdict,
             "steps": self.steps,
             "samples": self.samples,
             "duration_seconds": max(duration_seconds, 0.0),
             "gpu_hours": gpu_hours,
             "cost": cost,
+            "checkpoints": self.checkpoints,
+            "last_checkpoint": None if self.last_checkpoint is None
+            else dict(self.last_checkpoint),
         }
 
     def to_state(self) -> dict[str, object]:
@@ -163,6 +196,8 @@ class RunTotals:
             "comm_exposed_seconds": self.comm_exposed_seconds,
             "buckets": [list(bucket) for bucket in self.buckets],
             "intervals": self.intervals, "verdict_seconds": self.verdict_seconds,
+            "final_verdict": self.final_verdict, "checkpoints": self.checkpoints,
+            "last_checkpoint": self.last_checkpoint,
         }
 
     @classmethod
@@ -183,12 +218,26 @@ class RunTotals:
                 intervals=int(state["intervals"]),  # type: ignore[call-overload]
                 verdict_seconds={str(k): float(v) for k, v
                                  in state["verdict_seconds"].items()},  # type: ignore[attr-defined]
+                # absent from the states of older daemons
+                final_verdict=_text_or_none(state.get("final_verdict")),
+                checkpoints=None if state.get("checkpoints") is None
+                else int(state["checkpoints"]),  # type: ignore[call-overload]
+                last_checkpoint=_mapping_or_none(state.get("last_checkpoint")),
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             return cls()
         if len(totals.step_buckets) != len(STEP_SECONDS_BOUNDS) + 1:
             return cls()
         return totals
+
+
+def _text_or_none(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _mapping_or_none(value: object) -> dict[str, object] | None:
+    return {str(key): item for key, item in value.items()} if isinstance(value, Mapping) \
+        else None
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

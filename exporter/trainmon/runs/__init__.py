@@ -11,6 +11,8 @@ write everything down, compare with history when "training got slower").
   (changed keys, throughput, step time, phase shares, cost, the sentence);
 - ``render``: the text of both commands (English);
 - ``local``: the node's SQLite ledger as a source;
+- ``daemon``: the local daemon's ``GET /api/v1/runs`` as a source, and the
+  default choice between it and the ledger file;
 - ``prometheus``: a Prometheus server (HTTP API) as a source, for runs that
   spanned many nodes, with each node daemon's ``/api/v1/runs/<run>`` for the
   descriptions;

@@ -1,8 +1,9 @@
-"""``trainmon runs`` and ``trainmon compare`` over a source (the local ledger or
-Prometheus), printing text or ``--json``; the CLI builds the source.
+"""``trainmon runs`` and ``trainmon compare`` over a source (the local ledger, the
+local daemon or Prometheus), printing text or ``--json``; the CLI builds the
+source (``trainmon.runs.daemon.default_source`` without a flag).
 
-Exit codes: 0 done; 1 the source failed at run time (Prometheus unreachable or
-refusing); 2 usage: an unknown run, an unusable ledger file (``LedgerError``,
+Exit codes: 0 done; 1 the source failed at run time (Prometheus or the daemon
+unreachable or refusing); 2 usage: an unknown run, an unusable ledger file (``LedgerError``,
 its message printed as it is), a bad ``--since``.
 """
 
@@ -14,6 +15,7 @@ from typing import Protocol, TextIO
 
 from trainmon.ledger import LedgerError
 from trainmon.runs.compare import compare
+from trainmon.runs.daemon import DaemonError
 from trainmon.runs.local import UnknownRun
 from trainmon.runs.prometheus import PrometheusError
 from trainmon.runs.render import render_comparison, render_runs
@@ -25,7 +27,7 @@ EXIT_USAGE = 2
 
 
 class RunSource(Protocol):
-    """``LocalSource`` or ``PrometheusSource``."""
+    """``LocalSource``, ``DaemonSource`` or ``PrometheusSource``."""
 
     def runs(self, job: str | None = None, since: float | None = None) -> list[RunView]: ...
     def run(self, run: str, job: str | None = None) -> RunView: ...
@@ -46,7 +48,7 @@ def _guarded(open_source: Callable[[], RunSource], work: Callable[[RunSource], s
     except UnknownRun as error:
         err.write(f"trainmon: {error.args[0]}\n")
         return EXIT_USAGE, ""
-    except PrometheusError as error:
+    except (PrometheusError, DaemonError) as error:
         err.write(f"trainmon: {error}\n")
         return EXIT_FAILURE, ""
 

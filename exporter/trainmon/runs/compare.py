@@ -18,9 +18,14 @@ compare equal, and a redacted value against an absent one is "changed
 (redacted)". A detail one side's source could not tell (its description is
 unavailable) is listed in ``unavailable``, never reported as "no change".
 
-Throughput change = b / a − 1 of ``samples_per_second_median``; the sentence
-comes first in words: "samples/s −18 % (1 210 → 992); NCCL_IB_DISABLE 0 → 1;
-data moved from local NVMe/disk to CFS/NFS".
+Throughput change = b / a − 1 of ``samples_per_second_median``: job-wide
+(``basis`` ``job``) when the figures of both runs cover all their ranks;
+when either covers only part of its job (``RunView.partial``: a per-node
+ledger), per rank (``per_rank``: samples/s over the ranks each figure
+covers), so that one node's share never reads as the job slowing down. The
+sentence comes first in words: "samples/s −18 % (1 210 → 992);
+NCCL_IB_DISABLE 0 → 1; data moved from local NVMe/disk to CFS/NFS", and ends
+with a run that did not finish cleanly ("run B ended: crashed").
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ STORAGE_WORDS = {
 PHASE_SENTENCE_MIN_MOVE = 0.05
 #: Changes named in the sentence before "and N more".
 SENTENCE_MAX_CHANGES = 6
+#: ``Comparison.throughput_basis``: job-wide figures, or per rank (module docstring).
+THROUGHPUT_BASES = ("job", "per_rank")
 
 Value = str | int | float | bool | None
 
@@ -108,6 +115,8 @@ class Comparison:
     #: Details that could not be compared, in words.
     unavailable: tuple[str, ...]
     summary: str
+    #: What ``throughput`` compares: ``job`` or ``per_rank`` (``THROUGHPUT_BASES``).
+    throughput_basis: str = "job"
 
     def to_json(self) -> dict[str, object]:
         cost: dict[str, object] | None = None
@@ -117,7 +126,7 @@ class Comparison:
             "a": self.a.to_json(),
             "b": self.b.to_json(),
             "changes": [change.to_json() for change in self.changes],
-            "throughput": self.throughput.to_json(),
+            "throughput": {**self.throughput.to_json(), "basis": self.throughput_basis},
             "step_seconds_p50": self.step_seconds_p50.to_json(),
             "step_seconds_p95": self.step_seconds_p95.to_json(),
             "phases": {name: movement.to_json() for name, movement in self.phases.items()},
@@ -157,9 +166,9 @@ def compare(a: RunView, b: RunView) -> Comparison:
 
     phases = _phases(a.summary, b.summary)
     cost, currency = _cost(a.summary, b.summary)
-    throughput = _movement(a.summary, b.summary, "samples_per_second_median")
+    throughput, basis = _throughput(a, b)
     comparison = Comparison(
-        a=a, b=b, changes=tuple(changes), throughput=throughput,
+        a=a, b=b, changes=tuple(changes), throughput=throughput, throughput_basis=basis,
         step_seconds_p50=_movement(a.summary, b.summary, "step_seconds_p50"),
         step_seconds_p95=_movement(a.summary, b.summary, "step_seconds_p95"),
         phases=phases, cost_per_million_samples=cost, currency=currency,
@@ -170,6 +179,35 @@ def compare(a: RunView, b: RunView) -> Comparison:
 
 def _movement(a: Mapping[str, Any], b: Mapping[str, Any], key: str) -> Movement:
     return Movement(number(a.get(key)), number(b.get(key)))
+
+
+def _throughput(a: RunView, b: RunView) -> tuple[Movement, str]:
+    """The median samples/s of both runs: job-wide when neither covers only part of its
+    job, else per rank covered."""
+    if not a.partial and not b.partial:
+        return _movement(a.summary, b.summary, "samples_per_second_median"), "job"
+    return Movement(per_rank(a), per_rank(b)), "per_rank"
+
+
+def per_rank(view: RunView) -> float | None:
+    """Median samples/s over the ranks the figure covers; None when either is unknown."""
+    rate = number(view.summary.get("samples_per_second_median"))
+    return None if rate is None or not view.ranks else rate / view.ranks
+
+
+def coverage_text(view: RunView) -> str:
+    """The ranks the figures cover: ``16`` (the whole job), ``8 of 16`` (part of it),
+    ``8`` (world size unknown), ``-`` (unknown)."""
+    if view.ranks is None:
+        return "-" if view.world_size is None else f"? of {view.world_size}"
+    if view.partial:
+        return f"{view.ranks} of {view.world_size}"
+    return str(view.ranks)
+
+
+def count_text(count: int, noun: str) -> str:
+    """``1 checkpoint``, ``3 checkpoints``."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 def _mapping_changes(
@@ -270,7 +308,7 @@ def _cost(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[Movement | None, 
 
 def sentence(comparison: Comparison) -> str:
     """The comparison in one line, throughput first, then each change."""
-    parts = [_throughput_words(comparison.throughput)]
+    parts = [_throughput_words(comparison)]
     change_words = [_change_words(change, comparison) for change in comparison.changes]
     if len(change_words) > SENTENCE_MAX_CHANGES:
         extra = len(change_words) - SENTENCE_MAX_CHANGES
@@ -291,14 +329,21 @@ def sentence(comparison: Comparison) -> str:
         if cost.a is not None and cost.b is not None:
             parts.append(f"cost per million samples {money(cost.a)} → {money(cost.b)} "
                          f"{comparison.currency}")
+    for label, view in (("A", comparison.a), ("B", comparison.b)):
+        if view.end_reason not in (None, "finished"):
+            parts.append(f"run {label} ended: {view.end_reason}")
     return "; ".join(parts)
 
 
-def _throughput_words(movement: Movement) -> str:
+def _throughput_words(comparison: Comparison) -> str:
+    movement = comparison.throughput
+    name = "samples/s" if comparison.throughput_basis == "job" else "samples/s per rank"
     ratio = movement.change_ratio
-    if ratio is None:
-        return (f"samples/s unknown ({quantity(movement.a)} → {quantity(movement.b)})")
-    return f"samples/s {signed_percent(ratio)} ({quantity(movement.a)} → {quantity(movement.b)})"
+    change = "unknown" if ratio is None else signed_percent(ratio)
+    figures = f"{quantity(movement.a)} → {quantity(movement.b)}"
+    coverage = [f"run {label}: {view.ranks} of {view.world_size} ranks recorded"
+                for label, view in (("A", comparison.a), ("B", comparison.b)) if view.partial]
+    return f"{name} {change} ({'; '.join([figures, *coverage])})"
 
 
 def _change_words(change: Change, comparison: Comparison) -> str:

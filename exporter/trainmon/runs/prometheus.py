@@ -20,7 +20,13 @@ a range query at a step of about a thousandth of the span):
 - step time p50/p95: the step-time histogram's bucket increases over the span,
   interpolated within a bucket as ``histogram_quantile`` does;
 - data wait, exposed communication and each phase: Δseconds / Δstep seconds;
-- verdicts: seconds for which ``trainmon_bottleneck{job,kind}`` was 1.
+- verdicts: seconds for which ``trainmon_bottleneck{job,kind}`` was 1;
+- end reason: each node's ``trainmon_training_run_end_timestamp_seconds{reason}``
+  (the ledger exports it for an hour after the end; the latest end per node,
+  a ``stalled`` one only while it is still exported), combined over the nodes
+  (``combined_end_reason``), or the node daemon's record;
+- ranks covered: the ranks whose samples Prometheus holds, against the
+  job's world size (``RunView.partial``).
 
 The description (config, environment, data paths, versions, git) is not in
 Prometheus (details are never labels): it comes from each node daemon's
@@ -34,6 +40,9 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import os
+import socket
+import ssl
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
@@ -42,6 +51,7 @@ from typing import Any
 
 import requests
 
+from trainmon.ledger import combined_end_reason
 from trainmon.runs.local import UnknownRun
 from trainmon.runs.view import RunView, redacted
 
@@ -78,6 +88,9 @@ class _Placement:
     first_seen: float
     last_seen: float
     started: float | None
+    #: The ledger's end reason on this node and its Unix time, when exported.
+    end_reason: str | None = None
+    ended: float | None = None
 
 
 class PrometheusSource:
@@ -108,7 +121,8 @@ class PrometheusSource:
         try:
             response = self.http.get(target, params=dict(params), timeout=self.timeout)
         except requests.RequestException as error:
-            raise PrometheusError(f"cannot reach Prometheus at {self.url}: {error}") from None
+            raise PrometheusError(f"cannot reach Prometheus at {self.url}: "
+                                  f"{unreachable_reason(error, self.timeout)}") from None
         try:
             body = response.json()
         except ValueError:
@@ -177,11 +191,35 @@ class PrometheusSource:
                   for s in self.query(
                       f"max_over_time(trainmon_training_run_start_timestamp_seconds"
                       f"{selector}[{window}s])", now)}
+        ends = self._ends(selector, window, now)
         return [
             _Placement(instance=key[0], job=key[1], run=key[2], config_hash=key[3],
-                       first_seen=first_seen, last_seen=last_seen, started=starts.get(key[:3]))
+                       first_seen=first_seen, last_seen=last_seen, started=starts.get(key[:3]),
+                       end_reason=ends.get(key[:3], (None, None))[0],
+                       ended=ends.get(key[:3], (None, None))[1])
             for key, (first_seen, last_seen) in sorted(seen.items())
         ]
+
+    def _ends(self, selector: str, window: int, now: float
+              ) -> dict[tuple[str, str, str], tuple[str, float]]:
+        """(instance, job, run) -> (end reason, Unix end time): the latest end each node's
+        ledger exported; a ``stalled`` one only while still exported (steps may resume)."""
+        metric = f"trainmon_training_run_end_timestamp_seconds{selector}"
+
+        def key(labels: Mapping[str, str]) -> tuple[str, str, str]:
+            return labels.get("instance", ""), labels.get("job", ""), labels.get("run", "")
+
+        current = {(*key(s["metric"]), s["metric"].get("reason", ""))
+                   for s in self.query(metric, now)}
+        ends: dict[tuple[str, str, str], tuple[str, float]] = {}
+        for series in self.query(f"max_over_time({metric}[{window}s])", now):
+            labels = series["metric"]
+            reason, ended = labels.get("reason", ""), float(series["value"][1])
+            if not reason or (reason == "stalled" and (*key(labels), reason) not in current):
+                continue
+            if key(labels) not in ends or ended > ends[key(labels)][1]:
+                ends[key(labels)] = (reason, ended)
+        return ends
 
     @staticmethod
     def _key(labels: Mapping[str, str]) -> tuple[str, str, str, str]:
@@ -215,26 +253,30 @@ class PrometheusSource:
         end = max(p.last_seen for p in placements)
         started = min((p.started for p in placements if p.started is not None),
                       default=min(p.first_seen for p in placements))
-        summary = self._summary(first.job, first.run, start, end) if describe else \
-            self._throughput_only(first.job, first.run, start, end)
+        summary, ranks = self._throughput_only(first.job, first.run, start, end)
+        if describe:
+            summary = self._summary(summary, first.job, first.run, start, end)
         description: Mapping[str, Any] | None = None
         unavailable: list[str] = []
-        end_reason: str | None = None
+        described_reason: str | None = None
         world_size: int | None = None
         if describe:
-            description, end_reason, world_size, unavailable = self._describe(placements)
+            description, described_reason, world_size, unavailable = self._describe(placements)
             if world_size is None:
                 world_size = self._world_size(first.job, first.run, start, end)
-        # ended: the daemon's record said so, or Prometheus stopped seeing the run
+        end_reason = combined_end_reason([*(p.end_reason for p in placements), described_reason])
+        # ended: the ledger said so, or Prometheus stopped seeing the run
         gone = self.clock() - end > 2 * DISCOVERY_RESOLUTION_SECONDS
-        ended = end if end_reason is not None or gone else None
+        ended = None
+        if end_reason is not None or gone:
+            ended = max((p.ended for p in placements if p.ended is not None), default=end)
         return RunView(
             job=first.job, run=first.run, config_hash=first.config_hash,
             started=started, ended=ended,
             end_reason=end_reason, world_size=world_size,
             nodes=tuple(sorted({p.instance for p in placements})),
             description=description if describe else None, summary=summary,
-            source="prometheus", unavailable=tuple(unavailable),
+            source="prometheus", unavailable=tuple(unavailable), ranks=ranks,
         )
 
     def _describe(self, placements: Sequence[_Placement]
@@ -280,15 +322,19 @@ class PrometheusSource:
         step = max(1.0, math.ceil((end - start) / POINTS_PER_RUN))
         return self.query_range(expr, start, end, step)
 
-    def _throughput_only(self, job: str, run: str, start: float, end: float) -> dict[str, Any]:
+    def _throughput_only(self, job: str, run: str, start: float, end: float
+                         ) -> tuple[dict[str, Any], int | None]:
+        """The throughput part of the summary, and the ranks it covers (None: no samples)."""
         samples = self._range(self._joined("trainmon_training_samples_total", job, run),
                               start, end)
         loop = self._range(self._joined("trainmon_training_step_seconds_sum", job, run),
                            start, end)
-        return throughput_summary(samples, loop)
+        ranks = {(s["metric"].get("instance", ""), s["metric"].get("rank", "")) for s in samples}
+        return throughput_summary(samples, loop), len(ranks) or None
 
-    def _summary(self, job: str, run: str, start: float, end: float) -> dict[str, Any]:
-        summary = self._throughput_only(job, run, start, end)
+    def _summary(self, summary: dict[str, Any], job: str, run: str, start: float, end: float
+                 ) -> dict[str, Any]:
+        """``summary`` (the throughput part) with step times, shares and verdicts."""
         loop = _increase_by(self._range(
             self._joined("trainmon_training_step_seconds_sum", job, run), start, end), ())
         loop_seconds = sum(loop.values())
@@ -332,6 +378,33 @@ class PrometheusSource:
         step = max(1.0, math.ceil((end - start) / POINTS_PER_RUN))
         return {series["metric"].get("kind", ""): len(series["values"]) * step
                 for series in self.query_range(expr, start, end, step)}
+
+
+def unreachable_reason(error: requests.RequestException, timeout: float) -> str:
+    """Why a request failed, in a few words ("connection refused", "no answer within
+    30 s", "cannot resolve the host name: …"), from the OS error beneath the
+    requests/urllib3 wrappers; their own message only when there is none."""
+    if isinstance(error, requests.Timeout):
+        return f"no answer within {timeout:g} s"
+    seen: set[int] = set()
+    pending: list[BaseException] = [error]
+    while pending:
+        current = pending.pop(0)
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, socket.gaierror):
+            return f"cannot resolve the host name: {current.strerror or current}"
+        if isinstance(current, ssl.SSLError):
+            return f"TLS failed: {current.reason or current}"
+        if type(current).__module__ == "builtins" and isinstance(current, OSError) \
+                and current.errno:
+            return os.strerror(current.errno).lower()
+        for linked in (current.__cause__, current.__context__, getattr(current, "reason", None),
+                       *current.args[:1]):
+            if isinstance(linked, BaseException):
+                pending.append(linked)
+    return str(error) or type(error).__name__
 
 
 def _points(series: Mapping[str, Any]) -> list[tuple[float, float]]:

@@ -1,7 +1,8 @@
 """``trainmon doctor``'s history line: is this run slower than the previous comparable one?
 
 Comparable = the same job and config hash (``Ledger.previous``); slower = its
-median samples/s below the previous run's by more than
+median samples/s per rank recorded (so that a run with fewer ranks on this node
+is not "slower") below the previous run's by more than
 ``contract.THROUGHPUT_REGRESSION_RATIO``, the share the
 ``TrainmonThroughputRegression`` alert uses. "This run" is the job's latest run
 in the node's ledger, as the daemon's recorder keeps it up to date. An absent or
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainmon import contract
-from trainmon.ledger import Ledger, LedgerError
+from trainmon.ledger import Ledger, LedgerError, RunRecord
 from trainmon.runs.compare import signed_percent
 from trainmon.runs.timespec import utc_text
 from trainmon.runs.view import number
@@ -67,8 +68,8 @@ def slower_runs(path: Path, jobs: Iterable[str],
             previous = ledger.previous(job, current.config_hash, before=current.started)
             if previous is None:
                 continue
-            now = number(current.summary.get("samples_per_second_median"))
-            before = number(previous.summary.get("samples_per_second_median"))
+            now = _per_rank(current)
+            before = _per_rank(previous)
             if now is None or not before:
                 continue
             change = now / before - 1
@@ -81,3 +82,8 @@ def slower_runs(path: Path, jobs: Iterable[str],
         return []
     finally:
         ledger.close()
+
+
+def _per_rank(record: RunRecord) -> float | None:
+    rate = number(record.summary.get("samples_per_second_median"))
+    return None if rate is None else rate / max(record.ranks, 1)

@@ -1,5 +1,10 @@
 """The text of ``trainmon runs`` (a table, newest first) and ``trainmon compare``
-(the sentence first, then the changes and the measured numbers side by side)."""
+(the sentence first, then the changes and the measured numbers side by side).
+
+``RANKS`` is the ranks the figures cover: the job's world size when they
+cover all of it, ``8 of 16`` when only part of it (a per-node ledger; a note
+under the table says so).
+"""
 
 from __future__ import annotations
 
@@ -9,16 +14,23 @@ from typing import Any
 from trainmon.runs.compare import (
     Comparison,
     Movement,
+    count_text,
+    coverage_text,
     money,
     percent,
     phase_words,
     quantity,
     signed_percent,
+    storage_words,
 )
 from trainmon.runs.timespec import utc_text
 from trainmon.runs.view import RunView, number
 
-RUNS_HEADER = ("RUN", "JOB", "STARTED", "DURATION", "SAMPLES/S", "STEP P50", "VERDICT", "END")
+RUNS_HEADER = ("RUN", "JOB", "STARTED", "DURATION", "RANKS", "SAMPLES/S", "STEP P50", "VERDICT",
+               "END")
+#: Under the table when a run's figures cover only part of its job.
+PARTIAL_NOTE = ("N of M ranks: the figures cover only the ranks this source recorded (one "
+                "node's ledger holds its own ranks); --prometheus URL reads the whole job")
 
 
 def duration_text(seconds: float | None) -> str:
@@ -70,6 +82,7 @@ def render_runs(views: Sequence[RunView]) -> str:
             view.job,
             utc_text(view.started),
             duration_text(view.duration_seconds),
+            coverage_text(view),
             quantity(number(view.summary.get("samples_per_second_median"))),
             seconds_text(number(view.summary.get("step_seconds_p50"))),
             top_verdict(view.summary),
@@ -77,19 +90,41 @@ def render_runs(views: Sequence[RunView]) -> str:
         )
         rows.append(row + ((cost_text(view.summary),) if with_cost else ()))
     widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
-    return "".join(
+    table = "".join(
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
         + "\n"
         for row in rows
     )
+    if any(view.partial for view in views):
+        table += f"\n{PARTIAL_NOTE}\n"
+    return table
+
+
+def end_text(view: RunView) -> str:
+    """``ended: crashed``, or ``running``."""
+    return "running" if view.end_reason is None else f"ended: {view.end_reason}"
 
 
 def _run_line(label: str, view: RunView) -> str:
     nodes = ", ".join(view.nodes) or "-"
     world = "-" if view.world_size is None else str(view.world_size)
+    ranks = "-" if view.ranks is None else str(view.ranks)
+    coverage = f"; ranks recorded {ranks} of {world}" if view.partial else ""
+    facts = []
+    verdict = view.summary.get("final_verdict")
+    if isinstance(verdict, str):
+        facts.append(f"final verdict {verdict}")
+    checkpoints = number(view.summary.get("checkpoints"))
+    if checkpoints is not None:
+        last = view.summary.get("last_checkpoint")
+        where = ""
+        if isinstance(last, Mapping) and last.get("path"):
+            where = f", the last at {last['path']} ({storage_words(last.get('storage'))})"
+        facts.append(count_text(int(checkpoints), "checkpoint") + where)
     return (f"run {label}: {view.run} (job {view.job}, {view.config_hash}, started "
             f"{utc_text(view.started)}, {duration_text(view.duration_seconds)}, "
-            f"{view.end_reason or 'running'}; world size {world}; nodes {nodes})")
+            f"{end_text(view)}; world size {world}{coverage}; nodes {nodes}"
+            + "".join(f"; {fact}" for fact in facts) + ")")
 
 
 def _movement_line(name: str, movement: Movement, text: Any) -> str:
@@ -109,8 +144,10 @@ def render_comparison(comparison: Comparison) -> str:
             lines.append(f"  {change.kind:<12} {change.key:<{width}}  {before} → {after}")
     else:
         lines.append("  unknown" if comparison.unavailable else "  none recorded")
+    throughput = ("samples/s (median)" if comparison.throughput_basis == "job"
+                  else "samples/s per rank")
     lines += ["", "measured:",
-              _movement_line("samples/s (median)", comparison.throughput, quantity),
+              _movement_line(throughput, comparison.throughput, quantity),
               _movement_line("step time p50", comparison.step_seconds_p50, seconds_text),
               _movement_line("step time p95", comparison.step_seconds_p95, seconds_text)]
 

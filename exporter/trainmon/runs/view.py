@@ -6,7 +6,14 @@ holds one ``RunRecord`` per node that saw it, and Prometheus one
 throughput and sample counts add up over the nodes (each node measured only its
 own ranks), step times and phase shares are weighted by each node's steps, the
 description is the first node's (every rank of a run describes the same run;
-``host`` differs and is kept as the node set).
+``host`` differs and is kept as the node set), the end reason the worst of the
+nodes' (``trainmon.ledger.combined_end_reason``: crashed, preempted, lost,
+stalled, finished), checkpoints add up and the last checkpoint is the latest.
+
+Coverage: ``ranks`` counts the ranks the records cover (each node's ledger
+records only its own ranks). While it is below ``world_size`` the figures
+are not the job's (``partial``): ``trainmon runs`` and ``compare`` say so
+instead of letting one node's ledger read as the whole job.
 
 A source that cannot tell some detail (a node daemon unreachable from the
 Prometheus mode) says so in ``unavailable``, so that a comparison reports
@@ -19,11 +26,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from trainmon.ledger import combined_end_reason
 from trainmon.training.protocol import REDACTED, is_secret_name
 
 #: ``summary`` keys that add up over nodes.
 ADDITIVE = ("samples_per_second_median", "samples_per_second_p10", "steps", "samples",
-            "gpu_hours")
+            "gpu_hours", "checkpoints")
 #: ``summary`` keys averaged over nodes, weighted by their steps.
 WEIGHTED = ("step_seconds_p50", "step_seconds_p95", "data_wait_ratio", "comm_exposed_ratio")
 
@@ -65,8 +73,10 @@ class RunView:
     #: Unix seconds; ``ended`` None while running.
     started: float
     ended: float | None
-    #: ``finished``, ``stalled``, ``vanished`` or None while running.
+    #: ``trainmon.ledger.END_REASONS`` (finished, crashed, preempted, lost, stalled) or
+    #: None while running.
     end_reason: str | None
+    #: Ranks in the job, as its processes said (None: unknown).
     world_size: int | None
     #: The nodes that saw the run, sorted.
     nodes: tuple[str, ...]
@@ -79,6 +89,14 @@ class RunView:
     source: str = "ledger"
     #: Details the source could not tell, in words ("description: daemon X unreachable").
     unavailable: tuple[str, ...] = field(default=())
+    #: Ranks the figures cover (summed over the nodes' records); None: unknown.
+    ranks: int | None = None
+
+    @property
+    def partial(self) -> bool:
+        """The figures cover fewer ranks than the job has (a per-node ledger)."""
+        return (self.ranks is not None and self.world_size is not None
+                and self.ranks < self.world_size)
 
     @classmethod
     def from_records(cls, records: Sequence[RecordLike], source: str = "ledger") -> RunView:
@@ -87,20 +105,22 @@ class RunView:
             raise ValueError("a run view needs at least one record")
         first = min(records, key=lambda record: record.started)
         ended = [record.ended for record in records]
-        reasons = [record.end_reason for record in records if record.end_reason]
+        running = any(end is None for end in ended)
         return cls(
             job=first.job,
             run=first.run,
             config_hash=first.config_hash,
             started=min(record.started for record in records),
-            ended=None if any(end is None for end in ended) else max(e for e in ended if e),
-            end_reason=None if any(end is None for end in ended) or not reasons else reasons[0],
+            ended=None if running else max(e for e in ended if e),
+            end_reason=None if running else combined_end_reason(
+                record.end_reason for record in records),
             world_size=max((r.world_size for r in records if r.world_size is not None),
                            default=None),
             nodes=tuple(sorted({record.node for record in records})),
             description=redacted(first.description),
             summary=merge_summaries([record.summary for record in records]),
             source=source,
+            ranks=sum(record.ranks for record in records),
         )
 
     @property
@@ -119,6 +139,7 @@ class RunView:
             "ended": self.ended,
             "end_reason": self.end_reason,
             "world_size": self.world_size,
+            "ranks": self.ranks,
             "nodes": list(self.nodes),
             "description": None if self.description is None else dict(self.description),
             "summary": dict(self.summary),
@@ -185,10 +206,26 @@ def merge_summaries(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                 verdicts[kind] = max(verdicts.get(kind, 0.0), float(seconds))
     merged["phase_ratios"] = phases
     merged["verdicts"] = verdicts
+    merged["final_verdict"] = _final_verdict(summaries)
+    merged["last_checkpoint"] = max(
+        (last for summary in summaries
+         if isinstance(last := summary.get("last_checkpoint"), Mapping)
+         and number(last.get("time")) is not None),
+        key=lambda last: float(last["time"]), default=None)
     durations = [number(summary.get("duration_seconds")) for summary in summaries]
     merged["duration_seconds"] = max((d for d in durations if d is not None), default=None)
     merged["cost"] = _merged_cost(summaries, merged)
     return merged
+
+
+def _final_verdict(summaries: Sequence[Mapping[str, Any]]) -> str | None:
+    """The final verdict most nodes ended with (ties: the first by name)."""
+    counts: dict[str, int] = {}
+    for summary in summaries:
+        kind = summary.get("final_verdict")
+        if isinstance(kind, str):
+            counts[kind] = counts.get(kind, 0) + 1
+    return min(counts, key=lambda kind: (-counts[kind], kind)) if counts else None
 
 
 def _merged_cost(summaries: Sequence[Mapping[str, Any]], merged: Mapping[str, Any]

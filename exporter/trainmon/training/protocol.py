@@ -104,9 +104,12 @@ HOST_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,253}")
 ENVIRONMENT_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 #: A git commit id: SHA-1 (40 hex digits) or SHA-256 (64) object names.
 GIT_COMMIT_PATTERN = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
-#: The values of ``ended``: only a clean end is announced; a crash or a
-#: stall is what the daemon concludes from silence.
-RUN_END_REASONS: tuple[str, ...] = ("finished",)
+#: The values of ``ended``, how the process says its run ended: ``finished``
+#: (a clean end), ``crashed`` (an exception ended it: ``sys.excepthook``,
+#: ``threading.excepthook`` on the training thread, a failed ``mp.spawn``
+#: worker), ``preempted`` (SIGTERM: a scheduler, a spot reclaim). A run whose
+#: reporters fall silent without a word is ``lost``; the daemon concludes that.
+RUN_END_REASONS: tuple[str, ...] = ("finished", "crashed", "preempted")
 #: Seconds between repeats of an unchanged run description (a restarted
 #: daemon learns the run within this long).
 RUN_DESCRIPTION_INTERVAL_SECONDS = 60.0

@@ -6,10 +6,11 @@ Both transports carry the same payload (``protocol``); both end in
 ``describe``) and counts every rejection by reason.
 
 ``SocketReceiver`` owns the unix datagram socket: it creates the folder if
-missing, replaces a stale socket (refusing to touch a live one or a file that
-is not a socket), sets the socket's mode so training users can send, enlarges
-the receive buffer and drains it on its own thread, taking each datagram's
-sender pid from the kernel (``SO_PASSCRED``) along with it.
+missing (modes and the ``/tmp`` rule: ``trainmon.paths``), replaces a stale
+socket (refusing to touch a live one or a file that is not a socket), sets
+the socket's mode so training users can send, enlarges the receive buffer and
+drains it on its own thread, taking each datagram's sender pid from the kernel
+(``SO_PASSCRED``) along with it.
 
 ``StepPushHandler`` is the HTTP route: loopback clients are accepted as they
 are, any other client needs ``Authorization: Bearer <token>`` matching the
@@ -36,6 +37,7 @@ from pathlib import Path
 from trainmon.background import BackgroundThread
 from trainmon.http.push import PushRequest, PushResponse
 from trainmon.logthrottle import LogThrottle
+from trainmon.paths import make_runtime_directory
 from trainmon.settings import Auto
 from trainmon.training.protocol import (
     MAX_DATAGRAM_BYTES,
@@ -273,7 +275,8 @@ class SocketReceiver:
 
     def start(self) -> None:
         """Bind the socket (OSError on failure) and start draining it."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for made in make_runtime_directory(self.path.parent):
+            log.info("created %s (mode %o)", made, stat.S_IMODE(os.stat(made).st_mode))
         _remove_stale_socket(self.path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:

@@ -14,10 +14,13 @@ new feature in a kustomization fails loudly here rather than being ignored:
 - ``labels`` with ``pairs`` (``includeSelectors``/``includeTemplates`` false):
   added to every object's ``metadata.labels``;
 - ``images`` with ``name``, ``newName``, ``newTag``: container and init
-  container images of pod templates.
+  container images of pod templates;
+- ``patches`` with an inline ``patch`` that is ``$patch: delete`` of one object
+  (``apiVersion``, ``kind``, ``metadata.name``, optionally ``metadata.namespace``),
+  which must match exactly one object, as kustomize requires.
 
 Semantics follow kustomize v5: a level's transformers apply to everything it
-builds, including what its ``resources`` produced.
+builds, including what its ``resources`` produced; its patches come first.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ SUPPORTED_KEYS = {
     "configMapGenerator",
     "generatorOptions",
     "images",
+    "patches",
 }
 CLUSTER_SCOPED_KINDS = {
     "Namespace",
@@ -75,6 +79,8 @@ def build(folder: Path) -> list[Manifest]:
         else:
             objects.extend(_documents(target))
     objects.extend(_config_maps(folder, kustomization, path))
+    for entry in kustomization.get("patches", []):
+        _delete(objects, entry, path)
 
     namespace = kustomization.get("namespace")
     for manifest in objects:
@@ -116,6 +122,26 @@ def _config_maps(folder: Path, kustomization: Manifest, path: Path) -> Iterator[
             "metadata": {"name": generator["name"]},
             "data": data,
         }
+
+
+def _delete(objects: list[Manifest], entry: Manifest, path: Path) -> None:
+    """Apply a ``$patch: delete`` patch: remove the one object it names."""
+    patch = yaml.safe_load(entry["patch"]) if set(entry) == {"patch"} else None
+    if (not isinstance(patch, dict) or patch.get("$patch") != "delete"
+            or set(patch) != {"$patch", "apiVersion", "kind", "metadata"}
+            or set(patch["metadata"]) - {"name", "namespace"}):
+        raise KustomizeError(f"{path}: patches supports inline `$patch: delete` patches only")
+    metadata = patch["metadata"]
+    matches = [
+        manifest for manifest in objects
+        if (manifest["apiVersion"], manifest["kind"], manifest["metadata"]["name"])
+        == (patch["apiVersion"], patch["kind"], metadata["name"])
+        and metadata.get("namespace", manifest["metadata"].get("namespace"))
+        == manifest["metadata"].get("namespace")
+    ]
+    if len(matches) != 1:
+        raise KustomizeError(f"{path}: a patch matches {len(matches)} objects, not one: {metadata}")
+    objects.remove(matches[0])
 
 
 def _add_labels(manifest: Manifest, label_set: Manifest, path: Path) -> None:

@@ -1,0 +1,139 @@
+"""How a run ended on this node, from what its ranks said or did not say, and the
+``trainmon_training_run_end_timestamp_seconds`` series that shows it for an hour."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.ledger.ledger_support import Clocks, description, make_recorder, only, send, step
+from tests.support.exposition import scrape
+from trainmon.collectors.ledger import MAX_EXPORTED_RUN_ENDS, RUN_END_EXPORT_SECONDS
+from trainmon.ledger import Ledger
+
+REPORTERS = ("a1b2c3d4e5f60718", "b1b2c3d4e5f60718")
+
+
+@pytest.fixture
+def clocks() -> Clocks:
+    return Clocks()
+
+
+def two_ranks(clocks: Clocks, training, ledger, run: str = "run-a") -> None:  # type: ignore[no-untyped-def]
+    """Ranks 0 and 1 of a 2-rank run, both described and stepping for 30 s."""
+    for rank, reporter in enumerate(REPORTERS):
+        send(training, description(run=run, rank=rank, reporter_id=reporter, world_size=2),
+             step(0, run=run, rank=rank, reporter_id=reporter, world_size=2))
+    ledger.tick()
+    for index in range(1, 4):
+        clocks.advance(10)
+        for rank, reporter in enumerate(REPORTERS):
+            send(training, step(index * 10, run=run, rank=rank, reporter_id=reporter,
+                                world_size=2))
+        ledger.tick()
+
+
+def say(training, rank: int, ended: str, run: str = "run-a") -> None:  # type: ignore[no-untyped-def]
+    send(training, description(run=run, rank=rank, reporter_id=REPORTERS[rank], world_size=2,
+                               ended=ended))
+
+
+@pytest.mark.parametrize(("words", "reason"), [
+    (("finished", "finished"), "finished"),
+    (("finished", "crashed"), "crashed"),
+    (("preempted", "finished"), "preempted"),
+    (("preempted", "crashed"), "crashed"),  # a crash outranks a preemption
+    (("finished", None), "lost"),  # rank 1 went silent without a word
+    (("preempted", None), "preempted"),  # said outranks silent
+    ((None, None), "lost"),
+])
+def test_the_run_ends_as_its_ranks_said(
+    clocks: Clocks, tmp_path: Path, words: tuple[str | None, str | None], reason: str,
+) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    training, ledger = make_recorder(clocks, path, flush_seconds=3600.0)()
+    ledger.start()
+    two_ranks(clocks, training, ledger)
+    for rank, word in enumerate(words):
+        if word is not None:
+            say(training, rank, word)
+    ledger.tick()
+    if None in words:
+        with Ledger.open(path) as reader:  # a silent rank may still come back
+            assert only(reader.runs()).end_reason is None
+        clocks.advance(61)  # past the training TTL: the silent rank is gone
+        ledger.tick()
+    ledger.stop()
+    with Ledger.open(path) as reader:
+        record = only(reader.runs())
+    assert (record.end_reason, record.ranks, record.world_size) == (reason, 2, 2)
+    assert record.ended is not None
+
+
+def test_ranks_that_go_on_with_another_run_without_a_word_lost_the_first(
+        clocks: Clocks, tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    training, ledger = make_recorder(clocks, path, flush_seconds=3600.0)()
+    ledger.start()
+    two_ranks(clocks, training, ledger)
+    for rank, reporter in enumerate(("c1b2c3d4e5f60718", "d1b2c3d4e5f60718")):
+        send(training, description(run="run-b", rank=rank, reporter_id=reporter, world_size=2),
+             step(0, run="run-b", rank=rank, reporter_id=reporter, world_size=2))
+    ledger.tick()
+    ledger.stop()
+    with Ledger.open(path) as reader:
+        ends = {record.run: record.end_reason for record in reader.runs()}
+    assert ends == {"run-a": "lost", "run-b": None}
+
+
+def test_each_end_is_exported_for_an_hour(clocks: Clocks, tmp_path: Path) -> None:
+    training, ledger = make_recorder(clocks, tmp_path / "ledger.sqlite3",
+                                     flush_seconds=3600.0, stall_seconds=30.0)()
+    ledger.start()
+    two_ranks(clocks, training, ledger, run="run-a")
+    say(training, 0, "crashed")
+    say(training, 1, "finished")
+    ledger.tick()
+    crashed_at = clocks.wall
+    two_ranks(clocks, training, ledger, run="run-b")
+    for _ in range(4):  # heartbeats, no steps: stalled since its last step
+        clocks.advance(10)
+        for rank, reporter in enumerate(REPORTERS):
+            send(training, step(30, run="run-b", rank=rank, reporter_id=reporter,
+                                world_size=2))
+        ledger.tick()
+    stalled_since = clocks.wall - 40
+    ends = scrape(ledger).series("trainmon_training_run_end_timestamp_seconds",
+                                 "job", "run", "reason")
+    assert ends == {("resnet50", "run-a", "crashed"): crashed_at,
+                    ("resnet50", "run-b", "stalled"): stalled_since}
+    clocks.advance(10)
+    for rank, reporter in enumerate(REPORTERS):  # steps again: no longer stalled
+        send(training, step(40, run="run-b", rank=rank, reporter_id=reporter, world_size=2))
+    ledger.tick()
+    assert scrape(ledger).series("trainmon_training_run_end_timestamp_seconds",
+                                 "job", "run", "reason") == {
+        ("resnet50", "run-a", "crashed"): crashed_at}
+    clocks.advance(RUN_END_EXPORT_SECONDS - (clocks.wall - crashed_at) + 1)
+    assert scrape(ledger).series("trainmon_training_run_end_timestamp_seconds",
+                                 "job", "run", "reason") == {}
+    ledger.stop()
+
+
+def test_at_most_the_latest_ends_are_exported(clocks: Clocks, tmp_path: Path) -> None:
+    training, ledger = make_recorder(clocks, tmp_path / "ledger.sqlite3",
+                                     flush_seconds=3600.0)()
+    ledger.start()
+    runs = [f"run-{index:02d}" for index in range(MAX_EXPORTED_RUN_ENDS + 3)]
+    for run in runs:
+        send(training, description(run=run, started=clocks.wall), step(0, run=run))
+        ledger.tick()
+        clocks.advance(10)
+        send(training, description(run=run, started=clocks.wall - 10, ended="finished"))
+        ledger.tick()
+    exported = scrape(ledger).series("trainmon_training_run_end_timestamp_seconds",
+                                     "job", "run", "reason")
+    ledger.stop()
+    assert sorted(run for _, run, _ in exported) == runs[-MAX_EXPORTED_RUN_ENDS:]
+    assert {reason for _, _, reason in exported} == {"finished"}
