@@ -210,7 +210,7 @@ class CollectorsConfig:
     network: NetworkConfig = NetworkConfig()
     infiniband: InfinibandConfig = InfinibandConfig()
     disk: DiskConfig = DiskConfig()
-    training: TrainingConfig = TrainingConfig()
+    training: TrainingConfig = field(default_factory=TrainingConfig)  # the socket: per user
     tencent: TencentConfig = field(default_factory=TencentConfig)
     attribution: AttributionConfig = field(default_factory=AttributionConfig)
     diagnosis: DiagnosisConfig = field(default_factory=DiagnosisConfig)
@@ -226,7 +226,7 @@ class Config:
     web_config_file: Path | None = None
     http: HTTPConfig = HTTPConfig()
     paths: PathsConfig = PathsConfig()
-    collectors: CollectorsConfig = CollectorsConfig()
+    collectors: CollectorsConfig = field(default_factory=CollectorsConfig)
 
 
 def load_config(path: Path | None, environ: Mapping[str, str] | None = None) -> Config:

@@ -87,6 +87,26 @@ def test_ranks_that_go_on_with_another_run_without_a_word_lost_the_first(
     assert ends == {"run-a": "lost", "run-b": None}
 
 
+def test_a_word_replaced_by_the_ranks_next_run_before_a_tick_still_counts(
+        clocks: Clocks, tmp_path: Path) -> None:
+    """Rank 1 says ``crashed`` and is relaunched into its next run before the recorder
+    reads the store: the store remembers the word, so the run is not ``finished``."""
+    path = tmp_path / "ledger.sqlite3"
+    training, ledger = make_recorder(clocks, path, flush_seconds=3600.0)()
+    ledger.start()
+    two_ranks(clocks, training, ledger)
+    say(training, 0, "finished")
+    say(training, 1, "crashed")
+    for rank, reporter in enumerate(("c1b2c3d4e5f60718", "d1b2c3d4e5f60718")):
+        send(training, description(run="run-b", rank=rank, reporter_id=reporter, world_size=2),
+             step(0, run="run-b", rank=rank, reporter_id=reporter, world_size=2))
+    ledger.tick()
+    ledger.stop()
+    with Ledger.open(path) as reader:
+        ends = {record.run: record.end_reason for record in reader.runs()}
+    assert ends == {"run-a": "crashed", "run-b": None}
+
+
 def test_each_end_is_exported_for_an_hour(clocks: Clocks, tmp_path: Path) -> None:
     training, ledger = make_recorder(clocks, tmp_path / "ledger.sqlite3",
                                      flush_seconds=3600.0, stall_seconds=30.0)()

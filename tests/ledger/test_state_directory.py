@@ -24,9 +24,11 @@ def test_the_systemd_unit_gives_the_ledger_a_state_directory() -> None:
     assert "ProtectSystem=strict" in settings  # only StateDirectory= makes /var/lib writable
     assert f"StateDirectory={DEFAULT_LEDGER_PATH.parent.name}" in settings
     assert DEFAULT_LEDGER_PATH.parent == Path("/var/lib") / DEFAULT_LEDGER_PATH.parent.name
-    assert default_ledger_path(euid=0) == DEFAULT_LEDGER_PATH
-    if os.geteuid() == 0:
-        assert LedgerConfig().file == DEFAULT_LEDGER_PATH
+    assert default_ledger_path(environ={}, euid=0) == DEFAULT_LEDGER_PATH
+    # what the unit's StateDirectory= hands the daemon, whoever it runs as
+    unit = {"STATE_DIRECTORY": str(DEFAULT_LEDGER_PATH.parent)}
+    assert default_ledger_path(environ=unit, euid=12345) == DEFAULT_LEDGER_PATH
+    assert LedgerConfig().file == default_ledger_path()
 
 
 def test_the_daemonset_keeps_the_ledger_on_the_node_writable_by_the_daemon() -> None:

@@ -82,6 +82,18 @@ def spawned_child() -> dict[str, Any]:
     return {"multiprocessing": SimpleNamespace(parent_process=lambda: object())}
 
 
+@pytest.mark.parametrize(("modules", "pending"), [
+    ({}, False),  # threads simulating ranks, a launcher of the program's own
+    (spawned_child(), True),
+    ({"torch.distributed": fake_distributed(1, 4, None)}, True),
+])
+def test_a_world_size_given_only_as_an_argument_is_no_sign(
+        modules: dict[str, Any], pending: bool) -> None:
+    waiting = agreement({}, modules, rank=1, world_size=4)
+    assert waiting.pending is pending
+    assert (waiting.settlement.rank, waiting.settlement.world_size) == (1, 4)
+
+
 @pytest.mark.parametrize(
     ("environ", "modules", "run_agreed", "pending"),
     [

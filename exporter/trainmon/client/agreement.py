@@ -15,7 +15,9 @@ rank, local rank and world size:
 - **At once** when nothing is left to agree (a launcher id, and a rank and
   world size named by the caller or the environment), when the world size
   named is 1, and when the process shows no sign of belonging to a
-  distributed job: no world size named, none of ``DISTRIBUTED_VARIABLES``
+  distributed job: no world size named by the environment (one given only
+  as ``Reporter(world_size=…)`` is no sign: threads simulating ranks, a
+  launcher of the program's own), none of ``DISTRIBUTED_VARIABLES``
   set, not a ``multiprocessing`` child (``multiprocessing.parent_process()``),
   no initialised ``torch.distributed``. Importing ``torch`` imports
   ``torch.distributed``, so that it is imported is no sign. A single process
@@ -61,7 +63,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from trainmon.client.identity import NamedIdentity, RankIdentity
+from trainmon.client.identity import NamedIdentity, RankIdentity, named_identity
 from trainmon.training.protocol import sanitize_run_id
 
 log = logging.getLogger(__name__)
@@ -90,9 +92,15 @@ def may_be_distributed(
     world_size: int,
     modules: Mapping[str, Any],
 ) -> bool:
-    """Whether a process with this environment may be one rank of several."""
-    if named.world_size:
-        return world_size > 1
+    """Whether a process with this environment may be one rank of several that a
+    ``torch.distributed`` group will join: a launcher's variables, a
+    ``multiprocessing`` child, or an initialised group. A world size given only
+    as an argument is not a sign (threads simulating ranks, a launcher of the
+    program's own): such a reporter settles at once."""
+    if named.world_size and world_size <= 1:
+        return False  # a job of one rank, however it was named
+    if named_identity(environ).world_size:
+        return True  # the launcher's environment names a world of several
     if any(name in environ for name in DISTRIBUTED_VARIABLES):
         return True
     multiprocessing = modules.get("multiprocessing")

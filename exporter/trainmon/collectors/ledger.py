@@ -262,8 +262,12 @@ class LedgerCollector(Collector):
             self._take_verdicts()
             updates = []
             for key, run in list(self._runs.items()):
-                if snapshot.ended_runs.get(key) == run.owner:
-                    run.announced = True  # even if the rank's next run replaced the line
+                ended = snapshot.ended_runs.get(key)
+                if ended is not None and ended.owner == run.owner:
+                    # even if the rank's next run replaced the line: its word stays
+                    run.announced = True
+                    for rank, reason in ended.said.items():
+                        run.said.setdefault(rank, reason)
                 self._decide_end(run, live.get(key, []), snapshot, wall)
                 self._describe(run, snapshot.descriptions, snapshot.ranks)
                 record = run.record(self._node, wall, self._config)

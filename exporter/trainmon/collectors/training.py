@@ -327,7 +327,8 @@ def _run_end(view: RankView, snapshot: TrainingStoreView) -> float | None:
     described = snapshot.descriptions.get((view.job, view.rank))
     if described is not None and view.run in (None, described.description.run):
         return described.received if described.description.ended is not None else None
-    if view.run is not None and snapshot.ended_runs.get((view.job, view.run)) == view.owner:
+    ended = None if view.run is None else snapshot.ended_runs.get((view.job, view.run))
+    if ended is not None and ended.owner == view.owner:
         return view.last_report_time
     return None
 

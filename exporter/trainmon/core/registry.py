@@ -23,9 +23,16 @@ Two kinds of collectors, split by their order:
 
 ``start()`` evaluates once before it returns (so ``/healthz`` and the first
 scrape tell the truth), then starts the loop; ``stop()`` ends the loop before
-it stops the collectors. One lock serialises scrapes and evaluations:
-collectors keep state between collections (counter wrap tracking, the
-diagnosis' window), and two concurrent full reads of ``/proc`` buy nothing.
+it stops the collectors. One lock serialises the sources' collections, by
+scrapes and by evaluations: collectors keep state between collections
+(counter wrap tracking), and two concurrent full reads of ``/proc`` buy
+nothing. The derived part of an evaluation (the rules, the ledger's
+bookkeeping) runs under a second lock, outside the first, so a scrape waits at
+most for a source collection, never for the rules; it reads the families of
+the latest complete evaluation (one reference, swapped when an evaluation ends).
+
+A collector's ``health()`` may add a ``state`` of its own (the ledger's
+``degraded``); the more severe of it and the registry's wins (``HEALTH_SEVERITY``).
 
 prometheus_client's own registry has no such isolation: one exception there
 turns the whole scrape into an HTTP 500.
@@ -57,6 +64,11 @@ class CollectorState:
     error: str | None = None
     duration_seconds: float = 0.0
     last_success_timestamp: float | None = None
+
+
+#: ``/healthz`` states from the least to the most severe; of the registry's and a
+#: collector's own, the more severe is reported.
+HEALTH_SEVERITY = ("ok", "pending", "degraded", "unavailable", "failed")
 
 
 class CollectorRegistry:
@@ -94,10 +106,11 @@ class CollectorRegistry:
         self._states = {name: CollectorState() for name in names}
         # A failing collector logs its error once per 5 minutes, and at once when it changes.
         self._errors_logged = LogThrottle(clock=clock)
-        # Scrapes and evaluations are serialised: collectors keep state between
-        # collections (counter wrap tracking, the diagnosis' window) and two
-        # concurrent full reads of /proc buy nothing.
+        # The sources' collections are serialised (scrapes and evaluations): they keep
+        # state between collections (counter wrap tracking) and two concurrent full
+        # reads of /proc buy nothing. The derived collectors have their own lock.
         self._lock = threading.Lock()
+        self._derived_lock = threading.Lock()
 
     def start(self) -> None:
         """Start every collector's background work, evaluate once so that
@@ -137,16 +150,19 @@ class CollectorRegistry:
 
     def _evaluate(self, collectors: Sequence[Collector]) -> None:
         included = {id(collector) for collector in collectors}
-        with self._lock:
+        with self._derived_lock:
             families: list[Metric] = []
-            for collector in self._sources:
-                if id(collector) in included:
-                    families.extend(self._collect_one(collector, families))
+            with self._lock:
+                for collector in self._sources:
+                    if id(collector) in included:
+                        families.extend(self._collect_one(collector, families))
+            evaluated = dict(self._evaluated)
             for collector in self._derived:
                 if id(collector) in included:
                     produced = self._collect_one(collector, families)
-                    self._evaluated[collector.name] = produced
+                    evaluated[collector.name] = produced
                     families.extend(produced)
+            self._evaluated = evaluated  # scrapes see whole evaluations only
 
     def _evaluate_every_interval(self) -> None:
         interval = self.evaluation_seconds
@@ -162,6 +178,7 @@ class CollectorRegistry:
         """The sources' families, collected now, the derived collectors' families
         of the latest evaluation, then the self-metrics."""
         derived = {id(collector) for collector in self._derived}
+        evaluated = self._evaluated
         with self._lock:
             families: list[Metric] = []
             success = GaugeMetricFamily(
@@ -185,7 +202,7 @@ class CollectorRegistry:
             )
             for collector in self._collectors:
                 if id(collector) in derived:
-                    families.extend(self._evaluated.get(collector.name, ()))
+                    families.extend(evaluated.get(collector.name, ()))
                 else:
                     families.extend(self._collect_one(collector, families))
                 state = self._states[collector.name]
@@ -217,9 +234,13 @@ class CollectorRegistry:
                 if state.error is not None:
                     entry["error"] = state.error
                 try:
-                    entry.update(collector.health())
+                    own = dict(collector.health())
                 except Exception as error:
                     entry["health_error"] = _describe(error)
+                else:
+                    if _severity(own.get("state")) < _severity(state.state):
+                        own.pop("state", None)
+                    entry.update(own)
                 report[collector.name] = entry
             return {"mode": self._mode, "version": __version__, "collectors": report}
 
@@ -252,6 +273,11 @@ class CollectorRegistry:
         if self._errors_logged.allow(name, (state, error)):
             level = logging.INFO if state == "unavailable" else logging.ERROR
             log.log(level, "collector %s %s: %s", name, state, error)
+
+
+def _severity(state: object) -> int:
+    """Rank of a ``/healthz`` state in ``HEALTH_SEVERITY`` (-1: none or unknown)."""
+    return HEALTH_SEVERITY.index(state) if state in HEALTH_SEVERITY else -1
 
 
 def _describe(error: BaseException) -> str:

@@ -271,6 +271,16 @@ class DescribedRank:
 
 
 @dataclass(frozen=True)
+class EndedRun:
+    """A run that a description said ended, remembered for the TTL."""
+
+    #: The writer identity that owned the job when it ended.
+    owner: str
+    #: rank -> how its description said the run ended (``RUN_END_REASONS``).
+    said: Mapping[int, str]
+
+
+@dataclass(frozen=True)
 class TrainingStoreView:
     """A consistent copy of the whole store: every rank, and the intake counters
     (reports accepted per transport, rejected per reason, ranks evicted per reason)."""
@@ -281,9 +291,10 @@ class TrainingStoreView:
     evicted: Mapping[str, int]
     #: Latest run description per (job, rank), for ranks that sent one.
     descriptions: Mapping[tuple[str, int], DescribedRank] = field(default_factory=dict)
-    #: (job, run) -> owner of every run a description said ended within the TTL,
-    #: also when the rank's next run has replaced that description since.
-    ended_runs: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    #: (job, run) -> every run a description said ended within the TTL, with its
+    #: owner and each rank's word, also when the rank's next run has replaced that
+    #: description since.
+    ended_runs: Mapping[tuple[str, str], EndedRun] = field(default_factory=dict)
 
 
 @dataclass
@@ -340,7 +351,7 @@ class TrainingStore:
         self._evicted = dict.fromkeys(EVICTION_REASONS, 0)
         self._next_expiry = float("-inf")
         # (job, run) -> (owner, monotonic time) of runs announced ended, least recent first.
-        self._ended: OrderedDict[tuple[str, str], tuple[str, float]] = OrderedDict()
+        self._ended: OrderedDict[tuple[str, str], tuple[EndedRun, float]] = OrderedDict()
 
     def describe(
         self,
@@ -366,8 +377,10 @@ class TrainingStore:
                 # Remembered beyond the description itself: a rank's next run may
                 # replace it before the ledger's recorder has read it.
                 key = (description.job, description.run)
-                self._ended.pop(key, None)
-                self._ended[key] = (job.owner, now)
+                known = self._ended.pop(key, None)
+                said = dict(known[0].said) if known and known[0].owner == job.owner else {}
+                said[description.rank] = description.ended
+                self._ended[key] = (EndedRun(job.owner, said), now)
                 while len(self._ended) > MAX_ENDED_RUNS:
                     self._ended.popitem(last=False)
             self._jobs.move_to_end(description.job)
@@ -441,7 +454,7 @@ class TrainingStore:
             }
             return TrainingStoreView(
                 views, dict(self._accepted), dict(self._rejected), dict(self._evicted),
-                descriptions, {key: owner for key, (owner, _) in self._ended.items()},
+                descriptions, {key: ended for key, (ended, _) in self._ended.items()},
             )
 
     def counts(self) -> dict[str, int]:
