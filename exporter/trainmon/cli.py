@@ -614,8 +614,8 @@ def _start_demo_jobs(
     """The demo's two simulated jobs report through the real client to our receiver;
     the log says how to read their runs. The stop function returns once the receiver
     has the ranks' last run descriptions (at most ``DEMO_DELIVERY_SECONDS``), so that
-    the ledger's last flush, which comes before the receiver stops, records the runs
-    as finished."""
+    the ledger's last flush (after the receiver's last drain) records the runs as
+    finished."""
     import shlex
     import time
 

@@ -126,3 +126,30 @@ def test_without_a_derived_collector_there_is_no_loop() -> None:
     finally:
         registry.stop()
     assert plain.evaluations == 3  # the start, then each scrape
+
+
+class Stopping(Collector):
+    """Notes in ``order`` when it is stopped."""
+
+    def __init__(self, name: str, order: list[str], evaluation_seconds: float | None = None
+                 ) -> None:
+        self.name = name
+        self.evaluation_seconds = evaluation_seconds
+        self._order = order
+
+    def collect(self) -> Iterable[Metric]:
+        return []
+
+    def stop(self) -> None:
+        self._order.append(self.name)
+
+
+def test_sources_stop_before_the_derived_collectors() -> None:
+    """The training receiver takes in its last reports before the ledger's last flush."""
+    order: list[str] = []
+    registry = CollectorRegistry([
+        Stopping("gpu", order), Stopping("training", order),
+        Stopping("diagnosis", order, evaluation_seconds=3600.0), Stopping("ledger", order)])
+    registry.start()
+    registry.stop()
+    assert order == ["training", "gpu", "ledger", "diagnosis"]

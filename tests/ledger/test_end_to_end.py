@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import yaml
+
 from tests.support.daemon import Daemon
 from tests.support.exposition import parse
 from trainmon.collectors.ledger import changed_keys
@@ -113,3 +115,36 @@ def test_two_runs_one_change(start_daemon: Callable[..., Daemon], tmp_path: Path
     assert SECRET not in daemon.log()
     assert a.description["config"]["hf_token"] == "<redacted>"  # type: ignore[index]
     assert a.description["environment"]["TORCH_AUTH_TOKEN"] == "<redacted>"  # type: ignore[index]
+
+
+def test_a_run_that_ends_just_before_the_daemon_stops_is_recorded_finished(
+        start_daemon: Callable[..., Daemon], tmp_path: Path) -> None:
+    """The reporter's last payload (final totals, then "ended") is still in the socket's
+    queue or the store when SIGTERM arrives: the receiver's last drain and the ledger's
+    last flush, in that order, record the run finished with every step."""
+    path = tmp_path / "ledger.sqlite3"
+    daemon = start_daemon(config={"collectors": {
+        "ledger": {"path": str(path), "flush_seconds": 3600.0},  # only the last flush
+        "gpu": {"enabled": False}}})
+    socket_path = yaml_socket(daemon)
+    finished = subprocess.run(
+        [sys.executable, "-c", """
+import sys
+from trainmon.client import Reporter
+with Reporter("e2e", endpoint=sys.argv[1], run="late", interval_seconds=3600) as reporter:
+    for _ in range(25):
+        reporter.step(samples=4)
+""", f"unix://{socket_path}"], env={**os.environ}, timeout=60, check=False)
+    assert finished.returncode == 0
+    assert daemon.stop() == 0
+    with Ledger.open(path) as ledger:
+        [record] = ledger.get("late")
+    assert (record.end_reason, record.summary["steps"], record.summary["samples"]) == (
+        "finished", 25, 100)
+
+
+def yaml_socket(daemon: Daemon) -> str:
+    """The training socket a ``start_daemon`` daemon was configured with."""
+    assert daemon.config_path is not None
+    settings = yaml.safe_load(daemon.config_path.read_text())
+    return str(settings["collectors"]["training"]["socket"])

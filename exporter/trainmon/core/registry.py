@@ -22,8 +22,9 @@ Two kinds of collectors, split by their order:
   state are those of that evaluation (``pending`` before the first).
 
 ``start()`` evaluates once before it returns (so ``/healthz`` and the first
-scrape tell the truth), then starts the loop; ``stop()`` ends the loop before
-it stops the collectors. One lock serialises the sources' collections, by
+scrape tell the truth), then starts the loop; ``stop()`` ends the loop, then
+stops the sources, then the derived collectors (the ledger's last flush sees
+the last reports the training receiver took in). One lock serialises the sources' collections, by
 scrapes and by evaluations: collectors keep state between collections
 (counter wrap tracking), and two concurrent full reads of ``/proc`` buy
 nothing. The derived part of an evaluation (the rules, the ledger's
@@ -134,9 +135,11 @@ class CollectorRegistry:
             self._evaluation.start()
 
     def stop(self) -> None:
-        """End the evaluation loop, then every collector's background work."""
+        """End the evaluation loop, then the sources' background work (the training
+        receiver takes in what is still queued), then the derived collectors' (the
+        ledger's last flush then holds the runs that ended just before the stop)."""
         self._evaluation.stop()
-        for collector in reversed(self._collectors):
+        for collector in [*reversed(self._sources), *reversed(self._derived)]:
             try:
                 collector.stop()
             except Exception:

@@ -328,8 +328,11 @@ class SocketReceiver:
         assert sock is not None
         poller = select.poll()
         poller.register(sock, select.POLLIN)
-        while not self._thread.stopping.is_set():
-            if not poller.poll(POLL_SECONDS * 1000):
+        while True:
+            # On stop, one last drain: the final reports of runs that ended just
+            # before the daemon stopped reach the store (and the ledger's last flush).
+            stopping = self._thread.stopping.is_set()
+            if not stopping and not poller.poll(POLL_SECONDS * 1000):
                 continue
             batch: list[tuple[bytes, list[tuple[int, int, bytes]], int, object]] = []
             try:
@@ -340,12 +343,10 @@ class SocketReceiver:
             except BlockingIOError:
                 pass
             except OSError as error:
-                if self._thread.stopping.is_set():
+                if stopping:
                     return
                 log.error("training socket receive failed: %s", error)
                 continue
-            if self._thread.stopping.is_set():
-                return
             for data, ancillary, flags, _ in batch:
                 pid, uid = sender_credentials(ancillary)
                 if flags & socket.MSG_TRUNC:
@@ -355,6 +356,8 @@ class SocketReceiver:
                 elif data:  # an empty datagram is a wake-up (``_wake``), not a report
                     ingest_payload(self._store, data, "unix", self._max_label_length,
                                    pid, uid_writer(uid), self._refusals)
+            if stopping:
+                return
 
 
 def sender_credentials(
