@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -15,10 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.daemon import Daemon, free_port, trainmon_command
+from tests.support.daemon import Daemon, free_port, trainmon_command, wait_for_run
 from trainmon.client import Reporter
-
-RUN_VISIBLE_TIMEOUT_SECONDS = 30.0
 
 
 def command(args: list[str], env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
@@ -40,15 +37,6 @@ def config_file(tmp_path: Path, name: str, settings: Mapping[str, Any]) -> Path:
     return path
 
 
-def wait_for_run(daemon: Daemon, job: str) -> None:
-    """Until the daemon's ledger holds a run of ``job`` (it writes every flush)."""
-    deadline = time.monotonic() + RUN_VISIBLE_TIMEOUT_SECONDS
-    while time.monotonic() < deadline:
-        status, body = daemon.get("/api/v1/runs")
-        if status == 200 and any(record["job"] == job for record in json.loads(body)):
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"no run of {job} in the ledger:\n{daemon.log()}")
 
 
 def test_doctor_reads_the_daemon_at_the_configured_listen_address(

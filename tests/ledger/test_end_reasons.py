@@ -71,19 +71,25 @@ def test_the_run_ends_as_its_ranks_said(
     assert record.ended is not None
 
 
-def test_ranks_that_go_on_with_another_run_without_a_word_lost_the_first(
-        clocks: Clocks, tmp_path: Path) -> None:
-    path = tmp_path / "ledger.sqlite3"
-    training, ledger = make_recorder(clocks, path, flush_seconds=3600.0)()
-    ledger.start()
-    two_ranks(clocks, training, ledger)
+def relaunched(training, ledger, path: Path) -> dict[str, str | None]:  # type: ignore[no-untyped-def]
+    """Both ranks relaunched into ``run-b`` (new reporters) before the next tick; the end
+    reason of every run recorded then."""
     for rank, reporter in enumerate(("c1b2c3d4e5f60718", "d1b2c3d4e5f60718")):
         send(training, description(run="run-b", rank=rank, reporter_id=reporter, world_size=2),
              step(0, run="run-b", rank=rank, reporter_id=reporter, world_size=2))
     ledger.tick()
     ledger.stop()
     with Ledger.open(path) as reader:
-        ends = {record.run: record.end_reason for record in reader.runs()}
+        return {record.run: record.end_reason for record in reader.runs()}
+
+
+def test_ranks_that_go_on_with_another_run_without_a_word_lost_the_first(
+        clocks: Clocks, tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    training, ledger = make_recorder(clocks, path, flush_seconds=3600.0)()
+    ledger.start()
+    two_ranks(clocks, training, ledger)
+    ends = relaunched(training, ledger, path)
     assert ends == {"run-a": "lost", "run-b": None}
 
 
@@ -97,13 +103,7 @@ def test_a_word_replaced_by_the_ranks_next_run_before_a_tick_still_counts(
     two_ranks(clocks, training, ledger)
     say(training, 0, "finished")
     say(training, 1, "crashed")
-    for rank, reporter in enumerate(("c1b2c3d4e5f60718", "d1b2c3d4e5f60718")):
-        send(training, description(run="run-b", rank=rank, reporter_id=reporter, world_size=2),
-             step(0, run="run-b", rank=rank, reporter_id=reporter, world_size=2))
-    ledger.tick()
-    ledger.stop()
-    with Ledger.open(path) as reader:
-        ends = {record.run: record.end_reason for record in reader.runs()}
+    ends = relaunched(training, ledger, path)
     assert ends == {"run-a": "crashed", "run-b": None}
 
 

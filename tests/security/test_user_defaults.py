@@ -15,7 +15,6 @@ import stat
 import subprocess
 import sys
 import sysconfig
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import yaml
 
 import trainmon
 from tests.security.conftest import LocalUser
-from tests.support.daemon import Daemon, free_port, wait_ready
+from tests.support.daemon import Daemon, free_port, wait_for_run, wait_ready
 from trainmon.paths import SYSTEM_RUNTIME_DIRECTORY, SYSTEM_STATE_DIRECTORY, socket_listening
 
 #: Where this suite's third-party packages and the trainmon package are.
@@ -38,7 +37,6 @@ TRAINING = ("import sys; sys.path[:0] = [sys.argv[1]]; from trainmon.client impo
             "with Reporter(job=sys.argv[2]) as reporter:\n"
             "    [reporter.step(samples=8) for _ in range(20)]\n"
             "print(reporter.endpoint)\n")
-RUN_VISIBLE_TIMEOUT_SECONDS = 30.0
 
 
 def reachable_by_everyone(path: Path) -> bool:
@@ -117,14 +115,6 @@ def serve_as(python: str, user: LocalUser | None, folder: Path,
     return daemon
 
 
-def wait_for_run(daemon: Daemon, job: str) -> None:
-    deadline = time.monotonic() + RUN_VISIBLE_TIMEOUT_SECONDS
-    while time.monotonic() < deadline:
-        status, body = daemon.get("/api/v1/runs")
-        if status == 200 and any(record["job"] == job for record in json.loads(body)):
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"no run of {job} in the ledger:\n{daemon.log()}")
 
 
 def private_folder(path: Path, user: LocalUser) -> Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
@@ -14,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 READY_TIMEOUT_SECONDS = 30.0
+#: Longest wait for a run to show in a daemon's ledger (it writes every flush).
+RUN_VISIBLE_TIMEOUT_SECONDS = 30.0
 
 
 def free_port() -> int:
@@ -84,3 +87,14 @@ def wait_ready(daemon: Daemon, timeout: float = READY_TIMEOUT_SECONDS) -> None:
             pass
         time.sleep(0.1)
     raise AssertionError(f"trainmon did not become ready in {timeout}s:\n{daemon.log()}")
+
+
+def wait_for_run(daemon: Daemon, job: str, timeout: float = RUN_VISIBLE_TIMEOUT_SECONDS) -> None:
+    """Until the daemon's ledger (``GET /api/v1/runs``) holds a run of ``job``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status, body = daemon.get("/api/v1/runs")
+        if status == 200 and any(record["job"] == job for record in json.loads(body)):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"no run of {job} in the ledger:\n{daemon.log()}")
