@@ -14,7 +14,9 @@ panel (``dashboards/*.py``) uses is defined here and read by all of them:
 ``tests/alerts/test_contract_thresholds.py`` parses the generated rule files,
 PrometheusRules and dashboard JSON and fails where a number differs from
 this module. Ratios are 0-1 unless a name says otherwise. No imports, so that
-the training-side client and the generators can read it anywhere.
+the training-side client and the generators can read it anywhere. "tuning
+article §N" below is a section of the article the project grew from
+(README.md, "The tuning article").
 """
 
 from __future__ import annotations
@@ -129,7 +131,7 @@ GPU_MEMORY_HEADROOM_RATIO = 0.05
 #: panels draw the same lines.
 GPU_BUSY_UTILIZATION_RATIO = 0.8
 
-#: Platform signals, NCCL transport (article §2.2: "look at the NCCL log: IB or
+#: Platform signals, NCCL transport (tuning article §2.2: "look at the NCCL log: IB or
 #: Socket"). A multi-node job whose ranks wait at least this share (0-1) of each
 #: step for communication (the ``COMM_RATIO`` measure: measured exposed
 #: communication, else the comm phase, of the rank that waits least) moves enough
@@ -152,7 +154,7 @@ RDMA_IDLE_BYTES_PER_SECOND = 10e6
 #: gradients over TCP push through a 10-100 Gbit/s cloud NIC.
 SOCKET_BUSY_BYTES_PER_SECOND = 100e6
 
-#: Checkpoint safety (article §4.1, §6.2): on a spot instance, a job whose last
+#: Checkpoint safety (tuning article §4.1, §6.2): on a spot instance, a job whose last
 #: checkpoint (``trainmon_training_last_checkpoint_timestamp_seconds``) is older
 #: than this many seconds loses that much work when the instance is reclaimed
 #: (diagnosis finding ``checkpoint_overdue``, critical while a reclaim is
@@ -160,7 +162,7 @@ SOCKET_BUSY_BYTES_PER_SECOND = 100e6
 #: checkpoint interval of large jobs and what a spot reclaim may cost at most.
 CHECKPOINT_MAX_AGE_SECONDS = 1800.0
 
-#: NUMA binding (article §4.3): a GPU process with less than this share (0-1) of
+#: NUMA binding (tuning article §4.3): a GPU process with less than this share (0-1) of
 #: its allowed CPUs on its GPU's NUMA node
 #: (``trainmon_gpu_process_numa_local_ratio``) runs mostly on the far socket:
 #: host-to-device copies and the NIC cross the inter-socket link (diagnosis
@@ -168,7 +170,7 @@ CHECKPOINT_MAX_AGE_SECONDS = 1800.0
 #: most of the process's threads are remote.
 NUMA_LOCAL_RATIO_MIN = 0.5
 
-#: Spot reclaim (article §4.1, §6.2): seconds of notice Tencent Cloud gives
+#: Spot reclaim (tuning article §4.1, §6.2): seconds of notice Tencent Cloud gives
 #: before it reclaims a spot instance ("Two minutes before the interruption, we
 #: will notify you in the form of metadata",
 #: https://intl.cloud.tencent.com/document/product/213/17817). The platform
@@ -177,7 +179,7 @@ NUMA_LOCAL_RATIO_MIN = 0.5
 #: ``TrainmonSpotReclaimScheduled`` and the dashboards can count down from it.
 SPOT_RECLAIM_NOTICE_SECONDS = 120.0
 
-#: Run ledger (article §6.3: "compare with history when training got slower"):
+#: Run ledger (tuning article §6.3: "compare with history when training got slower"):
 #: a run whose samples per second per rank are more than this share (0-1) below
 #: the best earlier run of the same job and ``config_hash`` has regressed. The
 #: alert ``TrainmonThroughputRegression`` (recording rule
@@ -195,7 +197,7 @@ THROUGHPUT_REGRESSION_RATIO = 0.2
 #: previous run's samples out of the rate window) before they compare it.
 THROUGHPUT_REGRESSION_WINDOW = "15m"
 
-#: Run ledger (article §6.3): a run whose ranks still report but have not
+#: Run ledger (tuning article §6.3): a run whose ranks still report but have not
 #: completed a step for this many seconds is recorded with end reason
 #: ``stalled`` (``collectors.ledger.stall_seconds``); it becomes a running run
 #: again when steps resume. Ten minutes outlasts a long checkpoint save or an

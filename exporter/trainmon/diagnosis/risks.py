@@ -10,7 +10,7 @@ where the alert rules read them too:
 
 - ``spot_reclaim`` (scheduling, critical): ``trainmon_node_spot_termination_timestamp_seconds``
   is present — the spot instance is reclaimed at that time; every job on the
-  node gets it, naming the seconds left and the jobs (article §4.1: a spot
+  node gets it, naming the seconds left and the jobs (tuning article §4.1: a spot
   instance may be reclaimed, so checkpoint and resume elsewhere);
 - ``checkpoint_overdue`` (storage): on a spot instance the job's last
   checkpoint is older than ``checkpoint_max_age_seconds`` — warning, critical
@@ -20,24 +20,24 @@ where the alert rules read them too:
   same: the text says "reported");
 - ``checkpoint_local_disk`` (storage, warning): on a cloud instance
   (``provider`` not ``self-hosted``) the job's checkpoints land on storage lost
-  with the instance, ``local_disk`` or ``ephemeral`` (article §6.2:
+  with the instance, ``local_disk`` or ``ephemeral`` (tuning article §6.2:
   checkpoint 一定不要只写在本地临时盘);
 - ``numa_far`` (scheduling, warning): a process of the job has less than
   ``numa_local_ratio_min`` of its allowed CPUs on its GPU's NUMA node. Only
   where the topology is known: a GPU whose ``numa_node`` is -1 (virtualised
-  hosts) or a process without a ratio never gives a mismatch (article §4.3);
+  hosts) or a process without a ratio never gives a mismatch (tuning article §4.3);
 - ``nccl_over_sockets`` (communication, warning): a multi-node job (its world
   size above its ranks on this node) waits at least
   ``nccl_socket_min_comm_ratio`` of each step for communication while every
   ACTIVE RDMA port moves less than ``rdma_idle_bytes_per_second`` and an
   Ethernet NIC at least ``socket_busy_bytes_per_second`` (receive + transmit):
-  NCCL fell back to TCP sockets (article §2.2: the NCCL log shows IB or Socket).
+  NCCL fell back to TCP sockets (tuning article §2.2: the NCCL log shows IB or Socket).
 
 Beside them the storage findings name the dataset's network filesystem: when
 ``data_wait`` or ``sawtooth_data_wait`` fires and an NFS/CFS mount reads, the
 busiest one (by read bytes per second) is added to the first one's values
 (``with_storage_source``), and the advice turns to warming the dataset onto
-local NVMe (article §3.2).
+local NVMe (tuning article §3.2).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Tencent CFS, like most cloud file storage, is NFS v3 or v4 underneath, so the
 kernel's NFS client counters are where a data loader's waits on shared
-storage show up (the article's §2.3 and §6.2): how many bytes crossed the
+storage show up (the tuning article's §2.3 and §6.2): how many bytes crossed the
 wire and how long each kind of request took.
 
 Which file. ``<proc>/1/mountstats`` lists the mounts of pid 1's mount

@@ -2,7 +2,7 @@
 
 The daemon's recorder (``trainmon.ledger``) writes one record per run and node;
 this package reads them back and says in words what changed between two runs
-and how their throughput moved (article §6.3: change one variable at a time,
+and how their throughput moved (tuning article §6.3: change one variable at a time,
 write everything down, compare with history when "training got slower").
 
 - ``view``: ``RunView``, one run as the commands show it, merged over the nodes
