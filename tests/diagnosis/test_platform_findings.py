@@ -320,7 +320,7 @@ def test_a_process_on_the_far_socket_gets_numactl_advice() -> None:
     far = finding(report, "numa_far")
     assert (far["severity"], far["values"]["pids"], far["values"]["node"]) == (
         "warning", "101", 1)
-    assert "101 (GPU 1, node 1, 0%)" in str(far["message"])
+    assert "101 (GPU 1, NUMA 1, 0%)" in str(far["message"])
     assert "numactl --cpunodebind=1 --membind=1" in str(job(report)["advice"])
     processes = {(p["pid"], p["status"], p["job"]) for p in report["numa"]["processes"]}
     assert processes == {("100", "local", "llm"), ("101", "far", "llm")}

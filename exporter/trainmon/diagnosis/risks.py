@@ -118,8 +118,9 @@ def numa_findings(processes: Collection[tuple[str, str]], node: NodeMeasurements
         return []
     far.sort(key=lambda item: item[0].local_ratio)
     return [Finding("scheduling", "numa_far", {
+        # no words, so the same text stands in the en and zh messages
         "processes": ", ".join(
-            f"{p.pid} (GPU {p.gpu}, node {n}, {p.local_ratio:.0%})" for p, n in far),
+            f"{p.pid} (GPU {p.gpu}, NUMA {n}, {p.local_ratio:.0%})" for p, n in far),
         "pids": ",".join(p.pid for p, _ in far),
         "gpu": far[0][0].gpu,
         "node": float(far[0][1]),
