@@ -56,8 +56,6 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_CONFIG = 2
 LOG_LEVELS = ("debug", "info", "warning", "error")
-#: How long a stopping demo waits for its ranks' last reports to be received.
-DEMO_DELIVERY_SECONDS = 2.0
 
 
 Section = TypeVar("Section")
@@ -612,17 +610,16 @@ def _start_demo_jobs(
     collectors: Sequence[Collector], port: int, config: Config
 ) -> Callable[[], None] | None:
     """The demo's two simulated jobs report through the real client to our receiver;
-    the log says how to read their runs. The stop function returns once the receiver
-    has the ranks' last run descriptions (at most ``DEMO_DELIVERY_SECONDS``), so that
-    the ledger's last flush (after the receiver's last drain) records the runs as
-    finished."""
+    the log says how to read their runs. Their last reports, sent when the stop
+    function returns, reach the ledger's last flush through the receiver's last drain
+    (``CollectorRegistry.stop``), so the runs are recorded finished."""
     import shlex
     import time
 
     from trainmon.collectors.ledger import LedgerCollector
     from trainmon.collectors.training import TrainingCollector
     from trainmon.demo.history import EARLIER_RUNS
-    from trainmon.demo.jobs import DEMO_JOBS, RANKS_PER_JOB, run_id, start_demo_jobs
+    from trainmon.demo.jobs import DEMO_JOBS, run_id, start_demo_jobs
 
     training = next((c for c in collectors if isinstance(c, TrainingCollector)), None)
     if training is None:
@@ -640,21 +637,7 @@ def _start_demo_jobs(
                      "(its samples/s from %g s on)", earlier.job.name, earlier.run,
                      runs[earlier.job.name], ledger, 2 * config.collectors.ledger.flush_seconds)
 
-    def ended() -> bool:
-        descriptions = training.store.snapshot().descriptions
-        return all(
-            sum(1 for (job, _), kept in descriptions.items() if job == name
-                and kept.description.run == run and kept.description.ended is not None)
-            == RANKS_PER_JOB
-            for name, run in runs.items())
-
-    def stop() -> None:
-        stop_jobs()
-        deadline = time.monotonic() + DEMO_DELIVERY_SECONDS
-        while not ended() and time.monotonic() < deadline:
-            time.sleep(0.02)
-
-    return stop
+    return stop_jobs
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import socket
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
@@ -25,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import processes
 from tests.support.daemon import Daemon, free_port
 from tests.support.prometheus import wait_until
 from tests.training.agreement_job import JOB
@@ -280,20 +280,8 @@ def clean_environment(**variables: str) -> dict[str, str]:
 
 
 def run_all(commands: list[tuple[list[str], dict[str, str]]]) -> None:
-    """Run every (command, environment) at once from the repository; all must succeed."""
-    processes = [subprocess.Popen(command, env=environ, cwd=REPO, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT) for command, environ in commands]
-    outputs = []
-    try:
-        for process in processes:
-            output, _ = process.communicate(timeout=JOB_TIMEOUT_SECONDS)
-            outputs.append(output.decode(errors="replace"))
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-    for process, output in zip(processes, outputs, strict=True):
-        assert process.returncode == 0, output[-4000:]
+    """Run every (command, environment) at once; all must succeed and agree."""
+    for output in processes.run_all(commands, JOB_TIMEOUT_SECONDS):
         assert "did not agree" not in output, output[-4000:]
 
 

@@ -15,7 +15,6 @@ import logging
 import math
 import os
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -26,10 +25,10 @@ from typing import Any
 
 import pytest
 
+from tests.support.processes import run_all
 from trainmon.client import Reporter
 from trainmon.training.protocol import StepReport, parse, parse_report
 
-REPO = Path(__file__).resolve().parents[2]
 JOB_TIMEOUT_SECONDS = 150
 
 
@@ -98,7 +97,7 @@ def run_job(sink: ReportSink, job: str, mode: str, *args: str, world_size: int =
     """Run ``dist_job`` as ``world_size`` ranks, the way torchrun starts them."""
     port = free_port()
     results = Path(sink.path).parent
-    processes = []
+    commands: list[tuple[list[str], dict[str, str]]] = []
     for rank in range(world_size):
         env = dict(
             os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
@@ -108,20 +107,8 @@ def run_job(sink: ReportSink, job: str, mode: str, *args: str, world_size: int =
         )
         command = [sys.executable, "-m", "tests.training.dist_job", mode, *args,
                    "--result", str(results / f"{rank}.json"), "--output", str(results / "out")]
-        processes.append(subprocess.Popen(
-            command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        ))
-    outputs = []
-    try:
-        for process in processes:
-            output, _ = process.communicate(timeout=JOB_TIMEOUT_SECONDS)
-            outputs.append(output.decode(errors="replace"))
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-    for process, output in zip(processes, outputs, strict=True):
-        assert process.returncode == 0, output[-4000:]
+        commands.append((command, env))
+    run_all(commands, JOB_TIMEOUT_SECONDS)
     sink.close()  # every datagram sent by now has been read
     loaded = {rank: json.loads((results / f"{rank}.json").read_text())
               for rank in range(world_size)}

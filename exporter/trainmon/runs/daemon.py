@@ -28,7 +28,7 @@ from typing import Any, TextIO
 import requests
 
 from trainmon.ledger.records import RunRecord
-from trainmon.runs.local import LocalSource, UnknownRun
+from trainmon.runs.local import LocalSource, one_run
 from trainmon.runs.view import RunView
 
 #: Seconds one request to the daemon may take.
@@ -60,13 +60,7 @@ class DaemonSource:
     def run(self, run: str, job: str | None = None) -> RunView:
         records = self._records("/" + urllib.parse.quote(run, safe=""),
                                 {} if job is None else {"job": job})
-        if not records:
-            raise UnknownRun(f"run {run!r} is not in the ledger of the daemon at {self.url}")
-        jobs = {record.job for record in records}
-        if len(jobs) > 1:
-            raise UnknownRun(f"run {run!r} belongs to several jobs ({', '.join(sorted(jobs))}): "
-                             "give --job")
-        return RunView.from_records(records, source="daemon")
+        return one_run(records, run, f"the ledger of the daemon at {self.url}", "daemon")
 
     def close(self) -> None:
         self.http.close()

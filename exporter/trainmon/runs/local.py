@@ -7,10 +7,11 @@ CLI prints as it is (exit 2).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from trainmon.ledger import Ledger
-from trainmon.runs.view import RunView
+from trainmon.runs.view import RecordLike, RunView
 
 
 class UnknownRun(LookupError):
@@ -30,14 +31,7 @@ class LocalSource:
                 for record in self._ledger.runs(job=job, since=since)]
 
     def run(self, run: str, job: str | None = None) -> RunView:
-        records = self._ledger.get(run, job=job)
-        if not records:
-            raise UnknownRun(f"run {run!r} is not in the ledger {self.path}")
-        jobs = {record.job for record in records}
-        if len(jobs) > 1:
-            raise UnknownRun(f"run {run!r} belongs to several jobs ({', '.join(sorted(jobs))}): "
-                             "give --job")
-        return RunView.from_records(records)
+        return one_run(self._ledger.get(run, job=job), run, f"the ledger {self.path}")
 
     def previous(self, view: RunView) -> RunView | None:
         """The latest earlier run of the same job and config hash, if any."""
@@ -46,3 +40,16 @@ class LocalSource:
 
     def close(self) -> None:
         self._ledger.close()
+
+
+def one_run(records: Sequence[RecordLike], run: str, where: str,
+            source: str = "ledger") -> RunView:
+    """The records of ``run`` merged into one view; ``UnknownRun`` when there are none
+    (``where`` names the source) or when they belong to several jobs."""
+    if not records:
+        raise UnknownRun(f"run {run!r} is not in {where}")
+    jobs = {record.job for record in records}
+    if len(jobs) > 1:
+        raise UnknownRun(f"run {run!r} belongs to several jobs ({', '.join(sorted(jobs))}): "
+                         "give --job")
+    return RunView.from_records(records, source=source)
