@@ -21,6 +21,7 @@ on to ``RESULTS/<rank>.json``. Reports go to ``TRAINMON_ENDPOINT``.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import time
 from collections.abc import Sequence
@@ -80,6 +81,12 @@ def run_env(results: Path) -> None:
     rank = dist.get_rank()
     ddp = reporter.instrument(DistributedDataParallel(make_model(WIDTH, 1)))
     result = train(reporter, ddp, rank, by_hand=False)
+    # The DDP model's reducer holds the gloo group: free it (and any cycle through its
+    # comm hook) before the group is destroyed, not in the interpreter's finalisation,
+    # where gloo's worker threads abort the process ("terminate called without an
+    # active exception", seen once in CI).
+    del ddp
+    gc.collect()
     dist.destroy_process_group()
     (results / f"{rank}.json").write_text(json.dumps(result))
 
