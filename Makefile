@@ -3,6 +3,8 @@
 #   make demo    the same over a simulated 8-GPU node with two training jobs; its runs go to
 #                demo-ledger.sqlite3 beside your ledger (the start log says how to read them)
 #   make test    install everything the suite needs (pip + Debian packages) and run it
+#   make test-quick  the inner loop (< 2 min): every test not marked integration, i.e. that
+#                needs no engine, no torch.distributed job and no network namespace
 #   make lint    ruff, mypy, and a check that every generated file is up to date
 #   make generate  regenerate the dashboards (dashboards/*/*.json), the alert rules
 #                (alerts/*/trainmon.rules.yml), the PrometheusRules (deploy/kubernetes)
@@ -18,8 +20,13 @@ ARGS ?=
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager prometheus-node-exporter \
 	prometheus-pushgateway gcc libc6-dev systemd docker-compose victoria-metrics
 PYTEST_ARGS ?=
+# Most long tests wait on Prometheus/vmalert evaluation clocks or on training
+# processes, not on the CPU: four workers on two cores; each test file stays on one
+# worker (its module fixtures, an engine it starts, are shared by its tests).
+TEST_WORKERS ?= 4
+PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: run demo test lint bench clean debian-packages generate stack dist
+.PHONY: run demo test test-quick lint bench clean debian-packages generate stack dist
 
 $(BIN)/trainmon: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,7 +56,10 @@ debian-packages:
 	fi
 
 test: debian-packages $(VENV)/.test-installed
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest $(PARALLEL) $(PYTEST_ARGS)
+
+test-quick: $(VENV)/.test-installed
+	$(BIN)/pytest $(PARALLEL) -m "not integration" $(PYTEST_ARGS)
 
 # The PrometheusRules copy alerts/*/trainmon.rules.yml: generate the rules first.
 generate: $(VENV)/.test-installed
@@ -59,7 +69,7 @@ generate: $(VENV)/.test-installed
 	$(BIN)/python -m deploy.sharding
 
 lint: $(VENV)/.test-installed
-	$(BIN)/ruff check exporter tests bench dashboards deploy alerts
+	$(BIN)/ruff check exporter tests testkit bench dashboards deploy alerts
 	$(BIN)/mypy
 	$(BIN)/mypy --python-version 3.11 dashboards deploy alerts/generate.py alerts/retarget_receivers.py
 	$(BIN)/python -m dashboards --check

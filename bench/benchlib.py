@@ -1,7 +1,7 @@
 """What the benchmark scripts share: daemons on loopback, process readings, statistics.
 
 ``bench`` and ``tests`` are packages: run a benchmark from the repository root as
-``.venv/bin/python -m bench.<name>``; it reuses the fakes of ``tests/support``
+``.venv/bin/python -m bench.<name>``; it reuses the fakes of ``testkit``
 (the fake NVML library, the Tencent Cloud API). Process readings come
 from ``/proc/<pid>/stat`` and ``/proc/<pid>/status`` (Linux only).
 """
@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.daemon import free_port
+from testkit.daemon import free_port
 
 #: The repository root (bench/..).
 ROOT = Path(__file__).resolve().parent.parent
@@ -147,15 +147,15 @@ def percentile(values: Sequence[float], fraction: float) -> float:
 
 
 def build_fake_nvml(folder: Path) -> Path:
-    """Compile ``tests/support/fakenvml`` into ``folder``; the folder for ``LD_LIBRARY_PATH``."""
-    from tests.support.fakenvml import build as fake_nvml_build
+    """Compile ``testkit/fakenvml`` into ``folder``; the folder for ``LD_LIBRARY_PATH``."""
+    from testkit.fakenvml import build as fake_nvml_build
 
     return Path(fake_nvml_build.build(folder)).parent
 
 
 def fake_nvml_env(folder: Path, scenario: str) -> dict[str, str]:
     """This environment plus what loads the fake NVML (built into ``folder/lib``) with
-    ``scenario`` (its text format: tests/support/fakenvml/README.md) in a child process."""
+    ``scenario`` (its text format: testkit/fakenvml/README.md) in a child process."""
     scenario_path = folder / "scenario.txt"
     scenario_path.write_text(scenario)
     return {

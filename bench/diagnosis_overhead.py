@@ -1,7 +1,7 @@
 """What the verdict costs a scrape: the daemon with and without attribution + diagnosis.
 
 Two ``trainmon serve`` daemons run side by side on the same fake 8-GPU node
-(``tests/support/fakenvml``, through ``LD_LIBRARY_PATH``; 8 GPU processes, one per
+(``testkit/fakenvml``, through ``LD_LIBRARY_PATH``; 8 GPU processes, one per
 GPU, real ``sleep`` processes so ``/proc/<pid>`` exists), and receive the same
 step reports: 4 jobs × 4 ranks of ``trainmon.client.Reporter`` threads pushing
 over HTTP. Daemon A runs every node collector except ``attribution`` and

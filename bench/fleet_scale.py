@@ -35,7 +35,7 @@ port). After every target is up and ``--warmup`` seconds more, a window of
 
 then the fleet dashboard (``dashboards/dcgm/fleet.json``) is refreshed
 ``--refreshes`` times on each engine: its variable resolved as Grafana does
-(``tests/dashboards/grafana_templating.py``), every panel query sent as a range
+(``testkit/grafana_templating.py``), every panel query sent as a range
 query over the time the engines have run (step = scrape interval) or as an
 instant query; p50/p95 of the queries and the median refresh total.
 
@@ -75,15 +75,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench import benchlib, fleet_sim
 from deploy import bundle
-from tests.dashboards.dashboard_files import (
+from testkit.dashboard_files import (
     Dashboard,
     annotation_queries,
     load_dashboards,
     panel_queries,
 )
-from tests.dashboards.grafana_templating import Window, interpolate, selections
-from tests.support.prometheus import Prometheus, QueryAPI, QueryError
-from tests.support.victoriametrics import VictoriaMetrics, VMAgent, VMAlert
+from testkit.grafana_templating import Window, interpolate, selections
+from testkit.prometheus import Prometheus, QueryAPI, QueryError
+from testkit.victoriametrics import VictoriaMetrics, VMAgent, VMAlert
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ The template is a real ``trainmon serve --demo`` (8 simulated GPUs, NICs, IB
 ports, disks, two 4-rank training jobs), scraped twice a few seconds apart:
 ``capture_template`` keeps every sample with its labels, the value of the
 second scrape and, for counters and clock-like timestamps, the slope between
-the two. The fake dcgm-exporter of ``tests/support/fake_dcgm_exporter.py``
+the two. The fake dcgm-exporter of ``testkit/fake_dcgm_exporter.py``
 gives the dcgm-exporter template the same way. ``Fleet`` derives one
 exposition per node from them:
 
@@ -180,7 +180,7 @@ def capture_templates(folder: Path) -> dict[str, Template]:
     """Templates of both sources: a real ``trainmon serve --demo`` (with placement labels,
     its socket and ledger in ``folder``) and the fake dcgm-exporter's rendering."""
     from bench import benchlib
-    from tests.support import fake_dcgm_exporter
+    from testkit import fake_dcgm_exporter
 
     config = folder / "trainmon.yml"
     config.write_text(yaml.safe_dump({"collectors": {

@@ -58,8 +58,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each phase")
     args = parser.parse_args()
 
-    from trainmon.collectors.gpu import GPUCollector
-    from trainmon.config import GPUConfig
+    from trainmon.collectors.gpu import GPUCollector, GPUConfig
     from trainmon.gpu.nvml import NVML
 
     collector = GPUCollector(NVML(), GPUConfig())

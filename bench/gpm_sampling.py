@@ -1,6 +1,6 @@
 """GPM sampling cost per GPU, beside the GPU collector's other work, on the fake NVML.
 
-Runs in a child that has the fake ``libnvidia-ml.so.1`` of ``tests/support/fakenvml``
+Runs in a child that has the fake ``libnvidia-ml.so.1`` of ``testkit/fakenvml``
 on ``LD_LIBRARY_PATH`` (8 GPUs with GPM activity), so the real pynvml code path —
 ctypes structs of ``nvmlGpmMetricsGet_t`` included — is measured; NVML's own
 cost on a real driver is not (the fake answers in microseconds). One
@@ -36,8 +36,7 @@ SCENARIO = f"gpus {GPUS}\nsteady * 95 2\ngpm * 80 45 60 35\n"
 
 
 def child(cycles: int) -> dict[str, dict[str, float]]:
-    from trainmon.collectors.gpu import GPUCollector
-    from trainmon.config import GPUConfig
+    from trainmon.collectors.gpu import GPUCollector, GPUConfig
     from trainmon.gpu.nvml import NVML
 
     fake = ctypes.CDLL("libnvidia-ml.so.1")

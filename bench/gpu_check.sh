@@ -28,7 +28,7 @@ port=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); p
 for mode in ddp fsdp; do
     RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
     TRAINMON_ENDPOINT="unix://$work/none.sock" \
-        "$PY" -m tests.training.dist_job "$mode" --device cuda:0 --steps 50 \
+        "$PY" -m testkit.ddp_job "$mode" --device cuda:0 --steps 50 \
         --width 2048 --depth 8 --result "$work/$mode.json" 2>"$work/$mode.log" \
         || { cat "$work/$mode.log" >&2; exit 1; }
     "$PY" - "$mode" "$work/$mode.json" <<'PYEOF'

@@ -1,6 +1,6 @@
 """GPU collection cost and daemon footprint, trainmon vs the usual Python exporter.
 
-Everything runs on the fake ``libnvidia-ml.so.1`` of ``tests/support/fakenvml``
+Everything runs on the fake ``libnvidia-ml.so.1`` of ``testkit/fakenvml``
 (compiled here, loaded through ``LD_LIBRARY_PATH``) with 8 GPUs, so the real
 pynvml code path is measured; NVML's own cost on a real driver is not (the fake
 answers in microseconds, except ``nvmlDeviceGetPcieThroughput``, which blocks
@@ -40,7 +40,7 @@ from pathlib import Path
 import requests
 
 from bench import benchlib
-from trainmon.config import GPUConfig
+from trainmon.collectors.gpu import GPUConfig
 from trainmon.gpu.sampler import FLAG_THRESHOLD
 
 ROOT = benchlib.ROOT
@@ -64,8 +64,7 @@ def child_cycles(cycles: int) -> dict[str, object]:
     import pynvml
 
     import bench.gpu_baseline_exporter as baseline
-    from trainmon.collectors.gpu import GPUCollector
-    from trainmon.config import GPUConfig
+    from trainmon.collectors.gpu import GPUCollector, GPUConfig
     from trainmon.gpu.nvml import NVML
 
     fake = ctypes.CDLL("libnvidia-ml.so.1")
@@ -98,7 +97,7 @@ def child_cycles(cycles: int) -> dict[str, object]:
 def child_visibility() -> dict[str, object]:
     import pynvml
 
-    from trainmon.config import GPUConfig
+    from trainmon.collectors.gpu import GPUConfig
     from trainmon.gpu.nvml import NVML
     from trainmon.gpu.sampler import UtilizationSampler
 

@@ -71,8 +71,8 @@ from pathlib import Path
 
 from bench import benchlib
 from trainmon.client import Reporter
+from trainmon.contract import STEP_BUCKET_COUNT
 from trainmon.training import protocol
-from trainmon.training.protocol import STEP_BUCKET_COUNT
 
 #: The landed commit before the hostile-input hardening: the default ``--before``.
 BEFORE_REF = "cbd116d"

@@ -39,6 +39,7 @@ Prints markdown tables for docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import socket
@@ -151,6 +152,10 @@ def worker(args: argparse.Namespace) -> None:
             "cpu": paired(round_cpu["bare"], round_cpu["instrumented"]),
             "thread": paired(round_thread["bare"], round_thread["instrumented"]),
         }
+    # Free the DDP models while their gloo group exists: one freed in the interpreter's
+    # finalisation can abort the rank (testkit/ddp_job.py).
+    del models, ddp
+    gc.collect()
     dist.destroy_process_group()
     if rank == 0:
         Path(args.result).write_text(json.dumps(results))
@@ -233,6 +238,8 @@ def micro(args: argparse.Namespace) -> None:
             for low, high in (("bare", "instrumented"), ("bare", "hook"),
                               ("hook", "instrumented"))
         }
+    del models, ddp  # as in worker()
+    gc.collect()
     dist.destroy_process_group()
     Path(args.result).write_text(json.dumps(results))
 

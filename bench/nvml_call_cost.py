@@ -9,7 +9,7 @@ daemon called it, its median and p99 cost and its share of all NVML time.
 
 On a GPU host this measures the real driver (``bench/gpu_check.sh`` runs it).
 Elsewhere ``--fake`` runs it on the fake ``libnvidia-ml.so.1`` of
-``tests/support/fakenvml`` (8 GPUs), which checks the tool, not the driver.
+``testkit/fakenvml`` (8 GPUs), which checks the tool, not the driver.
 
 Run from the repository root::
 
@@ -69,8 +69,7 @@ def measure(seconds: float, interval: float) -> tuple[TimingLibrary, int]:
     """Run the GPU collector on the timing proxy; the proxy and the collections made."""
     import pynvml
 
-    from trainmon.collectors.gpu import GPUCollector
-    from trainmon.config import GPUConfig
+    from trainmon.collectors.gpu import GPUCollector, GPUConfig
     from trainmon.gpu.nvml import NVML
 
     library = TimingLibrary(pynvml)

@@ -39,8 +39,7 @@ import requests
 from prometheus_client.core import GaugeMetricFamily
 
 from bench import benchlib
-from trainmon.collectors.numa import NumaCollector
-from trainmon.config import NumaConfig
+from trainmon.collectors.numa import NumaCollector, NumaConfig
 
 #: Per-op lines of a busy NFS v4 client (operation, ops); the other columns follow.
 OPERATIONS = (("READ", 812_344), ("WRITE", 2_311), ("GETATTR", 95_002), ("LOOKUP", 40_118),

@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from bench import benchlib
-from tests.support.fake_tencent_api import FakeTencentCloud
+from testkit.fake_tencent_api import FakeTencentCloud
 from trainmon.collectors.tencent import TencentCollector
 from trainmon.config import parse_config
 from trainmon.tencent.catalogue import CATALOGUE, TargetKind

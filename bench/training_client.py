@@ -41,7 +41,7 @@ from prometheus_client import CollectorRegistry, Histogram
 
 from bench import benchlib
 from trainmon.client import Reporter
-from trainmon.training.protocol import STEP_SECONDS_BOUNDS
+from trainmon.contract import STEP_SECONDS_BOUNDS
 
 ROUNDS = 10
 

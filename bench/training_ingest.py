@@ -44,7 +44,7 @@ from typing import Any
 
 from bench import benchlib
 from trainmon.client.transport import UnixDatagramSender
-from trainmon.training.protocol import STEP_BUCKET_COUNT, STEP_SECONDS_BOUNDS
+from trainmon.contract import STEP_BUCKET_COUNT, STEP_SECONDS_BOUNDS
 
 SENDERS = 8
 RANKS_PER_SENDER = 128

@@ -2,7 +2,7 @@
 
 Field names, types and units are those of dcgm-exporter's
 ``etc/default-counters.csv`` (a copy is checked in as
-``tests/dashboards/dcgm-exporter-default-counters.csv``): clocks in MHz,
+``testkit/dcgm-exporter-default-counters.csv``): clocks in MHz,
 framebuffer in MiB, utilization in %, ``DCGM_FI_PROF_*`` activity as 0–1
 ratios, PCIe ``DCGM_FI_PROF_PCIE_*_BYTES`` as bytes/s gauges. dcgm-exporter
 labels every series with ``gpu`` (the NVML index, as trainmon does), so a

@@ -1,6 +1,6 @@
 """Fixtures shared by every test folder: running a real ``trainmon serve``, a real
 Prometheus, simulated training ranks, and the fake ``libnvidia-ml.so.1``
-(``tests/support/fakenvml``) compiled once per session."""
+(``testkit/fakenvml``) compiled once per session."""
 
 from __future__ import annotations
 
@@ -12,12 +12,22 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.daemon import Daemon, free_port, trainmon_command, wait_ready
-from tests.support.fakenvml import build as fake_nvml_build
-from tests.support.prometheus import Prometheus
-from tests.support.workloads import Workload
+from testkit.daemon import Daemon, free_port, trainmon_command, wait_ready
+from testkit.fakenvml import build as fake_nvml_build
+from testkit.prometheus import Prometheus
+from testkit.workloads import Workload
 
 __all__ = ["Daemon", "free_port", "trainmon_command", "wait_ready"]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files with integration tests first, in their order, then the rest: under
+    ``pytest -n N --dist loadfile`` (``make test``) the long files, which wait on engine
+    clocks and training processes, start at once and the short ones fill the gaps,
+    instead of a long file starting last and running alone. Every worker collects the
+    same order, as xdist requires."""
+    long_files = {item.path for item in items if item.get_closest_marker("integration")}
+    items.sort(key=lambda item: item.path not in long_files)  # stable: order kept within
 
 
 @pytest.fixture(scope="session", autouse=True)

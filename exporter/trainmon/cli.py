@@ -17,38 +17,21 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from trainmon import __version__
-from trainmon.attribution.config import AttributionConfig
-from trainmon.config import (
-    CollectorsConfig,
-    Config,
-    DiskConfig,
-    GPUConfig,
-    InfinibandConfig,
-    ListenAddress,
-    NetworkConfig,
-    NFSConfig,
-    NumaConfig,
-    PathsConfig,
-    TrainingConfig,
-    load_config,
-    parse_listen_address,
-)
+from trainmon.collectors import entries
+from trainmon.config import Config, PathsConfig, load_config
 from trainmon.core.collector import Collector
+from trainmon.core.entry import CollectorEntry, Wiring
 from trainmon.core.ownprocess import OwnProcessCollector
 from trainmon.core.registry import CollectorRegistry
-from trainmon.diagnosis.config import DiagnosisConfig
-from trainmon.http.push import GetHandler, PushHandler
+from trainmon.http.listen import ListenAddress, parse_listen_address
 from trainmon.http.webconfig import WebConfig, load_web_config
 from trainmon.ledger.config import LedgerConfig
-from trainmon.platform.config import PlatformConfig
-from trainmon.settings import ConfigError
-from trainmon.tencent.config import TencentConfig
+from trainmon.section import ConfigError
 
 log = logging.getLogger("trainmon")
 
@@ -58,166 +41,12 @@ EXIT_CONFIG = 2
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
-Section = TypeVar("Section")
-
-
-@dataclass(frozen=True)
-class Wiring:
-    """What a collector factory may use besides its own config section."""
-
-    paths: PathsConfig
-    demo: bool
-    #: The collectors built before this one, by name.
-    built: Mapping[str, Collector]
-
-
-@dataclass(frozen=True)
-class CollectorEntry(Generic[Section]):
-    """One row of the collector table."""
-
-    name: str
-    #: The collector's config section; it is on unless its ``enabled`` is false
-    #: (``auto`` sources such as the GPU decide at start whether they are present).
-    section: Callable[[CollectorsConfig], Section]
-    build: Callable[[Section, Wiring], Collector]
-    #: Reads the collectors before it (their families or their state): built and scraped last.
-    derived: bool = False
-    #: Collectors it reads; without them it is not built.
-    requires: tuple[str, ...] = ()
-    #: Off in demo mode, where its data would be real.
-    real_only: bool = False
-
-
-def _network(section: NetworkConfig, wiring: Wiring) -> Collector:
-    from trainmon.collectors.network import NetworkCollector
-
-    return NetworkCollector(section, wiring.paths.proc, wiring.paths.sys)
-
-
-def _infiniband(section: InfinibandConfig, wiring: Wiring) -> Collector:
-    from trainmon.collectors.infiniband import InfinibandCollector
-
-    return InfinibandCollector(wiring.paths.sys, required=section.enabled is True)
-
-
-def _disk(section: DiskConfig, wiring: Wiring) -> Collector:
-    from trainmon.collectors.disk import DiskCollector
-
-    return DiskCollector(section, wiring.paths.proc, wiring.paths.sys)
-
-
-def _gpu(section: GPUConfig, wiring: Wiring) -> Collector:
-    """NVML, or the simulated 8-GPU node in demo mode."""
-    from trainmon.collectors.gpu import GPUCollector
-    from trainmon.gpu.nvml import NVML
-
-    library = None
-    if wiring.demo:
-        from trainmon.demo.gpus import SimulatedNVML
-
-        library = SimulatedNVML()
-    return GPUCollector(NVML(library, retry_seconds=section.retry_seconds), section)
-
-
-def _training(section: TrainingConfig, wiring: Wiring) -> Collector:
-    from trainmon.collectors.training import TrainingCollector
-
-    return TrainingCollector(
-        section, proc_root=wiring.paths.proc, sys_root=wiring.paths.sys
-    )
-
-
-def _tencent(section: TencentConfig, wiring: Wiring) -> Collector:
-    from trainmon.collectors.tencent import TencentCollector
-
-    return TencentCollector(section)
-
-
-def _attribution(section: AttributionConfig, wiring: Wiring) -> Collector:
-    from trainmon.collectors.attribution import AttributionCollector
-    from trainmon.collectors.gpu import GPUCollector
-
-    gpu = wiring.built["gpu"]
-    if not isinstance(gpu, GPUCollector):
-        raise TypeError(f"attribution needs the GPU collector, got {gpu!r}")
-    return AttributionCollector.from_config(
-        section, wiring.paths.proc, wiring.paths.sys, gpu.processes
-    )
-
-
-def _nfs(section: NFSConfig, wiring: Wiring) -> Collector:
-    from trainmon.collectors.nfs import NFSCollector
-
-    return NFSCollector(section, wiring.paths.proc)
-
-
-def _numa(section: NumaConfig, wiring: Wiring) -> Collector:
-    from trainmon.collectors.gpu import GPUCollector
-    from trainmon.collectors.numa import NumaCollector
-
-    gpu = wiring.built["gpu"]
-    if not isinstance(gpu, GPUCollector):
-        raise TypeError(f"numa needs the GPU collector, got {gpu!r}")
-    return NumaCollector(section, wiring.paths.proc, wiring.paths.sys, gpu.processes)
-
-
-def _platform(section: PlatformConfig, wiring: Wiring) -> Collector:
-    """The metadata service over HTTP, or the demo's simulated spot instance."""
-    from trainmon.collectors.platform import PlatformCollector
-
-    transport = None
-    if wiring.demo:
-        from trainmon.demo.platform import SimulatedMetadata
-
-        transport = SimulatedMetadata()
-    return PlatformCollector(section, wiring.paths.sys, transport=transport)
-
-
-def _diagnosis(section: DiagnosisConfig, wiring: Wiring) -> Collector:
-    from trainmon.collectors.diagnosis import DiagnosisCollector
-
-    return DiagnosisCollector(section)
-
-
-def _ledger(section: LedgerConfig, wiring: Wiring) -> Collector:
-    from trainmon.collectors.ledger import LedgerCollector
-    from trainmon.collectors.training import TrainingCollector
-
-    training = wiring.built["training"]
-    if not isinstance(training, TrainingCollector):
-        raise TypeError(f"ledger needs the training collector, got {training!r}")
-    return LedgerCollector(section, training)
-
-
-#: Every collector of the daemon, in scrape order. Each section is parsed beside
-#: its subsystem (``trainmon.config``, ``trainmon.tencent.config``...).
-COLLECTORS: tuple[CollectorEntry[Any], ...] = (
-    CollectorEntry("network", lambda c: c.network, _network),
-    CollectorEntry("infiniband", lambda c: c.infiniband, _infiniband),
-    CollectorEntry("disk", lambda c: c.disk, _disk),
-    CollectorEntry("nfs", lambda c: c.nfs, _nfs),
-    CollectorEntry("gpu", lambda c: c.gpu, _gpu),
-    CollectorEntry("training", lambda c: c.training, _training),
-    CollectorEntry("platform", lambda c: c.platform, _platform),
-    CollectorEntry("tencent", lambda c: c.tencent, _tencent, real_only=True),
-    CollectorEntry("attribution", lambda c: c.attribution, _attribution,
-                   derived=True, requires=("gpu",)),
-    # reads the GPUs' bus ids from trainmon_gpu_info of the same scrape
-    CollectorEntry("numa", lambda c: c.numa, _numa, derived=True, requires=("gpu",)),
-    # last: the diagnosis reads the families collected before it; it and the
-    # collectors after it are evaluated on the registry's clock, not on scrapes
-    CollectorEntry("diagnosis", lambda c: c.diagnosis, _diagnosis, derived=True),
-    # after the diagnosis: records its verdicts with each run
-    CollectorEntry("ledger", lambda c: c.ledger, _ledger, derived=True,
-                   requires=("training",)),
-)
-
-
 def enabled_collectors(config: Config, *, demo: bool) -> list[CollectorEntry[Any]]:
-    """The table's entries that ``config`` turns on, in scrape order; builds nothing."""
+    """The entries of ``trainmon.collectors.MODULES`` that ``config`` turns on, in
+    scrape order (the sources, then the derived ones); builds nothing."""
     chosen: list[CollectorEntry[Any]] = []
-    for entry in sorted(COLLECTORS, key=lambda entry: entry.derived):
-        if entry.section(config.collectors).enabled is False:
+    for entry in sorted(entries(), key=lambda entry: entry.derived):
+        if getattr(config.collectors[entry.name], "enabled", True) is False:
             continue
         if entry.real_only and demo:
             log.info("demo mode: the %s collector is off (its data would be real)", entry.name)
@@ -231,19 +60,9 @@ def build_collectors(config: Config, *, demo: bool) -> list[Collector]:
     """Instantiate the enabled collectors, each with its injected boundaries."""
     built: dict[str, Collector] = {}
     for entry in enabled_collectors(config, demo=demo):
-        wiring = Wiring(config.paths, demo, dict(built))
-        built[entry.name] = entry.build(entry.section(config.collectors), wiring)
+        wiring = Wiring(config.paths.proc, config.paths.sys, demo, dict(built))
+        built[entry.name] = entry.build(config.collectors[entry.name], wiring)
     return list(built.values())
-
-
-def push_routes(collectors: Sequence[Collector]) -> dict[str, PushHandler]:
-    routes: dict[str, PushHandler] = {}
-    for collector in collectors:
-        for path, handler in collector.push_routes().items():
-            if path in routes:
-                raise ValueError(f"two collectors claim the route {path}")
-            routes[path] = handler
-    return routes
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
@@ -395,7 +214,7 @@ def _check_config(path: Path, environ: Mapping[str, str]) -> int:
 
 
 def _doctor(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    from trainmon.diagnosis.doctor import DoctorOptions, run_doctor
+    from trainmon.doctor import DoctorOptions, run_doctor
     from trainmon.local_daemon import LocalDaemon
 
     if not 1 <= args.seconds <= 3600:
@@ -407,7 +226,8 @@ def _doctor(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     except ConfigError as error:
         print(f"trainmon: invalid configuration: {error}", file=sys.stderr)
         return EXIT_CONFIG
-    local = None if args.url else LocalDaemon.of(config, config_path, environ)
+    local = None if args.url else LocalDaemon.of(
+        config.listen, config.collectors.training.socket, config_path, environ)
     options = DoctorOptions(
         url=args.url or None, seconds=args.seconds, lang=args.lang, json=args.json,
         ledger=Path(args.ledger) if args.ledger else config.collectors.ledger.file,
@@ -418,8 +238,8 @@ def _doctor(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     training = config.collectors.training
     if local is not None and local.socket is not None and local.socket == training.socket:
         training = dataclasses.replace(training, socket=None)
-    sampling = dataclasses.replace(config, collectors=dataclasses.replace(
-        config.collectors, training=training,
+    sampling = dataclasses.replace(config, collectors=config.collectors.replace(
+        training=training,
         ledger=dataclasses.replace(config.collectors.ledger, enabled=False)))
     return run_doctor(
         options,
@@ -460,7 +280,8 @@ def _runs(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             print(f"trainmon: invalid configuration: {error}", file=sys.stderr)
             return EXIT_CONFIG
         ledger_path = config.collectors.ledger.file
-        local = LocalDaemon.of(config, config_path, environ)
+        local = LocalDaemon.of(
+            config.listen, config.collectors.training.socket, config_path, environ)
     if args.command == "compare":
         return compare_runs(open_source, args.run_a, args.run_b, job=args.job,
                             as_json=args.json, out=sys.stdout, err=sys.stderr)
@@ -500,8 +321,8 @@ def _demo_config(config: Config, root: Path) -> Config:
     what the configuration leaves unset taken from the simulated node: its own run
     ledger beside the user's (kept after the demo stops, never the real one), its price
     per GPU hour and its placement labels."""
+    from trainmon.demo.cvm import PLACEMENT_LABELS
     from trainmon.demo.history import PRICE_PER_GPU_HOUR, demo_ledger_path
-    from trainmon.demo.platform import PLACEMENT_LABELS
 
     training = dataclasses.replace(config.collectors.training, socket=root / "steps.sock")
     ledger = config.collectors.ledger
@@ -515,8 +336,8 @@ def _demo_config(config: Config, root: Path) -> Config:
     return dataclasses.replace(
         config,
         paths=PathsConfig(proc=root / "proc", sys=root / "sys"),
-        collectors=dataclasses.replace(config.collectors, training=training, ledger=ledger,
-                                       platform=platform),
+        collectors=config.collectors.replace(training=training, ledger=ledger,
+                                             platform=platform),
     )
 
 
@@ -559,8 +380,8 @@ def _run_server(config: Config, web: WebConfig | None, *, demo: bool) -> int:
     )
     try:
         server = ExporterHTTPServer(
-            config.listen, registry, config.http, web, post_routes=push_routes(collectors),
-            get_routes=_get_routes(collectors),
+            config.listen, registry, config.http, web, post_routes=registry.push_routes(),
+            get_routes=registry.get_routes(),
         )
     except OSError as error:
         print(f"trainmon: cannot listen on {config.listen}: {error.strerror}", file=sys.stderr)
@@ -596,14 +417,6 @@ def _run_server(config: Config, web: WebConfig | None, *, demo: bool) -> int:
         registry.stop()
     log.info("stopped")
     return EXIT_OK
-
-
-def _get_routes(collectors: Sequence[Collector]) -> Mapping[str, GetHandler]:
-    """The run ledger's read routes (``GET /api/v1/runs``), when it is on."""
-    from trainmon.collectors.ledger import LedgerCollector
-
-    ledger = next((c for c in collectors if isinstance(c, LedgerCollector)), None)
-    return {} if ledger is None else ledger.get_routes()
 
 
 def _start_demo_jobs(

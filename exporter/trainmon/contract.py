@@ -4,7 +4,7 @@ A threshold that the daemon's verdict (``trainmon.diagnosis``), an alert rule
 (``alerts/source/*.yml``, assembled by ``alerts/generate.py``) or a dashboard
 panel (``dashboards/*.py``) uses is defined here and read by all of them:
 
-- ``trainmon.diagnosis.config.DiagnosisConfig`` takes its defaults from here
+- ``trainmon.diagnosis.thresholds.DiagnosisConfig`` takes its defaults from here
   (a node's ``collectors.diagnosis`` section may still override them);
 - ``alerts/generate.py`` substitutes them for the ``@TOKEN@`` placeholders of
   the rule sources (``alerts/generate.py`` lists the tokens);
@@ -13,10 +13,12 @@ panel (``dashboards/*.py``) uses is defined here and read by all of them:
 
 ``tests/alerts/test_contract_thresholds.py`` parses the generated rule files,
 PrometheusRules and dashboard JSON and fails where a number differs from
-this module. Ratios are 0-1 unless a name says otherwise. No imports, so that
-the training-side client and the generators can read it anywhere. "tuning
-article §N" below is a section of the article the project grew from
-(README.md, "The tuning article").
+this module. The step protocol's fixed histogram bounds live here too
+(``STEP_SECONDS_BOUNDS``): the client, the daemon's validator, the training
+collector and the run ledger read them. Ratios are 0-1 unless a name says
+otherwise. No imports, so that the training-side client and the generators
+can read it anywhere. "tuning article §N" below is a section of the article
+the project grew from (README.md, "The tuning article").
 """
 
 from __future__ import annotations
@@ -209,3 +211,16 @@ LEDGER_STALL_SECONDS = 600.0
 #: this, so one Prometheus or vmagent shard sizes by node count.
 #: tests/deploy/test_series_count.py counts the demo against it.
 SERIES_PER_NODE_BUDGET = 1000
+
+#: Step protocol v1 (docs/protocol.md, "A report"): the upper bounds (seconds,
+#: inclusive, Prometheus ``le``) of the step-time histogram. ``step_buckets``
+#: has one count per bound plus a last count for steps longer than the last
+#: bound (``STEP_BUCKET_COUNT``). Fixed by the protocol version: the client
+#: (``trainmon.client.reporter``) counts its steps into them, the daemon's
+#: validator (``trainmon.training.protocol``) checks the count, the training
+#: collector exports them as ``le`` and the run ledger
+#: (``trainmon.ledger.summary``) reads its percentiles from them.
+STEP_SECONDS_BOUNDS: tuple[float, ...] = (
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+)
+STEP_BUCKET_COUNT = len(STEP_SECONDS_BOUNDS) + 1

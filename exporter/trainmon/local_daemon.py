@@ -20,7 +20,7 @@ from pathlib import Path
 
 import requests
 
-from trainmon.config import DEFAULT_LISTEN, Config, ListenAddress, parse_listen_address
+from trainmon.http.listen import DEFAULT_LISTEN, ListenAddress, parse_listen_address
 from trainmon.paths import SYSTEM_SOCKET_PATH, socket_listening
 
 #: Seconds the probe of ``answers`` waits for the daemon.
@@ -41,22 +41,24 @@ class LocalDaemon:
     socket: Path | None
 
     @classmethod
-    def of(cls, config: Config, config_path: Path | None,
+    def of(cls, listen: ListenAddress, step_socket: Path | None, config_path: Path | None,
            environ: Mapping[str, str]) -> LocalDaemon:
-        """From the configuration the command loaded and the environment."""
+        """From the configuration the command loaded (its ``listen`` and
+        ``collectors.training.socket``, read from ``config_path``) and the environment."""
+        configured = listen
         listen_text = environ.get("TRAINMON_LISTEN", "")
         if listen_text:
             try:
                 listen = parse_listen_address(listen_text)
                 origin = f"TRAINMON_LISTEN={listen_text}"
             except ValueError:
-                listen, origin = config.listen, f"listen {config.listen}"
+                listen, origin = configured, f"listen {configured}"
         elif config_path is not None:
-            listen, origin = config.listen, f"listen {config.listen} of {config_path}"
+            origin = f"listen {configured} of {config_path}"
         else:
             listen = parse_listen_address(DEFAULT_LISTEN)
             origin = f"the default listen address :{listen.port}"
-        candidates = [config.collectors.training.socket, SYSTEM_SOCKET_PATH]
+        candidates = [step_socket, SYSTEM_SOCKET_PATH]
         held = next((path for path in candidates
                      if path is not None and socket_listening(path)), None)
         return cls(url=loopback_url(listen), origin=origin, socket=held)

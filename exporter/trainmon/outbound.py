@@ -11,9 +11,9 @@ byte every half second holds a 1 s-timeout request for as long as it likes.)
 The body is read up to ``max_body_bytes``; a longer one is
 ``OutboundError("too_large")`` and is not read further.
 
-Users: the CVM metadata poller (``platform.metadata``), the CAM role
-credentials and the Tencent Cloud API client (``tencent.credentials``,
-``tencent.client``), the kubelet pod list (``attribution.kubelet``) and the
+Users: the CVM metadata client (``tencent.metadata``: the platform poller's
+and the CAM role credentials' reads), the Tencent Cloud API client
+(``tencent.client``), the kubelet pod list (``attribution.kubelet``) and the
 training client's HTTP delivery (``client.transport``), which is why this
 module imports nothing outside the standard library.
 

@@ -22,7 +22,7 @@ without a configuration file.
 
 Folders (``make_state_directory``, ``make_runtime_directory``): the daemon
 creates the folder of its socket and of its default ledger when missing (a
-configured ledger folder must exist: ``trainmon.collectors.ledger``), with the
+configured ledger folder must exist: ``trainmon.ledger.recorder``), with the
 missing folders above them, and never changes one that exists. Made by root:
 the state folder ``0750``, group ``trainmon`` where that group exists (its
 members read the ``0640`` ledger, docs/security.md), the runtime folder

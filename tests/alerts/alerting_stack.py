@@ -1,4 +1,4 @@
-"""Real Alertmanager on loopback (beside ``support.prometheus``), and a webhook sink.
+"""Real Alertmanager on loopback (beside ``testkit.prometheus``), and a webhook sink.
 
 The binaries are the distribution's (Debian ``prometheus`` and
 ``prometheus-alertmanager``, installed by ``make test``). The sink records
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.support.loopback import LoopbackHTTPServer, Reply, Request
-from tests.support.prometheus import LoopbackProcess, require
+from testkit.loopback import LoopbackHTTPServer, Reply, Request
+from testkit.prometheus import LoopbackProcess, require
 
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 ALERTMANAGER = (

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from testkit.prometheus import require, wait_until
 from tests.alerts.alert_bundle import ALERTMANAGER_CONFIG, VARIANTS, shipped_alerts
 from tests.alerts.alerting_stack import AMTOOL, Alertmanager, WebhookSink
-from tests.support.prometheus import require, wait_until
 
 pytestmark = pytest.mark.integration
 

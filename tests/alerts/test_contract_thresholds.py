@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
+from testkit.dashboard_files import Dashboard, load_dashboards
 from tests.alerts.alert_bundle import REPO, VARIANTS, rules_path, run_script
-from tests.dashboards.dashboard_files import Dashboard, load_dashboards
 from trainmon import contract
 
 #: ``<comparison> <number>`` in PromQL (``> 0.2``, ``>= bool 50``).

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from testkit.daemon import Daemon
+from testkit.prometheus import Prometheus, wait_until
 from tests.alerts.alert_bundle import rules_path, run_script
 from tests.alerts.alerting_stack import ALERTING_PROMETHEUS_FLAGS, Alertmanager, WebhookSink
-from tests.support.daemon import Daemon
-from tests.support.prometheus import Prometheus, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

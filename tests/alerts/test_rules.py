@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
+from testkit.prometheus import require
 from tests.alerts.alert_bundle import REPO, VARIANTS, rules_path, run_script, shipped_alerts
 from tests.alerts.alerting_stack import PROMTOOL
-from tests.support.prometheus import require
 
 pytestmark = pytest.mark.integration
 

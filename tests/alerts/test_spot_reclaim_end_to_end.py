@@ -1,7 +1,7 @@
 """A scheduled spot reclaim pages: metadata service → daemon → Prometheus → Alertmanager → pager.
 
 Everything below the rules is real: the loopback fake of the CVM metadata
-service (``tests/support/fake_tencent_metadata.py``, a ``SPOTPAID`` instance)
+service (``testkit/fake_tencent_metadata.py``, a ``SPOTPAID`` instance)
 that ``collectors.platform.metadata_url`` points at, ``trainmon serve`` polling
 it every second, two ranks of a training job reporting through the real
 client, Prometheus loading ``alerts/dcgm/trainmon.rules.yml`` (time-scaled as
@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
+from testkit.daemon import Daemon
+from testkit.fake_tencent_metadata import FakeMetadata
+from testkit.prometheus import Prometheus, wait_until
+from testkit.workloads import Workload, ranks
 from tests.alerts.alert_bundle import rules_path, run_script
 from tests.alerts.alerting_stack import ALERTING_PROMETHEUS_FLAGS, Alertmanager, WebhookSink
-from tests.support.daemon import Daemon
-from tests.support.fake_tencent_metadata import FakeMetadata
-from tests.support.prometheus import Prometheus, wait_until
-from tests.support.workloads import Workload, ranks
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

@@ -1,7 +1,7 @@
 """The straggler panel, the straggler alert and the daemon's verdict name the same rank.
 
 A real ``trainmon serve`` receives step reports (``trainmon.client.Reporter``
-over HTTP, ``tests/support/workloads.py``) from two synchronised 4-rank
+over HTTP, ``testkit/workloads.py``) from two synchronised 4-rank
 jobs: in ``straggler-job`` rank 3 computes three times as long as the others,
 who wait for it in their ``comm`` phase, so every rank's step time is the
 same; ``balanced-job`` has four equal ranks. A real Prometheus scrapes the
@@ -36,11 +36,11 @@ from typing import Any
 import pytest
 import yaml
 
+from testkit.daemon import Daemon, trainmon_command
+from testkit.exposition import parse
+from testkit.prometheus import Prometheus, wait_until
+from testkit.workloads import Workload, ranks
 from tests.alerts.alert_bundle import REPO, rules_path
-from tests.support.daemon import Daemon, trainmon_command
-from tests.support.exposition import parse
-from tests.support.prometheus import Prometheus, wait_until
-from tests.support.workloads import Workload, ranks
 from trainmon import contract
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

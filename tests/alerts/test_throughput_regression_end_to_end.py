@@ -4,8 +4,9 @@ Everything is real and shipped: two runs of one job with the same config, each a
 ``trainmon.client.Reporter`` reporting one rank's steps to ``trainmon serve`` over
 its Unix socket (the run description included), and Prometheus scraping the
 daemon with ``alerts/dcgm/trainmon.rules.yml`` time-scaled by
-``alerts/generate.py scale`` (× 0.05: the 10-minute rate window and the
-10-minute settling offset become 30 s, ``for: 15m`` 45 s, the 7-day best 8.4 h).
+``alerts/generate.py scale`` (× 0.025: the 10-minute rate window and the
+10-minute settling offset become 15 s, ``for: 15m`` 22.5 s, the 7-day best 4.2 h;
+15 one-second scrapes per window keep the rate's meaning).
 The first run trains at 200 samples/s and finishes; the second, 30 % slower,
 must fire ``TrainmonThroughputRegression`` naming both runs, and must not
 before it has run one rate window.
@@ -21,25 +22,29 @@ from typing import Any
 
 import pytest
 
+from testkit.daemon import Daemon
+from testkit.prometheus import Prometheus, wait_until
 from tests.alerts.alert_bundle import rules_path, run_script
-from tests.support.daemon import Daemon
-from tests.support.prometheus import Prometheus, wait_until
 from trainmon.client import Reporter
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
-TIME_SCALE = "0.05"
+TIME_SCALE = 0.025
+#: The scaled 10-minute rate window, which is also the settling offset, seconds.
+WINDOW_SECONDS = 600 * TIME_SCALE
+#: The scaled ``for: 15m``, seconds.
+FOR_SECONDS = 900 * TIME_SCALE
 JOB = "regress"
 CONFIG = {"model": "resnet50", "batch_size": 32, "optimizer": {"lr": 0.1}}
 SAMPLES_PER_STEP = 10
 FAST_STEP_SECONDS = 0.05  # 200 samples/s
 SLOW_STEP_SECONDS = FAST_STEP_SECONDS / 0.7  # 140 samples/s: 30 % slower
-#: The first run: the settling offset (30 s) plus time to record its best.
-FIRST_RUN_SECONDS = 45.0
-#: From the second run's start: settling (30 s) + for (45 s) + scrapes and evaluations.
-FIRE_DEADLINE_SECONDS = 110.0
+#: The first run: the settling offset plus time to record its best.
+FIRST_RUN_SECONDS = WINDOW_SECONDS + 10.0
+#: From the second run's start: settling + for + scrapes and evaluations.
+FIRE_DEADLINE_SECONDS = WINDOW_SECONDS + FOR_SECONDS + 30.0
 #: Before this the second run has not been compared at all (settling offset).
-NOT_BEFORE_SECONDS = 30.0
+NOT_BEFORE_SECONDS = WINDOW_SECONDS
 
 
 def _train(endpoint: str, run: str, step_seconds: float, until: Callable[[], bool]) -> None:
@@ -71,7 +76,7 @@ def test_a_rerun_30_percent_slower_with_the_same_config_pages(
     }})
     endpoint = f"unix://{tmp_path / 'steps-0.sock'}"
     scaled_rules = tmp_path / "trainmon.rules.yml"
-    scaled = run_script("alerts/generate.py", "scale", "--factor", TIME_SCALE,
+    scaled = run_script("alerts/generate.py", "scale", "--factor", str(TIME_SCALE),
                         str(rules_path("dcgm")), str(scaled_rules))
     assert scaled.returncode == 0, scaled.stderr
     prometheus.start({
@@ -98,7 +103,7 @@ def test_a_rerun_30_percent_slower_with_the_same_config_pages(
                                                    stop.is_set), daemon=True)
     second.start()
     try:
-        time.sleep(NOT_BEFORE_SECONDS - 5)
+        time.sleep(NOT_BEFORE_SECONDS - 3)
         assert prometheus.query(
             'job_run:trainmon_training_throughput_vs_best:ratio{run="run-b"}') == [], (
             "compared before its rate window held only its own steps")

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from testkit.victoriametrics import dry_run_rules
 from tests.alerts.alert_bundle import VARIANTS, rules_path, run_script
-from tests.support.victoriametrics import dry_run_rules
 
 pytestmark = pytest.mark.integration
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.sources import SteadySource
-from trainmon.config import HTTPConfig, ListenAddress
+from testkit.sources import SteadySource
 from trainmon.core.collector import Collector
 from trainmon.core.registry import CollectorRegistry
-from trainmon.http.push import PushHandler
+from trainmon.core.routes import PushHandler
+from trainmon.http.listen import HTTPConfig, ListenAddress
 from trainmon.http.server import ExporterHTTPServer
 from trainmon.http.webconfig import WebConfig
 

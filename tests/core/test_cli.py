@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.daemon import Daemon, free_port, trainmon_command, wait_ready
+from testkit.daemon import Daemon, free_port, trainmon_command, wait_ready
 from trainmon import __version__
 
 
@@ -82,24 +82,31 @@ def test_check_config_lists_what_the_file_turns_on(tmp_path: Path) -> None:
 
 
 def test_check_config_validates_without_building_collectors(tmp_path: Path) -> None:
-    """No collector module is imported and no HTTP session opened (the cloud puller's)."""
+    """The collector modules are read for their sections and entries, but no collector
+    is built: none instantiated, no NVML library loaded, no thread started, no HTTP
+    session opened (the cloud puller's)."""
     path = tmp_path / "cloud.yml"
     path.write_text("collectors: {tencent: {enabled: true, region: ap-guangzhou}}\n")
     code = (
-        "import sys, requests\n"
+        "import sys, threading, requests\n"
         "def refuse(*args, **kwargs): raise AssertionError('check-config opened a Session')\n"
         "requests.Session.__init__ = refuse\n"
+        "from trainmon.core.collector import Collector\n"
+        "def build(cls, *args, **kwargs): raise AssertionError(f'check-config built {cls}')\n"
+        "Collector.__new__ = build\n"
         "from trainmon.cli import main\n"
         f"code = main(['check-config', {str(path)!r}])\n"
-        "loaded = [m for m in sys.modules if m.startswith(('trainmon.collectors', 'pynvml'))]\n"
-        "print('loaded:', loaded)\n"
+        "nvml = sys.modules.get('pynvml')\n"
+        "print('nvml loaded:', nvml is not None and nvml.nvmlLib is not None)\n"
+        "print('threads:', threading.active_count())\n"
         "sys.exit(code)\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
-    assert "loaded: []" in result.stdout
+    assert "nvml loaded: False" in result.stdout
+    assert "threads: 1" in result.stdout
 
 
 def test_the_collector_table_builds_what_it_lists() -> None:

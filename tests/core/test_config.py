@@ -7,15 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from trainmon.config import (
-    Config,
-    DeviceFilter,
-    ListenAddress,
-    load_config,
-    parse_config,
-    parse_listen_address,
-)
-from trainmon.settings import ConfigError
+from trainmon.config import Config, load_config, parse_config
+from trainmon.http.listen import ListenAddress, parse_listen_address
+from trainmon.section import ConfigError, DeviceFilter
 
 DESIGN_EXAMPLE = """
 listen: "0.0.0.0:19400"

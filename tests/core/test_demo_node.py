@@ -11,14 +11,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.support.daemon import Daemon, trainmon_command
-from tests.support.exposition import parse
-from tests.support.prometheus import wait_until
+from testkit.daemon import Daemon, trainmon_command
+from testkit.exposition import parse
+from testkit.prometheus import wait_until
 from trainmon.contract import THROUGHPUT_REGRESSION_RATIO
+from trainmon.demo.cvm import PLACEMENT_LABELS
 from trainmon.demo.history import EARLIER_RUNS, PRICE_PER_GPU_HOUR
 from trainmon.demo.jobs import DEMO_JOBS, RANKS_PER_JOB
 from trainmon.demo.node import SimulatedNodeFiles
-from trainmon.demo.platform import PLACEMENT_LABELS
 
 
 def test_demo_node_serves_simulated_nic_disk_and_infiniband(

@@ -11,8 +11,8 @@ from collections.abc import Iterable, Sequence
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from tests.support.exposition import scrape
-from tests.support.sources import SteadySource
+from testkit.exposition import scrape
+from testkit.sources import SteadySource
 from trainmon.core.collector import Collector
 from trainmon.core.registry import CollectorRegistry
 

@@ -1,7 +1,7 @@
 """Imports point down: the package's layering, read from the source with ``ast``.
 
 - Only the collectors (``trainmon/collectors/``) and the wiring (``cli.py``,
-  ``__main__.py``) may import ``trainmon.collectors``; every source package
+  ``__main__.py``, ``config.py``) may import ``trainmon.collectors``; every source package
   (``node``, ``gpu``, ``training``, ``diagnosis``, ``tencent``...) stands below
   them. Imports inside functions count too.
 - The training client (``trainmon/client/`` without the framework callbacks
@@ -24,8 +24,10 @@ import trainmon
 
 PACKAGE_ROOT = Path(trainmon.__file__).resolve().parent
 COLLECTORS = "trainmon.collectors"
-#: Modules allowed to import the collectors besides ``trainmon.collectors.*``.
-WIRING = frozenset({"trainmon.cli", "trainmon.__main__"})
+#: Modules allowed to import the collectors besides ``trainmon.collectors.*``:
+#: the CLI and the configuration it alone imports, which assembles the
+#: ``collectors.<name>`` sections from the collectors' entries.
+WIRING = frozenset({"trainmon.cli", "trainmon.__main__", "trainmon.config"})
 CLIENT = "trainmon.client"
 #: Client modules that exist to be imported with a framework installed
 #: (``distributed`` needs torch; ``Reporter.instrument()`` imports it when called).

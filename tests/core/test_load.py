@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import requests
 
-from tests.support.daemon import Daemon
+from testkit.daemon import Daemon
 
 SLOW_CLIENTS = 50
 SCRAPES = 30

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.daemon import Daemon, free_port, trainmon_command, wait_for_run
+from testkit.daemon import Daemon, free_port, trainmon_command, wait_for_run
 from trainmon.client import Reporter
 
 
@@ -147,7 +147,7 @@ def test_runs_without_a_ledger_or_a_daemon_name_both(tmp_path: Path) -> None:
     ("127.0.0.1:0", None),
 ])
 def test_the_url_of_a_listen_address(listen: str, url: str | None) -> None:
-    from trainmon.config import parse_listen_address
+    from trainmon.http.listen import parse_listen_address
     from trainmon.local_daemon import loopback_url
 
     assert loopback_url(parse_listen_address(listen)) == url

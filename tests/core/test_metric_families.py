@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.daemon import Daemon
+from testkit.daemon import Daemon
 
 pytestmark = pytest.mark.integration
 

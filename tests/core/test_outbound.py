@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.loopback import LoopbackHTTPServer, Reply, Request
+from testkit.loopback import LoopbackHTTPServer, Reply, Request
 from trainmon import outbound
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from prometheus_client.core import Metric
 
-from tests.support.sources import SteadySource
+from testkit.sources import SteadySource
 from trainmon.core.ownprocess import OwnProcessCollector
 from trainmon.core.registry import CollectorRegistry
 

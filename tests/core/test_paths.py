@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.daemon import Daemon
+from testkit.daemon import Daemon
 from trainmon import paths
 from trainmon.client.transport import default_endpoint
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.daemon import Daemon
-from trainmon.training.protocol import STEP_BUCKET_COUNT
+from testkit.daemon import Daemon
+from trainmon.contract import STEP_BUCKET_COUNT
 
 pytestmark = pytest.mark.integration
 

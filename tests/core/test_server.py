@@ -15,9 +15,9 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.sources import AbsentSource, BrokenSource, SteadySource
-from trainmon.config import HTTPConfig
-from trainmon.http.push import PushRequest, PushResponse
+from testkit.sources import AbsentSource, BrokenSource, SteadySource
+from trainmon.core.routes import PushRequest, PushResponse
+from trainmon.http.listen import HTTPConfig
 from trainmon.http.server import ExporterHTTPServer
 from trainmon.http.webconfig import TLSSettings, WebConfig
 

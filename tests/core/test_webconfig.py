@@ -9,7 +9,7 @@ import bcrypt
 import pytest
 
 from trainmon.http.webconfig import BasicAuthenticator, load_web_config
-from trainmon.settings import ConfigError
+from trainmon.section import ConfigError
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.dashboards.dashboard_files import Dashboard, load_dashboards
-from tests.dashboards.metric_contract import Contract, load_contract
+from testkit.dashboard_files import Dashboard, load_dashboards
+from testkit.metric_contract import Contract, load_contract
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.dashboards.dashboard_files import DASHBOARDS, KINDS, REPO, VARIANTS
+from testkit.dashboard_files import DASHBOARDS, KINDS, REPO, VARIANTS
 
 DOCS = REPO / "docs" / "dashboards.md"
 

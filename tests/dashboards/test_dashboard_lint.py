@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.dashboards.dashboard_files import (
+from testkit.dashboard_files import (
     DATASOURCE_REF,
     KINDS,
     VARIANTS,
@@ -17,7 +17,7 @@ from tests.dashboards.dashboard_files import (
     annotation_queries,
     panel_queries,
 )
-from tests.dashboards.metric_contract import (
+from testkit.metric_contract import (
     Contract,
     dcgm_fields,
     metric_names,

@@ -8,7 +8,7 @@ The stack, all on loopback:
   watching GPUs 0–5 of the node (``--devices g:0-5``), so GPUs 6 and 7 are the
   daemon's alone and the either-source panels show both of their sources;
 * ``trainmon serve`` with only the ``tencent`` collector, pulling from the fake
-  Tencent Cloud API of ``tests/support/fake_tencent_api.py`` (TC3 signatures,
+  Tencent Cloud API of ``testkit/fake_tencent_api.py`` (TC3 signatures,
   rate limit, per-GPU answers), for the ``tencent-cloud`` variant;
 * one Prometheus per variant, configured from the bundle's own
   ``deploy/prometheus/prometheus-<variant>.yml`` (``honor_labels``, ``node``
@@ -55,7 +55,9 @@ import pytest
 import yaml
 
 from deploy.sharding import SHARD_COUNT_VARIABLE, SHARD_VARIABLE
-from tests.dashboards.dashboard_files import (
+from testkit import fake_tencent_api as tencent_fake
+from testkit.daemon import Daemon, free_port, trainmon_command, wait_ready
+from testkit.dashboard_files import (
     REPO,
     VARIANTS,
     Dashboard,
@@ -63,16 +65,14 @@ from tests.dashboards.dashboard_files import (
     annotation_queries,
     panel_queries,
 )
-from tests.dashboards.grafana_templating import Selection, Window, interpolate, selections
-from tests.dashboards.metric_contract import metric_names
-from tests.support import fake_tencent_api as tencent_fake
-from tests.support.daemon import Daemon, free_port, trainmon_command, wait_ready
-from tests.support.fake_dcgm_exporter import FakeDCGMExporter
-from tests.support.prometheus import Prometheus, QueryAPI, QueryError
-from tests.support.victoriametrics import VictoriaMetrics, VMAgent, VMAlert
+from testkit.fake_dcgm_exporter import FakeDCGMExporter
+from testkit.grafana_templating import Selection, Window, interpolate, selections
+from testkit.metric_contract import metric_names
+from testkit.prometheus import Prometheus, QueryAPI, QueryError
+from testkit.victoriametrics import VictoriaMetrics, VMAgent, VMAlert
 
 # No skips: a missing /usr/bin/prometheus or /usr/bin/victoria-metrics fails with the
-# install hint of support.prometheus.require (every start calls it), and the fake Tencent
+# install hint of testkit.prometheus.require (every start calls it), and the fake Tencent
 # Cloud API (tests/tencent, tencentcloud-sdk-python of the test extra) is imported.
 pytestmark = pytest.mark.integration
 
@@ -82,7 +82,7 @@ EXPECTED_EMPTY: dict[str, str] = {
     "trainmon_gpu_xid_errors_total": "the demo node simulates no XID errors (exporter/trainmon/demo/gpus.py)",
     "trainmon_gpu_xid_last_timestamp_seconds": "the demo node simulates no XID errors",
     "trainmon_node_spot_termination_timestamp_seconds": (
-        "the demo instance is not being reclaimed (exporter/trainmon/demo/platform.py); "
+        "the demo instance is not being reclaimed (exporter/trainmon/demo/cvm.py); "
         "tests/alerts/test_spot_reclaim_end_to_end.py schedules a reclaim"),
     # The run-ledger comparison needs an earlier run of the same job and config that ran
     # for the 10-minute rate window and ended; the demo's jobs run one run each for the

@@ -44,15 +44,19 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.alerts.alert_bundle import run_script
-from tests.dashboards.dashboard_files import (
+from testkit import fake_tencent_api as tencent_fake
+from testkit.daemon import Daemon, trainmon_command
+from testkit.dashboard_files import (
     VARIANTS,
     Dashboard,
     PanelQuery,
     annotation_queries,
     panel_queries,
 )
-from tests.dashboards.grafana_templating import Window, interpolate, selections
+from testkit.fake_dcgm_exporter import FakeDCGMExporter
+from testkit.grafana_templating import Window, interpolate, selections
+from testkit.prometheus import Prometheus, QueryAPI, QueryError, require, wait_until
+from tests.alerts.alert_bundle import run_script
 from tests.dashboards.test_dashboard_queries import (
     DCGM_DEVICES,
     NODE,
@@ -65,10 +69,6 @@ from tests.dashboards.test_dashboard_queries import (
     _start_trainmon,
     _wait_for_targets,
 )
-from tests.support import fake_tencent_api as tencent_fake
-from tests.support.daemon import Daemon, trainmon_command
-from tests.support.fake_dcgm_exporter import FakeDCGMExporter
-from tests.support.prometheus import Prometheus, QueryAPI, QueryError, require, wait_until
 from trainmon.contract import THROUGHPUT_REGRESSION_RATIO
 from trainmon.demo.history import EARLIER_RUNS
 from trainmon.demo.jobs import DEMO_JOBS

@@ -6,7 +6,7 @@ from typing import Any
 
 import yaml
 
-from tests.dashboards.dashboard_files import DASHBOARDS, REPO, VARIANTS
+from testkit.dashboard_files import DASHBOARDS, REPO, VARIANTS
 
 PROVISIONING = REPO / "deploy" / "grafana" / "provisioning"
 DOCS = REPO / "docs" / "dashboards.md"

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from testkit.daemon import free_port
 from tests.deploy.deploytest import containerfile
 from tests.deploy.deploytest.common import REPO, run, shipped_trainmon_configs
-from tests.support.daemon import free_port
 from trainmon import __version__
 
 pytestmark = pytest.mark.integration

@@ -12,9 +12,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from testkit.daemon import trainmon_command
 from tests.deploy.deploytest import crd_schemas, kustomize
 from tests.deploy.deploytest.common import KUBERNETES, VARIANTS, run
-from tests.support.daemon import trainmon_command
 from trainmon import __version__
 
 Manifest = dict[str, Any]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.daemon import Daemon
+from testkit.daemon import Daemon
 
 pytestmark = pytest.mark.integration
 

@@ -18,8 +18,15 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.deploy.deploytest import prometheus
-from tests.deploy.deploytest.common import ALERTS, PROMETHEUS, VARIANTS, run, tool
+from testkit.prometheus import Prometheus, wait_until
+from tests.deploy.deploytest.common import (
+    ALERTS,
+    PROMETHEUS,
+    VARIANTS,
+    run,
+    stage_prometheus,
+    tool,
+)
 
 STATIC = {variant: PROMETHEUS / f"prometheus-{variant}.yml" for variant in VARIANTS}
 KUBERNETES_SD = {variant: PROMETHEUS / f"prometheus-{variant}-kubernetes.yml" for variant in VARIANTS}
@@ -72,7 +79,7 @@ def promtool_check(config: Path) -> str:
 def test_promtool_accepts_the_static_config_with_the_variant_rules(
     variant: str, tmp_path: Path
 ) -> None:
-    config = prometheus.stage(STATIC[variant], tmp_path / "etc", variant)
+    config = stage_prometheus(STATIC[variant], tmp_path / "etc", variant)
     output = promtool_check(config)
     assert f"SUCCESS: {rule_count(variant)} rules found" in output
     assert {job["job_name"] for job in load(config)["scrape_configs"]} == EXPECTED_JOBS[variant]
@@ -80,7 +87,7 @@ def test_promtool_accepts_the_static_config_with_the_variant_rules(
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_promtool_accepts_the_kubernetes_config(variant: str, tmp_path: Path) -> None:
-    config = prometheus.stage(KUBERNETES_SD[variant], tmp_path / "etc", variant)
+    config = stage_prometheus(KUBERNETES_SD[variant], tmp_path / "etc", variant)
     document = without_kubernetes_sd(load(config), "targets/trainmon.yml")
     config.write_text(yaml.safe_dump(document), encoding="utf-8")
     output = promtool_check(config)
@@ -116,16 +123,17 @@ def write_targets(path: Path, groups: list[dict[str, Any]]) -> None:
     path.write_text(yaml.safe_dump(groups), encoding="utf-8")
 
 
+@pytest.mark.integration
 def test_relabelling_gives_every_target_a_node_label(tmp_path: Path) -> None:
     """A real Prometheus per shipped config, with loopback targets (never scraped
     successfully: only discovery and relabelling are looked at)."""
-    servers: dict[str, prometheus.PrometheusServer] = {}
+    servers: dict[str, Prometheus] = {}
     expected: dict[str, dict[tuple[str, str], str]] = {}
     with contextlib.ExitStack() as stack:
         for variant in VARIANTS:
             # Static targets: the node is the address' host unless a label sets it.
             folder = tmp_path / f"static-{variant}"
-            config = prometheus.stage(STATIC[variant], folder, variant)
+            config = stage_prometheus(STATIC[variant], folder, variant)
             remove_rules(folder)
             for name in ("trainmon", "dcgm-exporter", "trainmon-tencent"):
                 write_targets(
@@ -136,9 +144,7 @@ def test_relabelling_gives_every_target_a_node_label(tmp_path: Path) -> None:
                     ],
                 )
             write_targets(folder / "targets" / "alertmanager.yml", [{"targets": ["127.0.0.1:9"]}])
-            servers[f"static-{variant}"] = stack.enter_context(
-                prometheus.running(config, folder / "data")
-            )
+            servers[f"static-{variant}"] = start(stack, config)
             expected[f"static-{variant}"] = {
                 (job, address): node
                 for job in EXPECTED_JOBS[variant]
@@ -148,7 +154,7 @@ def test_relabelling_gives_every_target_a_node_label(tmp_path: Path) -> None:
             # Kubernetes: what endpoints discovery yields for each Service, plus one
             # Service of another application that must be dropped.
             folder = tmp_path / f"kubernetes-{variant}"
-            config = prometheus.stage(KUBERNETES_SD[variant], folder, variant)
+            config = stage_prometheus(KUBERNETES_SD[variant], folder, variant)
             remove_rules(folder)
             document = without_kubernetes_sd(load(config), "targets/kubernetes.yml")
             document["alerting"]["alertmanagers"] = [{"static_configs": [{"targets": ["127.0.0.1:9"]}]}]
@@ -162,18 +168,24 @@ def test_relabelling_gives_every_target_a_node_label(tmp_path: Path) -> None:
             discovered.append(endpoint("127.0.0.9:9", service="other-app", node="node-9"))
             discovered.append(endpoint("127.0.0.8:9", service="trainmon", node="node-8", port="http"))
             write_targets(folder / "targets" / "kubernetes.yml", discovered)
-            servers[f"kubernetes-{variant}"] = stack.enter_context(
-                prometheus.running(config, folder / "data")
-            )
+            servers[f"kubernetes-{variant}"] = start(stack, config)
 
         for name, server in servers.items():
-            targets = prometheus.wait_until(
+            targets = wait_until(
                 lambda server=server, name=name: _active_targets(server, len(expected[name])),
                 30,
-                f"{name}: targets were not discovered",
+                f"{name}: the discovery of every target",
+                interval=0.25,
             )
             labels = {(t["labels"]["job"], t["labels"]["instance"]): t["labels"] for t in targets}
             assert {key: value["node"] for key, value in labels.items()} == expected[name], name
+
+
+def start(stack: contextlib.ExitStack, config: Path) -> Prometheus:
+    """A real Prometheus on the staged ``config``, in its folder, stopped with ``stack``."""
+    server = Prometheus(config.parent)
+    stack.callback(server.stop)
+    return server.start(config)
 
 
 def endpoint(address: str, *, service: str, node: str, port: str = "metrics") -> dict[str, Any]:
@@ -195,6 +207,6 @@ def remove_rules(folder: Path) -> None:
         path.unlink()
 
 
-def _active_targets(server: prometheus.PrometheusServer, count: int) -> list[dict[str, Any]]:
-    targets: list[dict[str, Any]] = server.api("targets?state=active")["activeTargets"]
+def _active_targets(server: Prometheus, count: int) -> list[dict[str, Any]]:
+    targets: list[dict[str, Any]] = server.api("targets", [("state", "active")])["activeTargets"]
     return targets if len(targets) >= count else []

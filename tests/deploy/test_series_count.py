@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.daemon import Daemon
+from testkit.daemon import Daemon
 from trainmon import contract
 
 pytestmark = pytest.mark.integration

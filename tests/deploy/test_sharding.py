@@ -23,9 +23,9 @@ import yaml
 
 from deploy import sharding
 from deploy.bundle import prometheus_config
+from testkit.prometheus import PROMETHEUS, LoopbackProcess, require, wait_until
+from testkit.victoriametrics import VictoriaMetrics, VMAgent
 from tests.deploy.deploytest.common import DEPLOY, VARIANTS, run, tool
-from tests.support.prometheus import PROMETHEUS, LoopbackProcess, require, wait_until
-from tests.support.victoriametrics import VictoriaMetrics, VMAgent
 
 SHARDS = 3
 NODES = [f"node-{index:02d}" for index in range(30)]

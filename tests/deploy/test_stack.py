@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 import yaml
 
+from testkit.daemon import free_port
+from testkit.prometheus import wait_until
 from tests.deploy.deploytest.common import ALERTS, REPO
-from tests.deploy.deploytest.prometheus import wait_until
-from tests.support.daemon import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -166,13 +166,14 @@ def test_make_stack_comes_up_and_stops_cleanly_on_ctrl_c() -> None:
                     return dict(target)
             return None
 
-        target = wait_until(trainmon_target, 60, "the trainmon target never came up")
+        target = wait_until(trainmon_target, 60, "the trainmon target to be up", interval=0.25)
         assert target["labels"]["instance"] == f"127.0.0.1:{trainmon}"
         assert target["labels"]["node"] == "demo-node"
         build_info = wait_until(
             lambda: api(prometheus, "query", query='trainmon_build_info{mode="demo"}')["result"],
             30,
-            "no demo series in Prometheus",
+            "demo series in Prometheus",
+            interval=0.25,
         )
         assert build_info[0]["metric"]["node"] == "demo-node"
         assert build_info[0]["metric"]["job"] == "trainmon"
@@ -180,7 +181,8 @@ def test_make_stack_comes_up_and_stops_cleanly_on_ctrl_c() -> None:
         steps = wait_until(
             lambda: api(prometheus, "query", query="count by (job, node) (trainmon_training_steps_total)")["result"],
             30,
-            "no training series in Prometheus",
+            "training series in Prometheus",
+            interval=0.25,
         )
         assert {(s["metric"]["job"], s["metric"]["node"]) for s in steps} == {
             ("demo-starved", "demo-node"),

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from tests.deploy.deploytest.common import DEPLOY, run, tool
-from trainmon.config import TrainingConfig
+from trainmon.collectors.training import TrainingConfig
 
 SYSTEMD = DEPLOY / "systemd"
 UNITS = ("trainmon.service", "trainmon-tencent.service")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from prometheus_client.core import Metric
 
-from tests.support.exposition import Labels, Scrape, labels, scrape
+from testkit.exposition import Labels, Scrape, labels, scrape
 from trainmon.client import Reporter
 from trainmon.core.collector import Collector
 from trainmon.core.registry import CollectorRegistry

@@ -14,13 +14,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from testkit.exposition import scrape
+from testkit.loopback import LoopbackHTTPServer, Reply, Request
 from tests.diagnosis.diagnosis_support import ProcTree, SysTree
-from tests.support.exposition import scrape
-from tests.support.loopback import LoopbackHTTPServer, Reply, Request
 from trainmon.attribution import KubeletPodDirectory, ProcessAttributor
-from trainmon.collectors.attribution import AttributionCollector
-from trainmon.config import AttributionConfig, parse_config
-from trainmon.settings import ConfigError
+from trainmon.collectors.attribution import AttributionCollector, AttributionConfig
+from trainmon.config import parse_config
+from trainmon.section import ConfigError
 
 UID = "7d1c3d4e-1f2a-4b3c-8d9e-0a1b2c3d4e5f"
 UID_ = UID.replace("-", "_")

@@ -1,7 +1,7 @@
 """Real 2-rank DDP jobs (gloo, CPU) against a real daemon: each bottleneck is named.
 
 The problems a user measured with jobs integrated as the README says, and
-instrumented with ``reporter.instrument(ddp_model)`` (``ddp_job.py``):
+instrumented with ``reporter.instrument(ddp_model)`` (``testkit/ddp_job.py``):
 
 =================  ==============================================  ===============
 job                what happens every step                         verdict
@@ -46,11 +46,11 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.diagnosis.ddp_job import SCENARIOS, parameter_count
+from testkit.daemon import Daemon, free_port, trainmon_command, wait_ready
+from testkit.ddp_job import SCENARIOS, parameter_count
+from testkit.exposition import Scrape, parse
+from testkit.netns import NetworkLab, VethLink, unavailable_reason
 from tests.diagnosis.diagnosis_support import job_verdicts
-from tests.support.daemon import Daemon, free_port, trainmon_command, wait_ready
-from tests.support.exposition import Scrape, parse
-from tests.support.netns import NetworkLab, VethLink, unavailable_reason
 from trainmon import contract
 
 pytestmark = pytest.mark.integration
@@ -201,8 +201,8 @@ def start_job(directory: Path, scenario: str, socket: Path,
         log = directory / f"{job.name}-{rank}.log"
         job.logs.append(log)
         job.processes.append(subprocess.Popen(
-            [*prefix, sys.executable, "-m", "tests.diagnosis.ddp_job",
-             "--scenario", scenario, "--steps", str(JOB_STEPS)],
+            [*prefix, sys.executable, "-m", "testkit.ddp_job", "scenario", scenario,
+             "--steps", str(JOB_STEPS)],
             cwd=REPO_ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
         ))
     return job

@@ -16,17 +16,17 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 
+from testkit.loopback import LoopbackHTTPServer, Reply, Request
 from tests.diagnosis.diagnosis_support import ContractSource
 from tests.diagnosis.test_platform_findings import PlatformNode
-from tests.support.loopback import LoopbackHTTPServer, Reply, Request
-from trainmon.config import DiagnosisConfig
 from trainmon.core.collector import Collector, CollectorUnavailable
-from trainmon.diagnosis import text as catalogue
-from trainmon.diagnosis.doctor import DoctorOptions, metrics_url, run_doctor
 from trainmon.diagnosis.finding import SEVERITIES
-from trainmon.diagnosis.render import render_history, render_text
+from trainmon.diagnosis.thresholds import DiagnosisConfig
+from trainmon.doctor import DoctorOptions, metrics_url, render_history, run_doctor
 from trainmon.node.mounts import STORAGE_KINDS
 from trainmon.platform.config import PROVIDERS
+from trainmon.report import messages as catalogue
+from trainmon.report.render import render_text
 from trainmon.runs.regression import Regression
 
 
@@ -473,7 +473,7 @@ def risky_node() -> PlatformNode:
 
 
 def test_zh_text_translates_severities_storage_kinds_providers_and_units() -> None:
-    text = render_text(risky_node().report("zh"))
+    text = render_text(risky_node().diagnosed("zh"))
     for expected in ("   腾讯云, 实例 ins-7f3a", "   ! [严重] 竞价实例即将被回收",
                      "      + [严重] 运行在竞价实例上", "      + [警告] checkpoint 写在 /data（xfs，本地盘）",
                      "任务 llm: 最近 checkpoint 在 3600 秒前 (耗时 12.5 秒, 共 4 次 checkpoint), "
@@ -486,7 +486,7 @@ def test_zh_text_translates_severities_storage_kinds_providers_and_units() -> No
 
 
 def test_en_text_keeps_the_label_values() -> None:
-    text = render_text(risky_node().report("en"))
+    text = render_text(risky_node().diagnosed("en"))
     for expected in ("   tencent, instance ins-7f3a", "   ! [CRITICAL] spot instance will be",
                      "      + [WARNING] checkpoints are written to /data (xfs, local_disk)",
                      "job llm: last checkpoint 3600 s ago (took 12.5 s, 4 checkpoints), "

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import pytest
 
+from testkit.daemon import Daemon
+from testkit.exposition import parse
+from testkit.workloads import Workload, ranks
 from tests.diagnosis.diagnosis_support import job_verdicts
 from tests.diagnosis.test_scenarios import doctor, fake_gpu_env, wait_for_steps
-from tests.support.daemon import Daemon
-from tests.support.exposition import parse
-from tests.support.workloads import Workload, ranks
 
 pytestmark = pytest.mark.integration
 

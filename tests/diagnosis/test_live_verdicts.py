@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from testkit.exposition import scrape
+from testkit.prometheus import wait_until
 from tests.diagnosis.diagnosis_support import (
     EVALUATION_TIMEOUT_SECONDS,
     SteppingJob,
@@ -23,19 +25,18 @@ from tests.diagnosis.diagnosis_support import (
     job_verdicts,
 )
 from tests.ledger.ledger_support import description, send, step
-from tests.support.exposition import scrape
-from tests.support.prometheus import wait_until
 from trainmon.collectors.diagnosis import DiagnosisCollector
 from trainmon.collectors.ledger import LedgerCollector
-from trainmon.collectors.training import TrainingCollector
-from trainmon.config import DiagnosisConfig, TrainingConfig
+from trainmon.collectors.training import TrainingCollector, TrainingConfig
 from trainmon.core.collector import Collector
 from trainmon.core.registry import CollectorRegistry
 from trainmon.diagnosis.measure import MEASURED_SAMPLES, measure
-from trainmon.diagnosis.report import build_report
 from trainmon.diagnosis.samples import ScrapedSamples, Window
+from trainmon.diagnosis.thresholds import DiagnosisConfig
 from trainmon.ledger import Ledger
 from trainmon.ledger.config import LedgerConfig
+from trainmon.report.document import report_json
+from trainmon.report.model import build_report
 
 WINDOW = DiagnosisConfig(window_seconds=5.0)
 
@@ -80,7 +81,7 @@ def doctor_jobs(registry: CollectorRegistry, snapshots: int = 3) -> list[str]:
     """The jobs ``doctor`` reports from what the registry exports (one snapshot per scrape)."""
     taken = [ScrapedSamples.from_families(registry.collect(), time.monotonic(), time.time(),
                                           MEASURED_SAMPLES) for _ in range(snapshots)]
-    report = build_report(Window(taken), WINDOW, {"kind": "local"})
+    report = report_json(build_report(Window(taken), WINDOW, {"kind": "local"}))
     return [job["job"] for job in report["jobs"]]
 
 

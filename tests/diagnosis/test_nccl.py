@@ -6,10 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from testkit.exposition import scrape
 from tests.diagnosis.diagnosis_support import ProcTree, SysTree
-from tests.support.exposition import scrape
-from trainmon.collectors.attribution import AttributionCollector
-from trainmon.config import AttributionConfig
+from trainmon.collectors.attribution import AttributionCollector, AttributionConfig
 from trainmon.diagnosis.nccl import (
     RdmaPort,
     check_environment,

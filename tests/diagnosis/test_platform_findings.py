@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry as PrometheusRegistry
@@ -19,13 +20,15 @@ from prometheus_client import generate_latest
 
 from tests.diagnosis.diagnosis_support import ContractSource, evaluated
 from trainmon.collectors.diagnosis import DiagnosisCollector
-from trainmon.config import DiagnosisConfig, parse_config
+from trainmon.config import parse_config
 from trainmon.core.registry import CollectorRegistry
 from trainmon.diagnosis.measure import MEASURED_SAMPLES
-from trainmon.diagnosis.render import render_text
-from trainmon.diagnosis.report import Report, build_report, unmeasured_report
 from trainmon.diagnosis.samples import ScrapedSamples, Window
-from trainmon.settings import ConfigError
+from trainmon.diagnosis.thresholds import DiagnosisConfig
+from trainmon.report.document import report_json
+from trainmon.report.model import Report, build_report, unmeasured_report
+from trainmon.report.render import render_text
+from trainmon.section import ConfigError
 
 WALL = 1_900_000_000.0
 TICK = 5.0
@@ -161,21 +164,30 @@ class PlatformNode:
             snapshots.append(self.snapshot())
         return Window(snapshots)
 
-    def report(self, lang: str = "en", config: DiagnosisConfig | None = None) -> Report:
+    def diagnosed(self, lang: str = "en", config: DiagnosisConfig | None = None) -> Report:
+        """The report of a fresh window, as ``doctor`` renders it."""
         return build_report(self.window(), config or DiagnosisConfig(), {"kind": "local"}, lang)
 
+    def report(self, lang: str = "en", config: DiagnosisConfig | None = None) -> Document:
+        """The ``doctor --json`` document of a fresh window."""
+        return report_json(self.diagnosed(lang, config))
 
-def job(report: Report, name: str = "llm") -> dict[str, object]:
+
+#: The JSON document (``report_json``), read as JSON.
+Document = dict[str, Any]
+
+
+def job(report: Document, name: str = "llm") -> dict[str, object]:
     [entry] = [j for j in report["jobs"] if j["job"] == name]
     return dict(entry)
 
 
-def codes(report: Report, name: str = "llm") -> list[str]:
+def codes(report: Document, name: str = "llm") -> list[str]:
     [entry] = [j for j in report["jobs"] if j["job"] == name]
     return [f["code"] for f in entry["findings"]]
 
 
-def finding(report: Report, code: str, name: str = "llm") -> dict[str, object]:
+def finding(report: Document, code: str, name: str = "llm") -> dict[str, object]:
     [entry] = [j for j in report["jobs"] if j["job"] == name]
     [found] = [f for f in entry["findings"] if f["code"] == code]
     return dict(found)
@@ -216,7 +228,7 @@ def test_a_scheduled_reclaim_is_critical_names_the_seconds_left_and_the_jobs() -
 ])
 def test_the_platform_section_comes_first_with_the_reclaim(lang: str, expected: list[str]
                                                            ) -> None:
-    text = render_text(PlatformNode(spot=1, reclaim_in=90).report(lang))
+    text = render_text(PlatformNode(spot=1, reclaim_in=90).diagnosed(lang))
     for part in expected:
         assert part in text, (part, text)
     platform, gpu = text.index(expected[0]), text.index("1. GPU")
@@ -224,25 +236,28 @@ def test_the_platform_section_comes_first_with_the_reclaim(lang: str, expected: 
 
 
 def test_no_reclaim_scheduled_no_finding_and_a_healthy_exit() -> None:
-    report = PlatformNode(spot=1).report()
+    diagnosed = PlatformNode(spot=1).diagnosed()
+    report = report_json(diagnosed)
     assert report["platform"]["findings"] == []
     assert "spot_reclaim" not in codes(report)
     assert (report["status"], report["exit_code"]) == ("healthy", 0)
-    assert "no reclaim scheduled" in render_text(report)
+    assert "no reclaim scheduled" in render_text(diagnosed)
 
 
 def test_a_node_without_platform_metrics_says_so() -> None:
-    report = PlatformNode(provider=None, metadata_up=None).report()
+    diagnosed = PlatformNode(provider=None, metadata_up=None).diagnosed()
+    report = report_json(diagnosed)
     assert report["platform"]["provider"] == "" and report["platform"]["spot"] is None
-    assert "no platform metrics" in render_text(report)
+    assert "no platform metrics" in render_text(diagnosed)
 
 
 # -- checkpoints ----------------------------------------------------------------------
 
 
 def test_an_old_checkpoint_on_a_spot_instance_is_a_warning() -> None:
-    report = PlatformNode(spot=1, checkpoint_age=3600,
-                          checkpoint_storage=("/mnt/cfs", "nfs4", "network_fs")).report()
+    diagnosed = PlatformNode(spot=1, checkpoint_age=3600,
+                             checkpoint_storage=("/mnt/cfs", "nfs4", "network_fs")).diagnosed()
+    report = report_json(diagnosed)
     overdue = finding(report, "checkpoint_overdue")
     assert overdue["severity"] == "warning" and overdue["kind"] == "storage"
     assert overdue["values"]["age"] == pytest.approx(3600)
@@ -254,7 +269,7 @@ def test_an_old_checkpoint_on_a_spot_instance_is_a_warning() -> None:
     assert (entry["last_duration_seconds"], entry["checkpoints"]) == (12.5, 4)  # per rank
     assert (entry["mountpoint"], entry["storage"]) == ("/mnt/cfs", "network_fs")
     assert ("job llm: last checkpoint 3600 s ago (took 12.5 s, 4 checkpoints), /mnt/cfs "
-            "(nfs4, network_fs)") in render_text(report)
+            "(nfs4, network_fs)") in render_text(diagnosed)
 
 
 def test_an_old_checkpoint_is_critical_while_a_reclaim_is_scheduled() -> None:
@@ -316,7 +331,8 @@ def test_no_local_disk_finding(provider: str | None, storage: str) -> None:
 def test_a_process_on_the_far_socket_gets_numactl_advice() -> None:
     node = PlatformNode(numa_nodes={"0": 0, "1": 1},
                         numa_ratios={("0", "100"): 1.0, ("1", "101"): 0.0})
-    report = node.report()
+    diagnosed = node.diagnosed()
+    report = report_json(diagnosed)
     far = finding(report, "numa_far")
     assert (far["severity"], far["values"]["pids"], far["values"]["node"]) == (
         "warning", "101", 1)
@@ -324,7 +340,7 @@ def test_a_process_on_the_far_socket_gets_numactl_advice() -> None:
     assert "numactl --cpunodebind=1 --membind=1" in str(job(report)["advice"])
     processes = {(p["pid"], p["status"], p["job"]) for p in report["numa"]["processes"]}
     assert processes == {("100", "local", "llm"), ("101", "far", "llm")}
-    text = render_text(report)
+    text = render_text(diagnosed)
     assert "NUMA gpu 1 (NUMA node 1): pid 101 (job llm) 0% of its CPUs on the GPU's node [far]" \
         in text
 
@@ -338,13 +354,14 @@ def test_a_mostly_local_process_is_no_finding() -> None:
 @pytest.mark.parametrize("lang", ["en", "zh"])
 def test_an_unknown_topology_is_never_a_mismatch(lang: str) -> None:
     # a virtualised host: numa_node -1, so the collector exports no ratio
-    report = PlatformNode(numa_nodes={"0": -1, "1": -1}).report(lang)
+    diagnosed = PlatformNode(numa_nodes={"0": -1, "1": -1}).diagnosed(lang)
+    report = report_json(diagnosed)
     assert "numa_far" not in codes(report)
     assert report["numa"]["gpus"] == [{"gpu": "0", "numa_node": -1},
                                       {"gpu": "1", "numa_node": -1}]
     expected = ("NUMA topology unknown (virtualised host: numa_node = -1); binding is unlikely "
                 "to pay off here" if lang == "en" else "NUMA 拓扑未知")
-    assert expected in render_text(report)
+    assert expected in render_text(diagnosed)
     # even a ratio next to an unknown node gives no finding
     odd = PlatformNode(numa_nodes={"0": -1, "1": -1}, numa_ratios={("1", "101"): 0.0})
     assert "numa_far" not in codes(odd.report())
@@ -409,7 +426,8 @@ def test_socket_thresholds_follow_the_config() -> None:
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
 def test_storage_evidence_names_the_busiest_nfs_mount(lang: str) -> None:
-    report = PlatformNode(data_wait=0.2, nfs_read=180e6).report(lang)
+    diagnosed = PlatformNode(data_wait=0.2, nfs_read=180e6).diagnosed(lang)
+    report = report_json(diagnosed)
     assert job(report)["kind"] == "storage"
     wait = finding(report, "data_wait")
     assert wait["values"]["mount"] == "/mnt/cfs"
@@ -430,7 +448,7 @@ def test_storage_evidence_names_the_busiest_nfs_mount(lang: str) -> None:
     [mount] = report["storage"]["nfs"]
     assert (mount["server"], mount["export"], mount["version"]) == (
         "10.0.0.8", "/cfs-dataset", "4.1")
-    assert "nfs4 10.0.0.8:/cfs-dataset /mnt/cfs (v4.1): " in render_text(report)
+    assert "nfs4 10.0.0.8:/cfs-dataset /mnt/cfs (v4.1): " in render_text(diagnosed)
 
 
 def test_no_storage_verdict_no_mount_in_the_evidence() -> None:
@@ -464,7 +482,7 @@ def test_the_json_document_carries_the_new_sections() -> None:
     assert all(set(f) == {"kind", "code", "severity", "values", "message"}
                for j in report["jobs"] for f in j["findings"])
     assert {f["severity"] for f in report["jobs"][0]["findings"]} == {"", "critical"}
-    empty = unmeasured_report({"kind": "url", "url": "http://x/metrics"}, "refused")
+    empty = report_json(unmeasured_report({"kind": "url", "url": "http://x/metrics"}, "refused"))
     assert set(empty) == set(report) - {"reason"} | {"reason"}
     assert empty["storage"]["checkpoints"] == [] and empty["platform"]["findings"] == []
 
@@ -520,11 +538,12 @@ def test_a_reclaim_on_a_node_with_nothing_else_measured_still_needs_action() -> 
         source.set("trainmon_node_spot_instance", 1)
         source.set("trainmon_node_spot_termination_timestamp_seconds", WALL + 100)
         snapshots.append(ScrapedSamples.from_families(source.collect(), at, WALL + at))
-    report = build_report(Window(snapshots), DiagnosisConfig(), {"kind": "local"})
+    diagnosed = build_report(Window(snapshots), DiagnosisConfig(), {"kind": "local"})
+    report = report_json(diagnosed)
     assert (report["status"], report["exit_code"], report["jobs"]) == ("risk", 1, [])
     [reclaim] = report["platform"]["findings"]
     assert reclaim["values"]["jobs"] == "-" and reclaim["values"]["seconds"] == 95
-    assert "(in 95 s)" in render_text(report)
+    assert "(in 95 s)" in render_text(diagnosed)
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])

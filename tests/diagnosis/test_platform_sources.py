@@ -1,7 +1,7 @@
 """The risk findings through the real platform, NFS and NUMA collectors.
 
 Below our code only fakes of what the node provides: the loopback CVM
-metadata service (``tests.support.fake_tencent_metadata``), a ``mountstats``
+metadata service (``testkit.fake_tencent_metadata``), a ``mountstats``
 file rewritten between snapshots, the checked-in NUMA ``/proc`` and ``/sys``
 trees with the demo's pynvml-shaped library. The training side is a
 contract-metric source (``test_platform_findings.PlatformNode``).
@@ -18,24 +18,26 @@ from typing import Any
 
 import pytest
 
+from testkit.fake_tencent_metadata import FakeMetadata
+from testkit.node_nvml import NodeNVML
 from tests.diagnosis.test_platform_findings import PlatformNode, codes, finding, job
-from tests.support.fake_tencent_metadata import FakeMetadata
-from tests.support.node_nvml import NodeNVML
 from trainmon.cli import build_collectors
-from trainmon.collectors.gpu import GPUCollector
-from trainmon.collectors.nfs import NFSCollector
-from trainmon.collectors.numa import NumaCollector
+from trainmon.collectors.gpu import GPUCollector, GPUConfig
+from trainmon.collectors.nfs import NFSCollector, NFSConfig
+from trainmon.collectors.numa import NumaCollector, NumaConfig
 from trainmon.collectors.platform import PlatformCollector
-from trainmon.config import DiagnosisConfig, GPUConfig, NFSConfig, NumaConfig, parse_config
+from trainmon.config import parse_config
 from trainmon.core.collector import Collector
 from trainmon.core.registry import CollectorRegistry
-from trainmon.diagnosis.doctor import LOCAL_EXCLUDED, DoctorOptions, run_doctor
 from trainmon.diagnosis.measure import MEASURED_SAMPLES
-from trainmon.diagnosis.render import render_text
-from trainmon.diagnosis.report import Report, build_report
 from trainmon.diagnosis.samples import ScrapedSamples, Window
+from trainmon.diagnosis.thresholds import DiagnosisConfig
+from trainmon.doctor import LOCAL_EXCLUDED, DoctorOptions, run_doctor
 from trainmon.gpu.nvml import NVML
 from trainmon.platform.config import PlatformConfig
+from trainmon.report.document import report_json
+from trainmon.report.model import Report, build_report
+from trainmon.report.render import render_text
 
 NUMA_FIXTURES = Path(__file__).parent.parent / "node" / "fixtures"
 
@@ -103,12 +105,13 @@ def test_no_reclaim_from_the_metadata_service_no_finding(metadata: FakeMetadata)
     platform = platform_collector(metadata.url)
     try:
         node = PlatformNode(provider=None, metadata_up=None)
-        report = report_of([platform, node.source], node)
+        diagnosed = report_of([platform, node.source], node)
     finally:
         platform.stop()
+    report = report_json(diagnosed)
     assert report["platform"]["spot"] is True and report["platform"]["findings"] == []
     assert "spot_reclaim" not in codes(report)
-    assert "no reclaim scheduled" in render_text(report)
+    assert "no reclaim scheduled" in render_text(diagnosed)
 
 
 # -- the NFS collector: the dataset's mount in the storage evidence ------------------------
@@ -137,8 +140,8 @@ def test_a_starved_job_reading_from_cfs_names_the_mount(tmp_path: Path) -> None:
             read=int(900e6) * (tick + 1), ops=ops, sent=ops * 200, rtt=ops * 12))
 
     node = PlatformNode(data_wait=0.2)
-    report = report_of([NFSCollector(NFSConfig(), proc), node.source], node,
-                       before_tick=rewrite)
+    report = report_json(report_of([NFSCollector(NFSConfig(), proc), node.source], node,
+                                   before_tick=rewrite))
     assert job(report)["kind"] == "storage"
     wait = finding(report, "data_wait")
     assert str(wait["message"]).endswith(
@@ -169,8 +172,8 @@ def numa_report(tree: str, bus_ids: Sequence[str], processes: Mapping[int, Seque
 
 def test_a_rank_on_the_far_socket_of_a_two_node_host() -> None:
     # GPU 0 on node 0 and GPU 1 on node 1; pid 103's CPUs are all on node 0
-    report = numa_report("numa-two-node", ["00000000:1A:00.0", "00010000:01:00.0"],
-                         {0: [100], 1: [103]})
+    report = report_json(numa_report("numa-two-node", ["00000000:1A:00.0", "00010000:01:00.0"],
+                                     {0: [100], 1: [103]}))
     far = finding(report, "numa_far")
     assert (far["values"]["pids"], far["values"]["gpu"], far["values"]["node"]) == (
         "103", "1", 1)
@@ -181,10 +184,10 @@ def test_a_rank_on_the_far_socket_of_a_two_node_host() -> None:
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
 def test_a_virtualised_host_is_unknown_not_a_mismatch(lang: str) -> None:
-    report = numa_report("numa-virtualised", ["00000000:00:05.0", "00000000:00:06.0"],
-                         {0: [200], 1: [201]}, lang)
-    assert "numa_far" not in codes(report)
-    text = render_text(report)
+    diagnosed = numa_report("numa-virtualised", ["00000000:00:05.0", "00000000:00:06.0"],
+                            {0: [200], 1: [201]}, lang)
+    assert "numa_far" not in codes(report_json(diagnosed))
+    text = render_text(diagnosed)
     expected = ("NUMA topology unknown (virtualised host: numa_node = -1)" if lang == "en"
                 else "NUMA 拓扑未知（虚拟化主机：numa_node = -1）")
     assert f"NUMA gpu 0: {expected}" in text

@@ -12,13 +12,14 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from testkit.exposition import Scrape, scrape
 from tests.diagnosis.diagnosis_support import ContractSource, evaluated, job_verdicts
-from tests.support.exposition import Scrape, scrape
 from trainmon.collectors.diagnosis import DiagnosisCollector
-from trainmon.config import DiagnosisConfig, parse_config
+from trainmon.config import parse_config
 from trainmon.core.collector import Collector
 from trainmon.core.registry import CollectorRegistry
-from trainmon.settings import ConfigError
+from trainmon.diagnosis.thresholds import DiagnosisConfig
+from trainmon.section import ConfigError
 
 
 def diagnosing(

@@ -30,10 +30,10 @@ from pathlib import Path
 
 import pytest
 
+from testkit.daemon import Daemon, trainmon_command
+from testkit.exposition import parse
+from testkit.workloads import Workload, ranks
 from tests.diagnosis.diagnosis_support import job_verdicts
-from tests.support.daemon import Daemon, trainmon_command
-from tests.support.exposition import parse
-from tests.support.workloads import Workload, ranks
 
 pytestmark = pytest.mark.integration
 

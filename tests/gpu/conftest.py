@@ -21,11 +21,10 @@ from typing import Any
 import pynvml
 import pytest
 
+from testkit import exposition
+from testkit.exposition import Scrape
 from tests.gpu.harness import Clock, FakeNVML
-from tests.support import exposition
-from tests.support.exposition import Scrape
-from trainmon.collectors.gpu import GPUCollector
-from trainmon.config import GPUConfig
+from trainmon.collectors.gpu import GPUCollector, GPUConfig
 from trainmon.core.collector import Collector
 from trainmon.gpu.nvml import NVML
 

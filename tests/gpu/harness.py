@@ -6,7 +6,7 @@ import ctypes
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tests.support.prometheus import wait_until
+from testkit.prometheus import wait_until
 
 
 class Clock:
@@ -50,5 +50,5 @@ class FakeNVML:
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    """``support.prometheus.wait_until`` polling every 20 ms (AssertionError after ``timeout`` s)."""
+    """``testkit.prometheus.wait_until`` polling every 20 ms (AssertionError after ``timeout`` s)."""
     wait_until(condition, timeout, "the condition", interval=0.02)

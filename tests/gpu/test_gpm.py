@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from testkit.exposition import Scrape
 from tests.gpu.harness import Clock, FakeNVML, wait_for
-from tests.support.exposition import Scrape
 from trainmon.collectors.gpu import GPUCollector
 from trainmon.gpu.types import NVMLUnavailable
 

@@ -6,8 +6,9 @@ from collections.abc import Mapping
 
 import pytest
 
-from trainmon.config import GPUConfig, parse_config
-from trainmon.settings import ConfigError
+from trainmon.collectors.gpu import GPUConfig
+from trainmon.config import parse_config
+from trainmon.section import ConfigError
 
 
 def gpu(section: Mapping[str, object]) -> GPUConfig:

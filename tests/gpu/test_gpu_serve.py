@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.daemon import Daemon
-from tests.support.exposition import Scrape, parse
+from testkit.daemon import Daemon
+from testkit.exposition import Scrape, parse
 
 pytestmark = pytest.mark.integration
 

@@ -24,7 +24,7 @@ PROBE = """
 import json, time
 from prometheus_client import CollectorRegistry, generate_latest
 from trainmon.collectors.gpu import GPUCollector
-from trainmon.config import GPUConfig
+from trainmon.collectors.gpu import GPUConfig
 from trainmon.gpu.nvml import NVML
 
 collector = GPUCollector(NVML(), GPUConfig(sample_interval_seconds=0.5))

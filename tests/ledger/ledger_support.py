@@ -7,11 +7,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trainmon.collectors.ledger import LedgerCollector
-from trainmon.collectors.training import TrainingCollector
-from trainmon.config import TrainingConfig
+from trainmon.collectors.training import TrainingCollector, TrainingConfig
+from trainmon.contract import STEP_BUCKET_COUNT
 from trainmon.ledger import RunRecord
 from trainmon.ledger.config import LedgerConfig
-from trainmon.training.protocol import STEP_BUCKET_COUNT, config_hash
+from trainmon.training.protocol import config_hash
 from trainmon.training.receiver import ingest_payload
 from trainmon.training.writers import LOCAL_WRITER
 

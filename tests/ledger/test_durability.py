@@ -12,8 +12,8 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from testkit.daemon import Daemon
 from tests.ledger.ledger_support import description, step
-from tests.support.daemon import Daemon
 from trainmon.ledger import Ledger
 
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from testkit.exposition import scrape
 from tests.ledger.ledger_support import Clocks, description, make_recorder, only, send, step
-from tests.support.exposition import scrape
-from trainmon.collectors.ledger import MAX_EXPORTED_RUN_ENDS, RUN_END_EXPORT_SECONDS
 from trainmon.ledger import Ledger
+from trainmon.ledger.recorder import MAX_EXPORTED_RUN_ENDS, RUN_END_EXPORT_SECONDS
 
 REPORTERS = ("a1b2c3d4e5f60718", "b1b2c3d4e5f60718")
 

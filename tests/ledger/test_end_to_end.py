@@ -15,10 +15,10 @@ from pathlib import Path
 
 import yaml
 
-from tests.support.daemon import Daemon
-from tests.support.exposition import parse
-from trainmon.collectors.ledger import changed_keys
+from testkit.daemon import Daemon
+from testkit.exposition import parse
 from trainmon.ledger import Ledger
+from trainmon.ledger.recorder import changed_keys
 
 SECRET = "planted-secret-3f9a1c"
 #: A training loop: ``seconds`` per step, 32 samples each, for about 3 s.

@@ -9,7 +9,7 @@ import pytest
 from trainmon import contract
 from trainmon.config import parse_config
 from trainmon.paths import default_ledger_path
-from trainmon.settings import ConfigError
+from trainmon.section import ConfigError
 
 
 def test_defaults() -> None:

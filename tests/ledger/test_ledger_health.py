@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from testkit.exposition import scrape
 from tests.ledger.ledger_support import Clocks, description, make_recorder, send, step
-from tests.support.exposition import scrape
 from trainmon.core.registry import CollectorRegistry
 from trainmon.ledger import schema
 

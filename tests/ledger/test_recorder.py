@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.core import GaugeMetricFamily
 
+from testkit.exposition import scrape
 from tests.ledger.ledger_support import Clocks, description, make_recorder, only, send, step
-from tests.support.exposition import scrape
 from trainmon.ledger import Ledger
 from trainmon.training.protocol import parse
 
@@ -257,7 +257,7 @@ def test_a_foreign_file_is_reported_and_never_modified(clocks: Clocks, tmp_path:
 
 
 def test_changed_keys_names_config_environment_data_versions_and_world_size() -> None:
-    from trainmon.collectors.ledger import changed_keys
+    from trainmon.ledger.recorder import changed_keys
 
     def described(storage: str, **changes: object) -> dict[str, object]:
         base: dict[str, object] = {

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from testkit.exposition import scrape
 from tests.ledger.ledger_support import Clocks, description, make_recorder, only, send, step
-from tests.support.exposition import scrape
 from trainmon.ledger import Ledger, RecordUpdate, RunRecord
 
 
@@ -60,7 +60,7 @@ def test_a_reused_job_and_run_id_cannot_rewrite_another_users_record(
     clocks.advance(3600)
     training, ledger = make()
     ledger.start()
-    caplog.set_level(logging.INFO, logger="trainmon.collectors.ledger")
+    caplog.set_level(logging.INFO, logger="trainmon.ledger.recorder")
     send(training, description(config={"lr": 9.9}), step(0), identity="uid:1001")
     ledger.tick()
     for index in range(1, 4):
@@ -128,7 +128,7 @@ def test_the_recorders_retention_spares_the_smaller_owner(
             job="flood", run=f"f{i}", node="node-1", config_hash="", started=float(i),
             ended=None, end_reason=None, updated=clocks.wall, world_size=1, ranks=1,
             owner=owner), {}) for i, owner in enumerate(["uid:1000"] * 2 + ["uid:2000"] * 7)])
-    caplog.set_level(logging.INFO, logger="trainmon.collectors.ledger")
+    caplog.set_level(logging.INFO, logger="trainmon.ledger.recorder")
     training, ledger = make_recorder(clocks, path, flush_seconds=3600.0, max_runs=6,
                                      max_runs_per_owner=5)()
     ledger.start()  # retention runs at open

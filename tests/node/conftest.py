@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import exposition
-from tests.support.exposition import Scrape
+from testkit import exposition
+from testkit.exposition import Scrape
 from trainmon.core.collector import Collector
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from trainmon.collectors.disk import DiskCollector
-from trainmon.config import DiskConfig, parse_config
+from trainmon.collectors.disk import DiskCollector, DiskConfig
+from trainmon.config import parse_config
 from trainmon.core.collector import CollectorUnavailable
 
 BASE_COUNTERS = [

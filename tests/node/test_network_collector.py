@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from trainmon.collectors.network import NetworkCollector
-from trainmon.config import NetworkConfig, parse_config
+from trainmon.collectors.network import NetworkCollector, NetworkConfig
+from trainmon.config import parse_config
 from trainmon.core.collector import CollectorUnavailable
 
 COUNTER_NAMES = [

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.exposition import Scrape
-from trainmon.collectors.nfs import NFSCollector
-from trainmon.config import NFSConfig, parse_config
+from testkit.exposition import Scrape
+from trainmon.collectors.nfs import NFSCollector, NFSConfig
+from trainmon.config import parse_config
 from trainmon.core.collector import Collector, CollectorUnavailable
 from trainmon.core.registry import CollectorRegistry
 
@@ -126,7 +126,7 @@ def test_no_procfs_is_unavailable(tmp_path: Path) -> None:
 
 
 def test_config_rejects_bad_regex() -> None:
-    from trainmon.settings import ConfigError
+    from trainmon.section import ConfigError
 
     with pytest.raises(ConfigError, match=r"collectors\.nfs\.include"):
         parse_config({"collectors": {"nfs": {"include": "("}}})

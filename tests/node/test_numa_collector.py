@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from tests.support.exposition import Scrape
-from tests.support.node_nvml import NodeNVML
+from testkit.exposition import Scrape
+from testkit.node_nvml import NodeNVML
 from trainmon.cli import enabled_collectors
-from trainmon.collectors.gpu import GPUCollector
-from trainmon.collectors.numa import NumaCollector
-from trainmon.config import GPUConfig, NumaConfig, parse_config
+from trainmon.collectors.gpu import GPUCollector, GPUConfig
+from trainmon.collectors.numa import NumaCollector, NumaConfig
+from trainmon.config import parse_config
 from trainmon.core.registry import CollectorRegistry
 from trainmon.gpu.nvml import NVML
 

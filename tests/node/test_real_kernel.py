@@ -12,9 +12,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from trainmon.collectors.disk import DiskCollector
-from trainmon.collectors.network import NetworkCollector
-from trainmon.config import DiskConfig, NetworkConfig
+from trainmon.collectors.disk import DiskCollector, DiskConfig
+from trainmon.collectors.network import NetworkCollector, NetworkConfig
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or not Path("/proc/diskstats").exists(),

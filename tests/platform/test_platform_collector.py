@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.daemon import free_port
-from tests.support.exposition import Scrape, scrape
-from tests.support.fake_tencent_metadata import FakeMetadata
+from testkit.daemon import free_port
+from testkit.exposition import Scrape, scrape
+from testkit.fake_tencent_metadata import FakeMetadata
 from trainmon.collectors.platform import PlatformCollector
 from trainmon.platform.config import PlatformConfig
 

@@ -6,7 +6,7 @@ import pytest
 
 from trainmon.config import parse_config
 from trainmon.platform.config import PlatformConfig
-from trainmon.settings import ConfigError
+from trainmon.section import ConfigError
 
 
 def platform(section: object) -> PlatformConfig:

@@ -6,9 +6,9 @@ import json
 import time
 from collections.abc import Callable
 
-from tests.support.daemon import Daemon
-from tests.support.exposition import Scrape, parse
-from tests.support.fake_tencent_metadata import FakeMetadata
+from testkit.daemon import Daemon
+from testkit.exposition import Scrape, parse
+from testkit.fake_tencent_metadata import FakeMetadata
 
 RECLAIM = "trainmon_node_spot_termination_timestamp_seconds"
 

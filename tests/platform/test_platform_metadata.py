@@ -7,9 +7,9 @@ from datetime import datetime, timezone
 
 import pytest
 
-from tests.support.daemon import free_port
-from tests.support.fake_tencent_metadata import FakeMetadata, tencent_time
-from trainmon.platform.metadata import (
+from testkit.daemon import free_port
+from testkit.fake_tencent_metadata import FakeMetadata, tencent_time
+from trainmon.tencent.metadata import (
     HTTPTransport,
     MetadataError,
     MetadataReply,

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.daemon import Daemon, trainmon_command
-from tests.support.prometheus import Prometheus, wait_until
+from testkit.daemon import Daemon, trainmon_command
+from testkit.prometheus import Prometheus, wait_until
 
 pytest.importorskip("torch")
 

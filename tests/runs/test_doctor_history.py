@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from testkit.loopback import LoopbackHTTPServer, Reply, Request
 from tests.diagnosis.test_doctor import StarvedNode
 from tests.runs.runs_support import STARTED, record, summary, write_ledger
-from tests.support.loopback import LoopbackHTTPServer, Reply, Request
 from trainmon import contract
-from trainmon.config import DiagnosisConfig
-from trainmon.diagnosis.doctor import DoctorOptions, run_doctor
+from trainmon.diagnosis.thresholds import DiagnosisConfig
+from trainmon.doctor import DoctorOptions, run_doctor
 
 HASH = "sha256:00112233aabbccdd"
 

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.loopback import LoopbackHTTPServer, Reply, Request
-from tests.support.prometheus import Prometheus, wait_until
+from testkit.loopback import LoopbackHTTPServer, Reply, Request
+from testkit.prometheus import Prometheus, wait_until
 from trainmon.runs.prometheus import PrometheusSource
 
 pytestmark = pytest.mark.integration

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from testkit.daemon import free_port
 from tests.runs.runs_support import STARTED, description, record, summary, write_ledger
-from tests.support.daemon import free_port
 from trainmon.cli import main
 
 
@@ -120,8 +120,8 @@ def test_an_unreachable_prometheus_is_a_runtime_failure_in_one_clear_line(
 def test_doctor_takes_the_ledger_from_the_command_line(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The flag reaches the history line (the line itself: test_doctor_history)."""
+    from testkit.loopback import LoopbackHTTPServer, Reply, Request
     from tests.diagnosis.test_doctor import StarvedNode
-    from tests.support.loopback import LoopbackHTTPServer, Reply, Request
 
     path = write_ledger(tmp_path / "ledger.sqlite3", [
         record("vit-1", job="vit"),

@@ -19,7 +19,7 @@ import itertools
 import pytest
 
 from bench import fleet_scale, fleet_sim
-from tests.dashboards.metric_contract import metric_names
+from testkit.metric_contract import metric_names
 from tests.dashboards.test_dashboard_queries import EXPECTED_EMPTY
 
 pytestmark = pytest.mark.integration

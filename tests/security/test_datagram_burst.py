@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.support.daemon import Daemon
+from testkit.daemon import Daemon
 from trainmon.client import Reporter
 
 RANKS = 100

@@ -20,8 +20,8 @@ from typing import TypeVar
 
 import pytest
 
-from tests.support.daemon import free_port
-from tests.support.loopback import LoopbackHTTPServer, Reply, Request
+from testkit.daemon import free_port
+from testkit.loopback import LoopbackHTTPServer, Reply, Request
 from trainmon import outbound
 from trainmon.attribution.kubelet import KubeletPodDirectory
 from trainmon.client import Reporter
@@ -31,9 +31,9 @@ from trainmon.client.transport import (
     HTTP_TIMEOUT_SECONDS,
     open_sender,
 )
-from trainmon.platform.metadata import HTTPTransport, MetadataError, TencentMetadata
 from trainmon.tencent.client import MONITOR, APIError, APIStats, TencentAPI
 from trainmon.tencent.credentials import Credential, CredentialsUnavailable, MetadataService
+from trainmon.tencent.metadata import HTTPTransport, MetadataError, TencentMetadata
 from trainmon.tencent.ratelimit import TokenBucket
 
 #: Slack for a loaded 2-core machine on top of a deadline (seconds).

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.daemon import Daemon
-from tests.support.exposition import parse
-from tests.support.prometheus import wait_until
+from testkit.daemon import Daemon
+from testkit.exposition import parse
+from testkit.prometheus import wait_until
 from tests.training.training_support import line
 from trainmon.training.protocol import MAX_PAYLOAD_LINES
 from trainmon.training.receiver import MAX_ERRORS_IN_RESPONSE

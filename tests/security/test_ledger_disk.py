@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from testkit.exposition import scrape
 from tests.ledger.ledger_support import Clocks, description, make_recorder, only, send, step
-from tests.support.exposition import scrape
 from trainmon.ledger import Ledger, LedgerError, RecordUpdate, RunRecord
 
 SIZE_BYTES = 256 * 1024

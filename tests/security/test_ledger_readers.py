@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.daemon import Daemon
+from testkit.daemon import Daemon
 from trainmon.ledger import Ledger
 
 pytestmark = pytest.mark.integration

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.daemon import Daemon
-from tests.support.prometheus import wait_until
+from testkit.daemon import Daemon
+from testkit.prometheus import wait_until
 from trainmon.client import Reporter
 
 pytestmark = pytest.mark.integration

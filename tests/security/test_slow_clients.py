@@ -28,8 +28,8 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from tests.support.daemon import READY_TIMEOUT_SECONDS, Daemon
-from tests.support.exposition import Scrape, parse
+from testkit.daemon import READY_TIMEOUT_SECONDS, Daemon
+from testkit.exposition import Scrape, parse
 from trainmon.http.limits import ConnectionLimits, client_key
 
 #: Everything that reads the node or the network off: the daemon serves little but itself.

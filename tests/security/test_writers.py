@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
+from testkit.daemon import Daemon
+from testkit.exposition import Scrape, parse
+from testkit.prometheus import wait_until
 from tests.security.conftest import AsUser, LocalUser
-from tests.support.daemon import Daemon
-from tests.support.exposition import Scrape, parse
-from tests.support.prometheus import wait_until
 from tests.training.training_support import report
-from trainmon.training.protocol import STEP_BUCKET_COUNT
+from trainmon.contract import STEP_BUCKET_COUNT
 
 pytestmark = pytest.mark.integration
 

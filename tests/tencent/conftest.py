@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.fake_tencent_api import FakeClock, FakeTencentCloud
+from testkit.fake_tencent_api import FakeClock, FakeTencentCloud
 from tests.tencent.tencent_support import SECRET_ID, SECRET_KEY, START, tencent_config
 from trainmon.collectors.tencent import TencentCollector
 

@@ -7,9 +7,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from tests.support.fake_tencent_api import FakeTencentCloud
-from trainmon.collectors.tencent import TencentCollector
-from trainmon.config import TencentConfig, parse_config
+from testkit.fake_tencent_api import FakeTencentCloud
+from trainmon.collectors.tencent import TencentCollector, TencentConfig
+from trainmon.config import parse_config
 
 SECRET_ID = "AKIDtrainmontest0001"
 SECRET_KEY = "s3cr3t-KEY-never-shown-0123456789"

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from trainmon.config import parse_config
-from trainmon.settings import ConfigError
+from trainmon.section import ConfigError
 
 ENV = {"KEY": "the-secret-value", "TOKEN": "the-session-token"}
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.fake_tencent_api import FakeClock, FakeTencentCloud
-from tests.support.fake_tencent_metadata import FakeMetadata
+from testkit.fake_tencent_api import FakeClock, FakeTencentCloud
+from testkit.fake_tencent_metadata import FakeMetadata
 from tests.tencent.tencent_support import SECRET_ID, SECRET_KEY, named, samples
 from trainmon.collectors.tencent import TencentCollector
 from trainmon.core.collector import CollectorUnavailable

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.support.fake_tencent_api import FakeClock, FakeTencentCloud
+from testkit.fake_tencent_api import FakeClock, FakeTencentCloud
 from tests.tencent.tencent_support import SECRET_KEY, exposition, named, samples
 from trainmon.collectors.tencent import TencentCollector
 from trainmon.core.collector import CollectorUnavailable

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
-from tests.support.fake_tencent_api import METRICS, FakeClock, FakeTencentCloud
+from testkit.fake_tencent_api import METRICS, FakeClock, FakeTencentCloud
 from tests.tencent.tencent_support import named, samples
 from trainmon.collectors.tencent import TencentCollector
 from trainmon.tencent.catalogue import CATALOGUE, TargetKind, label_name

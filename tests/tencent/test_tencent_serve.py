@@ -15,7 +15,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.fake_tencent_api import FakeTencentCloud
+from testkit.fake_tencent_api import FakeTencentCloud
 from tests.tencent.tencent_support import SECRET_ID, SECRET_KEY
 from trainmon.tencent.catalogue import CATALOGUE, TargetKind
 

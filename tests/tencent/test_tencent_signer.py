@@ -11,7 +11,7 @@ from tencentcloud.common.credential import Credential as SDKCredential  # type: 
 from tencentcloud.common.profile.client_profile import ClientProfile  # type: ignore[import-untyped]
 from tencentcloud.common.profile.http_profile import HttpProfile  # type: ignore[import-untyped]
 
-from tests.support.fake_tencent_api import FakeTencentCloud
+from testkit.fake_tencent_api import FakeTencentCloud
 from tests.tencent.tencent_support import SECRET_ID, SECRET_KEY
 from trainmon.tencent import signer
 

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tests.training.dist_job import BATCH, batches, make_model
+from testkit.ddp_job import BATCH, batches, make_model
 from trainmon.client import Reporter
 
 JOB = "agreement-job"

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.training.training_support import FakeClock
-from trainmon.collectors.training import TrainingCollector
-from trainmon.config import TrainingConfig
+from trainmon.collectors.training import TrainingCollector, TrainingConfig
 
 
 @pytest.fixture

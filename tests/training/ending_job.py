@@ -26,6 +26,7 @@ Every mode reports as job ``ending`` through the real client and trains on
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import os
 import signal
@@ -178,6 +179,9 @@ def spawned_rank(rank: int) -> None:
         nn.functional.mse_loss(out, y).backward()  # type: ignore[no-untyped-call]
         reporter.step()
     reporter.close()
+    # Free the DDP model while its gloo group exists (testkit/ddp_job.py says why).
+    del model
+    gc.collect()
     dist.destroy_process_group()
 
 

@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 
-from tests.support import processes
-from tests.support.daemon import Daemon, free_port
-from tests.support.prometheus import wait_until
+from testkit import processes
+from testkit.daemon import Daemon, free_port
+from testkit.prometheus import wait_until
 from tests.training.agreement_job import JOB
 from trainmon.client import Reporter
 from trainmon.client.agreement import (
@@ -329,6 +329,7 @@ def daemons(start_daemon: Callable[..., Daemon]) -> Iterator[Callable[[], tuple[
         yield start
 
 
+@pytest.mark.integration
 def test_plain_torchrun_ranks_share_one_run(daemons: Callable[[], tuple[Daemon, str]],
                                             tmp_path: Path) -> None:
     daemon, endpoint = daemons()
@@ -340,6 +341,7 @@ def test_plain_torchrun_ranks_share_one_run(daemons: Callable[[], tuple[Daemon, 
     assert recorded_run(daemon, ranks=2, world_size=2) == run
 
 
+@pytest.mark.integration
 def test_mp_spawn_workers_share_one_run(daemons: Callable[[], tuple[Daemon, str]],
                                         tmp_path: Path) -> None:
     daemon, endpoint = daemons()
@@ -350,6 +352,7 @@ def test_mp_spawn_workers_share_one_run(daemons: Callable[[], tuple[Daemon, str]
     assert recorded_run(daemon, ranks=2, world_size=2) == run
 
 
+@pytest.mark.integration
 def test_two_nodes_share_one_run(daemons: Callable[[], tuple[Daemon, str]],
                                  tmp_path: Path) -> None:
     nodes = [daemons(), daemons()]

@@ -17,11 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.exposition import Scrape, scrape
+from testkit.exposition import Scrape, scrape
 from tests.training.training_support import FakeClock, line, push, report
 from trainmon.client import Reporter
-from trainmon.collectors.training import TrainingCollector
-from trainmon.config import TrainingConfig
+from trainmon.collectors.training import TrainingCollector, TrainingConfig
 from trainmon.node.mounts import find_mount, parse_mountinfo
 from trainmon.training.protocol import MAX_LINE_BYTES, ReportError, parse_report
 
@@ -462,7 +461,7 @@ def test_transformers_callback_reports_trainer_saves(
     pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
-    from tests.support.tiny_trainer import Pairs, Regression
+    from testkit.tiny_trainer import Pairs, Regression
     from trainmon.client.transformers import TrainmonCallback
 
     collector = make(proc_root=Path("/proc"), sys_root=Path("/sys"), socket=socket_path)

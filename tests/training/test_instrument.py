@@ -1,6 +1,6 @@
 """``Reporter.add_comm`` and ``Reporter.instrument`` on real ``torch.distributed`` jobs.
 
-The jobs are ``tests.training.dist_job``: two processes per job on CPU/gloo,
+The jobs are ``testkit.ddp_job``: two processes per job on CPU/gloo,
 started with the environment ``torchrun`` gives (RANK, WORLD_SIZE,
 MASTER_ADDR, a free port, TORCHELASTIC_RUN_ID), reporting over a unix datagram
 socket that the test binds. Every report is validated with the daemon's own
@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.processes import run_all
+from testkit.processes import run_all
 from trainmon.client import Reporter
 from trainmon.training.protocol import StepReport, parse, parse_report
 
@@ -94,7 +94,7 @@ def free_port() -> int:
 
 
 def run_job(sink: ReportSink, job: str, mode: str, *args: str, world_size: int = 2) -> Job:
-    """Run ``dist_job`` as ``world_size`` ranks, the way torchrun starts them."""
+    """Run ``testkit.ddp_job`` as ``world_size`` ranks, the way torchrun starts them."""
     port = free_port()
     results = Path(sink.path).parent
     commands: list[tuple[list[str], dict[str, str]]] = []
@@ -105,7 +105,7 @@ def run_job(sink: ReportSink, job: str, mode: str, *args: str, world_size: int =
             MASTER_PORT=str(port), TORCHELASTIC_RUN_ID="trainmon-test",
             TRAINMON_ENDPOINT=sink.endpoint, OMP_NUM_THREADS="1",
         )
-        command = [sys.executable, "-m", "tests.training.dist_job", mode, *args,
+        command = [sys.executable, "-m", "testkit.ddp_job", mode, *args,
                    "--result", str(results / f"{rank}.json"), "--output", str(results / "out")]
         commands.append((command, env))
     run_all(commands, JOB_TIMEOUT_SECONDS)

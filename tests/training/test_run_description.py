@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.exposition import scrape
+from testkit.exposition import scrape
 from trainmon.client import Reporter
 from trainmon.client.run import (
     RunDescriber,
@@ -762,7 +762,7 @@ def test_transformers_callback_describes_the_training_arguments(
     pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
-    from tests.support.tiny_trainer import Pairs, Regression
+    from testkit.tiny_trainer import Pairs, Regression
     from trainmon.client.transformers import TrainmonCallback
 
     endpoint, drain = listener.endpoint, listener.drain

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.daemon import free_port
+from testkit.daemon import free_port
 from trainmon.client import Reporter
 from trainmon.client.reporter import CLOSE_TIMEOUT_SECONDS
 from trainmon.collectors.training import TrainingCollector
@@ -157,6 +157,7 @@ def test_a_dying_training_thread_ends_only_its_reporters_run(make_collector: Mak
     assert samples_of(collector, rank=0) == (3, 3 * BATCH)
 
 
+@pytest.mark.integration
 def test_a_rank_raising_in_backward_under_mp_spawn_ends_crashed(
     make_collector: Make, socket_path: Path,
 ) -> None:

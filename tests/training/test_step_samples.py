@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.exposition import scrape
+from testkit.exposition import scrape
 from trainmon.client import Reporter
 from trainmon.client.batches import samples_in, tuple_length_mistake
 from trainmon.collectors.training import TrainingCollector

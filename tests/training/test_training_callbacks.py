@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.exposition import Scrape, scrape
+from testkit.exposition import Scrape, scrape
 from trainmon.client.identity import device_gpu
 from trainmon.collectors.training import TrainingCollector
 
@@ -99,7 +99,7 @@ def test_lightning_callback(make_collector: Make, socket_path: Path, tmp_path: P
 def test_transformers_callback(make_collector: Make, socket_path: Path, tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
-    from tests.support.tiny_trainer import Regression
+    from testkit.tiny_trainer import Regression
     from trainmon.client.transformers import TrainmonCallback
 
     collector = make_collector(socket=socket_path)

@@ -15,7 +15,7 @@ from typing import cast
 
 import pytest
 
-from tests.support.exposition import scrape
+from testkit.exposition import scrape
 from trainmon.client import Reporter
 from trainmon.client.transport import FULL_QUEUE_RETRY_BUDGET_SECONDS, UnixDatagramSender
 from trainmon.collectors.training import TrainingCollector

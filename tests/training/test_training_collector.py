@@ -8,10 +8,11 @@ from typing import cast
 
 import pytest
 
-from tests.support.exposition import scrape
+from testkit.exposition import scrape
 from tests.training.training_support import FakeClock, line, push, report
 from trainmon.collectors.training import TrainingCollector
-from trainmon.training.protocol import REJECT_REASONS, STEP_BUCKET_COUNT
+from trainmon.contract import STEP_BUCKET_COUNT
+from trainmon.training.protocol import REJECT_REASONS
 
 Make = Callable[..., TrainingCollector]
 

@@ -8,7 +8,7 @@ import pytest
 
 from trainmon.config import parse_config
 from trainmon.paths import default_socket_path
-from trainmon.settings import ConfigError
+from trainmon.section import ConfigError
 
 
 def test_defaults() -> None:

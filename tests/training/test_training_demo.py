@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.exposition import scrape
+from testkit.exposition import scrape
 from trainmon.collectors.training import TrainingCollector
 from trainmon.demo.jobs import DEMO_JOBS, SimulatedJob, start_demo_jobs
 

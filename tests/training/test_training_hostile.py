@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.exposition import Scrape, parse
+from testkit.exposition import Scrape, parse
 from tests.training.training_support import line, report, send_datagram
 
 pytestmark = pytest.mark.integration

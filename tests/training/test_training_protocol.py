@@ -8,10 +8,9 @@ from typing import cast
 import pytest
 
 from tests.training.training_support import line, report
+from trainmon.contract import STEP_BUCKET_COUNT
 from trainmon.training.protocol import (
     MAX_LINE_BYTES,
-    MAX_PHASES,
-    STEP_BUCKET_COUNT,
     ReportError,
     StepReport,
     decode_payload,
@@ -19,6 +18,7 @@ from trainmon.training.protocol import (
     parse_report,
     sanitize_label,
 )
+from trainmon.training.report_fields import MAX_PHASES
 
 
 def test_valid_report_parses_with_every_field() -> None:

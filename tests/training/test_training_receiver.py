@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.exposition import scrape
-from tests.support.prometheus import wait_until
+from testkit.exposition import scrape
+from testkit.prometheus import wait_until
 from tests.training.training_support import line, push, send_datagram
 from trainmon.collectors.training import TrainingCollector
 from trainmon.training.protocol import MAX_DATAGRAM_BYTES

@@ -13,12 +13,12 @@ from collections.abc import Iterator
 import bcrypt
 import pytest
 
+from testkit.exposition import scrape
 from tests.ledger.ledger_support import Clocks, description, send, step
-from tests.support.exposition import scrape
-from trainmon.collectors.training import TrainingCollector
-from trainmon.config import HTTPConfig, ListenAddress, TrainingConfig
+from trainmon.collectors.training import TrainingCollector, TrainingConfig
 from trainmon.core.registry import CollectorRegistry
-from trainmon.http.push import GetRequest, JSONResponse
+from trainmon.core.routes import GetRequest, JSONResponse
+from trainmon.http.listen import HTTPConfig, ListenAddress
 from trainmon.http.server import ExporterHTTPServer
 from trainmon.http.webconfig import WebConfig
 

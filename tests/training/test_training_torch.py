@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.exposition import parse
+from testkit.exposition import parse
 from trainmon.client import Reporter
 
 torch = pytest.importorskip("torch")

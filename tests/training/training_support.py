@@ -12,8 +12,8 @@ import os
 import socket
 from pathlib import Path
 
-from trainmon.http.push import PushRequest
-from trainmon.training.protocol import STEP_BUCKET_COUNT
+from trainmon.contract import STEP_BUCKET_COUNT
+from trainmon.core.routes import PushRequest
 
 
 class FakeClock:

@@ -63,18 +63,19 @@ from trainmon.client.ending import ProcessEnding
 from trainmon.client.identity import detect_gpu, named_identity, rank_identity
 from trainmon.client.run import DataPaths, RunDescriber, launcher_run_id, process_run_id
 from trainmon.client.transport import Sender, default_endpoint, open_sender
+from trainmon.contract import STEP_BUCKET_COUNT, STEP_SECONDS_BOUNDS
 from trainmon.logthrottle import LogThrottle
 from trainmon.training.protocol import (
-    DEFAULT_MAX_LABEL_LENGTH,
-    MAX_PATH_BYTES,
-    MAX_PHASES,
-    PROTOCOL_VERSION,
     RUN_END_REASONS,
-    STEP_BUCKET_COUNT,
-    STEP_SECONDS_BOUNDS,
     encode_report,
     redact_text,
     sanitize_label,
+)
+from trainmon.training.report_fields import (
+    DEFAULT_MAX_LABEL_LENGTH,
+    MAX_PATH_BYTES,
+    MAX_PHASES,
+    build_report,
 )
 
 log = logging.getLogger(__name__)
@@ -570,11 +571,17 @@ class Reporter:
             self._send_lock.release()
 
     def report(self) -> dict[str, object]:
-        """The protocol v1 report of the current totals (see docs/protocol.md)."""
+        """The protocol v1 report of the current totals (see docs/protocol.md), built
+        by ``report_fields.build_report``: a value for every field of the schema,
+        ``None`` for what this reporter does not know (unmeasured communication, no
+        checkpoint yet), which the schema leaves out."""
         with self._lock:
             last_step = self._step_start if self._steps else None
-            report: dict[str, object] = {
-                "v": PROTOCOL_VERSION,
+            comm = self._comm_seconds
+            checkpoints = self._checkpoints
+            measured = comm is not None
+            saved = checkpoints is not None
+            values: dict[str, object] = {
                 "job": self.job,
                 "rank": self.rank,
                 "local_rank": self.local_rank,
@@ -590,22 +597,18 @@ class Reporter:
                 "phase_seconds": dict(self._phases),
                 "step_buckets": list(self._buckets),
                 "dropped_reports": self._dropped,
+                "comm_seconds": comm,
+                "comm_bytes": self._comm_bytes if measured else None,
+                "comm_exposed_seconds": self._comm_exposed if measured else None,
+                "checkpoints": checkpoints,
+                "checkpoint_seconds": self._checkpoint_seconds if saved else None,
+                "last_checkpoint_time": self._last_checkpoint_time if saved else None,
+                "checkpoint_path": self._checkpoint_path if saved else None,
+                "last_step_time": None,
             }
-            if self._comm_seconds is not None:
-                report["comm_seconds"] = self._comm_seconds
-                report["comm_bytes"] = self._comm_bytes
-                if self._comm_exposed is not None:
-                    report["comm_exposed_seconds"] = self._comm_exposed
-            if self._checkpoints is not None:
-                report["checkpoints"] = self._checkpoints
-                report["checkpoint_seconds"] = self._checkpoint_seconds
-                if self._last_checkpoint_time is not None:
-                    report["last_checkpoint_time"] = self._last_checkpoint_time
-                if self._checkpoint_path is not None:
-                    report["checkpoint_path"] = self._checkpoint_path
         if last_step is not None:
-            report["last_step_time"] = time.time() - (_perf_counter() - last_step)
-        return report
+            values["last_step_time"] = time.time() - (_perf_counter() - last_step)
+        return build_report(values)
 
     @property
     def dropped_reports(self) -> int:

@@ -62,18 +62,14 @@ from typing import Any
 
 import trainmon
 from trainmon.training.protocol import (
-    DEFAULT_MAX_LABEL_LENGTH,
     GIT_COMMIT_PATTERN,
-    MAX_COUNT,
     MAX_DATA_PATHS,
     MAX_DESCRIPTION_KEY_LENGTH,
     MAX_DESCRIPTION_KEYS,
     MAX_DESCRIPTION_VALUE_LENGTH,
     MAX_LINE_BYTES,
-    MAX_PATH_BYTES,
     MAX_VERSION_LENGTH,
     MAX_VERSIONS,
-    PROTOCOL_VERSION,
     RUN_DESCRIPTION_INTERVAL_SECONDS,
     ConfigValue,
     config_hash,
@@ -82,6 +78,12 @@ from trainmon.training.protocol import (
     redact_value,
     sanitize_label,
     sanitize_run_id,
+)
+from trainmon.training.report_fields import (
+    DEFAULT_MAX_LABEL_LENGTH,
+    MAX_COUNT,
+    MAX_PATH_BYTES,
+    PROTOCOL_VERSION,
 )
 
 log = logging.getLogger(__name__)

@@ -23,23 +23,52 @@ RBAC).
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from trainmon.attribution import KubeletPodDirectory, ProcessAttribution, ProcessAttributor
-from trainmon.attribution.config import AttributionConfig
+from trainmon.collectors.gpu import GPUCollector
 from trainmon.core.collector import Collector
+from trainmon.core.entry import CollectorEntry, Wiring
 from trainmon.diagnosis.nccl import check_environment, read_interfaces, read_rdma_ports
 from trainmon.node.kernelfiles import KernelFileReader
+from trainmon.section import setting
 
 log = logging.getLogger(__name__)
 
 PROCESS_LABELS = [
     "gpu", "pid", "pod", "namespace", "container", "slurm_job", "pod_uid", "container_id",
 ]
+
+
+def _kubelet_url(url: str) -> str:
+    if not re.fullmatch(r"https?://[^/\s]+/?", url):
+        raise ValueError(f"expected http(s)://host:port, got {url!r}")
+    return url.rstrip("/")
+
+
+@dataclass(frozen=True)
+class AttributionConfig:
+    """The ``collectors.attribution`` section: GPU process → pod/namespace/container
+    or Slurm job (docs/diagnosis.md)."""
+
+    enabled: bool = True
+    #: Kubelet base URL for pod names (``https://$(NODE_IP):10250``); None: pod UIDs only.
+    kubelet_url: str | None = field(default=None, metadata=setting(parse=_kubelet_url))
+    #: Bearer token file for the kubelet (a service account token, re-read on use).
+    kubelet_token_file: Path | None = None
+    kubelet_ca_file: Path | None = None
+    kubelet_insecure_skip_verify: bool = False
+    #: The pod list is fetched on an unknown pod, at most once per this many seconds.
+    kubelet_refresh_seconds: float = field(default=30.0, metadata=setting(minimum=1, maximum=3600))
+    kubelet_timeout_seconds: float = field(default=5.0, metadata=setting(minimum=0.1, maximum=60))
+    #: Check GPU processes' NCCL_* environment (trainmon_nccl_problem_info).
+    nccl_checks: bool = True
 
 
 class GPUProcessLike(Protocol):
@@ -167,3 +196,15 @@ class AttributionCollector(Collector):
         counts.add_metric(["checked"], checked)
         counts.add_metric(["unreadable"], unreadable)
         return [problems, counts]
+
+
+def _build(config: AttributionConfig, wiring: Wiring) -> Collector:
+    gpu = wiring.collector("gpu", GPUCollector)
+    return AttributionCollector.from_config(
+        config, wiring.proc_root, wiring.sys_root, gpu.processes
+    )
+
+
+ENTRY = CollectorEntry(
+    "attribution", AttributionConfig, _build, derived=True, requires=("gpu",)
+)

@@ -49,9 +49,10 @@ from collections.abc import Callable, Iterable, Sequence
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from trainmon.core.collector import Collector
+from trainmon.core.entry import CollectorEntry, Wiring
 from trainmon.diagnosis import KINDS, ScrapedSamples, Verdict, Window, diagnose, measure
-from trainmon.diagnosis.config import DiagnosisConfig
 from trainmon.diagnosis.measure import MEASURED_SAMPLES
+from trainmon.diagnosis.thresholds import DiagnosisConfig
 
 #: Evaluations (and snapshots) per window: the registry evaluates every
 #: window / 20; observations closer together keep the last verdicts.
@@ -193,3 +194,13 @@ def verdict_families(verdicts: Sequence[Verdict], window_seconds: float) -> list
     )
     window.add_metric([], window_seconds)
     return [bottleneck, findings, *gauges.values(), window]
+
+
+def _build(config: DiagnosisConfig, wiring: Wiring) -> Collector:
+    return DiagnosisCollector(config)
+
+
+#: Derived, after the sources, numa and attribution: it reads the families
+#: collected before it; it and the collectors after it are evaluated on the
+#: registry's clock, not on scrapes.
+ENTRY = CollectorEntry("diagnosis", DiagnosisConfig, _build, derived=True)

@@ -11,13 +11,15 @@ always dropped, 32-bit wraps) come from ``trainmon.node.diskstats``.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from trainmon.config import DiskConfig
 from trainmon.core.collector import Collector
+from trainmon.core.entry import CollectorEntry, Wiring
 from trainmon.node.diskstats import DISKSTATS_FIELDS, DiskstatsReader
+from trainmon.section import DeviceFilter, setting
 
 #: Exported counter → (``DISKSTATS_FIELDS`` counter, start of the HELP text).
 COUNTERS: dict[str, tuple[str, str]] = {
@@ -45,6 +47,16 @@ COUNTERS: dict[str, tuple[str, str]] = {
     "trainmon_disk_flush_requests_total": (
         "flush_requests", "Flush requests completed successfully (5.5+)"),
 }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DiskConfig:
+    """The ``collectors.disk`` section."""
+
+    enabled: bool = True
+    #: ``include``/``exclude`` regexes over device names, applied after the
+    #: built-in rule that drops partitions, loop, ram and zram.
+    devices: DeviceFilter = field(default=DeviceFilter(), metadata=setting(inline=True))
 
 
 class DiskCollector(Collector):
@@ -79,3 +91,10 @@ class DiskCollector(Collector):
 def _counter_help(counter: str, start: str) -> str:
     field = DISKSTATS_FIELDS[counter].number
     return f"{start} on the whole block device, cumulative (/proc/diskstats field {field})."
+
+
+def _build(config: DiskConfig, wiring: Wiring) -> Collector:
+    return DiskCollector(config, wiring.proc_root, wiring.sys_root)
+
+
+ENTRY = CollectorEntry("disk", DiskConfig, _build)

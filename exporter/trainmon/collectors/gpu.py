@@ -20,18 +20,66 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from trainmon.config import GPUConfig
+from trainmon import contract
 from trainmon.core.collector import Collector
+from trainmon.core.entry import CollectorEntry, Wiring
 from trainmon.gpu.events import XidListener
 from trainmon.gpu.gpm import GPMSampler
 from trainmon.gpu.nvml import NVML
 from trainmon.gpu.sampler import Hysteresis, UtilizationSampler, UtilizationSnapshot
 from trainmon.gpu.types import GPMActivity, GPULost, GPUProcess, GPUReadings, NVMLUnavailable
+from trainmon.section import Auto, Invalid, setting
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GPUConfig:
+    """The ``collectors.gpu`` section: ``auto`` is on where NVML loads."""
+
+    enabled: bool | Auto = "auto"
+    #: Sampler window, seconds; the sawtooth ratio looks at the last two windows.
+    window_seconds: float = field(default=60.0, metadata=setting(minimum=5, maximum=3600))
+    #: How often the sampler thread drains the driver's sample buffer.
+    sample_interval_seconds: float = field(default=1.0, metadata=setting(minimum=0.1, maximum=10))
+    #: How often the process list (expensive) is read for attribution.
+    process_interval_seconds: float = field(
+        default=15.0, metadata=setting(minimum=1, maximum=3600))
+    #: A utilization sample below this busy ratio (0-1) counts as idle.
+    idle_threshold: float = field(
+        default=contract.SAMPLER_IDLE_LEVEL, metadata=setting(minimum=0.01, maximum=0.9))
+    #: A sample at or above this busy ratio puts the GPU in the busy state.
+    busy_threshold: float = field(
+        default=contract.SAMPLER_BUSY_LEVEL, metadata=setting(minimum=0.1, maximum=1))
+    #: Seconds between attempts to (re)open NVML or to probe a lost GPU.
+    retry_seconds: float = field(default=10.0, metadata=setting(minimum=1, maximum=3600))
+    #: Read SM, tensor-core and DRAM activity through NVML GPM where the GPU has it.
+    gpm: bool = True
+    #: Seconds between two GPM samples (>= 0.1; 0 turns GPM off like ``gpm: false``).
+    gpm_interval_seconds: float = field(default=1.0, metadata=setting(minimum=0, maximum=60))
+
+    @property
+    def gpm_enabled(self) -> bool:
+        return self.gpm and self.gpm_interval_seconds > 0
+
+    def check(self) -> None:
+        """Rules between the keys (``trainmon.section.read_section``)."""
+        if 0 < self.gpm_interval_seconds < 0.1:
+            raise Invalid(
+                "gpm_interval_seconds",
+                "must be 0 (GPM off) or at least 0.1 (GPM metrics need 100 ms between samples)",
+            )
+        if self.busy_threshold - self.idle_threshold < 0.1:
+            raise Invalid(
+                "busy_threshold",
+                "must exceed idle_threshold by at least 0.1 (the gap absorbs utilization noise)",
+            )
+        if self.sample_interval_seconds * 2 > self.window_seconds:
+            raise Invalid("sample_interval_seconds", "must be at most half of window_seconds")
 
 
 class GPUCollector(Collector):
@@ -323,3 +371,16 @@ class _Families:
 
     def all(self) -> list[Metric]:
         return [value for value in vars(self).values() if isinstance(value, Metric)]
+
+
+def _build(config: GPUConfig, wiring: Wiring) -> Collector:
+    """NVML, or the simulated 8-GPU node in demo mode."""
+    library = None
+    if wiring.demo:
+        from trainmon.demo.gpus import SimulatedNVML
+
+        library = SimulatedNVML()
+    return GPUCollector(NVML(library, retry_seconds=config.retry_seconds), config)
+
+
+ENTRY = CollectorEntry("gpu", GPUConfig, _build)

@@ -11,12 +11,15 @@ hosts without InfiniBand) come from ``trainmon.node.infiniband``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from trainmon.core.collector import Collector, CollectorUnavailable
+from trainmon.core.entry import CollectorEntry, Wiring
 from trainmon.node.infiniband import InfinibandReader
+from trainmon.section import Auto
 
 #: Exported counter → (``node.infiniband.TRAFFIC_COUNTERS`` counter, HELP).
 TRAFFIC_COUNTERS: dict[str, tuple[str, str]] = {
@@ -41,6 +44,13 @@ TRAFFIC_COUNTERS: dict[str, tuple[str, str]] = {
         "else counters/port_xmit_packets).",
     ),
 }
+
+
+@dataclass(frozen=True)
+class InfinibandConfig:
+    """The ``collectors.infiniband`` section: ``auto`` is on where ports exist."""
+
+    enabled: bool | Auto = "auto"
 
 
 class InfinibandCollector(Collector):
@@ -108,3 +118,10 @@ class InfinibandCollector(Collector):
     def health(self) -> Mapping[str, object]:
         """How many ports the last collection found (0 on hosts without InfiniBand)."""
         return {"ports": self._port_count}
+
+
+def _build(config: InfinibandConfig, wiring: Wiring) -> Collector:
+    return InfinibandCollector(wiring.sys_root, required=config.enabled is True)
+
+
+ENTRY = CollectorEntry("infiniband", InfinibandConfig, _build)

@@ -1,182 +1,35 @@
-"""Ledger collector: records every training run on this node in the run ledger.
+"""Ledger collector: the run recorder's metrics and read routes, wired to the training store.
 
-A derived collector (after ``diagnosis``): it reads the training collector's
-store directly for counters and descriptions, and the verdicts from the
-``trainmon_bottleneck`` family the diagnosis evaluated (``observe()``).
-
-Three paths:
-
-- the **recorder thread** ("ledger-recorder") wakes every
-  ``flush_seconds``: one *tick* reads a store snapshot, adds each rank's
-  progress since the previous tick to its run (``trainmon.ledger.summary``
-  has the math), decides end reasons, and writes every changed record in
-  one transaction. Runs are recorded whether or not anyone scrapes; the
-  scrape path never touches the file.
-- **evaluations** (``observe()``, called by the daemon's evaluation loop
-  after the diagnosis, and by scrapes): the time each job spent under its
-  current verdict since the previous evaluation that said the same
-  (``verdict_gap``: capped), for the runs the last tick left running, and
-  the latest verdict (``final_verdict``). It takes only a small lock of its
-  own, never the recorder's (which a slow write may hold), and the next tick
-  adds what it counted to the runs: verdicts are recorded on a node that
-  nothing scrapes. An evaluation without any ``trainmon_bottleneck`` family
-  tells nothing and is ignored.
-- **scrapes** (``collect()``) export ``trainmon_training_run_changes_info``,
-  ``trainmon_training_run_end_timestamp_seconds`` and the ledger's
-  self-metrics; they count no verdict time.
-
-End reasons (``trainmon.ledger.records.END_REASONS``), from what the run's
-ranks on this node did: ``crashed`` if any rank's description said
-``ended: crashed``; else ``preempted`` if any said ``preempted``; else
-``lost`` if any rank went silent without an ``ended`` (it expired past the
-training TTL, was evicted, or went on with another run); else ``finished``
-once all said ``finished`` (``combined_end_reason``). The run ends when no
-rank reports or describes it any more, or as soon as every description of it
-says ``ended``. Once an end of the run was announced, a rank that went on with
-another run counts as ``finished``: its next run may have replaced its ended
-description before a tick read it (the store remembers that some rank
-announced an end, not which rank nor the word). ``stalled``: its ranks report but no step completed
-for ``stall_seconds`` (cleared when steps resume). Finished, crashed,
-preempted and lost runs are closed; ``trainmon_training_run_end_timestamp_seconds``
-shows each of them (and each stalled run) for ``RUN_END_EXPORT_SECONDS``
-after its end, at most ``MAX_EXPORTED_RUN_ENDS`` of the latest.
-
-Facts kept to the end: a data path or checkpoint path is resolved to its
-storage (``TrainingCollector.storage_of``) while its reporter lives and not
-again once known, so the record of an ended run still says where its data
-and its last checkpoint lived (the reporter's mount namespace is gone by
-then); the last verdict, the throughput and the checkpoint count stay in the
-summary.
-
-The file: opened (created when missing) at start; a missing directory, a
-read-only filesystem, or a file that is not a trainmon ledger (never
-modified: ``trainmon.ledger.schema``) is reported in ``/healthz`` and
-``trainmon_ledger_up`` 0 (``/healthz`` state ``degraded``, with the error, also
-while the last write failed), logged (rate-limited), and tried again every
-``REOPEN_SECONDS``; recording goes on in memory meanwhile. A daemon restarted
-during a run resumes its record (rates, verdicts, the last checkpoint and
-the data paths' storage from the stored state; counts again from the
-reporters' cumulative totals).
-
-Owners: each run is recorded with the writer identity that owns its job in
-the training store (``RankView.owner``, ``DescribedRank.owner``). A run whose
-(job, run, node) row belongs to another non-empty owner is neither resumed
-nor overwritten: it is *refused* (counted in
-``trainmon_ledger_refused_runs_total``, logged rate-limited), so whoever
-re-uses another user's job name and run id after that job expired cannot
-rewrite the old record. Reports and descriptions of another owner than the
-one a run in memory started with are left out of that run.
-
-Retention runs every ``PRUNE_SECONDS`` (``Ledger.prune``: age, then
-``max_runs_per_owner``, then ``max_runs`` from the largest owners first),
-counted per rule in ``trainmon_ledger_pruned_runs_total``.
-
-``GET /api/v1/runs?job=&since=`` and ``GET /api/v1/runs/<run>`` serve the
-records as JSON lists (``RunRecord.to_json``) from a read-only connection
-per request (SQLite only: ``trainmon.ledger.schema`` says why no other
-descriptor of the file may be opened in this process).
+A derived collector (after ``diagnosis``). The recorder
+(``trainmon.ledger.recorder``: its thread, the file, the end-of-run policy of
+``trainmon.ledger.ending``) reads the training collector's store through the
+ledger's read-only interface (``trainmon.ledger.feed``: the store's
+``snapshot()`` and this node's ``TrainingCollector.storage_of``), not through
+the collector. This collector wires it, hands it the verdicts of each
+evaluation (``observe()``: the ``trainmon_bottleneck`` family the diagnosis
+evaluated) and exports what it reads: ``trainmon_training_run_changes_info``,
+``trainmon_training_run_end_timestamp_seconds`` and the ledger's self-metrics.
+``get_routes()`` declares the JSON read routes of ``trainmon.ledger.api``
+(``GET /api/v1/runs``).
 """
 
 from __future__ import annotations
 
-import logging
-import math
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from http import HTTPStatus
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from trainmon.background import BackgroundThread
 from trainmon.collectors.training import TrainingCollector
 from trainmon.core.collector import Collector
-from trainmon.http.push import GetHandler, GetRequest, JSONResponse
-from trainmon.ledger import (
-    FINAL_END_REASONS,
-    Ledger,
-    LedgerError,
-    RecordUpdate,
-    RunRecord,
-    WriteResult,
-    combined_end_reason,
-)
+from trainmon.core.entry import CollectorEntry, Wiring
+from trainmon.core.routes import GetHandler
+from trainmon.ledger.api import RunsAPI
 from trainmon.ledger.config import LedgerConfig
-from trainmon.ledger.summary import Progress, RunTotals, verdict_gap
-from trainmon.logthrottle import LogThrottle
-from trainmon.paths import make_state_directory
-from trainmon.training.store import DescribedRank, RankView, Totals, TrainingStoreView
+from trainmon.ledger.recorder import RunRecorder
 
-log = logging.getLogger(__name__)
-
-#: Seconds between two attempts to open an unusable ledger.
-REOPEN_SECONDS = 30.0
-#: Seconds between two retention passes.
-PRUNE_SECONDS = 3600.0
-#: Ended runs remembered so that a lingering description does not reopen them.
-MAX_CLOSED = 4096
 #: Longest value of the ``changed`` label.
 MAX_CHANGED_LENGTH = 200
-RUNS_PATH = "/api/v1/runs"
-#: ``reason`` of ``trainmon_ledger_write_errors_total`` (``LedgerError.reason``).
-WRITE_ERROR_REASONS = ("disk_full", "read_only", "io_error", "busy", "corrupt", "other")
-#: ``reason`` of ``trainmon_ledger_pruned_runs_total`` (the rules of ``Ledger.prune``).
-PRUNE_REASONS = ("age", "owner_limit", "max_runs")
-#: Seconds after its end that a run's ``trainmon_training_run_end_timestamp_seconds``
-#: is exported (long enough for Prometheus to keep it, short enough to stay few).
-RUN_END_EXPORT_SECONDS = 3600.0
-#: Most series of ``trainmon_training_run_end_timestamp_seconds`` at once (the latest ends).
-MAX_EXPORTED_RUN_ENDS = 16
-#: A path's storage when it could not be told.
-UNKNOWN = "unknown"
-
-
-@dataclass
-class _Run:
-    job: str
-    run: str
-    first_seen: float
-    #: The writer identity of the run's job when it was first seen.
-    owner: str = ""
-    totals: RunTotals = field(default_factory=RunTotals)
-    ranks: set[int] = field(default_factory=set)
-    description: Mapping[str, object] | None = None
-    #: The description it was built from, to rebuild only on change.
-    source: object = None
-    config_hash: str = ""
-    started: float | None = None
-    world_size: int | None = None
-    #: rank -> how its description said the run ended (``RUN_END_REASONS``).
-    said: dict[int, str] = field(default_factory=dict)
-    #: The store remembers an end announced for the run (``ended_runs``), maybe by a
-    #: description that the rank's next run replaced before a tick read it.
-    announced: bool = False
-    #: data path -> its storage once resolved: mountpoint, fstype, storage.
-    storages: dict[str, dict[str, str]] = field(default_factory=dict)
-    last_progress: float | None = None
-    last_report: float | None = None
-    end_reason: str | None = None
-    ended: float | None = None
-    changed: str | None = None
-
-    def record(self, node: str, wall: float, config: LedgerConfig) -> RunRecord:
-        started = self.started if self.started is not None else self.first_seen
-        end = self.ended if self.ended is not None else wall
-        ranks = max(len(self.ranks), 1)
-        summary = self.totals.summary(
-            ranks=ranks, duration_seconds=end - started,
-            price_per_gpu_hour=config.price_per_gpu_hour, currency=config.currency)
-        return RunRecord(
-            job=self.job, run=self.run, node=node, config_hash=self.config_hash,
-            started=started, ended=self.ended, end_reason=self.end_reason, updated=wall,
-            world_size=self.world_size, ranks=len(self.ranks),
-            description=dict(self.description or {}), summary=summary, owner=self.owner)
-
-    def state(self) -> dict[str, object]:
-        """What a restarted daemon resumes the run from (``Ledger.state``)."""
-        return {**self.totals.to_state(), "data_storage": self.storages}
 
 
 class LedgerCollector(Collector):
@@ -193,442 +46,23 @@ class LedgerCollector(Collector):
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._config = config
-        self._training = training
-        self._clock = clock
-        self._wall_clock = wall_clock
-        self._node = config.node_name
-        self._lock = threading.Lock()
-        self._thread = BackgroundThread("ledger-recorder", self._loop)
-        self._errors = LogThrottle(clock=clock)
-        self._ledger: Ledger | None = None
-        self._error: str | None = None
-        self._next_open = float("-inf")
-        self._next_prune = float("-inf")
-        self._runs: dict[tuple[str, str], _Run] = {}
-        self._closed: OrderedDict[tuple[str, str], None] = OrderedDict()
-        #: (job, run, owner) refused: the row belongs to another owner.
-        self._refused: OrderedDict[tuple[str, str, str], None] = OrderedDict()
-        self._refused_runs = 0
-        self._pruned = dict.fromkeys(PRUNE_REASONS, 0)
-        self._seen: dict[tuple[str, int], tuple[str, Totals]] = {}
-        self._last_tick: float | None = None
-        #: (job, run) -> (reason, Unix end time) of the runs closed lately, oldest first.
-        self._recent_ends: OrderedDict[tuple[str, str], tuple[str, float]] = OrderedDict()
-        # Evaluations (observe) touch only these, under their own lock.
-        self._verdict_lock = threading.Lock()
-        #: job -> (verdict kind, monotonic time of the evaluation that said it first).
-        self._verdicts: dict[str, tuple[str, float]] = {}
-        #: job -> its runs that the last tick left running.
-        self._recording: dict[str, tuple[tuple[str, str], ...]] = {}
-        #: (job, run) -> kind -> seconds, and the latest kind, for the next tick.
-        self._pending_verdicts: dict[tuple[str, str], dict[str, float]] = {}
-        self._pending_final: dict[tuple[str, str], str] = {}
-        self._writes = 0
-        self._write_errors = dict.fromkeys(WRITE_ERROR_REASONS, 0)
-        self._stored_runs: int | None = None
-        self._last_write: float | None = None
-
-    # -- lifecycle ------------------------------------------------------------------
+        self.recorder = RunRecorder(config, training.store, training.storage_of,
+                                    clock=clock, wall_clock=wall_clock)
+        self._api = RunsAPI(config.file)
 
     def start(self) -> None:
-        with self._lock:
-            self._ensure_open(self._clock())
-        self._thread.start()
+        self.recorder.start()
 
     def stop(self) -> None:
-        self._thread.stop(timeout=max(5.0, self._config.flush_seconds))
-        self.tick()
-        with self._lock:
-            if self._ledger is not None:
-                self._ledger.close()
-                self._ledger = None
-
-    def _loop(self) -> None:
-        while not self._thread.stopping.wait(self._config.flush_seconds):
-            try:
-                self.tick()
-            except Exception:  # the recorder must outlive any one bad tick
-                log.exception("ledger tick failed")
-
-    # -- the recorder -------------------------------------------------------------
+        self.recorder.stop()
 
     def tick(self) -> None:
-        """Read the training store, update every run, write the changed records."""
-        snapshot = self._training.store.snapshot()
-        with self._lock:
-            now, wall = self._clock(), self._wall_clock()
-            self._ensure_open(now)
-            live = self._progress(snapshot.ranks, snapshot.descriptions, now, wall)
-            self._take_verdicts()
-            updates = []
-            for key, run in list(self._runs.items()):
-                ended = snapshot.ended_runs.get(key)
-                if ended is not None and ended.owner == run.owner:
-                    # even if the rank's next run replaced the line: its word stays
-                    run.announced = True
-                    for rank, reason in ended.said.items():
-                        run.said.setdefault(rank, reason)
-                self._decide_end(run, live.get(key, []), snapshot, wall)
-                self._describe(run, snapshot.descriptions, snapshot.ranks)
-                record = run.record(self._node, wall, self._config)
-                updates.append(RecordUpdate(record, run.state()))
-                if run.end_reason in FINAL_END_REASONS:
-                    del self._runs[key]
-                    self._closed[key] = None
-                    while len(self._closed) > MAX_CLOSED:
-                        self._closed.popitem(last=False)
-                    self._recent_ends.pop(key, None)
-                    self._recent_ends[key] = (run.end_reason, record.ended or wall)
-            while self._recent_ends and (
-                    len(self._recent_ends) > MAX_EXPORTED_RUN_ENDS
-                    or wall - next(iter(self._recent_ends.values()))[1] > RUN_END_EXPORT_SECONDS):
-                self._recent_ends.popitem(last=False)
-            self._write(updates, now, wall)
-            self._publish_recording()
-
-    def _take_verdicts(self) -> None:
-        """Add the verdict time the evaluations counted since the last tick to the runs."""
-        with self._verdict_lock:
-            pending, self._pending_verdicts = self._pending_verdicts, {}
-            final, self._pending_final = self._pending_final, {}
-        for key, kinds in pending.items():
-            run = self._runs.get(key)
-            if run is not None:
-                for kind, seconds in kinds.items():
-                    run.totals.add_verdict(kind, seconds)
-        for key, kind in final.items():
-            run = self._runs.get(key)
-            if run is not None:
-                run.totals.final_verdict = kind
-
-    def _publish_recording(self) -> None:
-        """Tell the evaluations which runs of each job go on (not ended, not stalled)."""
-        recording: dict[str, list[tuple[str, str]]] = {}
-        for key, run in self._runs.items():
-            if run.end_reason is None:
-                recording.setdefault(run.job, []).append(key)
-        with self._verdict_lock:
-            self._recording = {job: tuple(keys) for job, keys in recording.items()}
-
-    def _progress(
-        self,
-        ranks: Sequence[RankView],
-        descriptions: Mapping[tuple[str, int], DescribedRank],
-        now: float,
-        wall: float,
-    ) -> dict[tuple[str, str], list[RankView]]:
-        """Add each rank's progress since the last tick to its run; the live ranks per run."""
-        interval = None if self._last_tick is None else now - self._last_tick
-        self._last_tick = now
-        live: dict[tuple[str, str], list[RankView]] = {}
-        samples: dict[tuple[str, str], int] = {}
-        partial: set[tuple[str, str]] = set()
-        seen: dict[tuple[str, int], tuple[str, Totals]] = {}
-        for (job, _), kept in descriptions.items():
-            key = (job, kept.description.run)
-            if kept.description.ended is None and key not in self._closed:
-                self._run(key, wall, kept.owner)
-        for view in ranks:
-            run_id = view.run or self._described_run(descriptions, view)
-            if run_id is None:
-                continue
-            key = (view.job, run_id)
-            seen[(view.job, view.rank)] = (run_id, view.totals)
-            if key in self._closed:
-                continue
-            run = self._run(key, wall, view.owner)
-            if run is None:
-                continue
-            previous = self._seen.get((view.job, view.rank))
-            progress = _difference(view.totals, previous[1] if previous else None)
-            if progress is None:
-                progress = _difference(view.totals, None)
-                partial.add(key)
-            assert progress is not None
-            run.totals.add(progress)
-            self._note_checkpoint(run, view)
-            run.ranks.add(view.rank)
-            if run.world_size is None:
-                run.world_size = view.world_size
-            run.last_report = max(run.last_report or 0.0, view.last_report_time)
-            if progress.steps > 0:
-                run.last_progress = wall
-            live.setdefault(key, []).append(view)
-            samples[key] = samples.get(key, 0) + progress.samples
-        self._seen = seen
-        if interval is not None:
-            for key in live:
-                if key not in partial:
-                    self._runs[key].totals.add_bucket(samples[key], interval)
-        return live
-
-    def _note_checkpoint(self, run: _Run, view: RankView) -> None:
-        """Keep the run's latest checkpoint, its path resolved while the rank lives (a
-        path already known is not resolved again)."""
-        last = view.last_checkpoint
-        kept = run.totals.last_checkpoint
-        if last is None or (kept is not None and _number(kept.get("time")) >= last.time):
-            return
-        entry: dict[str, object] = {"time": last.time, "duration_seconds": last.duration_seconds,
-                                    "path": last.path, "mountpoint": "", "fstype": "",
-                                    "storage": UNKNOWN}
-        if last.path is not None:
-            if kept is not None and kept.get("path") == last.path and kept.get("storage") \
-                    not in (None, UNKNOWN):
-                where = {key: kept.get(key) for key in ("mountpoint", "fstype", "storage")}
-            else:
-                found = self._training.storage_of(last.path, view.pid, view.sender_pid)
-                where = {"mountpoint": found.mountpoint, "fstype": found.fstype,
-                         "storage": found.storage}
-            entry.update(where)
-        run.totals.last_checkpoint = entry
-
-    @staticmethod
-    def _described_run(
-        descriptions: Mapping[tuple[str, int], DescribedRank], view: RankView
-    ) -> str | None:
-        kept = descriptions.get((view.job, view.rank))
-        return None if kept is None else kept.description.run
-
-    def _run(self, key: tuple[str, str], wall: float, owner: str) -> _Run | None:
-        """The run ``key`` of ``owner``, created (resumed from its row) when new; None when
-        refused: the run in memory or its row belongs to another owner."""
-        run = self._runs.get(key)
-        if run is not None:
-            if run.owner != owner:
-                self._refuse(key, owner, run.owner)
-                return None
-            return run
-        if (*key, owner) in self._refused:
-            return None
-        state = None
-        if self._ledger is not None:
-            try:
-                stored_owner = self._ledger.owner(key[0], key[1], self._node)
-                if stored_owner not in (None, "", owner):
-                    self._refuse(key, owner, stored_owner)
-                    return None
-                state = self._ledger.state(key[0], key[1], self._node)
-            except LedgerError as error:
-                self._failed(error)
-        run = self._runs[key] = _Run(job=key[0], run=key[1], first_seen=wall, owner=owner)
-        if state is not None:
-            run.totals = RunTotals.from_state(state).resumed()
-            run.storages = _storages(state.get("data_storage"))
-            log.info("resuming the ledger record of run %s of job %s", key[1], key[0])
-        return run
-
-    def _refuse(self, key: tuple[str, str], owner: str, holder: str | None) -> None:
-        """Count and log (rate-limited) that ``owner``'s run ``key`` is not recorded
-        because its record belongs to ``holder``."""
-        refused = (*key, owner)
-        if refused in self._refused:
-            return
-        self._refused[refused] = None
-        while len(self._refused) > MAX_CLOSED:
-            self._refused.popitem(last=False)
-        self._refused_runs += 1
-        held_back = self._errors.admit("refused")
-        if held_back is not None:
-            log.warning(
-                "run ledger: not recording run %s of job %s for %s: its record on node %s "
-                "belongs to %s (a job name and run id re-used by another writer)%s",
-                key[1], key[0], owner, self._node, holder,
-                f"; {held_back} more refused since the last such line" if held_back else "")
-
-    def _decide_end(
-        self,
-        run: _Run,
-        live: list[RankView],
-        snapshot: TrainingStoreView,
-        wall: float,
-    ) -> None:
-        described = {rank: kept.description for (job, rank), kept
-                     in snapshot.descriptions.items()
-                     if job == run.job and kept.description.run == run.run
-                     and kept.owner == run.owner}
-        for rank, description in described.items():
-            if description.ended is not None:
-                run.said[rank] = description.ended
-        running = [d for d in described.values() if d.ended is None]
-        if not live and not running:
-            run.end_reason = self._end_reason(run, live, snapshot)
-            run.ended = wall if run.last_report is None else min(run.last_report, wall)
-            return
-        if described and not running and (run.said or run.announced):
-            run.end_reason, run.ended = self._end_reason(run, live, snapshot), wall
-            return
-        since = run.last_progress if run.last_progress is not None else (
-            run.started if run.started is not None else run.first_seen)
-        if live and wall - since >= self._config.stall_seconds:
-            run.end_reason, run.ended = "stalled", since
-        else:
-            run.end_reason, run.ended = None, None
-
-    @staticmethod
-    def _end_reason(run: _Run, live: list[RankView], snapshot: TrainingStoreView) -> str:
-        """How the run ended on this node (module docstring, "End reasons"): what its
-        ranks said, ``lost`` for a rank that went silent without a word."""
-        reasons = set(run.said.values())
-        reporting = {view.rank for view in live}
-        present = {rank for job, rank in snapshot.descriptions if job == run.job} | {
-            view.rank for view in snapshot.ranks if view.job == run.job}
-        for rank in run.ranks - run.said.keys() - reporting:
-            # gone from the store, or on with another run without an end announced
-            moved_on_after_an_end = run.announced and rank in present
-            reasons.add("finished" if moved_on_after_an_end else "lost")
-        return combined_end_reason(reasons) or ("finished" if run.announced else "lost")
-
-    def _describe(
-        self,
-        run: _Run,
-        descriptions: Mapping[tuple[str, int], DescribedRank],
-        ranks: Sequence[RankView],
-    ) -> None:
-        mine = sorted(((rank, kept) for (job, rank), kept in descriptions.items()
-                       if job == run.job and kept.description.run == run.run
-                       and kept.owner == run.owner), key=lambda item: item[0])
-        if not mine:
-            return
-        rank, kept = mine[0]
-        started = min(kept.description.started for _, kept in mine)
-        run.started = started if run.started is None else min(run.started, started)
-        run.ranks.update(rank for rank, _ in mine)
-        if kept.description is run.source:
-            return
-        description = kept.description
-        pid = next((view.pid for view in ranks
-                    if view.job == run.job and view.rank == rank and view.owner == run.owner),
-                   None)
-        unresolved = [path for path in description.data_paths
-                      if run.storages.get(path, {}).get("storage", UNKNOWN) == UNKNOWN]
-        if unresolved and pid is None and kept.sender_pid is None:
-            return  # resolve in the reporter's mount namespace once its pid is known
-        for path in unresolved:
-            # once known, never resolved again: the reporter (and its mount namespace)
-            # may be gone when its final description arrives
-            where = self._training.storage_of(path, pid, kept.sender_pid)
-            run.storages[path] = {"mountpoint": where.mountpoint, "fstype": where.fstype,
-                                  "storage": where.storage}
-        data_paths = [{"path": path, **run.storages[path]} for path in description.data_paths]
-        run.source = description
-        run.config_hash = description.config_hash
-        run.world_size = description.world_size or run.world_size
-        run.description = {
-            "job": description.job,
-            "run": description.run,
-            "started": description.started,
-            "world_size": description.world_size,
-            "config_hash": description.config_hash,
-            "config": dict(description.config),
-            "environment": dict(description.environment),
-            "data_paths": data_paths,
-            "versions": dict(description.versions),
-            "git": None if description.git_commit is None else {
-                "commit": description.git_commit, "dirty": description.git_dirty},
-            "host": description.host,
-            "framework": dict(description.framework),
-        }
-        if run.changed is None and self._ledger is not None:
-            try:
-                previous = self._ledger.previous(run.job, None, before=run.started)
-            except LedgerError as error:
-                self._failed(error)
-            else:
-                run.changed = "" if previous is None else changed_keys(
-                    previous.description, run.description)
-
-    # -- the file -----------------------------------------------------------------
-
-    def _ensure_open(self, now: float) -> None:
-        if self._ledger is None and now >= self._next_open:
-            self._next_open = now + REOPEN_SECONDS
-            # The default folder is made when missing (trainmon.paths); a configured
-            # one is not: it may be a filesystem that is not mounted yet.
-            try:
-                made = [] if self._config.path is not None else make_state_directory(
-                    self._config.file.parent)
-            except OSError as error:
-                self._failed(LedgerError(f"cannot use the folder of {self._config.file}: "
-                                         f"{error.strerror or error}"))
-                return
-            for folder in made:
-                log.info("created %s for the run ledger", folder)
-            try:
-                self._ledger = Ledger.open(self._config.file, readonly=False)
-            except LedgerError as error:
-                self._failed(error)
-                return
-            self._error = None
-            self._errors.forget("ledger")
-            log.info("run ledger at %s", self._config.file)
-            try:
-                self._stored_runs = self._ledger.count()
-            except LedgerError as error:
-                self._failed(error)
-        if self._ledger is not None and now >= self._next_prune:
-            self._next_prune = now + PRUNE_SECONDS
-            try:
-                pruned = self._ledger.prune(
-                    now=self._wall_clock(),
-                    retention_seconds=self._config.retention_days * 86400,
-                    max_runs=self._config.max_runs,
-                    max_runs_per_owner=self._config.max_runs_per_owner)
-            except LedgerError as error:
-                self._failed(error)
-            else:
-                self._pruned["age"] += pruned.age
-                self._pruned["owner_limit"] += pruned.owner_limit
-                self._pruned["max_runs"] += pruned.max_runs
-                if pruned.total:
-                    log.info("run ledger: %d runs deleted (%d ended more than %g days ago, "
-                             "%d beyond max_runs_per_owner, %d beyond max_runs); per owner: %s",
-                             pruned.total, pruned.age, self._config.retention_days,
-                             pruned.owner_limit, pruned.max_runs,
-                             ", ".join(f"{owner or '(none)'} {count}" for owner, count
-                                       in sorted(pruned.by_owner.items())))
-
-    def _write(self, updates: list[RecordUpdate], now: float, wall: float) -> None:
-        if self._ledger is None or not updates:
-            return
-        try:
-            result = self._ledger.write(updates)
-            self._stored_runs = self._ledger.count()
-        except LedgerError as error:
-            reason = error.reason if error.reason in self._write_errors else "other"
-            self._write_errors[reason] += 1
-            self._failed(error)
-            return
-        self._writes += 1
-        self._last_write = wall
-        self._error = None
-        self._errors.forget("ledger")
-        self._drop_refused(result)
-
-    def _drop_refused(self, result: WriteResult) -> None:
-        """Forget the runs whose rows turned out to belong to another owner (a row the
-        recorder could not check when the run began: the ledger was not open then)."""
-        for (job, run_id, _), holder in result.refused:
-            run = self._runs.pop((job, run_id), None)
-            if run is not None:
-                self._refuse((job, run_id), run.owner, holder)
-
-    def _failed(self, error: LedgerError) -> None:
-        self._error = str(error)
-        if self._errors.allow("ledger", self._error):
-            retry = ("written again at the next flush" if self._ledger is not None
-                     else f"opened again every {REOPEN_SECONDS:.0f} s")
-            log.error("run ledger: %s (recording goes on in memory, %s)", error, retry)
-        if self._ledger is not None and not self._config.file.exists():
-            self._ledger.close()
-            self._ledger = None
-
-    # -- scrapes ----------------------------------------------------------------------
+        """One tick of the recorder now (its thread ticks every ``flush_seconds``)."""
+        self.recorder.tick()
 
     def observe(self, families: Sequence[Metric]) -> None:
-        """One evaluation of the diagnosis: count the time since the previous one toward
-        each running run's verdict when the job's verdict held (module docstring)."""
-        now = self._clock()
+        """One evaluation of the diagnosis: its verdict per job, for the recorder to
+        count toward each running run (``RunRecorder.count_verdicts``)."""
         current: dict[str, str] | None = None
         for family in families:
             if family.name != "trainmon_bottleneck":
@@ -640,20 +74,7 @@ class LedgerCollector(Collector):
                     current[job] = kind
         if current is None:
             return  # no verdicts at all in this evaluation: it tells nothing
-        with self._verdict_lock:
-            for job, kind in current.items():
-                before = self._verdicts.get(job)
-                keys = self._recording.get(job, ())
-                if before is not None and before[0] == kind:
-                    seconds = verdict_gap(now - before[1])
-                    for key in keys:
-                        kinds = self._pending_verdicts.setdefault(key, {})
-                        kinds[kind] = kinds.get(kind, 0.0) + seconds
-                for key in keys:
-                    self._pending_final[key] = kind
-                self._verdicts[job] = (kind, now)
-            for job in set(self._verdicts) - set(current):
-                del self._verdicts[job]
+        self.recorder.count_verdicts(current)
 
     def collect(self) -> Iterable[Metric]:
         changes = GaugeMetricFamily(
@@ -671,54 +92,47 @@ class LedgerCollector(Collector):
             "end, the latest 16 runs.",
             labels=["job", "run", "reason"],
         )
-        wall = self._wall_clock()
-        with self._lock:
-            for (job, run_id), run in sorted(self._runs.items()):
-                if run.changed is not None:
-                    changes.add_metric([job, run_id, _truncate(run.changed)], 1.0)
-            ended = [(end, key, reason) for key, (reason, end) in self._recent_ends.items()]
-            ended += [(run.ended, key, "stalled") for key, run in self._runs.items()
-                      if run.end_reason == "stalled" and run.ended is not None]
-            recent = sorted((item for item in ended if wall - item[0] <= RUN_END_EXPORT_SECONDS),
-                            reverse=True)[:MAX_EXPORTED_RUN_ENDS]
-            for end, (job, run_id), reason in sorted(recent, key=lambda item: item[1]):
-                ends.add_metric([job, run_id, reason], end)
-            up = GaugeMetricFamily(
-                "trainmon_ledger_up",
-                "1 while the run ledger file is open and its last write succeeded; 0 when it "
-                "cannot be used (see /healthz: missing directory, read-only, foreign file).",
-            )
-            up.add_metric([], 1.0 if self._ledger is not None and self._error is None else 0.0)
-            writes = CounterMetricFamily(
-                "trainmon_ledger_writes_total",
-                "Transactions the recorder committed to the run ledger (one per flush).")
-            writes.add_metric([], self._writes)
-            errors = CounterMetricFamily(
-                "trainmon_ledger_write_errors_total",
-                "Flushes to the run ledger that failed (the records stay in memory), by "
-                "reason: disk_full, read_only, io_error, busy, corrupt, other.",
-                labels=["reason"])
-            for reason, count in self._write_errors.items():
-                errors.add_metric([reason], count)
-            refused = CounterMetricFamily(
-                "trainmon_ledger_refused_runs_total",
-                "Runs not recorded because their (job, run, node) record in the ledger "
-                "belongs to another writer identity (a job name and run id re-used).")
-            refused.add_metric([], self._refused_runs)
-            pruned = CounterMetricFamily(
-                "trainmon_ledger_pruned_runs_total",
-                "Run records deleted by retention, by rule: age (ended more than "
-                "retention_days ago), owner_limit (beyond max_runs_per_owner of their "
-                "owner), max_runs (beyond max_runs, from the owners with the most runs).",
-                labels=["reason"])
-            for reason, count in self._pruned.items():
-                pruned.add_metric([reason], count)
-            families: list[Metric] = [changes, ends, up, writes, errors, refused, pruned]
-            if self._stored_runs is not None:
-                stored = GaugeMetricFamily(
-                    "trainmon_ledger_runs", "Run records in the node's run ledger.")
-                stored.add_metric([], self._stored_runs)
-                families.append(stored)
+        readings = self.recorder.readings()
+        for job, run_id, changed in readings.changes:
+            changes.add_metric([job, run_id, _truncate(changed)], 1.0)
+        for end in readings.ends:
+            ends.add_metric([end.job, end.run, end.reason], end.ended)
+        up = GaugeMetricFamily(
+            "trainmon_ledger_up",
+            "1 while the run ledger file is open and its last write succeeded; 0 when it "
+            "cannot be used (see /healthz: missing directory, read-only, foreign file).",
+        )
+        up.add_metric([], 1.0 if readings.up else 0.0)
+        writes = CounterMetricFamily(
+            "trainmon_ledger_writes_total",
+            "Transactions the recorder committed to the run ledger (one per flush).")
+        writes.add_metric([], readings.writes)
+        errors = CounterMetricFamily(
+            "trainmon_ledger_write_errors_total",
+            "Flushes to the run ledger that failed (the records stay in memory), by "
+            "reason: disk_full, read_only, io_error, busy, corrupt, other.",
+            labels=["reason"])
+        for reason, count in readings.write_errors.items():
+            errors.add_metric([reason], count)
+        refused = CounterMetricFamily(
+            "trainmon_ledger_refused_runs_total",
+            "Runs not recorded because their (job, run, node) record in the ledger "
+            "belongs to another writer identity (a job name and run id re-used).")
+        refused.add_metric([], readings.refused_runs)
+        pruned = CounterMetricFamily(
+            "trainmon_ledger_pruned_runs_total",
+            "Run records deleted by retention, by rule: age (ended more than "
+            "retention_days ago), owner_limit (beyond max_runs_per_owner of their "
+            "owner), max_runs (beyond max_runs, from the owners with the most runs).",
+            labels=["reason"])
+        for reason, count in readings.pruned.items():
+            pruned.add_metric([reason], count)
+        families: list[Metric] = [changes, ends, up, writes, errors, refused, pruned]
+        if readings.stored_runs is not None:
+            stored = GaugeMetricFamily(
+                "trainmon_ledger_runs", "Run records in the node's run ledger.")
+            stored.add_metric([], readings.stored_runs)
+            families.append(stored)
         if self._config.price_per_gpu_hour is not None:
             price = GaugeMetricFamily(
                 "trainmon_ledger_price_per_gpu_hour",
@@ -731,142 +145,20 @@ class LedgerCollector(Collector):
         return families
 
     def health(self) -> Mapping[str, object]:
-        with self._lock:
-            state: dict[str, object] = {
-                "path": str(self._config.file),
-                "open": self._ledger is not None,
-                "recording_runs": len(self._runs),
-                "stored_runs": self._stored_runs,
-                "last_write_timestamp": self._last_write,
-            }
-            if self._error is not None:
-                state["ledger_error"] = self._error
-            if self._ledger is None or self._error is not None:
-                # recording goes on in memory, but nothing reaches the file
-                state["state"] = "degraded"
-                state["error"] = self._error or f"the run ledger {self._config.file} is not open"
-            return state
-
-    # -- read routes --------------------------------------------------------------------
+        return self.recorder.health()
 
     def get_routes(self) -> Mapping[str, GetHandler]:
-        return {RUNS_PATH: self.handle_runs, RUNS_PATH + "/": self.handle_run}
-
-    def handle_runs(self, request: GetRequest) -> JSONResponse:
-        """``GET /api/v1/runs?job=&since=``: every record, newest first."""
-        job = request.query.get("job") or None
-        since_text = request.query.get("since")
-        since = None
-        if since_text:
-            try:
-                since = float(since_text)
-            except ValueError:
-                since = math.nan
-            if not math.isfinite(since):
-                return JSONResponse(HTTPStatus.BAD_REQUEST, {
-                    "error": "invalid_query", "detail": "since must be a Unix time in seconds"})
-        return self._read(lambda ledger: ledger.runs(job=job, since=since))
-
-    def handle_run(self, request: GetRequest) -> JSONResponse:
-        """``GET /api/v1/runs/<run>?job=``: the records of one run (404 when none)."""
-        run = request.path[len(RUNS_PATH) + 1:]
-        if not run or "/" in run:
-            return JSONResponse(HTTPStatus.NOT_FOUND, {"error": "not_found", "detail": "no run"})
-        job = request.query.get("job") or None
-        response = self._read(lambda ledger: ledger.get(run, job=job))
-        if response.status == HTTPStatus.OK and not response.body:
-            return JSONResponse(HTTPStatus.NOT_FOUND, {
-                "error": "not_found", "detail": f"no run {run!r} in this node's ledger"})
-        return response
-
-    def _read(self, query: Callable[[Ledger], list[RunRecord]]) -> JSONResponse:
-        try:
-            with Ledger.open(self._config.file, readonly=True) as ledger:
-                records = query(ledger)
-        except LedgerError as error:
-            return JSONResponse(HTTPStatus.SERVICE_UNAVAILABLE,
-                                {"error": "ledger_unavailable", "detail": str(error)})
-        return JSONResponse(HTTPStatus.OK, [record.to_json() for record in records])
-
-
-def _difference(now: Totals, before: Totals | None) -> Progress | None:
-    """``now - before`` as progress; None when a total went backwards (the rank restarted)."""
-    if before is None:
-        return Progress(
-            steps=now.steps, samples=now.samples, step_seconds=now.step_seconds,
-            data_wait_seconds=now.data_wait_seconds, step_buckets=list(now.step_buckets),
-            phase_seconds=dict(now.phase_seconds), comm_exposed_seconds=now.comm_exposed_seconds,
-            checkpoints=now.checkpoints)
-    if not now.covers(before):
-        return None
-    exposed = None
-    if now.comm_exposed_seconds is not None:
-        exposed = now.comm_exposed_seconds - (before.comm_exposed_seconds or 0.0)
-    checkpoints = None
-    if now.checkpoints is not None:
-        checkpoints = now.checkpoints - (before.checkpoints or 0)
-    return Progress(
-        steps=now.steps - before.steps,
-        samples=now.samples - before.samples,
-        step_seconds=now.step_seconds - before.step_seconds,
-        data_wait_seconds=now.data_wait_seconds - before.data_wait_seconds,
-        step_buckets=[a - b for a, b in zip(now.step_buckets, before.step_buckets, strict=True)],
-        phase_seconds={name: seconds - before.phase_seconds.get(name, 0.0)
-                       for name, seconds in now.phase_seconds.items()},
-        comm_exposed_seconds=exposed,
-        checkpoints=checkpoints,
-    )
-
-
-def _number(value: object) -> float:
-    """``value`` as a number (a stored fact); -inf when it is none."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    return float("-inf")
-
-
-def _storages(value: object) -> dict[str, dict[str, str]]:
-    """Data path -> storage as ``_Run.state`` saved it; {} where it does not parse."""
-    if not isinstance(value, Mapping):
-        return {}
-    return {str(path): {key: str(where.get(key, "")) for key in ("mountpoint", "fstype",
-                                                                  "storage")}
-            for path, where in value.items() if isinstance(where, Mapping)}
-
-
-def changed_keys(before: Mapping[str, object], after: Mapping[str, object]) -> str:
-    """Names of what differs between two run descriptions, sorted and comma-joined:
-    config keys, environment variable names, ``data``, ``versions.<name>``, ``world_size``."""
-    names: set[str] = set()
-    for part, prefix in (("config", ""), ("environment", ""), ("versions", "versions.")):
-        a, b = _mapping(before.get(part)), _mapping(after.get(part))
-        names.update(prefix + key for key in set(a) | set(b) if a.get(key) != b.get(key))
-    if _data_changed(_data(before), _data(after)):
-        names.add("data")
-    if before.get("world_size") != after.get("world_size"):
-        names.add("world_size")
-    return ",".join(sorted(names))
-
-
-def _mapping(value: object) -> Mapping[str, object]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _data(description: Mapping[str, object]) -> dict[object, object]:
-    """Data path → storage kind of a description."""
-    paths = description.get("data_paths")
-    if not isinstance(paths, list):
-        return {}
-    return {p.get("path"): p.get("storage") for p in paths if isinstance(p, Mapping)}
-
-
-def _data_changed(before: Mapping[object, object], after: Mapping[object, object]) -> bool:
-    """Other paths, or a path on another storage kind (an ``unknown`` kind matches any)."""
-    if set(before) != set(after):
-        return True
-    return any(before[path] != after[path] and "unknown" not in (before[path], after[path])
-               for path in before)
+        """``GET /api/v1/runs`` and ``GET /api/v1/runs/<run>`` (``trainmon.ledger.api``)."""
+        return self._api.routes()
 
 
 def _truncate(text: str) -> str:
     return text if len(text) <= MAX_CHANGED_LENGTH else text[:MAX_CHANGED_LENGTH - 1] + "…"
+
+
+def _build(config: LedgerConfig, wiring: Wiring) -> Collector:
+    return LedgerCollector(config, wiring.collector("training", TrainingCollector))
+
+
+#: Derived, last: records the diagnosis' verdicts with each run.
+ENTRY = CollectorEntry("ledger", LedgerConfig, _build, derived=True, requires=("training",))

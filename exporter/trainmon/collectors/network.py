@@ -9,14 +9,17 @@ formats, the network namespace they belong to, 32-bit wraps) come from
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from trainmon.config import NetworkConfig
 from trainmon.core.collector import Collector
+from trainmon.core.entry import CollectorEntry, Wiring
 from trainmon.node.netdev import NET_DEV_COLUMNS, NetDevReader
+from trainmon.section import DeviceFilter, setting
 
 #: Exported counter → (``NET_DEV_COLUMNS`` counter, start of the HELP text).
 COUNTERS: dict[str, tuple[str, str]] = {
@@ -37,6 +40,22 @@ COUNTERS: dict[str, tuple[str, str]] = {
     "trainmon_network_transmit_drops_total": (
         "transmit_drops", "Packets dropped on transmit by the interface"),
 }  # fmt: skip
+
+
+#: Interfaces left out by default: loopback and the host ends of container networks.
+DEFAULT_NETWORK_EXCLUDE = r"^(lo|veth.*|docker.*|cali.*|flannel.*|cni.*)$"
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """The ``collectors.network`` section."""
+
+    enabled: bool = True
+    #: ``include``/``exclude`` regexes over interface names.
+    devices: DeviceFilter = field(
+        default=DeviceFilter(exclude=re.compile(DEFAULT_NETWORK_EXCLUDE)),
+        metadata=setting(inline=True),
+    )
 
 
 class NetworkCollector(Collector):
@@ -73,3 +92,10 @@ class NetworkCollector(Collector):
 def _counter_help(counter: str, start: str) -> str:
     section, column = NET_DEV_COLUMNS[counter]
     return f"{start}, cumulative since it appeared (/proc/net/dev, {section} column {column})."
+
+
+def _build(config: NetworkConfig, wiring: Wiring) -> Collector:
+    return NetworkCollector(config, wiring.proc_root, wiring.sys_root)
+
+
+ENTRY = CollectorEntry("network", NetworkConfig, _build)

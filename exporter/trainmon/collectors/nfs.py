@@ -31,16 +31,27 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from trainmon.config import NFSConfig
 from trainmon.core.collector import Collector
+from trainmon.core.entry import CollectorEntry, Wiring
 from trainmon.logthrottle import LogThrottle
 from trainmon.node.mountstats import MountstatsReader, NFSMount
+from trainmon.section import DeviceFilter, setting
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class NFSConfig:
+    """The ``collectors.nfs`` section."""
+
+    enabled: bool = True
+    #: ``include``/``exclude`` regexes over mount points (``/mnt/cfs``).
+    mountpoints: DeviceFilter = field(default=DeviceFilter(), metadata=setting(inline=True))
 
 
 class NFSCollector(Collector):
@@ -131,3 +142,10 @@ def _families(mounts: Iterable[NFSMount]) -> list[Metric]:
             execute.add_metric([point, name], statistics.execute_seconds)
     families: list[Metric] = [info, read_bytes, write_bytes, operations, rtt, execute]
     return [family for family in families if family.samples]
+
+
+def _build(config: NFSConfig, wiring: Wiring) -> Collector:
+    return NFSCollector(config, wiring.proc_root)
+
+
+ENTRY = CollectorEntry("nfs", NFSConfig, _build)

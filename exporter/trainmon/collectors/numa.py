@@ -30,16 +30,25 @@ about 2 ms of CPU per scrape (25-35 µs per process, mostly the file read). Sour
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from trainmon.collectors.attribution import GPUProcessSource
-from trainmon.config import NumaConfig
+from trainmon.collectors.gpu import GPUCollector
 from trainmon.core.collector import Collector
+from trainmon.core.entry import CollectorEntry, Wiring
 from trainmon.node.numa import NumaTopology
 
 GPU_INFO = "trainmon_gpu_info"
+
+
+@dataclass(frozen=True)
+class NumaConfig:
+    """The ``collectors.numa`` section: NUMA locality of GPU processes."""
+
+    enabled: bool = True
 
 
 class NumaCollector(Collector):
@@ -109,3 +118,12 @@ class NumaCollector(Collector):
             "processes_measured": processes,
         }
         return [family for family in (node, ratio) if family.samples]
+
+
+def _build(config: NumaConfig, wiring: Wiring) -> Collector:
+    gpu = wiring.collector("gpu", GPUCollector)
+    return NumaCollector(config, wiring.proc_root, wiring.sys_root, gpu.processes)
+
+
+#: Derived: reads the GPUs' bus ids from ``trainmon_gpu_info`` of the same scrape.
+ENTRY = CollectorEntry("numa", NumaConfig, _build, derived=True, requires=("gpu",))

@@ -20,10 +20,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from trainmon import contract
 from trainmon.core.collector import Collector
+from trainmon.core.entry import CollectorEntry, Wiring
 from trainmon.platform.config import CONFIGURABLE_IDENTITY, IDENTITY_LABELS, PlatformConfig
 from trainmon.platform.dmi import read_dmi
-from trainmon.platform.metadata import HTTPTransport, MetadataTransport, TencentMetadata
 from trainmon.platform.poller import PlatformPoller, PlatformState
+from trainmon.tencent.metadata import HTTPTransport, MetadataTransport, TencentMetadata
 
 
 class PlatformCollector(Collector):
@@ -145,3 +146,16 @@ class PlatformCollector(Collector):
             "spot": state.spot,
             "termination_time": state.termination_time,
         }
+
+
+def _build(config: PlatformConfig, wiring: Wiring) -> Collector:
+    """The metadata service over HTTP, or the demo's simulated spot instance."""
+    transport = None
+    if wiring.demo:
+        from trainmon.demo.cvm import SimulatedMetadata
+
+        transport = SimulatedMetadata()
+    return PlatformCollector(config, wiring.sys_root, transport=transport)
+
+
+ENTRY = CollectorEntry("platform", PlatformConfig, _build)

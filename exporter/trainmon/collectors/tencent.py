@@ -10,14 +10,19 @@ e.g. ``minor_number`` for per-GPU answers), and ``region`` is added.
 Self-metrics (``trainmon_tencent_api_*``, sample age, estimated monthly calls)
 show what the puller costs and whether its data is fresh. Secrets never
 appear in metrics, logs or ``/healthz``: only the credential *source* does.
+The ``collectors.tencent`` section (``TencentConfig``) is declared here, read
+by ``trainmon.section.read_section``; docs/tencent-cloud.md explains every key.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -27,24 +32,126 @@ from prometheus_client.core import (
 )
 
 from trainmon.core.collector import Collector, CollectorUnavailable
+from trainmon.core.entry import CollectorEntry, Wiring
+from trainmon.section import ConfigError, Invalid, Section, setting
 from trainmon.tencent.catalogue import TargetKind, select
 from trainmon.tencent.client import DURATION_BUCKETS, APIStats, TencentAPI
-from trainmon.tencent.config import TencentConfig
 from trainmon.tencent.credentials import MetadataService, resolve_credentials, resolve_region
-from trainmon.tencent.ratelimit import TokenBucket
-from trainmon.tencent.scheduler import (
+from trainmon.tencent.puller import (
     Connection,
     PullerStatus,
     PullSettings,
     RefreshReport,
     TencentPuller,
 )
+from trainmon.tencent.ratelimit import TokenBucket
 from trainmon.tencent.targets import TargetSource
 
 log = logging.getLogger(__name__)
 
 #: GetMonitorData's documented per-request object limit.
 DOCUMENTED_BATCH_LIMIT = 10
+
+
+def _url(value: str) -> str:
+    if not re.fullmatch(r"https?://[^/\s]+/?", value):
+        raise ValueError(f"expected http(s)://host[:port], got {value!r}")
+    return value.rstrip("/")
+
+
+def _secret_reference(section: Section, key: str, default: str | None) -> str | None:
+    """A secret, accepted only as a ``${VAR}`` reference so it never sits in the file."""
+    raw = section.raw(key)
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or not re.fullmatch(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}", raw):
+        raise ConfigError(
+            section.key_path(key),
+            "must be a ${VAR} reference to an environment variable (or use a *_file key); "
+            "secrets are not written into configuration files",
+        )
+    return section.optional_string(key)
+
+
+def _known_metrics(metrics: tuple[str, ...]) -> tuple[str, ...]:
+    """Names of the metric catalogue (``trainmon.tencent.catalogue``); ValueError if not."""
+    select(metrics)
+    return metrics
+
+
+def _between(minimum: float, maximum: float) -> dict[str, object]:
+    return setting(minimum=minimum, maximum=maximum)
+
+
+@dataclass(frozen=True)
+class TencentConfig:
+    """The ``collectors.tencent`` section: the Cloud Monitor puller (docs/tencent-cloud.md
+    explains every key). Secrets are accepted only as ``${VAR}`` references or files,
+    never inline."""
+
+    enabled: bool = False
+    #: Monitor API endpoint; cvm./cbs. hosts are derived from a monitor.* host.
+    endpoint: str = field(
+        default="https://monitor.tencentcloudapi.com", metadata=setting(parse=_url))
+    #: None: this CVM's region from the metadata service.
+    region: str | None = None
+    #: Several regions (discovery only); overrides ``region``.
+    regions: tuple[str, ...] = ()
+    secret_id: str | None = field(default=None, repr=False)
+    #: Only ever a ``${VAR}`` reference in the file (checked when parsing).
+    secret_key: str | None = field(
+        default=None, repr=False, metadata=setting(read=_secret_reference))
+    secret_key_file: Path | None = None
+    session_token: str | None = field(
+        default=None, repr=False, metadata=setting(read=_secret_reference))
+    #: CAM role of the CVM; None: the role the metadata service lists.
+    role: str | None = None
+    metadata_url: str = field(
+        default="http://metadata.tencentyun.com", metadata=setting(parse=_url))
+    instances: tuple[str, ...] = ()
+    disks: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: Tag filters for DescribeInstances when ``instances`` is empty.
+    discovery_tags: Mapping[str, str] = field(default_factory=dict)
+    discover_disks: bool = True
+    discovery_interval_seconds: float = field(default=600.0, metadata=_between(10, 86400))
+    #: Tencent metric names to pull; empty: the whole catalogue.
+    metrics: tuple[str, ...] = field(default=(), metadata=setting(parse=_known_metrics))
+    period_seconds: int = field(default=60, metadata=_between(1, 86400))
+    delay_seconds: int = field(default=120, metadata=_between(0, 86400))
+    window_periods: int = field(default=5, metadata=_between(1, 60))
+    batch_size: int = field(default=10, metadata=_between(1, 50))
+    rate_limit: float = field(default=15.0, metadata=_between(0.1, 20))
+    concurrency: int = field(default=4, metadata=_between(1, 32))
+    request_timeout_seconds: float = field(default=10.0, metadata=_between(0.1, 120))
+    max_retries: int = field(default=2, metadata=_between(0, 10))
+
+    @property
+    def target_regions(self) -> tuple[str | None, ...]:
+        """The regions to pull; ``(None,)`` means "ask the metadata service"."""
+        return self.regions or (self.region,)
+
+    def check(self) -> None:
+        """Rules between keys of an enabled section (a disabled one may be partial)."""
+        if not self.enabled:
+            return
+        checks = [
+            ("secret_key_file", self.secret_key and self.secret_key_file,
+             "set secret_key or secret_key_file, not both"),
+            ("secret_id", self.secret_id and not (self.secret_key or self.secret_key_file),
+             "secret_id needs secret_key or secret_key_file"),
+            ("secret_key", (self.secret_key or self.secret_key_file) and not self.secret_id,
+             "secret_key needs secret_id"),
+            ("regions", self.region and self.regions, "set region or regions, not both"),
+            ("instances", self.instances and len(self.regions) > 1,
+             "static instances need a single region; use discovery_tags for several regions"),
+            ("disks", self.disks and not self.instances,
+             "disks needs instances (with discovery, disks are discovered too)"),
+            ("discovery_tags", self.discovery_tags and self.instances,
+             "discovery_tags has no effect when instances are listed"),
+        ]
+        for key, failed, message in checks:
+            if failed:
+                raise Invalid(key, message)
 
 
 class TencentCollector(Collector):
@@ -253,3 +360,11 @@ class TencentCollector(Collector):
             "estimated_monthly_calls": round(status.estimated_monthly_calls),
             "last_refresh_end": status.last_refresh_end,
         }
+
+
+def _build(config: TencentConfig, wiring: Wiring) -> Collector:
+    return TencentCollector(config)
+
+
+#: Off in demo mode: the simulated node's data would mix with the account's real data.
+ENTRY = CollectorEntry("tencent", TencentConfig, _build, real_only=True)

@@ -16,7 +16,8 @@ Runs: ``trainmon_training_run_info{job,run,config_hash}`` and
 ``trainmon_training_run_start_timestamp_seconds{job,run}`` come from the run
 descriptions in the store (one series per job and run, however many ranks
 describe it; a run whose description says it ended is no longer live). The
-run ledger (``trainmon.collectors.ledger``) reads the same store and exports
+run ledger's recorder (``trainmon.ledger.recorder``, wired by
+``trainmon.collectors.ledger``) reads the same store and exports
 ``trainmon_training_run_changes_info``, which needs the ledger's history.
 
 Ended ranks: a rank whose run said it ended (its description's ``ended``;
@@ -32,8 +33,10 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from prometheus_client.core import (
@@ -43,12 +46,15 @@ from prometheus_client.core import (
     Metric,
 )
 
-from trainmon.config import TrainingConfig
+from trainmon.contract import STEP_SECONDS_BOUNDS
 from trainmon.core.collector import Collector
-from trainmon.http.push import PushHandler, PushRequest, PushResponse
+from trainmon.core.entry import CollectorEntry, Wiring
+from trainmon.core.routes import PushHandler, PushRequest, PushResponse
 from trainmon.logthrottle import LogThrottle
 from trainmon.node.mounts import MountResolver, PathStorage
-from trainmon.training.protocol import STEP_SECONDS_BOUNDS, STEPS_PATH
+from trainmon.paths import default_socket_path
+from trainmon.section import Auto, Section, setting
+from trainmon.training.protocol import STEPS_PATH
 from trainmon.training.receiver import SocketReceiver, StepPushHandler, read_tokens
 from trainmon.training.store import LastCheckpoint, RankView, TrainingStore, TrainingStoreView
 from trainmon.training.writers import uid_writer
@@ -57,6 +63,62 @@ log = logging.getLogger(__name__)
 
 _BUCKET_BOUNDS = [repr(bound) for bound in STEP_SECONDS_BOUNDS] + ["+Inf"]
 _RANK = ["job", "rank"]
+
+
+#: A writer identity in ``trusted_writers`` (``trainmon.training.writers``).
+_WRITER = re.compile(r"uid:[0-9]{1,10}|token:[A-Za-z0-9_.-]{1,64}")
+
+
+def _file_mode(section: Section, key: str, default: int) -> int:
+    """An octal permission string such as ``"0660"`` (quoted: YAML reads 0660 as a number)."""
+
+    def octal(text: str) -> int:
+        if not re.fullmatch(r"0?[0-7]{3}", text):
+            raise ValueError(f"expected octal permission bits such as \"0660\", got {text!r}")
+        return int(text, 8)
+
+    return section.parsed(key, f"{default:04o}", octal)
+
+
+def _writers(writers: tuple[str, ...]) -> tuple[str, ...]:
+    for writer in writers:
+        if not _WRITER.fullmatch(writer):
+            raise ValueError(f"expected uid:<number> or token:<name>, got {writer!r}")
+    return writers
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """The ``collectors.training`` section: the step intake and its caps (docs/security.md)."""
+
+    enabled: bool = True
+    #: None: HTTP only. Default ``/run/trainmon/steps.sock`` for root (and the
+    #: service user owning ``/run/trainmon``), else under ``$XDG_RUNTIME_DIR``
+    #: (``trainmon.paths``).
+    socket: Path | None = field(default_factory=default_socket_path)
+    token_file: Path | None = None
+    ttl_seconds: float = field(default=300.0, metadata=setting(minimum=1, maximum=86400))
+    max_jobs: int = field(default=64, metadata=setting(minimum=1, maximum=100_000))
+    max_ranks_per_job: int = field(default=1024, metadata=setting(minimum=1, maximum=1_000_000))
+    #: Permission bits of the socket file; 0o666 lets any local user send (as
+    #: loopback HTTP already does); use 0o660 with a shared group to restrict.
+    socket_mode: int = field(default=0o666, metadata=setting(read=_file_mode))
+    #: Requested SO_RCVBUF of the socket (bytes); Linux caps it at rmem_max
+    #: unless the daemon may use SO_RCVBUFFORCE (root / CAP_NET_ADMIN).
+    receive_buffer_bytes: int = field(
+        default=4 << 20, metadata=setting(minimum=4096, maximum=1 << 30))
+    #: Span of trainmon_training_data_wait_ratio (seconds).
+    window_seconds: float = field(default=60.0, metadata=setting(minimum=1, maximum=3600))
+    #: Longest accepted job and phase name (characters).
+    max_label_length: int = field(default=128, metadata=setting(minimum=8, maximum=1024))
+    #: Jobs one writer may hold at once (its oldest makes room for its next).
+    max_jobs_per_writer: int = field(default=16, metadata=setting(minimum=1, maximum=100_000))
+    #: Writers (``uid:N``, ``token:NAME``) that may report for any job, beside
+    #: root and the daemon itself (docs/security.md).
+    trusted_writers: tuple[str, ...] = field(default=(), metadata=setting(parse=_writers))
+    #: Loopback HTTP clients without a token, identified by the kernel as their
+    #: local user: ``auto`` allows them while no token_file is set.
+    loopback_without_token: bool | Auto = "auto"
 
 
 class TrainingCollector(Collector):
@@ -457,3 +519,10 @@ def _rank_families(snapshot: TrainingStoreView) -> Iterable[Metric]:
         world_size.add_metric([job], size)
     return [steps, samples, step_seconds, data_wait, phases, ratio, last_step, last_report, info,
             world_size, dropped, resets, comm, comm_exposed, comm_bytes]
+
+
+def _build(config: TrainingConfig, wiring: Wiring) -> Collector:
+    return TrainingCollector(config, proc_root=wiring.proc_root, sys_root=wiring.sys_root)
+
+
+ENTRY = CollectorEntry("training", TrainingConfig, _build)

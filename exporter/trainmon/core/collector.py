@@ -10,6 +10,13 @@ event threads, cloud pulls) starts in ``start()`` and ends in ``stop()``;
 A collector with an ``evaluation_seconds`` (the diagnosis) and every collector
 registered after it are *derived*: the registry collects them on its own
 clock, in its evaluation loop, not on scrapes (``trainmon.core.registry``).
+
+A collector that serves HTTP routes declares them here, and only here:
+``push_routes()`` (``POST``, the training receiver's ``/api/v1/steps``) and
+``get_routes()`` (read-only JSON, the run ledger's ``/api/v1/runs``), with the
+route types of ``trainmon.core.routes``. The registry gathers them
+(``CollectorRegistry.push_routes``/``get_routes``) for the HTTP server; a
+route two collectors claim is a wiring error.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from prometheus_client.core import Metric
 
-from trainmon.http.push import PushHandler
+from trainmon.core.routes import GetHandler, PushHandler
 
 
 class CollectorUnavailable(Exception):
@@ -69,4 +76,9 @@ class Collector(abc.ABC):
 
     def push_routes(self) -> Mapping[str, PushHandler]:
         """HTTP routes (path → handler) through which this collector receives pushes."""
+        return {}
+
+    def get_routes(self) -> Mapping[str, GetHandler]:
+        """Read-only JSON routes (path → handler) this collector serves; a path ending
+        in ``/`` serves every path below it. Behind the server's basic auth."""
         return {}

@@ -44,14 +44,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from trainmon import __version__
 from trainmon.background import BackgroundThread
 from trainmon.core.collector import Collector, CollectorUnavailable
+from trainmon.core.routes import GetHandler, PushHandler
 from trainmon.logthrottle import LogThrottle
 
 log = logging.getLogger(__name__)
@@ -133,6 +135,14 @@ class CollectorRegistry:
         self._evaluate(started)
         if self.evaluation_seconds is not None:
             self._evaluation.start()
+
+    def push_routes(self) -> dict[str, PushHandler]:
+        """Every collector's ``push_routes()``; ``ValueError`` for a route claimed twice."""
+        return _claimed(collector.push_routes() for collector in self._collectors)
+
+    def get_routes(self) -> dict[str, GetHandler]:
+        """Every collector's ``get_routes()``; ``ValueError`` for a route claimed twice."""
+        return _claimed(collector.get_routes() for collector in self._collectors)
 
     def stop(self) -> None:
         """End the evaluation loop, then the sources' background work (the training
@@ -285,3 +295,18 @@ def _severity(state: object) -> int:
 
 def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
+
+
+_Handler = TypeVar("_Handler")
+
+
+def _claimed(declared: Iterable[Mapping[str, _Handler]]) -> dict[str, _Handler]:
+    """The routes of every collector in one table; a path two collectors claim is a
+    wiring error."""
+    routes: dict[str, _Handler] = {}
+    for table in declared:
+        for path, handler in table.items():
+            if path in routes:
+                raise ValueError(f"two collectors claim the route {path}")
+            routes[path] = handler
+    return routes

@@ -26,7 +26,7 @@ job, and differs from it in one thing, which made it faster:
 So ``trainmon compare demo-healthy-baseline <today's run>`` names the NCCL
 change and the slowdown, and, for a Prometheus that saw the earlier runs,
 ``TrainmonThroughputRegression`` pages for both jobs. Each record is what the
-recorder (``trainmon.collectors.ledger``) would have written: the description
+recorder (``trainmon.ledger.recorder``) would have written: the description
 as the client describes a run (``RunDescriber``: the same versions, host and
 git commit as today's), its data paths resolved on the simulated node's
 mounts, and the summary computed by the ledger's own math (``RunTotals``) from
@@ -46,6 +46,7 @@ from pathlib import Path
 
 from trainmon.client.reporter import CHECKPOINT_PHASE
 from trainmon.client.run import RunDescriber
+from trainmon.contract import STEP_BUCKET_COUNT, STEP_SECONDS_BOUNDS
 from trainmon.demo.jobs import (
     CHECKPOINT_INTERVAL_SECONDS,
     DEMO_JOBS,
@@ -57,7 +58,6 @@ from trainmon.ledger import Ledger, RecordUpdate, RunRecord
 from trainmon.ledger.config import LedgerConfig
 from trainmon.ledger.summary import COMM_PHASE, Progress, RunTotals
 from trainmon.node.mounts import classify, find_mount, parse_mountinfo
-from trainmon.training.protocol import STEP_BUCKET_COUNT, STEP_SECONDS_BOUNDS
 from trainmon.training.writers import LOCAL_WRITER
 
 #: The demo's ledger file, in the folder of the user's default ledger.

@@ -28,7 +28,7 @@ collector's internals, so the same code serves the daemon and ``doctor``:
   ``trainmon_infiniband_rate_bytes``;
 - processes: ``trainmon_gpu_process_info``; NCCL: ``trainmon_nccl_problem_info``;
 - the platform signals (instance and spot state, checkpoints, NUMA, NFS
-  mounts, RDMA port state): ``trainmon.diagnosis.platform``.
+  mounts, RDMA port state): ``trainmon.diagnosis.platform_signals``.
 
 A value a source does not provide is ``None``, never zero.
 """
@@ -38,7 +38,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from trainmon.diagnosis.platform import PLATFORM_SAMPLES, PlatformMeasurements, measure_platform
+from trainmon.diagnosis.platform_signals import (
+    PLATFORM_SAMPLES,
+    PlatformMeasurements,
+    measure_platform,
+)
 from trainmon.diagnosis.samples import Labels, Window, labels_of
 
 #: Every sample name ``measure`` reads (snapshots may keep only these).

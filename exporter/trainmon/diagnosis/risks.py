@@ -2,9 +2,10 @@
 
 The verdict (``rules``) says what holds a job back now; these findings say
 what can cost it its work or its speed, from the platform signals measured by
-``trainmon.diagnosis.platform``. They never decide the verdict: each job keeps
-its kind, and these follow its findings with a ``severity`` (``critical`` or
-``warning``) and their own next step (``text.ADVICE``). The thresholds are
+``trainmon.diagnosis.platform_signals``. They never decide the verdict: each
+job keeps its kind, and these follow its findings with a ``severity``
+(``critical`` or ``warning``) and their own next step (the report's words,
+``trainmon.report.messages.ADVICE``). The thresholds are
 ``collectors.diagnosis`` keys whose defaults live in ``trainmon.contract``,
 where the alert rules read them too:
 
@@ -46,10 +47,10 @@ import time
 from collections.abc import Collection, Sequence
 from dataclasses import replace
 
-from trainmon.diagnosis.config import DiagnosisConfig
 from trainmon.diagnosis.finding import Finding
 from trainmon.diagnosis.measure import LinkState, NodeMeasurements
-from trainmon.diagnosis.platform import INSTANCE_BOUND_STORAGE, NfsMount
+from trainmon.diagnosis.platform_signals import INSTANCE_BOUND_STORAGE, NfsMount
+from trainmon.diagnosis.thresholds import DiagnosisConfig
 
 #: Storage findings whose values name the NFS/CFS mount the data comes from.
 STORAGE_CODES = ("data_wait", "sawtooth_data_wait")

@@ -94,7 +94,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from trainmon.diagnosis import risks
-from trainmon.diagnosis.config import DiagnosisConfig
 from trainmon.diagnosis.finding import SEVERITIES, Finding
 from trainmon.diagnosis.measure import (
     GPUProcessState,
@@ -104,6 +103,7 @@ from trainmon.diagnosis.measure import (
     NodeMeasurements,
     RankState,
 )
+from trainmon.diagnosis.thresholds import DiagnosisConfig
 
 KINDS = ("compute", "communication", "storage", "scheduling", "none")
 #: A reporter that sent anything this recently is alive (it sends about every

@@ -52,10 +52,7 @@ from typing import Any, Protocol
 from prometheus_client.exposition import choose_encoder
 
 from trainmon import __version__
-from trainmon.config import HTTPConfig, ListenAddress
-from trainmon.http.limits import ConnectionLimits, RefusalReason
-from trainmon.http.peer import ip_address_of, loopback_peer_uid
-from trainmon.http.push import (
+from trainmon.core.routes import (
     GetHandler,
     GetRequest,
     JSONResponse,
@@ -63,6 +60,9 @@ from trainmon.http.push import (
     PushRequest,
     PushResponse,
 )
+from trainmon.http.limits import ConnectionLimits, RefusalReason
+from trainmon.http.listen import HTTPConfig, ListenAddress
+from trainmon.http.peer import ip_address_of, loopback_peer_uid
 from trainmon.http.webconfig import BasicAuthenticator, WebConfig
 
 log = logging.getLogger(__name__)

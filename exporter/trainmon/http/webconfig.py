@@ -34,7 +34,7 @@ from pathlib import Path
 import bcrypt
 import yaml
 
-from trainmon.settings import ConfigError, Section
+from trainmon.section import ConfigError, Section
 
 _TLS_VERSIONS = {
     "TLS10": ssl.TLSVersion.TLSv1,

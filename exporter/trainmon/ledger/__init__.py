@@ -2,8 +2,11 @@
 
 ``Ledger`` (``store``) is the SQLite file and its read API, ``RunRecord``
 (``records``) one run, ``summary`` the math behind a record's numbers, and
-``config`` the ``collectors.ledger`` section. The recorder that fills it is
-the derived collector ``trainmon.collectors.ledger``.
+``config`` the ``collectors.ledger`` section. ``RunRecorder`` (``recorder``)
+fills it from the training store, read through ``feed`` (read-only
+protocols), ending runs by the policy of ``ending``; ``api`` serves the
+records as JSON. The derived collector ``trainmon.collectors.ledger`` wires
+the recorder and exports its metrics.
 """
 
 from trainmon.ledger.records import (

@@ -1,5 +1,8 @@
 """The ``collectors.ledger`` configuration section (README: configuration reference).
 
+Here because the ledger's store, the recorder and the demo's history read it;
+read by ``trainmon.section.read_section`` with the bounds of its fields' metadata.
+
 ``path`` None means the default (``trainmon.paths``):
 ``/var/lib/trainmon/ledger.sqlite3`` for root and for the service user that owns
 ``/var/lib/trainmon`` (the systemd unit's ``StateDirectory``, the DaemonSet's
@@ -17,16 +20,32 @@ from __future__ import annotations
 
 import re
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainmon import contract
 from trainmon.paths import SYSTEM_LEDGER_PATH, default_ledger_path
-from trainmon.settings import Auto, ConfigError, Section
+from trainmon.section import Auto, ConfigError, Section, setting
 
 #: The system default (root's, the deployed daemon's); other users': ``file``.
 DEFAULT_LEDGER_PATH = SYSTEM_LEDGER_PATH
 _CURRENCY = re.compile(r"[A-Z]{3}")
+
+
+def _currency(code: str) -> str:
+    if not _CURRENCY.fullmatch(code):
+        raise ValueError(f"expected a 3-letter ISO 4217 code such as USD or CNY, got {code!r}")
+    return code
+
+
+def _optional_price(section: Section, key: str, default: float | None) -> float | None:
+    value = section.raw(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e6:
+        raise ConfigError(section.key_path(key),
+                          f"expected a price >= 0 per GPU hour, or null; got {value!r}")
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -38,19 +57,22 @@ class LedgerConfig:
     enabled: bool | Auto = "auto"
     path: Path | None = None
     #: Ended runs older than this are deleted (days).
-    retention_days: float = 180.0
+    retention_days: float = field(default=180.0, metadata=setting(minimum=1, maximum=36500))
     #: Most runs kept; beyond, the oldest runs of the owner (writer identity) holding
     #: the most rows go first, so one user cannot push out the others' history.
-    max_runs: int = 10_000
+    max_runs: int = field(default=10_000, metadata=setting(minimum=1, maximum=10_000_000))
     #: Most runs kept per owner (writer identity); that owner's oldest go first.
-    max_runs_per_owner: int = 1_000
+    max_runs_per_owner: int = field(
+        default=1_000, metadata=setting(minimum=1, maximum=10_000_000))
     #: Seconds between two reads of the training store and writes to the file.
-    flush_seconds: float = 10.0
+    flush_seconds: float = field(default=10.0, metadata=setting(minimum=0.1, maximum=3600))
     #: A run without a step for this long while still reporting has stalled.
-    stall_seconds: float = contract.LEDGER_STALL_SECONDS
-    price_per_gpu_hour: float | None = None
+    stall_seconds: float = field(
+        default=contract.LEDGER_STALL_SECONDS, metadata=setting(minimum=1, maximum=86400))
+    price_per_gpu_hour: float | None = field(
+        default=None, metadata=setting(read=_optional_price))
     #: ISO 4217 code shown beside costs.
-    currency: str = "USD"
+    currency: str = field(default="USD", metadata=setting(parse=_currency))
     #: The node name stored in records; None: the hostname.
     node: str | None = None
 
@@ -62,37 +84,3 @@ class LedgerConfig:
     @property
     def node_name(self) -> str:
         return self.node or socket.gethostname()
-
-
-def parse_ledger(section: Section) -> LedgerConfig:
-    """The ``collectors.ledger`` section."""
-    default = LedgerConfig()
-    result = LedgerConfig(
-        enabled=section.enabled("enabled", "auto"),
-        path=section.optional_path("path"),
-        retention_days=section.number("retention_days", default.retention_days, 1, 36500),
-        max_runs=section.integer("max_runs", default.max_runs, 1, 10_000_000),
-        max_runs_per_owner=section.integer("max_runs_per_owner", default.max_runs_per_owner,
-                                           1, 10_000_000),
-        flush_seconds=section.number("flush_seconds", default.flush_seconds, 0.1, 3600),
-        stall_seconds=section.number("stall_seconds", default.stall_seconds, 1, 86400),
-        price_per_gpu_hour=_optional_price(section),
-        currency=section.string("currency", default.currency),
-        node=section.optional_string("node"),
-    )
-    section.finish()
-    if not _CURRENCY.fullmatch(result.currency):
-        raise ConfigError(section.key_path("currency"),
-                          f"expected a 3-letter ISO 4217 code such as USD or CNY, "
-                          f"got {result.currency!r}")
-    return result
-
-
-def _optional_price(section: Section) -> float | None:
-    value = section.raw("price_per_gpu_hour")
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e6:
-        raise ConfigError(section.key_path("price_per_gpu_hour"),
-                          f"expected a price >= 0 per GPU hour, or null; got {value!r}")
-    return float(value)

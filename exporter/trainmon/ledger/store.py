@@ -2,7 +2,7 @@
 
 Readers (``trainmon runs``/``compare``, ``doctor``, ``GET /api/v1/runs``) open it
 with ``Ledger.open(path, readonly=True)``; the daemon's recorder
-(``trainmon.collectors.ledger``) is the one writer, from its own thread, with
+(``trainmon.ledger.recorder``) is the one writer, from its own thread, with
 one short transaction per flush (``write``) so that a reader waits at most
 one flush.
 

@@ -1,6 +1,6 @@
 """The measured part of a run record, and how each number is computed.
 
-The recorder (``trainmon.collectors.ledger``) reads the training store every
+The recorder (``trainmon.ledger.recorder``) reads the training store every
 ``flush_seconds`` (a *tick*) and adds, per run, what each of its ranks on this
 node did since the previous tick (``Progress``: the increase of the rank's
 exported totals). From those:
@@ -44,7 +44,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from trainmon.training.protocol import STEP_SECONDS_BOUNDS
+from trainmon.contract import STEP_BUCKET_COUNT, STEP_SECONDS_BOUNDS
 
 #: Rate buckets kept per run before neighbours are merged.
 MAX_BUCKETS = 2048
@@ -85,7 +85,7 @@ class RunTotals:
     samples: int = 0
     step_seconds: float = 0.0
     data_wait_seconds: float = 0.0
-    step_buckets: list[int] = field(default_factory=lambda: [0] * (len(STEP_SECONDS_BOUNDS) + 1))
+    step_buckets: list[int] = field(default_factory=lambda: [0] * STEP_BUCKET_COUNT)
     phase_seconds: dict[str, float] = field(default_factory=dict)
     comm_exposed_seconds: float | None = None
     #: (samples/s, interval seconds) per counted bucket.
@@ -226,7 +226,7 @@ class RunTotals:
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             return cls()
-        if len(totals.step_buckets) != len(STEP_SECONDS_BOUNDS) + 1:
+        if len(totals.step_buckets) != STEP_BUCKET_COUNT:
             return cls()
         return totals
 

@@ -60,7 +60,7 @@ from trainmon.background import BackgroundThread
 from trainmon.logthrottle import LogThrottle
 from trainmon.platform.config import CONFIGURABLE_IDENTITY, PlatformConfig, Provider
 from trainmon.platform.dmi import DMIIdentity
-from trainmon.platform.metadata import (
+from trainmon.tencent.metadata import (
     ERROR_REASONS,
     ErrorReason,
     Identity,

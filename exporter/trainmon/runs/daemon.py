@@ -11,7 +11,7 @@ found by ``trainmon.local_daemon``, which reads its own ledger. Either way a
 line on stderr names the source; in ``--json`` each run's ``source`` is
 ``ledger`` or ``daemon``.
 
-The daemon answers with ``RunRecord.to_json`` lists (``trainmon.collectors.ledger``),
+The daemon answers with ``RunRecord.to_json`` lists (``trainmon.ledger.api``),
 one record per node that saw the run: only this node's here. A daemon that
 does not answer, asks for basic auth, or cannot read its ledger is a
 ``DaemonError`` (exit 1) that names the file it could not read either.

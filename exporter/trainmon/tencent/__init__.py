@@ -1,7 +1,10 @@
-"""The Tencent Cloud Monitor puller behind ``trainmon.collectors.tencent``.
+"""Tencent Cloud: the Cloud Monitor puller behind ``trainmon.collectors.tencent``, and the
+CVM metadata client that it and ``trainmon.platform`` share.
 
 One concern per module:
 
+* ``metadata`` — the CVM instance metadata service: the one HTTP client of it,
+  and the validated identity and spot-reclaim reads of the platform poller;
 * ``signer`` — TC3-HMAC-SHA256 request signatures;
 * ``credentials`` — config → environment → CVM role chain, region lookup;
 * ``ratelimit`` — the account-wide token bucket;
@@ -10,5 +13,5 @@ One concern per module:
 * ``targets`` — instances and disks from config or discovery;
 * ``planning`` — windows, periods, name matching, refresh interval;
 * ``store`` — matching answers by dimensions, the latest value per series;
-* ``scheduler`` — the background refresh loop.
+* ``puller`` — ``TencentPuller``, the background refresh loop.
 """

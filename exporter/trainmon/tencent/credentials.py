@@ -19,10 +19,11 @@ Credentials are looked up in this order, the first complete source wins:
 The region is the configured one, else the CVM's own region from
 ``/latest/meta-data/placement/region``.
 
-Every metadata request goes through ``trainmon.outbound``: the whole request
-within ``METADATA_TIMEOUT_SECONDS`` (a service that trickles bytes cannot hold
-the puller's start-up longer), bodies capped at ``MAX_METADATA_BODY_BYTES``,
-never through a proxy.
+Every metadata request goes through the one metadata client,
+``trainmon.tencent.metadata.HTTPTransport`` (``trainmon.outbound``): the whole
+request within ``METADATA_TIMEOUT_SECONDS`` (a service that trickles bytes
+cannot hold the puller's start-up longer), bodies capped at
+``MAX_METADATA_BODY_BYTES``, never through a proxy.
 
 Secrets never leave this module except inside a ``Credential`` (whose repr
 hides them) handed to the signer; error messages name sources, never values.
@@ -40,12 +41,17 @@ from pathlib import Path
 from typing import Protocol
 
 from trainmon import outbound
+from trainmon.tencent.metadata import (
+    BASE_PATH,
+    DEFAULT_METADATA_URL,
+    REGION,
+    ROLES,
+    HTTPTransport,
+    MetadataError,
+)
 
 log = logging.getLogger(__name__)
 
-DEFAULT_METADATA_URL = "http://metadata.tencentyun.com"
-ROLE_PATH = "/latest/meta-data/cam/security-credentials/"
-REGION_PATH = "/latest/meta-data/placement/region"
 #: Seconds one whole metadata request (connect to last body byte) may take: the
 #: service answers in milliseconds on a CVM and does not exist anywhere else,
 #: so waiting longer only delays start-up.
@@ -111,7 +117,8 @@ class StaticCredentials:
 
 
 class MetadataService:
-    """The CVM instance metadata service (``http://metadata.tencentyun.com``).
+    """The CAM role and the region, read from the CVM instance metadata service
+    (``http://metadata.tencentyun.com``) through ``trainmon.tencent.metadata``.
 
     ``fetch`` is the HTTP boundary (``trainmon.outbound.request``).
     """
@@ -123,41 +130,45 @@ class MetadataService:
         *,
         fetch: outbound.Fetch = outbound.request,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self._timeout = timeout
-        self._fetch = fetch
+        self._transport = HTTPTransport(
+            base_url, timeout, fetch, max_body_bytes=MAX_METADATA_BODY_BYTES
+        )
+        self.base_url = self._transport.base_url
 
     def text(self, path: str) -> str:
-        """GET ``path``; raises CredentialsUnavailable when it cannot be read."""
+        """GET ``path`` (under ``/latest/meta-data/``); raises CredentialsUnavailable when it
+        cannot be read."""
         body = self._get(path)
         try:
             return body.decode("utf-8").strip()
         except UnicodeDecodeError:
             raise CredentialsUnavailable(
-                f"metadata service returned non-UTF-8 text for {path}"
+                f"metadata service returned non-UTF-8 text for {BASE_PATH}{path}"
             ) from None
 
     def region(self) -> str:
         """This CVM's region, e.g. ``ap-shanghai``."""
-        region = self.text(REGION_PATH)
+        region = self.text(REGION)
         if not region:
             raise CredentialsUnavailable("metadata service returned an empty region")
         return region
 
     def role_name(self) -> str:
         """The CAM role bound to this CVM (the first one listed)."""
-        names = [line.strip() for line in self.text(ROLE_PATH).splitlines() if line.strip()]
+        names = [line.strip() for line in self.text(ROLES).splitlines() if line.strip()]
         if not names:
             raise CredentialsUnavailable("no CAM role is bound to this CVM")
         return names[0]
 
     def role_credential(self, role: str) -> Credential:
         """Temporary credentials of ``role``."""
-        path = ROLE_PATH + role
+        path = ROLES + role
         try:
             payload = json.loads(self._get(path))
         except ValueError:  # not JSON, not UTF-8
-            raise CredentialsUnavailable(f"metadata service returned non-JSON for {path}") from None
+            raise CredentialsUnavailable(
+                f"metadata service returned non-JSON for {BASE_PATH}{path}"
+            ) from None
         if not isinstance(payload, dict) or payload.get("Code") != "Success":
             code = payload.get("Code") if isinstance(payload, dict) else None
             raise CredentialsUnavailable(
@@ -179,22 +190,21 @@ class MetadataService:
     def _get(self, path: str) -> bytes:
         """The body of a 200 answer to ``GET path``; else CredentialsUnavailable."""
         try:
-            response = self._fetch("GET", self.base_url + path, timeout=self._timeout,
-                                   max_body_bytes=MAX_METADATA_BODY_BYTES)
-        except outbound.OutboundError as error:
-            if error.reason == "timeout":
+            reply = self._transport.get(path)
+        except MetadataError as error:
+            if error.cause == "timeout":
                 raise CredentialsUnavailable(
                     f"metadata service {self.base_url} gave no answer within "
-                    f"{self._timeout:g} s (Timeout)"
+                    f"{self._transport.timeout:g} s (Timeout)"
                 ) from None
             raise CredentialsUnavailable(
-                f"metadata service {self.base_url} unreachable ({error.reason})"
+                f"metadata service {self.base_url} unreachable ({error.cause})"
             ) from None
-        if response.status != 200:
+        if reply.status != 200:
             raise CredentialsUnavailable(
-                f"metadata service answered HTTP {response.status} for {path}"
+                f"metadata service answered HTTP {reply.status} for {BASE_PATH}{path}"
             )
-        return response.body
+        return reply.body
 
 
 class CVMRoleCredentials:

@@ -8,7 +8,7 @@ instance → disk IDs) or, when ``discover_disks`` is on and none are listed,
 from CBS ``DescribeDisks``: every page of the region's disks, kept when they
 are attached to one of the instances (no assumption about how many values an
 ``instance-id`` filter accepts). Stopped instances stay targets: Cloud Monitor
-then answers with empty data, which the scheduler turns into no sample.
+then answers with empty data, which the puller turns into no sample.
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ the run is (its id, configuration, environment, data, versions), sent at
 start, on change, every minute and at the end, so the daemon's run ledger can
 compare it with earlier runs. The field-by-field specification, written for
 implementers in other languages, is ``docs/protocol.md``; this module is its
-executable form.
+executable form. A report's fields are defined once, in
+``trainmon.training.report_fields`` (``REPORT_FIELDS``): the client builds its
+reports from that table and ``parse`` validates them against it.
 
 Standard library only: the training-side client imports the constants,
 ``encode_report`` and the secret rule (``is_secret_name``) from here, so the
@@ -22,20 +24,28 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-PROTOCOL_VERSION = 1
+from trainmon.contract import STEP_BUCKET_COUNT
+from trainmon.training.report_fields import (
+    DEFAULT_MAX_LABEL_LENGTH,
+    GPU_PATTERN,
+    LABEL_PATTERN,
+    MAX_COUNT,
+    MAX_GPU_INDEX,
+    MAX_PATH_BYTES,
+    MAX_PHASES,
+    MAX_RANK,
+    PROTOCOL_VERSION,
+    REPORT_FIELDS,
+    REPORTER_ID_PATTERN,
+    RUN_ID_PATTERN,
+    ReportField,
+)
+
 #: The daemon's HTTP route for step reports (also the client's default path).
 STEPS_PATH = "/api/v1/steps"
-
-#: Upper bounds (seconds, inclusive, Prometheus ``le``) of the step-time
-#: histogram. ``step_buckets`` has one count per bound plus a last count for
-#: steps longer than the last bound. Fixed by the protocol version.
-STEP_SECONDS_BOUNDS: tuple[float, ...] = (
-    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
-)
-STEP_BUCKET_COUNT = len(STEP_SECONDS_BOUNDS) + 1
 
 #: Largest unix datagram the daemon reads; a longer one is rejected whole.
 MAX_DATAGRAM_BYTES = 65_536
@@ -47,25 +57,7 @@ MAX_LINE_BYTES = 16_384
 #: the cost of a hostile payload stays linear in its bytes with a tiny constant
 #: (``payload.count``), however many lines it holds.
 MAX_PAYLOAD_LINES = 64
-#: Most distinct phase names in one report.
-MAX_PHASES = 32
-#: Default longest ``job`` and phase name, in characters (daemon-configurable).
-DEFAULT_MAX_LABEL_LENGTH = 128
-#: Counts and integer fields stay exactly representable as a float64.
-MAX_COUNT = 2**53
-MAX_RANK = 2**31 - 1
-#: Longest ``checkpoint_path`` (bytes of UTF-8): Linux's PATH_MAX. A report
-#: line stays within ``MAX_LINE_BYTES`` with it (a report without phases is
-#: well under 1 KiB; 32 long phase names add at most about 4.5 KiB).
-MAX_PATH_BYTES = 4096
-
-#: Characters allowed in ``job`` and phase names: no quotes, spaces, newlines,
-#: control characters or non-ASCII, so every consumer of the exposition (PromQL
-#: selectors, Grafana variables, shells) can use the value verbatim.
-LABEL_PATTERN = re.compile(r"[A-Za-z0-9_.:@/+-]+")
 _LABEL_FORBIDDEN = re.compile(r"[^A-Za-z0-9_.:@/+-]")
-REPORTER_ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
-GPU_PATTERN = re.compile(r"[0-9]{1,4}")
 
 #: Every reason a report can be rejected for; the value set of the ``reason``
 #: label of ``trainmon_training_rejected_reports_total``.
@@ -80,9 +72,6 @@ REJECT_REASONS: tuple[str, ...] = (
     "forbidden",            # the job belongs to another writer (docs/security.md)
 )
 
-#: Run ids (``run`` of a report or run description): also a label value of
-#: ``trainmon_training_run_info``, so a narrower charset than ``job``'s.
-RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 _RUN_ID_FORBIDDEN = re.compile(r"[^A-Za-z0-9_.:-]")
 #: ``config_hash``: "sha256:" + the first 16 hex digits of the digest.
 CONFIG_HASH_PATTERN = re.compile(r"sha256:[0-9a-f]{16}")
@@ -142,7 +131,10 @@ class ReportError(ValueError):
 
 @dataclass(frozen=True)
 class StepReport:
-    """One validated report: a reporter's identity and its cumulative totals."""
+    """One validated report: a reporter's identity and its cumulative totals.
+
+    One attribute per field of ``REPORT_FIELDS`` but ``v``, of the same name.
+    """
 
     job: str
     rank: int
@@ -275,9 +267,13 @@ def sanitize_label(value: str, max_length: int = DEFAULT_MAX_LABEL_LENGTH) -> st
     return cleaned or "_"
 
 
+#: One encoder for every line: ``json.dumps`` with options builds a new one per call.
+_ENCODE = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+
+
 def encode_report(report: Mapping[str, object]) -> bytes:
     """One report as a compact JSON line (with its newline); NaN/Inf raise ``ValueError``."""
-    return json.dumps(report, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+    return _ENCODE(report).encode() + b"\n"
 
 
 def decode_payload(
@@ -364,107 +360,173 @@ _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 
 
 def _build(data: dict[str, object], max_label_length: int) -> StepReport:
-    steps = _count(data, "steps")
-    buckets = data.get("step_buckets")
+    """Check every field of ``REPORT_FIELDS`` in order, then their relations."""
+    values: dict[str, object] = {}
+    get = data.get
+    for name, check, spec, absent_if_none in _FIELD_CHECKS:
+        value = get(name)
+        if value is None and absent_if_none and (spec.nullable or name not in data):
+            values[name] = (
+                None if spec.absent is None else check(spec, spec.absent, max_label_length))
+        else:
+            values[name] = check(spec, value, max_label_length)
+    for relation in _RELATIONS:
+        relation(values)
+    return StepReport(**values)  # type: ignore[arg-type]  # checked above, by kind
+
+
+# -- the checks of each kind of field: (field, value, max_label_length) -> checked value
+
+
+def _check_integer(spec: ReportField, value: object, max_label_length: int) -> int:
+    return _integer_value(spec.name, value, spec.minimum, spec.maximum)
+
+
+def _check_number(spec: ReportField, value: object, max_label_length: int) -> float:
+    return _seconds_value(spec.name, value)
+
+
+def _check_label(spec: ReportField, value: object, max_label_length: int) -> str:
+    return _label(value, spec.name, max_label_length)
+
+
+def _check_reporter_id(spec: ReportField, value: object, max_label_length: int) -> str:
+    if not isinstance(value, str) or not REPORTER_ID_PATTERN.fullmatch(value):
+        raise ReportError("invalid_field", f"{spec.name} must match [A-Za-z0-9_-]{{1,64}}")
+    return value
+
+
+def _check_run_id(spec: ReportField, value: object, max_label_length: int) -> str:
+    return _run_id(value)
+
+
+def _check_gpu(spec: ReportField, value: object, max_label_length: int) -> str | None:
+    return _gpu(value)
+
+
+def _check_path(spec: ReportField, value: object, max_label_length: int) -> str:
+    return redact_text(_path(value, spec.name))
+
+
+def _check_buckets(spec: ReportField, value: object, max_label_length: int) -> tuple[int, ...]:
     if (
-        not isinstance(buckets, list)
-        or len(buckets) != STEP_BUCKET_COUNT
-        or not all(type(count) is int for count in buckets)  # not bool, not float
-        or min(buckets) < 0
+        not isinstance(value, list)
+        or len(value) != STEP_BUCKET_COUNT
+        or not all(type(count) is int for count in value)  # not bool, not float
+        or min(value) < 0
     ):
         raise ReportError(
-            "invalid_field", f"step_buckets must be a list of {STEP_BUCKET_COUNT} counts"
+            "invalid_field", f"{spec.name} must be a list of {STEP_BUCKET_COUNT} counts"
         )
-    if sum(buckets) != steps:
-        raise ReportError("invalid_field", "step_buckets must add up to steps")
-    step_seconds = _seconds(data, "step_seconds")
-    data_wait = _seconds(data, "data_wait_seconds")
-    if data_wait > step_seconds * (1 + 1e-9) + 1e-6:
-        raise ReportError("invalid_field", "data_wait_seconds exceeds step_seconds")
-    rank, world_size, reporter_id = _identity(data)
-    last_step = data.get("last_step_time")
-    comm, exposed, comm_bytes = _comm(data, step_seconds)
-    checkpoints, checkpoint_seconds, last_checkpoint, checkpoint_path = _checkpoint(data)
-    return StepReport(
-        job=_label(data.get("job"), "job", max_label_length),
-        rank=rank,
-        reporter_id=reporter_id,
-        steps=steps,
-        samples=_count(data, "samples"),
-        step_seconds=step_seconds,
-        data_wait_seconds=data_wait,
-        step_buckets=tuple(buckets),
-        phase_seconds=_phases(data.get("phase_seconds", {}), max_label_length),
-        dropped_reports=_count(data, "dropped_reports", default=0),
-        local_rank=_optional_int(data, "local_rank", 0, MAX_RANK),
-        world_size=world_size,
-        gpu=_gpu(data.get("gpu")),
-        pid=_optional_int(data, "pid", 1, MAX_RANK),
-        last_step_time=None if last_step is None else _seconds(data, "last_step_time"),
-        comm_seconds=comm,
-        comm_exposed_seconds=exposed,
-        comm_bytes=comm_bytes,
-        checkpoints=checkpoints,
-        checkpoint_seconds=checkpoint_seconds,
-        last_checkpoint_time=last_checkpoint,
-        checkpoint_path=checkpoint_path,
-        run=None if data.get("run") is None else _run_id(data.get("run")),
-    )
+    return tuple(value)
 
 
-def _comm(
-    data: Mapping[str, object], step_seconds: float
-) -> tuple[float | None, float | None, int | None]:
-    """The optional measured-communication totals: each absent (None) or valid."""
-    comm = None if data.get("comm_seconds") is None else _seconds(data, "comm_seconds")
-    exposed = (
-        None if data.get("comm_exposed_seconds") is None
-        else _seconds(data, "comm_exposed_seconds")
-    )
-    comm_bytes = None if data.get("comm_bytes") is None else _count(data, "comm_bytes")
-    if exposed is not None:
-        if comm is None or exposed > comm * (1 + 1e-9) + 1e-6:
-            raise ReportError("invalid_field", "comm_exposed_seconds exceeds comm_seconds")
-        if exposed > step_seconds * (1 + 1e-9) + 1e-6:
-            raise ReportError("invalid_field", "comm_exposed_seconds exceeds step_seconds")
-    return comm, exposed, comm_bytes
+def _check_phases(spec: ReportField, value: object, max_label_length: int) -> dict[str, float]:
+    return _phases(value, max_label_length)
 
 
-def _checkpoint(
-    data: Mapping[str, object],
-) -> tuple[int | None, float | None, float | None, str | None]:
-    """The optional checkpoint fields: each absent (None) or valid, and consistent.
+_FieldCheck = Callable[[ReportField, object, int], object]
+_CHECKS: Mapping[str, _FieldCheck] = {
+    "integer": _check_integer, "number": _check_number, "label": _check_label,
+    "reporter_id": _check_reporter_id, "run_id": _check_run_id, "gpu": _check_gpu,
+    "path": _check_path, "buckets": _check_buckets, "phases": _check_phases,
+}
+#: (name, check, field, None means absent) of every field but ``v`` (checked by
+#: ``_decode_line`` for every line type), in ``REPORT_FIELDS`` order.
+_FIELD_CHECKS: tuple[tuple[str, _FieldCheck, ReportField, bool], ...] = tuple(
+    (spec.name, _CHECKS[spec.kind], spec, not spec.required)
+    for spec in REPORT_FIELDS if spec.kind != "version")
 
-    ``checkpoints`` is the anchor: ``checkpoint_seconds`` requires it (and is
-    0 when it is absent with it), ``last_checkpoint_time`` and
-    ``checkpoint_path`` require ``checkpoints >= 1`` (no checkpoint has no
-    time or path). ``checkpoint_path`` is absolute, at most
-    ``MAX_PATH_BYTES`` bytes of UTF-8 and free of control characters; it is
-    rejected, never rewritten.
-    """
-    checkpoints = None if data.get("checkpoints") is None else _count(data, "checkpoints")
-    seconds = (
-        None if data.get("checkpoint_seconds") is None else _seconds(data, "checkpoint_seconds")
-    )
-    last = (
-        None if data.get("last_checkpoint_time") is None
-        else _seconds(data, "last_checkpoint_time")
-    )
-    path = data.get("checkpoint_path")
-    if checkpoints is None:
-        if seconds is not None or last is not None or path is not None:
-            raise ReportError(
-                "invalid_field",
-                "checkpoint_seconds, last_checkpoint_time and checkpoint_path need checkpoints",
-            )
-        return None, None, None, None
-    if checkpoints == 0 and (last is not None or path is not None):
-        raise ReportError(
-            "invalid_field", "last_checkpoint_time and checkpoint_path need checkpoints >= 1"
-        )
-    if path is not None:
-        path = redact_text(_path(path))
-    return checkpoints, 0.0 if seconds is None else seconds, last, path
+
+# -- the relations between fields, compiled from the schema once ---------------------
+
+_Relation = Callable[[dict[str, object]], None]
+
+
+def _adds_up_to(name: str, total: str) -> _Relation:
+    message = f"{name} must add up to {total}"
+
+    def check(values: dict[str, object]) -> None:
+        if sum(values[name]) != values[total]:  # type: ignore[call-overload]
+            raise ReportError("invalid_field", message)
+    return check
+
+
+def _below(name: str, bound: str) -> _Relation:
+    message = f"{name} must be below {bound}"
+
+    def check(values: dict[str, object]) -> None:
+        limit = values[bound]
+        if limit is not None and values[name] >= limit:  # type: ignore[operator]
+            raise ReportError("invalid_field", message)
+    return check
+
+
+def _at_most(name: str, bound: str) -> _Relation:
+    """Not above ``bound`` (relative slack 1e-9, absolute 1e-6); a missing bound fails."""
+    message = f"{name} exceeds {bound}"
+
+    def check(values: dict[str, object]) -> None:
+        value, limit = values[name], values[bound]
+        if value is not None and (
+                limit is None or value > limit * (1 + 1e-9) + 1e-6):  # type: ignore[operator]
+            raise ReportError("invalid_field", message)
+    return check
+
+
+def _needs(anchor: str, dependents: list[ReportField]) -> _Relation:
+    """The fields that need ``anchor``: none of them without it, those that need it at
+    some count only with that many; ``default_with_needed`` where absent with it."""
+    names = [spec.name for spec in dependents]
+    thresholds = [
+        (least, [spec.name for spec in dependents if spec.needs_at_least >= least])
+        for least in sorted({spec.needs_at_least for spec in dependents if spec.needs_at_least})
+    ]
+    missing = f"{_and(names)} need {anchor}"
+    short = {least: f"{_and(fields)} need {anchor} >= {least}" for least, fields in thresholds}
+    defaults = [(spec.name, spec.default_with_needed) for spec in dependents
+                if spec.default_with_needed is not None]
+
+    def check(values: dict[str, object]) -> None:
+        count = values[anchor]
+        if count is None:
+            if any(values[name] is not None for name in names):
+                raise ReportError("invalid_field", missing)
+            return
+        for least, fields in thresholds:
+            if count < least and any(  # type: ignore[operator]
+                    values[name] is not None for name in fields):
+                raise ReportError("invalid_field", short[least])
+        for name, default in defaults:
+            if values[name] is None:
+                values[name] = default
+    return check
+
+
+def _and(names: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def _relations() -> tuple[_Relation, ...]:
+    """Every relation of ``REPORT_FIELDS``, in its order (``needs``: once, at the first
+    field that needs the anchor)."""
+    relations: list[_Relation] = []
+    anchors: set[str] = set()
+    for spec in REPORT_FIELDS:
+        if spec.adds_up_to is not None:
+            relations.append(_adds_up_to(spec.name, spec.adds_up_to))
+        if spec.below is not None:
+            relations.append(_below(spec.name, spec.below))
+        relations.extend(_at_most(spec.name, bound) for bound in spec.at_most)
+        if spec.needs is not None and spec.needs not in anchors:
+            anchors.add(spec.needs)
+            relations.append(_needs(spec.needs, [
+                other for other in REPORT_FIELDS if other.needs == spec.needs]))
+    return tuple(relations)
+
+
+_RELATIONS = _relations()
 
 
 #: C0 controls and DEL; C1 controls (U+0080-U+009F) as well.
@@ -490,7 +552,10 @@ def _path(value: object, what: str = "checkpoint_path") -> str:
 
 
 def _integer(data: Mapping[str, object], key: str, minimum: int, maximum: int) -> int:
-    value = data.get(key)
+    return _integer_value(key, data.get(key), minimum, maximum)
+
+
+def _integer_value(key: str, value: object, minimum: int, maximum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ReportError("invalid_field", f"{key} must be an integer")
     if not minimum <= value <= maximum:
@@ -502,14 +567,11 @@ def _optional_int(data: Mapping[str, object], key: str, minimum: int, maximum: i
     return None if data.get(key) is None else _integer(data, key, minimum, maximum)
 
 
-def _count(data: Mapping[str, object], key: str, default: int | None = None) -> int:
-    if default is not None and data.get(key) is None:
-        return default
-    return _integer(data, key, 0, MAX_COUNT)
-
-
 def _seconds(data: Mapping[str, object], key: str) -> float:
-    value = data.get(key)
+    return _seconds_value(key, data.get(key))
+
+
+def _seconds_value(key: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ReportError("invalid_field", f"{key} must be a number")
     number = float(value)
@@ -542,7 +604,7 @@ def _phases(value: object, max_label_length: int) -> dict[str, float]:
 def _gpu(value: object) -> str | None:
     if value is None:
         return None
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 9999:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_GPU_INDEX:
         return str(value)
     if isinstance(value, str) and GPU_PATTERN.fullmatch(value):
         return str(int(value))

@@ -35,10 +35,10 @@ from http import HTTPStatus
 from pathlib import Path
 
 from trainmon.background import BackgroundThread
-from trainmon.http.push import PushRequest, PushResponse
+from trainmon.core.routes import PushRequest, PushResponse
 from trainmon.logthrottle import LogThrottle
 from trainmon.paths import make_runtime_directory
-from trainmon.settings import Auto
+from trainmon.section import Auto
 from trainmon.training.protocol import (
     MAX_DATAGRAM_BYTES,
     ReportError,

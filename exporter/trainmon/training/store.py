@@ -49,16 +49,16 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
+from trainmon.contract import STEP_BUCKET_COUNT
 from trainmon.training.protocol import (
-    MAX_PHASES,
     REDACTED,
     REJECT_REASONS,
-    STEP_BUCKET_COUNT,
     ReportError,
     RunDescription,
     StepReport,
     is_secret_name,
 )
+from trainmon.training.report_fields import MAX_PHASES
 from trainmon.training.writers import LOCAL_WRITER, ROOT_WRITER
 
 #: Reporters remembered per rank (more than one only when processes restart or

@@ -1,4 +1,5 @@
-"""Repository paths and process helpers shared by the deployment tests."""
+"""Repository paths and process helpers shared by the deployment tests, and the shipped
+Prometheus configuration staged as an operator installs it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[3]
 VARIANTS = ("dcgm", "tencent-cloud")
@@ -57,3 +59,19 @@ def shipped_trainmon_configs() -> list[Path]:
             *KUBERNETES.glob("overlays/*/*.yml"),
         ]
     )
+
+
+def stage_prometheus(config: Path, folder: Path, variant: str) -> Path:
+    """``folder`` laid out like /etc/prometheus: the config, targets/ and rules/.
+
+    Rules are the variant's rule files from ``alerts/`` (files with ``groups``).
+    The path of the staged config is what ``testkit.prometheus.Prometheus.start`` runs.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(config, folder / "prometheus.yml")
+    shutil.copytree(PROMETHEUS / "targets", folder / "targets")
+    (folder / "rules").mkdir()
+    for path in sorted((ALERTS / variant).glob("*.yml")):
+        if "groups" in (yaml.safe_load(path.read_text(encoding="utf-8")) or {}):
+            shutil.copy(path, folder / "rules" / path.name)
+    return folder / "prometheus.yml"

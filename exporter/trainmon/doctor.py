@@ -1,0 +1,254 @@
+"""``trainmon doctor``: a one-shot bottleneck report for a human (or ``--json``).
+
+The command on top of the engine (``trainmon.diagnosis``), its report
+(``trainmon.report``) and the run ledger's history (``trainmon.runs``); the
+CLI wires it. Two ways to measure, both ending in the same
+``trainmon.diagnosis`` pipeline the daemon runs:
+
+- ``--url``: scrape a running daemon's ``/metrics`` about once a second for
+  ``--seconds`` and parse the text with prometheus_client's parser;
+- no ``--url``: the local daemon (``trainmon.local_daemon``: the listen
+  address of ``--config`` / ``$TRAINMON_CONFIG``, else ``:19400``, asked on
+  loopback) is read the same way when it answers, and a line on stderr says
+  which daemon was read and why;
+- no ``--url`` and no daemon answering: run the node collectors in this
+  process (GPU sampler, training socket, network, InfiniBand, disk,
+  attribution and whatever else the CLI's collector table builds — the
+  platform, NUMA and NFS sources included; only ``LOCAL_EXCLUDED`` are left
+  out) for ``--seconds`` and snapshot their families the same way. When a
+  daemon holds the training socket but did not answer over HTTP (it listens
+  elsewhere), the socket stays with it (sampled without it: the stderr line
+  says so) and ``--url`` is the way to see step telemetry.
+
+The report starts with the platform (instance, zone, spot state, a scheduled
+reclaim), then goes GPU → storage → network, the order an engineer checks, and
+gives each job's verdict with its evidence, its risk findings and the next
+action (``--lang en|zh``). When the node's run ledger (``--ledger``, default
+``collectors.ledger.path``) holds a previous comparable run (same job and config
+hash) that was faster by more than ``contract.THROUGHPUT_REGRESSION_RATIO``, a
+history line per job says so and names the ``trainmon compare`` to run
+(``trainmon.runs.regression``; JSON: ``previous_runs``). Exit codes: 0 nothing
+needs action, 1 a bottleneck was found (communication, storage or scheduling)
+or a critical or warning risk (status ``risk``: a spot reclaim, an overdue
+checkpoint...), 2 nothing could be measured (daemon unreachable, no GPU and no
+job, or jobs without enough steps yet).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+import requests
+
+from trainmon.core.collector import Collector
+from trainmon.core.registry import CollectorRegistry
+from trainmon.diagnosis.measure import MEASURED_SAMPLES
+from trainmon.diagnosis.samples import ScrapedSamples, Window
+from trainmon.diagnosis.thresholds import DiagnosisConfig
+from trainmon.local_daemon import LocalDaemon, answers
+from trainmon.report.document import report_json
+from trainmon.report.messages import heading, render, word
+from trainmon.report.model import Source, build_report, unmeasured_report
+from trainmon.report.render import render_text
+from trainmon.runs.compare import signed_percent
+from trainmon.runs.regression import Regression, slower_runs
+from trainmon.runs.timespec import utc_text
+
+log = logging.getLogger(__name__)
+
+#: Collectors that ``doctor`` never runs in process: the verdict itself, and the
+#: cloud puller (its API calls are rate-limited and not about this node).
+LOCAL_EXCLUDED = ("diagnosis", "tencent")
+
+Sleep = Callable[[float], None]
+
+
+class MeasurementError(Exception):
+    """The source could not be read (daemon unreachable, not Prometheus text...)."""
+
+
+@dataclass(frozen=True)
+class DoctorOptions:
+    """The command line of ``trainmon doctor``."""
+
+    #: A daemon to read (``host:port`` or a URL); None: sample this node.
+    url: str | None = None
+    #: How long to measure (seconds).
+    seconds: float = 10.0
+    #: Time between two snapshots (seconds).
+    interval_seconds: float = 1.0
+    lang: str = "en"
+    json: bool = False
+    #: HTTP timeout of one scrape (seconds).
+    timeout_seconds: float = 5.0
+    #: The node's run ledger, for the "vs the previous comparable run" line; None: none.
+    ledger: Path | None = None
+    #: Without ``url``: the daemon expected on this node, read when it answers.
+    local_daemon: LocalDaemon | None = None
+
+
+def run_doctor(
+    options: DoctorOptions,
+    config: DiagnosisConfig,
+    local_collectors: Callable[[], Sequence[Collector]],
+    out: TextIO,
+    *,
+    session: requests.Session | None = None,
+    sleep: Sleep = time.sleep,
+    err: TextIO | None = None,
+) -> int:
+    """Measure, diagnose, print the report (text or JSON); return the exit code.
+
+    ``err`` gets the line that says which daemon was found (or none), when
+    ``options.local_daemon`` was looked for."""
+    url = options.url
+    if url is None and options.local_daemon is not None:
+        url, note = find_daemon(options.local_daemon, session)
+        if err is not None:
+            err.write(f"trainmon doctor: {note}\n")
+    source: Source = {"kind": "url", "url": metrics_url(url)} if url else {"kind": "local"}
+    try:
+        if url:
+            window = scrape_url(url, options.seconds, options.interval_seconds,
+                                timeout=options.timeout_seconds, session=session, sleep=sleep)
+        else:
+            window = sample_collectors(local_collectors(), options.seconds,
+                                       options.interval_seconds, sleep=sleep)
+    except MeasurementError as error:
+        report = unmeasured_report(source, str(error), options.lang)
+    else:
+        report = build_report(window, config, source, options.lang)
+    regressions = [] if options.ledger is None else slower_runs(
+        options.ledger, [verdict.job for verdict in report.verdicts])
+    if options.json:
+        document = {**report_json(report),
+                    "previous_runs": [found.to_json() for found in regressions]}
+        out.write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+    else:
+        out.write(render_text(report))
+        out.write(render_history(regressions, options.lang))
+    return report.exit_code
+
+
+def render_history(regressions: Sequence[Regression], lang: str) -> str:
+    """The lines of jobs slower than their previous comparable run; "" for none."""
+    if not regressions:
+        return ""
+    lines = ["", heading("history", lang)]
+    lines += [f"   {found.job}: " + render(word("slower_run", lang), {
+        "change": signed_percent(found.change_ratio), "run": found.run,
+        "previous_run": found.previous_run, "started": utc_text(found.previous_started),
+    }) for found in regressions]
+    return "\n".join(lines) + "\n"
+
+
+def find_daemon(daemon: LocalDaemon, session: requests.Session | None = None
+                ) -> tuple[str | None, str]:
+    """The local daemon's URL when it answers (else None), and a sentence saying so."""
+    if daemon.url is not None and answers(daemon.url, session):
+        return daemon.url, f"read the daemon at {daemon.url} ({daemon.origin})"
+    if daemon.url is None:
+        note = f"the daemon's port is chosen when it starts ({daemon.origin})"
+    else:
+        note = f"no daemon answered at {daemon.url} ({daemon.origin})"
+    if daemon.socket is not None:
+        return None, (f"{note}; a daemon holds {daemon.socket} but is listening elsewhere: "
+                      "give --url to read it; sampling this node without its step socket")
+    return None, f"{note}; sampling this node"
+
+
+def scrape_url(
+    url: str,
+    seconds: float,
+    interval: float,
+    *,
+    timeout: float = 5.0,
+    session: requests.Session | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    wall_clock: Callable[[], float] = time.time,
+    sleep: Sleep = time.sleep,
+) -> Window:
+    """Snapshots of ``url``'s ``/metrics`` every ``interval`` for ``seconds``."""
+    target = metrics_url(url)
+    http = session if session is not None else requests.Session()
+
+    def snapshot() -> ScrapedSamples:
+        try:
+            response = http.get(target, timeout=timeout, headers={"Accept": "text/plain"})
+            response.raise_for_status()
+            return ScrapedSamples.from_text(response.text, clock(), wall_clock(), MEASURED_SAMPLES)
+        except requests.RequestException as error:
+            raise MeasurementError(f"cannot read {target}: {_reason(error)}") from None
+        except ValueError as error:
+            raise MeasurementError(f"{target} is not Prometheus text: {error}") from None
+
+    return _sample(snapshot, seconds, interval, clock, sleep)
+
+
+def _reason(error: requests.RequestException) -> str:
+    """The useful end of a requests error (``[Errno 111] Connection refused``)."""
+    text = str(error)
+    match = re.search(r"\[Errno -?\d+\][^'\")]*", text)
+    return match.group(0).strip() if match else text[:300]
+
+
+def metrics_url(url: str) -> str:
+    """``http://host:19400`` → ``http://host:19400/metrics``; a path given is kept."""
+    if "://" not in url:
+        url = f"http://{url}"
+    scheme, _, rest = url.partition("://")
+    return url if "/" in rest.rstrip("/") else f"{scheme}://{rest.rstrip('/')}/metrics"
+
+
+def sample_collectors(
+    collectors: Sequence[Collector],
+    seconds: float,
+    interval: float,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    wall_clock: Callable[[], float] = time.time,
+    sleep: Sleep = time.sleep,
+) -> Window:
+    """Start ``collectors`` here, snapshot them every ``interval`` for ``seconds``, stop them.
+
+    They run in a ``CollectorRegistry`` as in the daemon: one that is absent or
+    fails is reported (logged) and the report goes on without it.
+    """
+    registry = CollectorRegistry(
+        [collector for collector in collectors if collector.name not in LOCAL_EXCLUDED]
+    )
+    registry.start()
+
+    def snapshot() -> ScrapedSamples:
+        return ScrapedSamples.from_families(
+            registry.collect(), clock(), wall_clock(), MEASURED_SAMPLES
+        )
+
+    try:
+        return _sample(snapshot, seconds, interval, clock, sleep)
+    finally:
+        registry.stop()
+
+
+def _sample(
+    snapshot: Callable[[], ScrapedSamples], seconds: float, interval: float,
+    clock: Callable[[], float], sleep: Sleep,
+) -> Window:
+    snapshots = [snapshot()]
+    deadline = snapshots[0].at + seconds
+    while True:
+        remaining = deadline - clock()
+        if remaining <= 0:
+            break
+        sleep(min(interval, remaining))
+        snapshots.append(snapshot())
+    return Window(snapshots)
+
+

@@ -1,0 +1,596 @@
+"""The diagnosis in words: the message catalogue, in English and Chinese.
+
+One catalogue, keyed by the stable codes of the engine — ``rules`` and
+``risks`` (finding codes), ``trainmon.diagnosis.nccl`` (problem names) — so
+``doctor``'s report, its JSON and the docs use the same words, and the engine
+itself has none. The risk findings' Chinese follows
+the tuning article the project grew from (README.md, "The tuning article":
+Tencent Cloud GPU instances vs self-hosted GPU clusters; 竞价实例即将被回收,
+checkpoint 一定不要只写在本地临时盘, 预热, numactl 绑核). Each entry is an
+``(English, 中文)`` pair of ``str.format`` templates over the finding's values
+(advice too: ``numactl --cpunodebind={node:.0f}``); each ``*_bytes_per_second``
+value also comes as ``*_bytes_per_second_text`` (``180.0 MB/s``), and each
+number as ``*_plural`` (``""`` for 1, else ``"s"``: ``{steps:.0f}
+step{steps_plural}``). Label values that reach the text (severities, storage
+kinds, providers) are words of the catalogue too; English keeps the label
+value itself, so it can be grepped in the metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+log = logging.getLogger(__name__)
+
+LANGUAGES = ("en", "zh")
+Pair = tuple[str, str]
+
+KIND_NAMES: Mapping[str, Pair] = {
+    "compute": ("compute", "算（计算）"),
+    "communication": ("communication", "通（通信）"),
+    "storage": ("storage", "存（数据加载与存储）"),
+    "scheduling": ("scheduling", "调（调度）"),
+    "none": ("none", "无结论"),
+}
+
+#: Severity tags of risk findings (``[CRITICAL]``, ``[严重]``).
+SEVERITY_TAGS: Mapping[str, Pair] = {
+    "critical": ("CRITICAL", "严重"),
+    "warning": ("WARNING", "警告"),
+}
+
+#: Checkpoint storage kinds, the ``storage`` label of
+#: ``trainmon_training_checkpoint_storage_info`` (``trainmon.node.mounts.STORAGE_KINDS``).
+STORAGE_NAMES: Mapping[str, Pair] = {
+    "network_fs": ("network_fs", "网络文件系统"),
+    "object_store": ("object_store", "对象存储"),
+    "cloud_disk": ("cloud_disk", "云硬盘"),
+    "local_disk": ("local_disk", "本地盘"),
+    "ephemeral": ("ephemeral", "临时存储"),
+    "unknown": ("unknown", "未知存储"),
+}
+
+#: The ``provider`` label of ``trainmon_node_info``.
+PROVIDER_NAMES: Mapping[str, Pair] = {
+    "tencent": ("tencent", "腾讯云"),
+    "self-hosted": ("self-hosted", "自建"),
+}
+
+HEADINGS: Mapping[str, Pair] = {
+    "title_url": ("trainmon doctor: read {url} for {seconds:.0f} s",
+                  "trainmon doctor：读取 {url}，共 {seconds:.0f} 秒"),
+    "title_local": ("trainmon doctor: sampled this node for {seconds:.0f} s",
+                    "trainmon doctor：在本机采样 {seconds:.0f} 秒"),
+    "title_failed": ("trainmon doctor: {url}", "trainmon doctor：{url}"),
+    "gpu": ("1. GPU", "1. GPU"),
+    "storage": ("2. Storage", "2. 存储"),
+    "network": ("3. Network", "3. 网络"),
+    "verdict": ("4. Verdict", "4. 结论"),
+    "platform": ("0. Platform", "0. 平台"),
+    "no_platform": ("no platform metrics (the platform collector is off or not present)",
+                    "未测到平台指标（platform 采集器未开启或不存在）"),
+    "no_gpu": ("no GPU measured (NVML unavailable, or the gpu collector is off)",
+               "未测到 GPU（NVML 不可用，或 gpu 采集器未开启）"),
+    "no_jobs": ("no training job reported steps and no GPU process was seen",
+                "没有训练任务上报步数，也没有发现使用 GPU 的进程"),
+    "no_disks": ("no disk measured", "未测到磁盘"),
+    "no_links": ("no network link measured", "未测到网络链路"),
+    "next": ("next", "下一步"),
+    "healthy": ("No bottleneck that needs action.", "没有需要处理的瓶颈。"),
+    "found": ("Bottleneck found.", "发现瓶颈。"),
+    "risk": ("No bottleneck, but a risk that needs action (critical or warning above).",
+             "没有瓶颈，但有需要处理的风险（见上面标为 [严重] 或 [警告] 的条目）。"),
+    "history": ("Run history (this node's ledger)", "运行历史（本节点的运行台账）"),
+    "unmeasured": ("Could not measure: {reason}", "无法测量：{reason}"),
+}
+
+#: Words of the measurement lines.
+WORDS: Mapping[str, Pair] = {
+    "job": ("job", "任务"),
+    "busy": ("busy", "繁忙"),
+    "sawtooth": ("sawtooth", "锯齿"),
+    "used": ("GiB used", "GiB 已用"),
+    "data_wait": ("data wait", "数据等待"),
+    "communication": ("communication", "通信"),
+    "disk": ("disk", "磁盘"),
+    "read": ("read", "读"),
+    "write": ("write", "写"),
+    "receive": ("receive", "接收"),
+    "transmit": ("transmit", "发送"),
+    "of": ("of", "/"),
+    "port": ("port", "端口"),
+    "comm_measured": ("measured exposed communication", "实测暴露通信"),
+    "comm_phase": ("comm phase, not measured inside the job", "comm 阶段，任务内未实测"),
+    "comm_mixed": ("measured exposed communication where measured, else the comm phase",
+                   "有实测的 rank 用实测暴露通信，其余用 comm 阶段"),
+    "overlapped": ("overlapped with compute", "与计算重叠"),
+    "in_flight": ("while communicating", "通信时带宽"),
+    "sm_active": ("SM active", "SM 活跃"),
+    "sm_occupancy": ("occupancy", "占用率"),
+    "tensor_active": ("tensor", "Tensor Core"),
+    "dram_active": ("DRAM", "显存带宽"),
+    "memory_of": ("of", "/"),
+    "provider": ("provider", "平台"),
+    "instance": ("instance", "实例"),
+    "region": ("region", "地域"),
+    "zone": ("zone", "可用区"),
+    "spot": ("spot instance", "竞价实例"),
+    "yes": ("yes", "是"),
+    "no": ("no", "否"),
+    "unknown": ("unknown", "未知"),
+    "metadata": ("metadata service", "元数据服务"),
+    "up": ("up", "正常"),
+    "down": ("down", "不可用"),
+    "reclaim_at": ("reclaim scheduled at {at} (in {seconds:.0f} s)",
+                   "计划回收时间 {at}（还剩 {seconds:.0f} 秒）"),
+    "no_reclaim": ("no reclaim scheduled", "没有计划中的回收"),
+    "slower_run": ("samples/s {change} vs run {previous_run} ({started}); "
+                   "trainmon compare {previous_run} {run}",
+                   "samples/s 比上一次可比的运行 {previous_run}（{started}）{change}；"
+                   "对比：trainmon compare {previous_run} {run}"),
+    "checkpoint_age": ("last checkpoint {age:.0f} s ago", "最近 checkpoint 在 {age:.0f} 秒前"),
+    "took": ("took {seconds:.1f} s", "耗时 {seconds:.1f} 秒"),
+    "checkpoints": ("{count:.0f} checkpoint{count_plural}", "共 {count:.0f} 次 checkpoint"),
+    "no_checkpoint": ("no checkpoint reported", "未上报 checkpoint"),
+    "nfs_reads": ("{milliseconds:.1f} ms per READ", "每次 READ {milliseconds:.1f} 毫秒"),
+    "numa_node": ("NUMA node", "NUMA 节点"),
+    "numa_local": ("of its CPUs on the GPU's node", "的 CPU 在 GPU 所在节点"),
+    "numa_far": ("far", "跨 NUMA 节点"),
+    "numa_unknown": ("NUMA topology unknown (virtualised host: numa_node = -1); binding is "
+                     "unlikely to pay off here",
+                     "NUMA 拓扑未知（虚拟化主机：numa_node = -1）；在这里绑核收益很小"),
+    "numa_no_ratio": ("no process CPU binding measured", "未测到进程的 CPU 绑定"),
+    "rdma_active": ("ACTIVE", "ACTIVE"),
+    "rdma_down": ("not active", "未激活"),
+    "no_gpm": ("no SM/tensor/DRAM activity (GPM needs Hopper or newer): a compute verdict "
+               "rests on utilization alone",
+               "未测到 SM/Tensor Core/显存带宽活跃度（GPM 需要 Hopper 及更新的 GPU）："
+               "计算类结论仅依据利用率"),
+}
+
+FINDINGS: Mapping[str, Pair] = {
+    "stalled": (
+        "rank(s) {ranks} made no step for {seconds:.0f} s (threshold {threshold:.0f} s)",
+        "rank {ranks} 已 {seconds:.0f} 秒没有完成一步（阈值 {threshold:.0f} 秒）"),
+    "insufficient_data": (
+        "only {steps:.0f} step{steps_plural} in the window (needs {threshold:.0f})",
+        "窗口内只有 {steps:.0f} 步（至少需要 {threshold:.0f} 步）"),
+    "data_wait": (
+        "rank {rank} waits for data {ratio:.0%} of each step (threshold {threshold:.0%})",
+        "rank {rank} 每步有 {ratio:.0%} 的时间在等数据（阈值 {threshold:.0%}）"),
+    "sawtooth_data_wait": (
+        "GPU utilization saw-tooths ({sawtooth:.2f}) while the data wait rises ({ratio:.0%})",
+        "GPU 利用率呈锯齿状（{sawtooth:.2f}），同时数据等待在上升（{ratio:.0%}）"),
+    "straggler": (
+        "rank {rank} needs {factor:.2f}x the work time per step of the job's median rank "
+        "(threshold {threshold:.2f}x)",
+        "rank {rank} 每步的计算时间是各 rank 中位数的 {factor:.2f} 倍（阈值 {threshold:.2f} 倍）"),
+    "comm_exposed": (
+        "the ranks wait for communication after their compute {ratio:.0%} of each step "
+        "(measured exposed communication; threshold {threshold:.0%})",
+        "各 rank 每步有 {ratio:.0%} 的时间在算完后等待通信"
+        "（实测的暴露通信；阈值 {threshold:.0%}）"),
+    "comm_phase": (
+        "communication takes {ratio:.0%} of each step (the comm phase: not measured inside "
+        "the job, so time overlapped with compute may count; threshold {threshold:.0%})",
+        "通信占每步时间的 {ratio:.0%}（依据 comm 阶段：任务内未实测，与计算重叠的时间也可能计入；"
+        "阈值 {threshold:.0%}）"),
+    "link_saturated": (
+        "{link} runs at {ratio:.0%} of its link rate (threshold {threshold:.0%})",
+        "{link} 的流量达到链路速率的 {ratio:.0%}（阈值 {threshold:.0%}）"),
+    "idle_gpus": (
+        "GPU(s) {gpus} of the job are idle while it steps",
+        "任务占用的 GPU {gpus} 在训练时处于空闲"),
+    "host_bound": (
+        "GPUs only {utilization:.0%} busy although the job hardly waits for data ({ratio:.0%}) "
+        "or communication ({comm:.0%})",
+        "GPU 只有 {utilization:.0%} 在忙，而任务几乎不等数据（{ratio:.0%}）"
+        "也不等通信（{comm:.0%}）"),
+    "gpu_bound": (
+        "GPUs busy ({utilization:.0%}); data wait {ratio:.0%}, communication {comm:.0%}; "
+        "no SM or tensor activity (GPM) measured, so this rests on utilization alone",
+        "GPU 繁忙（{utilization:.0%}）；数据等待 {ratio:.0%}，通信 {comm:.0%}；"
+        "未测到 SM 与 Tensor Core 活跃度（GPM），此结论仅依据利用率"),
+    "gpu_bound_unmeasured": (
+        "the job hardly waits for data ({ratio:.0%}) or communication ({comm:.0%}); "
+        "GPU utilization was not measured",
+        "任务几乎不等数据（{ratio:.0%}）也不等通信（{comm:.0%}）；未测到 GPU 利用率"),
+    "gpu_efficient": (
+        "GPUs {gpus} compute efficiently: {utilization:.0%} busy, SM active {sm_active:.0%}, "
+        "tensor pipes {tensor_active:.0%}, DRAM {dram_active:.0%}",
+        "GPU {gpus} 计算高效：繁忙 {utilization:.0%}，SM 活跃 {sm_active:.0%}，"
+        "Tensor Core {tensor_active:.0%}，显存带宽 {dram_active:.0%}"),
+    "launch_bound": (
+        "GPUs {gpus} look {utilization:.0%} busy but their SMs are active only "
+        "{sm_active:.0%} (threshold {threshold:.0%}): small kernels, launch-bound or host "
+        "overhead",
+        "GPU {gpus} 利用率显示 {utilization:.0%}，但 SM 只有 {sm_active:.0%} 在活跃"
+        "（阈值 {threshold:.0%}）：kernel 太小、受限于 kernel 启动或主机侧开销"),
+    "memory_bound": (
+        "GPUs {gpus} are memory-bound: DRAM active {dram_active:.0%} (threshold "
+        "{threshold:.0%}), SM active {sm_active:.0%}, tensor pipes {tensor_active:.0%}",
+        "GPU {gpus} 受限于显存带宽：显存带宽活跃 {dram_active:.0%}（阈值 {threshold:.0%}），"
+        "SM 活跃 {sm_active:.0%}，Tensor Core {tensor_active:.0%}"),
+    "tensor_idle": (
+        "the tensor pipes of GPUs {gpus} are active only {tensor_active:.0%} "
+        "(threshold {threshold:.0%}) while they are {utilization:.0%} busy: mixed precision "
+        "(bf16/AMP) is not in use",
+        "GPU {gpus} 繁忙 {utilization:.0%}，但 Tensor Core 只有 {tensor_active:.0%} 在活跃"
+        "（阈值 {threshold:.0%}）：没有使用混合精度（bf16/AMP）"),
+    "oom_risk": (
+        "GPU(s) {gpus} of the job use {ratio:.0%} of their memory (less than "
+        "{threshold:.0%} free): out-of-memory risk",
+        "任务的 GPU {gpus} 显存已用 {ratio:.0%}（剩余不足 {threshold:.0%}）："
+        "有显存不足（OOM）风险"),
+    "idle_held": (
+        "GPU(s) {gpus} are held by pid(s) {pids}, which do no work on them",
+        "GPU {gpus} 被进程 {pids} 占用，但没有在上面做任何计算"),
+    "no_telemetry": (
+        "pid(s) {pids} use GPUs but report no training steps",
+        "进程 {pids} 在使用 GPU，但没有上报训练步数"),
+    "spot_reclaim": (
+        "spot instance will be reclaimed at {at} (in {seconds:.0f} s) — checkpoint now; "
+        "jobs on this node: {jobs}",
+        "竞价实例即将被回收：{at}（还剩 {seconds:.0f} 秒）——立即保存 checkpoint；"
+        "本节点上的任务：{jobs}"),
+    "checkpoint_overdue": (
+        "last checkpoint {age:.0f} s ago ({at}) on a spot instance (threshold "
+        "{threshold:.0f} s): a reclaim loses all training since then",
+        "运行在竞价实例上，最近一次 checkpoint 在 {age:.0f} 秒前（{at}，阈值 {threshold:.0f} 秒）："
+        "实例一旦被回收，之后的训练全部白做"),
+    "checkpoint_missing": (
+        "no checkpoint reported in {run:.0f} s of training on a spot instance (threshold "
+        "{threshold:.0f} s; jobs report them with reporter.checkpoint(path))",
+        "运行在竞价实例上，已训练 {run:.0f} 秒却没有上报任何 checkpoint（阈值 {threshold:.0f} 秒；"
+        "用 reporter.checkpoint(path) 上报）"),
+    "checkpoint_local_disk": (
+        "checkpoints are written to {mountpoint} ({fstype}, {storage}): storage that is lost "
+        "with the cloud instance",
+        "checkpoint 写在 {mountpoint}（{fstype}，{storage}）：云实例释放或回收后这份存储就没了，"
+        "checkpoint 一定不要只写在本地临时盘"),
+    "numa_far": (
+        "process(es) {processes} run mostly on CPUs outside their GPU's NUMA node (share of "
+        "allowed CPUs on the GPU's node; threshold {threshold:.0%})",
+        "进程 {processes} 的 CPU 大多不在其 GPU 所在的 NUMA 节点上"
+        "（括号内为允许使用的 CPU 中位于 GPU 所在节点的比例；阈值 {threshold:.0%}）"),
+    "nccl_over_sockets": (
+        "NCCL seems to run over TCP sockets although RDMA is present: communication takes "
+        "{ratio:.0%} of each step (threshold {threshold:.0%}) of a job on {world_size:.0f} "
+        "ranks, yet the ACTIVE RDMA ports {rdma} move only {rdma_bytes_per_second_text} while "
+        "{nic} carries {nic_bytes_per_second_text}",
+        "节点有 RDMA，NCCL 却像是在走 TCP Socket：这个 {world_size:.0f} 个 rank 的任务每步有 "
+        "{ratio:.0%} 的时间在通信（阈值 {threshold:.0%}），但处于 ACTIVE 的 RDMA 端口 {rdma} "
+        "只有 {rdma_bytes_per_second_text}，而网卡 {nic} 承载了 {nic_bytes_per_second_text}"),
+}
+
+ADVICE: Mapping[str, Pair] = {
+    "stalled": (
+        "Look at the stalled ranks: their logs and stacks (py-spy dump --pid), NCCL timeouts "
+        "(TORCH_NCCL_ASYNC_ERROR_HANDLING=1, NCCL_DEBUG=WARN), a hung checkpoint write, or a "
+        "dead peer node.",
+        "检查卡住的 rank：日志与调用栈（py-spy dump --pid）、NCCL 超时"
+        "（TORCH_NCCL_ASYNC_ERROR_HANDLING=1、"
+        "NCCL_DEBUG=WARN）、卡住的 checkpoint 写入，或已经宕掉的对端节点。"),
+    "insufficient_data": (
+        "Let the job run longer, or check that it reports steps (trainmon.client.Reporter).",
+        "让任务多跑一会儿，或确认它在上报步数（trainmon.client.Reporter）。"),
+    "data_wait": (
+        "Feed the GPUs faster: raise DataLoader num_workers, set pin_memory=True and "
+        "persistent_workers=True, raise prefetch_factor; move the data to local NVMe or page "
+        "cache; use sharded formats (WebDataset) or GPU decoding (DALI).",
+        "加快数据供给：增大 DataLoader 的 num_workers，设置 pin_memory=True、"
+        "persistent_workers=True，增大 prefetch_factor；把数据放到本地 NVMe 或页缓存；"
+        "使用分片格式（WebDataset）或 GPU 解码（DALI）。"),
+    "straggler": (
+        "Look at the slow rank's node: GPU clocks and throttling "
+        "(trainmon_gpu_throttle_seconds_total), other work on its GPU or CPUs, an uneven data "
+        "shard or sequence lengths; drain the node if its hardware is at fault.",
+        "检查慢 rank 所在节点：GPU 频率与降频（trainmon_gpu_throttle_seconds_total）、"
+        "同一 GPU 或 CPU 上的其他负载、数据分片或序列长度不均；若是硬件问题，请将该节点下线。"),
+    "comm_exposed": (
+        "The steps wait for the network. Check the channel first: run once with "
+        "NCCL_DEBUG=INFO and look for NET/IB, not NET/Socket; NCCL_IB_DISABLE unset, "
+        "NCCL_IB_HCA naming the active HCAs, NCCL_SOCKET_IFNAME the right NIC "
+        "(NCCL_IB_GID_INDEX on RoCE). Then the link: ibstat/ibstatus port rate and state, "
+        "ib_write_bw between two nodes, nccl-tests all_reduce_perf against the nominal "
+        "bandwidth, the NIC and IB error alerts. Then overlap: DDP bucket_cap_mb, FSDP "
+        "prefetch, gradient accumulation with no_sync, bf16 gradients. Then placement: the "
+        "job's nodes in one availability zone and VPC (cloud) or under one leaf switch.",
+        "各步在等网络。先查通道：用 NCCL_DEBUG=INFO 跑一次，日志应为 NET/IB 而不是 NET/Socket；"
+        "不要设置 NCCL_IB_DISABLE，NCCL_IB_HCA 指向在用的 HCA，NCCL_SOCKET_IFNAME 指向正确的网卡"
+        "（RoCE 还要 NCCL_IB_GID_INDEX）。再查链路：ibstat/ibstatus 的端口速率与状态、"
+        "两节点间 ib_write_bw、用 nccl-tests 的 all_reduce_perf 对比标称带宽、网卡与 IB 错误告警。"
+        "再查重叠：DDP bucket_cap_mb、FSDP 预取、梯度累积时用 no_sync、bf16 梯度。"
+        "最后查放置：云上让任务的节点在同一可用区、同一 VPC，"
+        "自建集群让它们在同一台 leaf 交换机下。"),
+    "comm_phase": (
+        "Measure it inside the job first (reporter.instrument(model)): the comm phase also "
+        "counts communication overlapped with compute. Then check the channel (NCCL_DEBUG=INFO "
+        "once shows NET/IB, not NET/Socket; NCCL_IB_DISABLE unset, NCCL_IB_HCA and "
+        "NCCL_SOCKET_IFNAME right), the link (ibstat port rate, ib_write_bw, nccl-tests "
+        "all_reduce_perf), overlap with backward (DDP bucket_cap_mb, no_sync with gradient "
+        "accumulation), sending less (bf16 gradients, FSDP/ZeRO settings) and placement "
+        "(one availability zone, one leaf switch).",
+        "先在任务内实测通信（reporter.instrument(model)）：comm 阶段会把与计算重叠的通信也算进去。"
+        "再查通道（临时用 NCCL_DEBUG=INFO 确认是 NET/IB 而不是 NET/Socket；不要设置 "
+        "NCCL_IB_DISABLE，NCCL_IB_HCA 与 NCCL_SOCKET_IFNAME 要正确）、链路（ibstat 端口速率、"
+        "ib_write_bw、nccl-tests 的 all_reduce_perf）、与反向计算的重叠（DDP bucket_cap_mb、"
+        "梯度累积时用 no_sync）、减少通信量（bf16 梯度、FSDP/ZeRO 配置）和放置（同一可用区、"
+        "同一台 leaf 交换机）。"),
+    "link_saturated": (
+        "The network runs near its link rate: use RDMA/GPUDirect where available, accumulate "
+        "or compress gradients, and report a comm phase (reporter.phase('comm')) to confirm.",
+        "网络接近链路速率：尽量使用 RDMA/GPUDirect，做梯度累积或压缩，并上报 comm 阶段"
+        "（reporter.phase('comm')）以便确认。"),
+    "idle_gpus": (
+        "Release GPUs the job does not use (CUDA_VISIBLE_DEVICES, one process per GPU, "
+        "torch.cuda.set_device before any CUDA call) or find out why their ranks do no work.",
+        "释放任务没有用到的 GPU（CUDA_VISIBLE_DEVICES、每个 GPU 一个进程、在任何 CUDA 调用前执行 "
+        "torch.cuda.set_device），或查明这些 rank 为何不干活。"),
+    "host_bound": (
+        "The host side is the limit: cut Python overhead per step (torch.compile, CUDA "
+        "graphs), raise the batch size, move CPU preprocessing into DataLoader workers.",
+        "瓶颈在主机侧：降低每步的 Python 开销（torch.compile、CUDA Graphs），增大 batch size，"
+        "把 CPU 预处理移到 DataLoader 的 worker 中。"),
+    "gpu_bound": (
+        "The GPU itself is the limit, which is the healthy case. To go faster: mixed precision "
+        "(bf16/AMP), fused kernels (torch.compile, FlashAttention), a larger batch per GPU; "
+        "profile with torch.profiler.",
+        "瓶颈在 GPU 本身，这是健康的状态。若要更快：混合精度（bf16/AMP）、融合算子（torch.compile、"
+        "FlashAttention）、增大单卡 batch；用 torch.profiler 分析。"),
+    "gpu_efficient": (
+        "The GPUs spend their time in tensor-core math, the healthy case. To go faster: "
+        "fused kernels (torch.compile, FlashAttention), FP8 on Hopper (Transformer Engine), "
+        "a larger batch per GPU, or more GPUs; profile with torch.profiler or nsys.",
+        "GPU 的时间主要花在 Tensor Core 的矩阵运算上，这是健康的状态。若要更快：融合算子"
+        "（torch.compile、FlashAttention）、Hopper 上用 FP8（Transformer Engine）、增大单卡 batch "
+        "或增加 GPU；用 torch.profiler 或 nsys 分析。"),
+    "launch_bound": (
+        "The GPU waits for work between small kernels: capture the step in CUDA graphs "
+        "(torch.compile(mode='reduce-overhead') or torch.cuda.CUDAGraph), fuse kernels with "
+        "torch.compile, raise the batch size per GPU, and cut Python work per step; nsys "
+        "shows the gaps between kernels.",
+        "GPU 在小 kernel 之间等待任务：用 CUDA Graphs 捕获整步"
+        "（torch.compile(mode='reduce-overhead') 或 torch.cuda.CUDAGraph），"
+        "用 torch.compile 融合算子，增大单卡 batch size，减少每步的 Python 开销；"
+        "nsys 可以看到 kernel 之间的空隙。"),
+    "memory_bound": (
+        "Memory bandwidth is the limit: fuse element-wise operations (torch.compile, "
+        "FlashAttention, fused optimizers with fused=True), keep activations in bf16 to halve "
+        "the bytes, raise the batch size for more arithmetic per byte; ncu's memory workload "
+        "analysis names the kernels.",
+        "瓶颈在显存带宽：融合逐元素算子（torch.compile、FlashAttention、fused=True 的优化器），"
+        "激活用 bf16 以减半访存量，增大 batch 提高计算访存比；用 ncu 的内存分析找出相关 kernel。"),
+    "tensor_idle": (
+        "Use the tensor cores: train in bf16 with torch.autocast(device_type='cuda', "
+        "dtype=torch.bfloat16) (or AMP with a GradScaler for fp16), or at least allow TF32 "
+        "(torch.set_float32_matmul_precision('high')); keep matrix dimensions multiples of 8.",
+        "用上 Tensor Core：用 torch.autocast(device_type='cuda', dtype=torch.bfloat16) 以 bf16 训练"
+        "（fp16 需配合 GradScaler 的 AMP），至少开启 TF32"
+        "（torch.set_float32_matmul_precision('high')）；矩阵维度保持为 8 的倍数。"),
+    "oom_risk": (
+        "Make room in GPU memory before the job runs out: activation checkpointing, a smaller "
+        "micro-batch with gradient accumulation, FSDP/ZeRO sharding of optimizer state, bf16; "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation "
+        "(torch.cuda.memory_summary shows what the caching allocator holds).",
+        "在显存耗尽前腾出空间：激活重计算（activation checkpointing）、"
+        "减小 micro-batch 并配合梯度累积、用 FSDP/ZeRO 切分优化器状态、使用 bf16；"
+        "设置 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True 减少碎片"
+        "（torch.cuda.memory_summary 可查看缓存分配器占用）。"),
+    "idle_held": (
+        "Find the owner (pod or Slurm job above) and stop the process or reclaim the GPUs; a "
+        "leftover notebook or a crashed job's orphan often holds GPU memory.",
+        "找到进程的所有者（上面的 pod 或 Slurm 作业），结束该进程或回收 GPU；"
+        "常见原因是遗留的 notebook 或崩溃任务的残留进程占着显存。"),
+    "no_telemetry": (
+        "Report steps from the training loop with trainmon.client.Reporter so trainmon can "
+        "tell what holds the job back.",
+        "在训练循环中用 trainmon.client.Reporter 上报步数，trainmon 才能判断任务被什么拖慢。"),
+}
+ADVICE = {**ADVICE, **{
+    "spot_reclaim": (
+        "Save a checkpoint now, to a cloud disk (CBS), CFS or COS rather than the instance's "
+        "local disk, and resume on a new instance from the same image "
+        "(--resume_from_checkpoint): save → release the old instance → start a new one → "
+        "resume, task-level elasticity instead of auto scaling.",
+        "立即保存 checkpoint，写到云硬盘（CBS）、CFS 或 COS，不要只写实例本地盘；"
+        "再用同一份镜像新开实例，从最近的 checkpoint 恢复训练（--resume_from_checkpoint）："
+        "保存 checkpoint → 关闭旧实例 → 开启新实例 → 恢复训练，用任务级弹性代替自动伸缩。"),
+    "checkpoint_overdue": (
+        "Checkpoint more often on spot instances (within {threshold:.0f} s), to a cloud disk "
+        "(CBS), CFS or COS, and make the script resume from the latest one "
+        "(--resume_from_checkpoint).",
+        "竞价实例上要更频繁地保存 checkpoint（间隔不超过 {threshold:.0f} 秒），写到云硬盘（CBS）、"
+        "CFS 或 COS，并让训练脚本支持从最近的 checkpoint 断点续训（--resume_from_checkpoint）。"),
+    "checkpoint_missing": (
+        "A spot instance may be reclaimed at any time: save checkpoints (within {threshold:.0f} "
+        "s) to a cloud disk (CBS), CFS or COS and report them with "
+        "`with reporter.checkpoint(path): torch.save(...)`, so trainmon can tell their age.",
+        "竞价实例随时可能被回收：定期保存 checkpoint（间隔不超过 {threshold:.0f} 秒），"
+        "写到云硬盘（CBS）、CFS 或 COS，并用 `with reporter.checkpoint(path): torch.save(...)` "
+        "上报，trainmon 才能知道它有多旧。"),
+    "checkpoint_local_disk": (
+        "Never keep checkpoints only on the instance's local or temporary disk: write them to "
+        "a cloud disk (CBS), CFS or COS (or copy each one there), so a failed or reclaimed "
+        "instance can be replaced from the same image and resume.",
+        "checkpoint 一定不要只写在本地临时盘，要写到云硬盘（CBS）、CFS 或 COS 上"
+        "（或每次保存后拷过去），"
+        "这样实例故障或被回收后，用同一份镜像重开实例就能继续训练。"),
+    "numa_far": (
+        "Bind each rank to its GPU's NUMA node: numactl --cpunodebind={node:.0f} "
+        "--membind={node:.0f} python train.py for GPU {gpu} (lscpu and nvidia-smi topo -m "
+        "show which node each GPU and NIC sits on; torchrun ranks can bind themselves with "
+        "os.sched_setaffinity). On virtualised hosts check that it helps before keeping it.",
+        "把每个 rank 绑到其 GPU 所在的 NUMA 节点：GPU {gpu} 用 numactl --cpunodebind={node:.0f} "
+        "--membind={node:.0f} python train.py（lscpu 和 nvidia-smi topo -m 可以看到每块 GPU 与网卡"
+        "所在的节点；torchrun 启动的 rank 也可以用 os.sched_setaffinity 自行绑核）。"
+        "虚拟化环境里先确认绑定确实有收益再保留。"),
+    "nccl_over_sockets": (
+        "Make NCCL use the RDMA ports: run once with NCCL_DEBUG=INFO and look for NET/IB, not "
+        "NET/Socket, in the log; set NCCL_IB_DISABLE=0, NCCL_IB_HCA={hcas}, "
+        "NCCL_SOCKET_IFNAME={nic} (bootstrap only), NCCL_IB_GID_INDEX on RoCE, and "
+        "NCCL_NET_GDR_LEVEL for GPUDirect RDMA; give the pod its RDMA device (and IPC_LOCK). "
+        "Then nccl-tests all_reduce_perf should reach the fabric's bandwidth.",
+        "让 NCCL 走 RDMA：用 NCCL_DEBUG=INFO 跑一次，日志里应出现 NET/IB 而不是 NET/Socket；"
+        "设置 NCCL_IB_DISABLE=0、NCCL_IB_HCA={hcas}、NCCL_SOCKET_IFNAME={nic}（仅用于 bootstrap），"
+        "RoCE 还要 NCCL_IB_GID_INDEX，GPUDirect RDMA 看 NCCL_NET_GDR_LEVEL；"
+        "为 pod 分配 RDMA 设备（及 IPC_LOCK）。"
+        "之后用 nccl-tests 的 all_reduce_perf 确认带宽达到标称值。"),
+    "nfs_prefetch": (
+        "The data is read from {source} ({fstype}) during training: warm the dataset onto "
+        "local NVMe (or a high-performance cloud disk) before training starts and read it "
+        "from there — don't let the training loop fetch remote files every step; pack small "
+        "files into large shards (TFRecord, WebDataset).",
+        "训练时在从 {source}（{fstype}）读数据：训练开始前先做一轮预热，把数据集拷到本地 NVMe"
+        "（或高性能云硬盘）上再读，不要让训练循环每次都远程读文件；小文件打包成大文件"
+        "（TFRecord、WebDataset）。"),
+}}
+ADVICE_ALIASES = {"sawtooth_data_wait": "data_wait", "gpu_bound_unmeasured": "gpu_bound"}
+#: Findings whose advice is added to the deciding finding's, wherever they stand.
+EXTRA_ADVICE = ("oom_risk", "spot_reclaim", "checkpoint_overdue", "checkpoint_missing",
+                "checkpoint_local_disk", "numa_far", "nccl_over_sockets")
+
+#: Added to a storage finding whose data comes from an NFS/CFS mount
+#: (``risks.with_storage_source``), with and without a READ round trip.
+STORAGE_SOURCE_NOTE: Pair = (
+    "; dataset read from CFS/NFS {source} at {mount}: {read_bytes_per_second_text}, "
+    "{read_rtt_milliseconds:.0f} ms per READ",
+    "；数据集从 CFS/NFS {source}（挂载于 {mount}）读取：{read_bytes_per_second_text}，"
+    "每次 READ {read_rtt_milliseconds:.0f} 毫秒")
+STORAGE_SOURCE_NOTE_NO_RTT: Pair = (
+    "; dataset read from CFS/NFS {source} at {mount}: {read_bytes_per_second_text}",
+    "；数据集从 CFS/NFS {source}（挂载于 {mount}）读取：{read_bytes_per_second_text}")
+#: Added to a checkpoint finding while a reclaim is scheduled.
+RECLAIM_NOTE: Pair = (
+    "; the instance is reclaimed in {reclaim_seconds:.0f} s",
+    "；实例将在 {reclaim_seconds:.0f} 秒后被回收")
+
+#: Added to a communication finding whose GPUs look busy with idle SMs (GPM).
+NCCL_BUSY_NOTE: Pair = (
+    "; the GPUs look {utilization:.0%} busy but their SMs are active only {sm_active:.0%}: "
+    "that busy time is communication kernels, not compute",
+    "；GPU 利用率显示 {utilization:.0%}，但 SM 只有 {sm_active:.0%} 在活跃："
+    "这些繁忙时间是通信 kernel，不是计算")
+
+NCCL_PROBLEMS: Mapping[str, Pair] = {
+    "ib_disabled_with_rdma": (
+        "{variable}={value} while RDMA ports are active: NCCL sends over TCP sockets; unset it.",
+        "{variable}={value}，但节点有可用的 RDMA 端口：NCCL 会走 TCP；请去掉该设置。"),
+    "socket_ifname_not_found": (
+        "{variable}={value} names an interface the process does not have.",
+        "{variable}={value} 指定的网卡在该进程中不存在。"),
+    "ib_hca_not_found": (
+        "{variable}={value} names an HCA or port that does not exist on this node.",
+        "{variable}={value} 指定的 HCA 或端口在本节点不存在。"),
+    "no_rdma_ib_enabled": (
+        "no active RDMA port, and IB is not disabled: NCCL silently falls back to sockets; set "
+        "NCCL_IB_DISABLE=1 to make it explicit, or give the pod its RDMA device.",
+        "节点没有可用的 RDMA 端口，却没有关闭 IB：NCCL 会悄悄退回 TCP；"
+        "请显式设置 NCCL_IB_DISABLE=1，"
+        "或为 pod 分配 RDMA 设备。"),
+    "debug_logging": (
+        "{variable}={value}: verbose NCCL logging on every rank; use WARN outside debugging.",
+        "{variable}={value}：每个 rank 都在输出详细的 NCCL 日志；非调试时请改为 WARN。"),
+}
+
+
+def pick(pair: Pair, lang: str) -> str:
+    return pair[1] if lang == "zh" else pair[0]
+
+
+def render(template: str, values: Mapping[str, object]) -> str:
+    """``template.format(**values)``; a template/value mismatch never breaks the report."""
+    try:
+        return template.format(**values)
+    except (KeyError, ValueError, TypeError) as error:
+        log.debug("cannot format %r with %r: %s", template, values, error)
+        return template
+
+
+def word(key: str, lang: str) -> str:
+    return pick(WORDS[key], lang)
+
+
+def kind_name(kind: str, lang: str) -> str:
+    return pick(KIND_NAMES.get(kind, (kind, kind)), lang)
+
+
+def severity_tag(severity: str, lang: str) -> str:
+    """``CRITICAL``/``严重`` for a risk finding's severity; an unknown one upper-cased."""
+    return pick(SEVERITY_TAGS.get(severity, (severity.upper(), severity.upper())), lang)
+
+
+def storage_name(storage: str, lang: str) -> str:
+    """A checkpoint storage kind in words (English: the label value, ``local_disk``)."""
+    return pick(STORAGE_NAMES.get(storage, (storage, storage)), lang)
+
+
+def provider_name(provider: str, lang: str) -> str:
+    return pick(PROVIDER_NAMES.get(provider, (provider, provider)), lang)
+
+
+def count_text(key: str, count: float, lang: str) -> str:
+    """``WORDS[key]`` for ``count`` things: ``1 checkpoint``, ``4 checkpoints``."""
+    return render(word(key, lang), _with_derived_values({"count": count}))
+
+
+def heading(key: str, lang: str, **values: object) -> str:
+    return render(pick(HEADINGS[key], lang), values)
+
+
+def finding_text(code: str, values: Mapping[str, object], lang: str) -> str:
+    if code == "gpu_bound" and "utilization" not in values:
+        code = "gpu_bound_unmeasured"
+    values = _with_derived_values(values)
+    if isinstance(values.get("storage"), str):
+        values = {**values, "storage": storage_name(str(values["storage"]), lang)}
+    pair = FINDINGS.get(code)
+    text = render(pick(pair, lang), values) if pair else code
+    if code in ("comm_exposed", "comm_phase") and "sm_active" in values:
+        text += render(pick(NCCL_BUSY_NOTE, lang), values)
+    if "mount" in values:
+        note = STORAGE_SOURCE_NOTE if "read_rtt_milliseconds" in values else (
+            STORAGE_SOURCE_NOTE_NO_RTT)
+        text += render(pick(note, lang), values)
+    if code.startswith("checkpoint_") and "reclaim_seconds" in values:
+        text += render(pick(RECLAIM_NOTE, lang), values)
+    return text
+
+
+def advice_text(code: str, lang: str, values: Mapping[str, object] | None = None) -> str:
+    """The next step of a finding, its template filled from the finding's ``values``."""
+    pair = ADVICE.get(ADVICE_ALIASES.get(code, code))
+    if not pair:
+        return ""
+    return render(pick(pair, lang), _with_derived_values(values or {}))
+
+
+def rate_text(value: float | None) -> str:
+    """Bytes per second in decimal units (as link rates are quoted)."""
+    if value is None:
+        return "n/a"
+    for unit, scale in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.1f} {unit}"
+    return f"{value:.0f} B/s"
+
+
+def _with_derived_values(values: Mapping[str, object]) -> Mapping[str, object]:
+    """``values`` plus ``<key>_text`` for each ``*_bytes_per_second`` number (``180.0 MB/s``)
+    and ``<key>_plural`` for each number (``""`` where it shows as ``1`` with ``:.0f``, else
+    ``"s"``)."""
+    numbers = {key: value for key, value in values.items()
+               if isinstance(value, (int, float)) and not isinstance(value, bool)}
+    derived = {f"{key}_text": rate_text(value) for key, value in numbers.items()
+               if key.endswith("_bytes_per_second")}
+    derived.update({f"{key}_plural": "" if f"{value:.0f}" == "1" else "s"
+                    for key, value in numbers.items()})
+    return {**values, **derived} if derived else values
+
+
+def nccl_text(problem: str, variable: str, value: str, lang: str) -> str:
+    pair = NCCL_PROBLEMS.get(problem)
+    if pair is None:
+        return problem
+    return render(pick(pair, lang), {"variable": variable, "value": value})

@@ -1,0 +1,188 @@
+"""Training step protocol v1: every field of a step report, defined once.
+
+``REPORT_FIELDS`` is the report's schema (docs/protocol.md, "A report"): for
+each JSON key its kind (which fixes the JSON type and the value rules), its
+bounds, whether it is required, whether ``null`` stands for "absent", what
+an absent field means, and how it relates to other fields (must not exceed
+``step_seconds``, needs ``checkpoints``...). Both sides read this table:
+
+- the Python client builds every report with ``build_report`` (the fields in
+  this order, those it does not know left out where the schema says so);
+- the daemon validates every report line against it
+  (``trainmon.training.protocol``, which turns a valid line into a
+  ``StepReport`` whose attributes are these names).
+
+Adding a field is one row here plus its consumers: the value the client
+passes to ``build_report``, the ``StepReport`` attribute, and whatever reads
+it (the store, the collectors, the ledger).
+``tests/training/test_report_fields.py`` fails where the client, the
+validator or ``StepReport`` disagree with this table.
+
+Standard library only, no ``trainmon`` import: the training-side client
+imports it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+PROTOCOL_VERSION = 1
+#: Counts and integer fields stay exactly representable as a float64.
+MAX_COUNT = 2**53
+MAX_RANK = 2**31 - 1
+#: Most distinct phase names in one report.
+MAX_PHASES = 32
+#: Default longest ``job`` and phase name, in characters (daemon-configurable).
+DEFAULT_MAX_LABEL_LENGTH = 128
+#: Longest ``checkpoint_path`` (bytes of UTF-8): Linux's PATH_MAX. A report
+#: line stays within ``MAX_LINE_BYTES`` with it (a report without phases is
+#: well under 1 KiB; 32 long phase names add at most about 4.5 KiB).
+MAX_PATH_BYTES = 4096
+#: The largest NVML device index ``gpu`` may name.
+MAX_GPU_INDEX = 9999
+
+#: Characters allowed in ``job`` and phase names: no quotes, spaces, newlines,
+#: control characters or non-ASCII, so every consumer of the exposition (PromQL
+#: selectors, Grafana variables, shells) can use the value verbatim.
+LABEL_PATTERN = re.compile(r"[A-Za-z0-9_.:@/+-]+")
+REPORTER_ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+GPU_PATTERN = re.compile(r"[0-9]{1,4}")
+#: Run ids (``run`` of a report or run description): also a label value of
+#: ``trainmon_training_run_info``, so a narrower charset than ``job``'s.
+RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+
+#: What a field's value is on the wire, and so how it is checked:
+#:
+#: - ``version``: the integer ``PROTOCOL_VERSION`` (checked for every line type);
+#: - ``integer``: a JSON integer (not ``true``/``false``, no fraction) within
+#:   ``minimum``..``maximum``;
+#: - ``number``: a finite JSON number, 0..``MAX_COUNT``;
+#: - ``label``: 1..max_label_length characters of ``LABEL_PATTERN``;
+#: - ``reporter_id``: ``REPORTER_ID_PATTERN``; ``run_id``: ``RUN_ID_PATTERN``;
+#: - ``gpu``: an NVML index, a string of 1-4 digits or such an integer (sent on as a string);
+#: - ``path``: an absolute path, at most ``MAX_PATH_BYTES`` bytes of UTF-8, no
+#:   control characters (URL credentials in it are redacted by the daemon);
+#: - ``buckets``: a list of ``STEP_BUCKET_COUNT`` counts (``contract.STEP_SECONDS_BOUNDS``);
+#: - ``phases``: an object of at most ``MAX_PHASES`` label-named numbers.
+FieldKind = Literal[
+    "version", "integer", "number", "label", "reporter_id", "run_id", "gpu", "path",
+    "buckets", "phases",
+]
+
+
+@dataclass(frozen=True)
+class ReportField:
+    """One field of a step report."""
+
+    #: The JSON key.
+    name: str
+    kind: FieldKind
+    required: bool = False
+    #: Bounds of an ``integer`` (inclusive).
+    minimum: int = 0
+    maximum: int = MAX_COUNT
+    #: An optional field: ``null`` means absent. False: ``null`` is checked as a
+    #: value, and so rejected (``phase_seconds``).
+    nullable: bool = True
+    #: The Python client leaves the field out while it does not know the value
+    #: (not measured, no checkpoint yet) instead of sending ``null``: absent is
+    #: "unknown", never zero.
+    omitted_when_unknown: bool = False
+    #: The field must not exceed these fields' values (absent ones included:
+    #: a field bounded by one that is missing is rejected).
+    at_most: tuple[str, ...] = ()
+    #: The field must stay below this one, when that one is present (``rank``).
+    below: str | None = None
+    #: The field's counts must add up to this count (``step_buckets``).
+    adds_up_to: str | None = None
+    #: The field may only be sent with this one, and with it at least ``needs_at_least``.
+    needs: str | None = None
+    needs_at_least: int = 0
+    #: A field that ``needs`` another and is absent with it: this value (``None``: absent).
+    default_with_needed: float | None = None
+    #: What an absent optional field holds (``None``: unknown); the daemon checks it
+    #: like a sent value, so it is never shared between reports.
+    absent: object = None
+    #: One line for readers (docs/protocol.md has the full rule).
+    meaning: str = ""
+
+    def __post_init__(self) -> None:
+        if self.required and self.omitted_when_unknown:
+            raise ValueError(f"{self.name}: a required field is never left out")
+
+
+#: Every field of a report, in the order the client sends them (JSON key order)
+#: and the daemon checks them; the relations (``at_most``, ``below``,
+#: ``adds_up_to``, ``needs``) are checked after all fields, in this order too.
+REPORT_FIELDS: tuple[ReportField, ...] = (
+    ReportField("v", "version", required=True, meaning="protocol version: 1"),
+    ReportField("job", "label", required=True, meaning="the training job's name (label job)"),
+    ReportField("rank", "integer", required=True, maximum=MAX_RANK, below="world_size",
+                meaning="global rank (label rank)"),
+    ReportField("local_rank", "integer", maximum=MAX_RANK, meaning="rank within the node"),
+    ReportField("world_size", "integer", minimum=1, maximum=MAX_RANK,
+                meaning="number of ranks in the job"),
+    ReportField("gpu", "gpu", meaning="NVML index of the rank's GPU"),
+    ReportField("pid", "integer", minimum=1, maximum=MAX_RANK, meaning="the process id"),
+    ReportField("reporter_id", "reporter_id", required=True,
+                meaning="random per process run; a new one is a counter reset"),
+    ReportField("run", "run_id", meaning="the run of the reporter's run description"),
+    ReportField("steps", "integer", required=True, meaning="steps completed"),
+    ReportField("samples", "integer", required=True, meaning="samples those steps processed"),
+    ReportField("step_seconds", "number", required=True, meaning="sum of the step durations"),
+    ReportField("data_wait_seconds", "number", required=True, at_most=("step_seconds",),
+                meaning="part of step_seconds blocked on the next batch"),
+    ReportField("phase_seconds", "phases", nullable=False, absent={},
+                meaning="seconds in named phases (comm, checkpoint...)"),
+    ReportField("step_buckets", "buckets", required=True, adds_up_to="steps",
+                meaning="step-duration histogram, not cumulative"),
+    ReportField("dropped_reports", "integer", absent=0, meaning="reports not delivered so far"),
+    ReportField("comm_seconds", "number", omitted_when_unknown=True,
+                meaning="wall seconds with a collective in flight (measured)"),
+    ReportField("comm_bytes", "integer", omitted_when_unknown=True,
+                meaning="bytes of the collectives' buffers"),
+    ReportField("comm_exposed_seconds", "number", omitted_when_unknown=True,
+                at_most=("comm_seconds", "step_seconds"),
+                meaning="step time spent waiting for communication"),
+    ReportField("checkpoints", "integer", omitted_when_unknown=True,
+                meaning="checkpoint saves completed"),
+    ReportField("checkpoint_seconds", "number", omitted_when_unknown=True,
+                needs="checkpoints", default_with_needed=0.0,
+                meaning="seconds spent in those saves"),
+    ReportField("last_checkpoint_time", "number", omitted_when_unknown=True,
+                needs="checkpoints", needs_at_least=1,
+                meaning="Unix time the last save completed"),
+    ReportField("checkpoint_path", "path", omitted_when_unknown=True,
+                needs="checkpoints", needs_at_least=1,
+                meaning="absolute path of the last checkpoint written"),
+    ReportField("last_step_time", "number", omitted_when_unknown=True,
+                meaning="Unix time the last step ended"),
+)
+
+#: The fields by name.
+FIELDS_BY_NAME: Mapping[str, ReportField] = {spec.name: spec for spec in REPORT_FIELDS}
+#: (name, left out when unknown) of every field the client passes, in wire order.
+_CLIENT_FIELDS = tuple((spec.name, spec.omitted_when_unknown)
+                       for spec in REPORT_FIELDS if spec.kind != "version")
+
+
+def build_report(values: Mapping[str, object]) -> dict[str, object]:
+    """The report of ``values`` (a value for every field but ``v``; ``None`` where it
+    is not known), as the client sends it: the fields in ``REPORT_FIELDS`` order,
+    ``v`` first, a field ``omitted_when_unknown`` left out while it is ``None``.
+
+    ``values`` must name exactly the schema's fields: a missing one raises
+    ``KeyError``, an extra one ``ValueError``."""
+    report: dict[str, object] = {"v": PROTOCOL_VERSION}
+    for name, omitted_when_unknown in _CLIENT_FIELDS:
+        value = values[name]
+        if value is None and omitted_when_unknown:
+            continue
+        report[name] = value
+    if len(values) != len(_CLIENT_FIELDS):
+        extra = sorted(set(values) - {name for name, _ in _CLIENT_FIELDS})
+        raise ValueError(f"not fields of a step report: {', '.join(extra)}")
+    return report

@@ -1,0 +1,374 @@
+"""One rank of a real ``torch.distributed`` job (CPU/gloo, or one GPU on NCCL).
+
+The rank script of the instrumentation tests (``tests/training/test_instrument.py``),
+the DDP diagnosis scenarios (``tests/diagnosis/test_ddp_scenarios.py``) and
+``bench/gpu_check.sh``; ``tests/training/agreement_job.py`` trains its model.
+
+Run from the repository root, one process per rank, in the environment ``torchrun``
+sets; the rank's reports go to ``TRAINMON_ENDPOINT``::
+
+    RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 \\
+    TRAINMON_ENDPOINT=unix:///tmp/steps.sock python -m testkit.ddp_job ddp --steps 5
+
+    RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 \\
+    TRAINMON_ENDPOINT=unix:///tmp/steps.sock TRAINMON_JOB=ddp-healthy \\
+    GLOO_SOCKET_IFNAME=lo python -m testkit.ddp_job scenario healthy
+
+Modes of the instrumentation tests: ``ddp`` (``reporter.instrument(DistributedDataParallel
+(model))``), ``fsdp`` (FSDP2 ``fully_shard``), ``lightning`` (``Trainer(strategy="ddp")``
+with ``TrainmonCallback``), ``hf`` (Hugging Face ``Trainer`` with its
+``TrainmonCallback``). ``--device cuda:0`` runs ``ddp``/``fsdp`` on NCCL. ``--result
+FILE`` writes what the test compares against as JSON (gradient bytes, the first
+parameter's gradient).
+
+``scenario NAME``: the jobs the diagnosis must name, integrated as the README says
+(``Reporter``, ``reporter.instrument`` around the DDP model, ``track(loader)``,
+``step()``). Every step is a real forward/backward of an MLP with DDP's gradient
+all-reduce over gloo. A GPU's kernel time is stood in for by a sleep inside ``forward``
+(``DeviceTime``): the host waits for it as it waits for a ``cuda.synchronize``, without
+loading the test machine's few CPU cores.
+
+=================  =====================================  ==========================
+scenario           per step                               what holds the job back
+=================  =====================================  ==========================
+``healthy``        small MLP, 0.1 s device time           compute
+``communication``  5.3 M-parameter MLP (21 MB of          gradient all-reduce (over a
+                   gradients), 0.05 s device time         300 Mbit/s link: ~0.55 s)
+``slow-rank``      device time 0.02 s on rank 0,          rank 1 (a slow GPU): rank 0
+                   0.2 s on rank 1 (ten times the extra)  waits in the all-reduce
+``storage``        the Dataset sleeps 20 ms per sample    data loading
+=================  =====================================  ==========================
+
+Both ranks run exactly ``--steps`` steps (a collective needs every rank), so a run
+ends by itself; a scenario's process group times out after ``--timeout`` seconds if
+the peer disappears.
+
+Every mode keeps its DDP model (and the trainer holding one) local to its function, and
+the process group is destroyed only after the function returned and ``gc.collect()``
+ran: a DDP model freed during the interpreter's finalisation instead, after its gloo
+group is gone, made a rank abort ("terminate called without an active exception")
+once in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from testkit.torch_job import train
+
+WIDTH = 256
+DEPTH = 4
+#: Samples per step of every mode.
+BATCH = 8
+#: Classes of the scenarios' classification MLP.
+CLASSES = 10
+
+
+class DeviceTime(nn.Module):
+    """Identity whose forward takes ``seconds``, as a kernel on a GPU would."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        if self.seconds:
+            time.sleep(self.seconds)
+        return features
+
+
+def make_model(width: int = WIDTH, depth: int = DEPTH) -> nn.Sequential:
+    """The same small regression MLP on every rank (seeded)."""
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(width, 1))
+
+
+def gradient_bytes(model: nn.Module) -> int:
+    """Bytes of all gradients of one backward pass (float32 parameters)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
+def batches(steps: int, width: int, rank: int) -> list[torch.Tensor]:
+    """``steps`` random input batches of ``BATCH`` rows, different on every rank."""
+    generator = torch.Generator().manual_seed(1000 + rank)
+    return [torch.randn(BATCH, width, generator=generator) for _ in range(steps)]
+
+
+def run_ddp(args: argparse.Namespace, rank: int) -> dict[str, Any]:
+    from torch.nn.parallel import DistributedDataParallel
+
+    from trainmon.client import Reporter
+
+    device = torch.device(args.device)
+    model = make_model(args.width, args.depth).to(device)
+    slow = args.sleep if rank == args.slow_rank else 0.0
+    ddp = DistributedDataParallel(
+        nn.Sequential(DeviceTime(slow), model),
+        device_ids=[device.index] if device.type == "cuda" else None,
+    )
+    reporter = Reporter("ddp-job", interval_seconds=0.2)
+    hook_options: dict[str, Any] = {}
+    if args.hook == "fp16":
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
+
+        hook_options = {"comm_hook": fp16_compress_hook, "comm_state": None}
+    if not args.bare:
+        ddp = reporter.instrument(ddp, **hook_options)
+        reporter.instrument(ddp, **hook_options)  # twice: harmless
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.0)  # lr 0: gradients stay comparable
+    first_grad: list[float] = []
+    for batch in reporter.track(batches(args.steps, args.width, rank)):
+        optimizer.zero_grad()
+        ddp(batch.to(device)).square().mean().backward()
+        if not first_grad:
+            grad = next(model.parameters()).grad
+            assert grad is not None
+            first_grad = grad.flatten()[:64].tolist()
+        optimizer.step()
+        reporter.step(samples=BATCH)
+    reporter.close()
+    return {"gradient_bytes": gradient_bytes(model), "first_grad": first_grad,
+            "report": reporter.report()}
+
+
+def run_fsdp(args: argparse.Namespace, rank: int) -> dict[str, Any]:
+    from torch.distributed.fsdp import fully_shard
+
+    from trainmon.client import Reporter
+
+    device = torch.device(args.device)
+    model = make_model(args.width, args.depth).to(device)
+    parameter_bytes = gradient_bytes(model)
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    reporter = Reporter("fsdp-job", interval_seconds=0.2)
+    model = reporter.instrument(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for batch in reporter.track(batches(args.steps, args.width, rank)):
+        optimizer.zero_grad()
+        model(batch.to(device)).square().mean().backward()
+        optimizer.step()
+        reporter.step(samples=BATCH)
+    reporter.close()
+    return {"gradient_bytes": parameter_bytes, "report": reporter.report()}
+
+
+def run_lightning(args: argparse.Namespace, rank: int) -> dict[str, Any]:
+    import lightning.pytorch as pl
+    from lightning.pytorch.strategies import DDPStrategy
+
+    from trainmon.client.lightning import TrainmonCallback
+
+    class Regression(pl.LightningModule):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = make_model(args.width, args.depth)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            loss: torch.Tensor = self.net(batch[0]).square().mean()
+            return loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    data = torch.utils.data.TensorDataset(torch.randn(BATCH * args.steps * 2, args.width))
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=2, num_nodes=1,
+        strategy=DDPStrategy(process_group_backend="gloo"),
+        max_steps=args.steps, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[TrainmonCallback(job="lightning-job", interval_seconds=0.2)],
+    )
+    module = Regression()
+    trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=BATCH))
+    return {"gradient_bytes": gradient_bytes(module.net)}
+
+
+def run_hf(args: argparse.Namespace, rank: int) -> dict[str, Any]:
+    from transformers import Trainer, TrainingArguments
+
+    from trainmon.client.transformers import TrainmonCallback
+
+    class Regression(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = make_model(args.width, args.depth)
+
+        def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+            loss = (self.net(x).squeeze(-1) - labels).square().mean()
+            return {"loss": loss}
+
+    class Data(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
+        def __len__(self) -> int:
+            return BATCH * args.steps * 2
+
+        def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+            generator = torch.Generator().manual_seed(index)
+            return {"x": torch.randn(args.width, generator=generator),
+                    "labels": torch.randn((), generator=generator)}
+
+    model = Regression()
+    training_args = TrainingArguments(
+        output_dir=args.output, use_cpu=True, ddp_backend="gloo", max_steps=args.steps,
+        per_device_train_batch_size=BATCH, report_to=[], save_strategy="no",
+        logging_strategy="no", dataloader_num_workers=0, disable_tqdm=True,
+    )
+    trainer = Trainer(
+        model=model, args=training_args, train_dataset=Data(),
+        callbacks=[TrainmonCallback(job="hf-job", interval_seconds=0.2)],
+    )
+    trainer.train()
+    return {"gradient_bytes": gradient_bytes(model.net)}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """The shape of one diagnosis scenario's job."""
+
+    #: Layer widths of the MLP, input first.
+    widths: tuple[int, ...]
+    #: Device time per forward, by rank (the last entry for ranks past the tuple).
+    device_seconds: tuple[float, ...]
+    #: Time the Dataset takes per sample.
+    sample_seconds: float = 0.0
+
+
+SCENARIOS = {
+    "healthy": Scenario(widths=(64, 256, 256), device_seconds=(0.1,)),
+    # 1024·2048 + 2048·1024 + 1024·1024 + biases ≈ 5.3 M float32 parameters.
+    "communication": Scenario(widths=(1024, 2048, 1024, 1024), device_seconds=(0.05,)),
+    "slow-rank": Scenario(widths=(64, 256, 256), device_seconds=(0.02, 0.2)),
+    "storage": Scenario(widths=(64, 256, 256), device_seconds=(0.02,), sample_seconds=0.02),
+}
+
+
+class Samples(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Random samples, each taking ``sample_seconds`` to "read"."""
+
+    def __init__(self, features: int, length: int, sample_seconds: float) -> None:
+        self.features = features
+        self.length = length
+        self.sample_seconds = sample_seconds
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.sample_seconds:
+            time.sleep(self.sample_seconds)
+        generator = torch.Generator().manual_seed(index)
+        return (torch.randn(self.features, generator=generator),
+                torch.randint(0, CLASSES, (), generator=generator))
+
+
+def build_model(scenario: Scenario, rank: int) -> nn.Module:
+    """The scenario's classification MLP, behind the rank's ``DeviceTime``."""
+    device = scenario.device_seconds[min(rank, len(scenario.device_seconds) - 1)]
+    layers: list[nn.Module] = [DeviceTime(device)]
+    for inputs, outputs in zip(scenario.widths, scenario.widths[1:], strict=False):
+        layers += [nn.Linear(inputs, outputs), nn.ReLU()]
+    layers.append(nn.Linear(scenario.widths[-1], CLASSES))
+    return nn.Sequential(*layers)
+
+
+def parameter_count(scenario: Scenario) -> int:
+    """Parameters of the scenario's model (what DDP all-reduces every step)."""
+    return sum(p.numel() for p in build_model(scenario, 0).parameters())
+
+
+def run_scenario(args: argparse.Namespace, rank: int) -> dict[str, Any]:
+    from torch.nn.parallel import DistributedDataParallel
+
+    from trainmon.client import Reporter
+
+    scenario = SCENARIOS[args.scenario]
+    torch.manual_seed(0)  # DDP broadcasts rank 0's weights anyway
+    reporter = Reporter(interval_seconds=0.5)  # job, rank, endpoint from the environment
+    model = reporter.instrument(DistributedDataParallel(build_model(scenario, rank)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    samples = Samples(scenario.widths[0], args.steps * BATCH, scenario.sample_seconds)
+    loader = DataLoader(samples, batch_size=BATCH, num_workers=0)
+    train(reporter, model, loader, optimizer)
+    reporter.close()
+    return {}
+
+
+Mode = Callable[[argparse.Namespace, int], dict[str, Any]]
+MODES: dict[str, Mode] = {
+    "ddp": run_ddp, "fsdp": run_fsdp, "lightning": run_lightning, "hf": run_hf,
+    "scenario": run_scenario,
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    modes = parser.add_subparsers(dest="mode", required=True)
+    for name in ("ddp", "fsdp", "lightning", "hf"):
+        mode = modes.add_parser(name)
+        mode.add_argument("--steps", type=int, default=6)
+        mode.add_argument("--width", type=int, default=WIDTH)
+        mode.add_argument("--depth", type=int, default=DEPTH)
+        mode.add_argument("--slow-rank", type=int, default=-1)
+        mode.add_argument("--sleep", type=float, default=0.0, help="seconds per forward")
+        mode.add_argument("--hook", choices=["default", "fp16"], default="default")
+        mode.add_argument("--bare", action="store_true", help="do not instrument")
+        mode.add_argument("--device", default="cpu", help="cpu, or cuda:N (backend nccl)")
+        mode.add_argument("--output", default="/tmp/trainmon-hf")
+        mode.add_argument("--result", type=Path)
+    scenario = modes.add_parser("scenario")
+    scenario.add_argument("scenario", choices=sorted(SCENARIOS))
+    scenario.add_argument("--steps", type=int, default=400)
+    scenario.add_argument("--timeout", type=float, default=60.0,
+                          help="seconds a collective waits for the peer")
+    return parser
+
+
+def init_process_group(args: argparse.Namespace) -> None:
+    """``ddp``/``fsdp``/``scenario`` set up their group here (the frameworks set up theirs)."""
+    if args.mode == "scenario":
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
+    elif args.mode in ("ddp", "fsdp"):
+        if args.device.startswith("cuda"):
+            torch.cuda.set_device(torch.device(args.device))
+        dist.init_process_group("nccl" if args.device.startswith("cuda") else "gloo")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    rank = int(os.environ["RANK"])
+    init_process_group(args)
+    try:
+        result = MODES[args.mode](args, rank)
+    finally:
+        # The DDP model died with the mode's frame; collect any cycle through its comm
+        # hook now, while the group it holds still exists (module docstring).
+        gc.collect()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    result_path: Path | None = getattr(args, "result", None)
+    if result_path is not None:
+        result_path.write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
