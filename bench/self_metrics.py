@@ -21,8 +21,7 @@ from collections.abc import Callable
 from prometheus_client.exposition import generate_latest
 
 from bench import benchlib
-from trainmon.cli import build_collectors
-from trainmon.config import parse_config
+from trainmon.cli import collectors_for
 from trainmon.core.collector import Collector
 from trainmon.core.ownprocess import OwnProcessCollector
 from trainmon.core.registry import CollectorRegistry
@@ -36,7 +35,7 @@ NODE_ONLY = {
 
 
 def registry(extra: list[Collector]) -> CollectorRegistry:
-    collectors = build_collectors(parse_config(NODE_ONLY), demo=False)
+    collectors = collectors_for(NODE_ONLY)
     built = CollectorRegistry([*collectors, *extra])
     built.start()
     return built

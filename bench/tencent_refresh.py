@@ -27,8 +27,8 @@ from typing import Any
 
 from bench import benchlib
 from testkit.fake_tencent_api import FakeTencentCloud
-from trainmon.collectors.tencent import TencentCollector
-from trainmon.config import parse_config
+from trainmon.collectors.tencent import TencentCollector, TencentConfig
+from trainmon.section import Section, read_section
 from trainmon.tencent.catalogue import CATALOGUE, TargetKind
 from trainmon.tencent.client import MONITOR, APIError, APIStats, TencentAPI
 from trainmon.tencent.credentials import Credential, StaticCredentials
@@ -51,8 +51,8 @@ def trainmon_refresh(cloud: FakeTencentCloud, instances: list[str], batch: int) 
         "disks": disks, "metrics": METRICS, "batch_size": batch, "rate_limit": RATE,
         "concurrency": 8,
     }
-    config = parse_config({"collectors": {"tencent": section}},
-                          {"BENCH_KEY": SECRET_KEY}).collectors.tencent
+    config = read_section(TencentConfig, Section(section, "collectors.tencent",
+                                                 {"BENCH_KEY": SECRET_KEY}))
     collector = TencentCollector(config)
     before = cloud.count("GetMonitorData")
     throttled = cloud.count(code="RequestLimitExceeded")

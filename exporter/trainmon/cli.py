@@ -23,7 +23,7 @@ from typing import Any
 
 from trainmon import __version__
 from trainmon.collectors import entries
-from trainmon.config import Config, PathsConfig, load_config
+from trainmon.config import Config, PathsConfig, load_config, parse_config
 from trainmon.core.collector import Collector
 from trainmon.core.entry import CollectorEntry, Wiring
 from trainmon.core.ownprocess import OwnProcessCollector
@@ -63,6 +63,12 @@ def build_collectors(config: Config, *, demo: bool) -> list[Collector]:
         wiring = Wiring(config.paths.proc, config.paths.sys, demo, dict(built))
         built[entry.name] = entry.build(config.collectors[entry.name], wiring)
     return list(built.values())
+
+
+def collectors_for(data: Mapping[str, object], *, demo: bool = False) -> list[Collector]:
+    """The collectors that a configuration mapping (the YAML file's content) turns on,
+    built: for tools that run collectors in process (the benchmarks)."""
+    return build_collectors(parse_config(data), demo=demo)
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:

@@ -8,6 +8,10 @@
   ``lightning.py`` and ``transformers.py``) runs inside users' training
   processes and must need nothing but the standard library: neither it nor any
   ``trainmon`` module it imports, at any depth, may import a third-party module.
+- Every part of the package (a subpackage or a top-level module) sits in one
+  layer of ``LAYERS`` and imports only parts of lower layers: never a part of its
+  own layer, never one above. A new part must be given its layer here, so an
+  upward import, or an import between siblings, fails this test.
 """
 
 from __future__ import annotations
@@ -35,6 +39,32 @@ FRAMEWORK_CALLBACKS = frozenset({
     "trainmon.client.lightning", "trainmon.client.transformers", "trainmon.client.distributed",
 })
 IMPORT_FUNCTIONS = frozenset({"import_module", "__import__"})
+#: The package's layers, bottom first (docs/architecture.md, "Layers"). A part is a
+#: subpackage or a top-level module of ``trainmon``; ``trainmon`` is the package's
+#: own ``__init__`` (its version).
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("trainmon",),
+    # what every layer may use: shared numbers, paths, rate-limited logs, threads,
+    # outbound HTTP deadlines, the YAML section reader
+    ("contract", "paths", "logthrottle", "background", "outbound", "section"),
+    # the collector contract, the registry and the route types
+    ("core",),
+    # the sources and the server, each on its own
+    ("node", "gpu", "training", "tencent", "attribution", "http"),
+    # what reads a source: the platform poller (node, Tencent metadata), the ledger,
+    # the diagnosis engine (node readings), the local daemon's address (http)
+    ("platform", "ledger", "diagnosis", "local_daemon"),
+    # the training client (standard library only; the wire fields of training/)
+    ("client",),
+    # the ledger's commands, the report's words, the demo's simulated node and jobs
+    ("runs", "report", "demo"),
+    ("collectors",),
+    # the commands and the wiring
+    ("doctor",),
+    ("config",),
+    ("cli",),
+    ("__main__",),
+)
 
 
 @dataclass(frozen=True)
@@ -171,6 +201,74 @@ def third_party_imports(modules: dict[str, Module]) -> list[str]:
         for found in imports(module)
         if found.module.partition(".")[0] not in allowed
     ]
+
+
+def part_of(module: str) -> str:
+    """The part of the package ``module`` belongs to (``trainmon.node.netdev``: ``node``)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def layer_of(part: str) -> int | None:
+    return next((index for index, layer in enumerate(LAYERS) if part in layer), None)
+
+
+def imports_against_the_layers(modules: dict[str, Module]) -> list[str]:
+    """Imports of a part of the same or a higher layer, and parts without a layer."""
+    found = []
+    for name, module in modules.items():
+        part = part_of(name)
+        layer = layer_of(part)
+        if layer is None:
+            found.append(f"{module.shown}: {part} has no layer in LAYERS")
+            continue
+        for imported in imports(module):
+            if not within(imported.module, "trainmon"):
+                continue
+            target = part_of(imported.module)
+            if target == part or imported.module == "trainmon":
+                continue
+            target_layer = layer_of(target)
+            if target_layer is None and "." not in imported.module.removeprefix("trainmon."):
+                # ``from trainmon import __version__`` names a value, not a part
+                target_layer = 0 if hasattr(trainmon, target) else None
+            if target_layer is None or target_layer >= layer:
+                found.append(f"{imported} ({part}, layer {layer}, imports "
+                             f"{target}, layer {target_layer})")
+    return found
+
+
+def test_every_part_imports_only_lower_layers() -> None:
+    modules = all_modules()
+    parts = {part_of(name) for name in modules}
+    assert {"node", "collectors", "cli", "client", "report"} <= parts
+
+    assert imports_against_the_layers(modules) == []
+
+
+@pytest.mark.parametrize(("module", "source"), [
+    ("diagnosis/rules.py", "from trainmon.runs import regression\n"),  # up
+    ("node/netdev.py", "def later():\n    from trainmon import gpu\n"),  # sibling
+    ("core/registry.py", "import trainmon.http.server\n"),  # up, from the core
+])
+def test_an_upward_or_sibling_import_is_caught(tmp_path: Path, module: str,
+                                                source: str) -> None:
+    root = _package_copy(tmp_path)
+    path = root / module
+    path.write_text(path.read_text(encoding="utf-8") + "\n" + source, encoding="utf-8")
+
+    found = imports_against_the_layers(all_modules(root))
+
+    assert len(found) >= 1
+    assert all(entry.startswith(f"trainmon/{module}:") for entry in found), found
+
+
+def test_a_part_without_a_layer_is_caught(tmp_path: Path) -> None:
+    root = _package_copy(tmp_path)
+    (root / "newpart.py").write_text("X = 1\n", encoding="utf-8")
+
+    assert imports_against_the_layers(all_modules(root)) == [
+        "trainmon/newpart.py: newpart has no layer in LAYERS"]
 
 
 def test_only_collectors_and_wiring_import_the_collectors() -> None:

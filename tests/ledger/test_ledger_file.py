@@ -152,6 +152,7 @@ def test_a_reader_reads_while_the_writer_writes(tmp_path: Path) -> None:
     path = tmp_path / "l.sqlite3"
     writer = Ledger.open(path, readonly=False)
     stop = threading.Event()
+    written = threading.Event()
     failures: list[BaseException] = []
 
     def write() -> None:
@@ -162,13 +163,18 @@ def test_a_reader_reads_while_the_writer_writes(tmp_path: Path) -> None:
                                            {"i": index})])
             except LedgerError as error:
                 failures.append(error)
+                written.set()
                 return
+            written.set()
             index += 1
 
     thread = threading.Thread(target=write)
     thread.start()
     try:
         counts = []
+        # the reads race the writes from its first commit on (before it, on a busy
+        # machine, all 50 reads could find an empty ledger)
+        assert written.wait(10)
         for _ in range(50):
             try:
                 with Ledger.open(path) as reader:

@@ -75,6 +75,7 @@ from trainmon.training.report_fields import (
     DEFAULT_MAX_LABEL_LENGTH,
     MAX_PATH_BYTES,
     MAX_PHASES,
+    PROTOCOL_VERSION,
     build_report,
 )
 
@@ -571,10 +572,10 @@ class Reporter:
             self._send_lock.release()
 
     def report(self) -> dict[str, object]:
-        """The protocol v1 report of the current totals (see docs/protocol.md), built
-        by ``report_fields.build_report``: a value for every field of the schema,
+        """The protocol v1 report of the current totals (see docs/protocol.md): a
+        value for every field of ``report_fields.REPORT_FIELDS``, in its order,
         ``None`` for what this reporter does not know (unmeasured communication, no
-        checkpoint yet), which the schema leaves out."""
+        checkpoint yet), which ``build_report`` leaves out as the schema says."""
         with self._lock:
             last_step = self._step_start if self._steps else None
             comm = self._comm_seconds
@@ -582,6 +583,7 @@ class Reporter:
             measured = comm is not None
             saved = checkpoints is not None
             values: dict[str, object] = {
+                "v": PROTOCOL_VERSION,
                 "job": self.job,
                 "rank": self.rank,
                 "local_rank": self.local_rank,

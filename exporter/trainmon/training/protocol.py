@@ -379,11 +379,21 @@ def _build(data: dict[str, object], max_label_length: int) -> StepReport:
 
 
 def _check_integer(spec: ReportField, value: object, max_label_length: int) -> int:
-    return _integer_value(spec.name, value, spec.minimum, spec.maximum)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ReportError("invalid_field", f"{spec.name} must be an integer")
+    if not spec.minimum <= value <= spec.maximum:
+        raise ReportError(
+            "invalid_field", f"{spec.name} must be within {spec.minimum}..{spec.maximum}")
+    return value
 
 
 def _check_number(spec: ReportField, value: object, max_label_length: int) -> float:
-    return _seconds_value(spec.name, value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ReportError("invalid_field", f"{spec.name} must be a number")
+    number = float(value)
+    if not math.isfinite(number) or number < 0 or number > MAX_COUNT:
+        raise ReportError("invalid_field", f"{spec.name} must be finite and non-negative")
+    return number
 
 
 def _check_label(spec: ReportField, value: object, max_label_length: int) -> str:

@@ -164,25 +164,27 @@ REPORT_FIELDS: tuple[ReportField, ...] = (
 
 #: The fields by name.
 FIELDS_BY_NAME: Mapping[str, ReportField] = {spec.name: spec for spec in REPORT_FIELDS}
-#: (name, left out when unknown) of every field the client passes, in wire order.
-_CLIENT_FIELDS = tuple((spec.name, spec.omitted_when_unknown)
-                       for spec in REPORT_FIELDS if spec.kind != "version")
+#: The fields the client leaves out while their value is ``None``.
+_OMITTED_WHEN_UNKNOWN = tuple(spec.name for spec in REPORT_FIELDS if spec.omitted_when_unknown)
 
 
-def build_report(values: Mapping[str, object]) -> dict[str, object]:
-    """The report of ``values`` (a value for every field but ``v``; ``None`` where it
-    is not known), as the client sends it: the fields in ``REPORT_FIELDS`` order,
-    ``v`` first, a field ``omitted_when_unknown`` left out while it is ``None``.
+def build_report(values: dict[str, object]) -> dict[str, object]:
+    """The report the client sends, from ``values``: a value for every field of
+    ``REPORT_FIELDS`` (``"v": PROTOCOL_VERSION`` included), in that order, ``None``
+    for what the client does not know. The fields ``omitted_when_unknown`` whose
+    value is ``None`` are taken out (in place: the client builds ``values`` for
+    this one report, and a mapping built by the schema itself costs the sender
+    about a microsecond more per report); the others are sent as they are.
 
-    ``values`` must name exactly the schema's fields: a missing one raises
-    ``KeyError``, an extra one ``ValueError``."""
-    report: dict[str, object] = {"v": PROTOCOL_VERSION}
-    for name, omitted_when_unknown in _CLIENT_FIELDS:
-        value = values[name]
-        if value is None and omitted_when_unknown:
-            continue
-        report[name] = value
-    if len(values) != len(_CLIENT_FIELDS):
-        extra = sorted(set(values) - {name for name, _ in _CLIENT_FIELDS})
-        raise ValueError(f"not fields of a step report: {', '.join(extra)}")
-    return report
+    ``values`` must hold as many entries as the schema has fields (``ValueError``
+    otherwise); ``tests/training/test_report_fields.py`` checks that the
+    client's names and order are the schema's."""
+    if len(values) != len(REPORT_FIELDS):
+        extra = sorted(set(values) - FIELDS_BY_NAME.keys())
+        missing = sorted(FIELDS_BY_NAME.keys() - set(values))
+        raise ValueError(f"a step report has the fields of REPORT_FIELDS; extra: {extra}, "
+                         f"missing: {missing}")
+    for name in _OMITTED_WHEN_UNKNOWN:
+        if values[name] is None:
+            del values[name]
+    return values
