@@ -102,7 +102,7 @@ def test_a_verdict_exists_and_reaches_the_ledger_with_no_scrape(
 ) -> None:
     path = tmp_path / "ledger.sqlite3"
     ledger = LedgerCollector(LedgerConfig(path=path, node="node-1", flush_seconds=0.1),
-                             node.training)
+                             node.training.store, node.training.storage_of)
     registry = node.start(ledger)
     job = node.job("llm")
     wait_until(lambda: ledger.health()["recording_runs"] == 1, EVALUATION_TIMEOUT_SECONDS,

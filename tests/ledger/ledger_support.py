@@ -83,7 +83,7 @@ def make_recorder(clocks: Clocks, path: Path, **settings: object
         training.start()
         ledger = LedgerCollector(
             LedgerConfig(path=path, node="node-1", **settings),  # type: ignore[arg-type]
-            training, clock=lambda: clocks.monotonic, wall_clock=lambda: clocks.wall)
+            training.store, training.storage_of, clock=lambda: clocks.monotonic, wall_clock=lambda: clocks.wall)
         return training, ledger
     return make
 

@@ -4,8 +4,9 @@ A derived collector (after ``diagnosis``). The recorder
 (``trainmon.ledger.recorder``: its thread, the file, the end-of-run policy of
 ``trainmon.ledger.ending``) reads the training collector's store through the
 ledger's read-only interface (``trainmon.ledger.feed``: the store's
-``snapshot()`` and this node's ``TrainingCollector.storage_of``), not through
-the collector. This collector wires it, hands it the verdicts of each
+``snapshot()`` and this node's ``TrainingCollector.storage_of``), which is all
+this collector is given of the training collector (its factory hands over the
+two). This collector wires it, hands it the verdicts of each
 evaluation (``observe()``: the ``trainmon_bottleneck`` family the diagnosis
 evaluated) and exports what it reads: ``trainmon_training_run_changes_info``,
 ``trainmon_training_run_end_timestamp_seconds`` and the ledger's self-metrics.
@@ -26,6 +27,7 @@ from trainmon.core.entry import CollectorEntry, Wiring
 from trainmon.core.routes import GetHandler
 from trainmon.ledger.api import RunsAPI
 from trainmon.ledger.config import LedgerConfig
+from trainmon.ledger.feed import StorageResolver, TrainingSource
 from trainmon.ledger.recorder import RunRecorder
 
 #: Longest value of the ``changed`` label.
@@ -40,13 +42,14 @@ class LedgerCollector(Collector):
     def __init__(
         self,
         config: LedgerConfig,
-        training: TrainingCollector,
+        training: TrainingSource,
+        storage_of: StorageResolver,
         *,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._config = config
-        self.recorder = RunRecorder(config, training.store, training.storage_of,
+        self.recorder = RunRecorder(config, training, storage_of,
                                     clock=clock, wall_clock=wall_clock)
         self._api = RunsAPI(config.file)
 
@@ -157,7 +160,8 @@ def _truncate(text: str) -> str:
 
 
 def _build(config: LedgerConfig, wiring: Wiring) -> Collector:
-    return LedgerCollector(config, wiring.collector("training", TrainingCollector))
+    training = wiring.collector("training", TrainingCollector)
+    return LedgerCollector(config, training.store, training.storage_of)
 
 
 #: Derived, last: records the diagnosis' verdicts with each run.
