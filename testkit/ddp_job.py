@@ -1,8 +1,8 @@
 """One rank of a real ``torch.distributed`` job (CPU/gloo, or one GPU on NCCL).
 
-The rank script of the instrumentation tests (``tests/training/test_instrument.py``),
+The rank script of the instrumentation tests (``tests/client/test_instrument.py``),
 the DDP diagnosis scenarios (``tests/diagnosis/test_ddp_scenarios.py``) and
-``bench/gpu_check.sh``; ``tests/training/agreement_job.py`` trains its model.
+``bench/gpu_check.sh``; ``tests/client/agreement_job.py`` trains its model.
 
 Run from the repository root, one process per rank, in the environment ``torchrun``
 sets; the rank's reports go to ``TRAINMON_ENDPOINT``::

@@ -6,7 +6,7 @@ Prometheus HTTP query API, which VictoriaMetrics serves too
 (``testkit/victoriametrics.py``); ``Prometheus`` adds its configuration
 file (a mapping, or a configuration already staged in its folder: the deployment tests
 run the shipped ones) and tmp storage. The alerting tests start
-Alertmanager the same way (``tests/alerts/alerting_stack.py``); the dashboard
+Alertmanager the same way (``tests/alerts/alerts_support/stack.py``); the dashboard
 tests query every panel through ``Prometheus.query``/``query_range``.
 ``wait_until`` is the one polling wait of the tests that watch these servers.
 """

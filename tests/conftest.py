@@ -1,6 +1,12 @@
 """Fixtures shared by every test folder: running a real ``trainmon serve``, a real
 Prometheus, simulated training ranks, and the fake ``libnvidia-ml.so.1``
-(``testkit/fakenvml``) compiled once per session."""
+(``testkit/fakenvml``) compiled once per session; and the fixtures of more than one
+folder: an in-process ``TrainingCollector`` on a fake clock (``clock``,
+``make_collector``, ``socket_path``: tests/training, tests/client, tests/demo; helpers in
+``tests.training.training_support``) and miniature ``/proc`` and ``/sys`` trees
+(``proc``, ``sys_tree``: tests/attribution, tests/diagnosis; helpers in
+``tests.diagnosis.diagnosis_support``). A folder's own fixture of the same name
+(``clock`` and ``make_collector`` in tests/gpu and tests/tencent) wins there."""
 
 from __future__ import annotations
 
@@ -16,6 +22,9 @@ from testkit.daemon import Daemon, free_port, trainmon_command, wait_ready
 from testkit.fakenvml import build as fake_nvml_build
 from testkit.prometheus import Prometheus
 from testkit.workloads import Workload
+from tests.diagnosis.diagnosis_support import ProcTree, SysTree
+from tests.training.training_support import FakeClock
+from trainmon.collectors.training import TrainingCollector, TrainingConfig
 
 __all__ = ["Daemon", "free_port", "trainmon_command", "wait_ready"]
 
@@ -151,3 +160,46 @@ def fake_nvml_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def old_driver_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The fake built as an old driver (no field values, energy, event wait v2...)."""
     return _build_fake_nvml(tmp_path_factory.mktemp("fakenvml-old"), old_driver=True)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def make_collector(
+    clock: FakeClock,
+) -> Iterator[Callable[..., TrainingCollector]]:
+    """``make_collector(**config)``: a started TrainingCollector (socket off unless given)."""
+    started: list[TrainingCollector] = []
+
+    def make(**settings: object) -> TrainingCollector:
+        settings.setdefault("socket", None)
+        collector = TrainingCollector(
+            TrainingConfig(**settings),  # type: ignore[arg-type]
+            clock=clock,
+            wall_clock=lambda: 1_700_000_100.0,
+        )
+        collector.start()
+        started.append(collector)
+        return collector
+
+    yield make
+    for collector in started:
+        collector.stop()
+
+
+@pytest.fixture
+def socket_path(tmp_path: Path) -> Path:
+    return tmp_path / "run" / "trainmon" / "steps.sock"
+
+
+@pytest.fixture
+def proc(tmp_path: Path) -> ProcTree:
+    return ProcTree(tmp_path / "proc")
+
+
+@pytest.fixture
+def sys_tree(tmp_path: Path) -> SysTree:
+    return SysTree(tmp_path / "sys")

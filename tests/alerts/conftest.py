@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.alerts.alert_bundle import ALERTMANAGER_CONFIG, run_script
-from tests.alerts.alerting_stack import Alertmanager, WebhookSink
+from tests.alerts.alerts_support.bundle import ALERTMANAGER_CONFIG, run_script
+from tests.alerts.alerts_support.stack import Alertmanager, WebhookSink
 
 
 @pytest.fixture

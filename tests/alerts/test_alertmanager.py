@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from testkit.prometheus import require, wait_until
-from tests.alerts.alert_bundle import ALERTMANAGER_CONFIG, VARIANTS, shipped_alerts
-from tests.alerts.alerting_stack import AMTOOL, Alertmanager, WebhookSink
+from tests.alerts.alerts_support.bundle import ALERTMANAGER_CONFIG, VARIANTS, shipped_alerts
+from tests.alerts.alerts_support.stack import AMTOOL, Alertmanager, WebhookSink
 
 pytestmark = pytest.mark.integration
 

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from testkit.dashboard_files import Dashboard, load_dashboards
-from tests.alerts.alert_bundle import REPO, VARIANTS, rules_path, run_script
+from tests.alerts.alerts_support.bundle import REPO, VARIANTS, rules_path, run_script
 from trainmon import contract
 
 #: ``<comparison> <number>`` in PromQL (``> 0.2``, ``>= bool 50``).

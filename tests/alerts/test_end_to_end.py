@@ -18,8 +18,8 @@ import pytest
 
 from testkit.daemon import Daemon
 from testkit.prometheus import Prometheus, wait_until
-from tests.alerts.alert_bundle import rules_path, run_script
-from tests.alerts.alerting_stack import ALERTING_PROMETHEUS_FLAGS, Alertmanager, WebhookSink
+from tests.alerts.alerts_support.bundle import rules_path, run_script
+from tests.alerts.alerts_support.stack import ALERTING_PROMETHEUS_FLAGS, Alertmanager, WebhookSink
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

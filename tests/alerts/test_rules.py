@@ -16,8 +16,14 @@ import pytest
 import yaml
 
 from testkit.prometheus import require
-from tests.alerts.alert_bundle import REPO, VARIANTS, rules_path, run_script, shipped_alerts
-from tests.alerts.alerting_stack import PROMTOOL
+from tests.alerts.alerts_support.bundle import (
+    REPO,
+    VARIANTS,
+    rules_path,
+    run_script,
+    shipped_alerts,
+)
+from tests.alerts.alerts_support.stack import PROMTOOL
 
 pytestmark = pytest.mark.integration
 

@@ -23,8 +23,8 @@ from testkit.daemon import Daemon
 from testkit.fake_tencent_metadata import FakeMetadata
 from testkit.prometheus import Prometheus, wait_until
 from testkit.workloads import Workload, ranks
-from tests.alerts.alert_bundle import rules_path, run_script
-from tests.alerts.alerting_stack import ALERTING_PROMETHEUS_FLAGS, Alertmanager, WebhookSink
+from tests.alerts.alerts_support.bundle import rules_path, run_script
+from tests.alerts.alerts_support.stack import ALERTING_PROMETHEUS_FLAGS, Alertmanager, WebhookSink
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

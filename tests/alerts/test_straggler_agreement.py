@@ -40,7 +40,7 @@ from testkit.daemon import Daemon, trainmon_command
 from testkit.exposition import parse
 from testkit.prometheus import Prometheus, wait_until
 from testkit.workloads import Workload, ranks
-from tests.alerts.alert_bundle import REPO, rules_path
+from tests.alerts.alerts_support.bundle import REPO, rules_path
 from trainmon import contract
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

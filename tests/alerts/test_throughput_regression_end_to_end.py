@@ -24,7 +24,7 @@ import pytest
 
 from testkit.daemon import Daemon
 from testkit.prometheus import Prometheus, wait_until
-from tests.alerts.alert_bundle import rules_path, run_script
+from tests.alerts.alerts_support.bundle import rules_path, run_script
 from trainmon.client import Reporter
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

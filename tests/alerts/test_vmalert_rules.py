@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from testkit.victoriametrics import dry_run_rules
-from tests.alerts.alert_bundle import VARIANTS, rules_path, run_script
+from tests.alerts.alerts_support.bundle import VARIANTS, rules_path, run_script
 
 pytestmark = pytest.mark.integration
 

@@ -40,13 +40,10 @@ so the list gets tightened when a producer lands.
 from __future__ import annotations
 
 import math
-import os
 import re
-import shutil
-import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,7 +53,7 @@ import yaml
 
 from deploy.sharding import SHARD_COUNT_VARIABLE, SHARD_VARIABLE
 from testkit import fake_tencent_api as tencent_fake
-from testkit.daemon import Daemon, free_port, trainmon_command, wait_ready
+from testkit.daemon import Daemon
 from testkit.dashboard_files import (
     REPO,
     VARIANTS,
@@ -70,32 +67,27 @@ from testkit.grafana_templating import Selection, Window, interpolate, selection
 from testkit.metric_contract import metric_names
 from testkit.prometheus import Prometheus, QueryAPI, QueryError
 from testkit.victoriametrics import VictoriaMetrics, VMAgent, VMAlert
+from tests.dashboards.dashboards_support import (
+    DCGM_DEVICES,
+    EXPECTED_EMPTY,
+    NODE,
+    PULLER_NODE,
+    SCRAPE_SECONDS,
+    SECRET_ID,
+    SECRET_KEY,
+    SETTLE_SECONDS,
+    aim_scrape_jobs,
+    copy_rule_files,
+    prometheus_config,
+    start_trainmon,
+    wait_for_targets,
+)
 
 # No skips: a missing /usr/bin/prometheus or /usr/bin/victoria-metrics fails with the
 # install hint of testkit.prometheus.require (every start calls it), and the fake Tencent
 # Cloud API (tests/tencent, tencentcloud-sdk-python of the test extra) is imported.
 pytestmark = pytest.mark.integration
 
-#: Metrics of the contract that no source in this stack produces; queries over
-#: them may come back empty. Each must really be absent (see the test below).
-EXPECTED_EMPTY: dict[str, str] = {
-    "trainmon_gpu_xid_errors_total": "the demo node simulates no XID errors (exporter/trainmon/demo/gpus.py)",
-    "trainmon_gpu_xid_last_timestamp_seconds": "the demo node simulates no XID errors",
-    "trainmon_node_spot_termination_timestamp_seconds": (
-        "the demo instance is not being reclaimed (exporter/trainmon/demo/cvm.py); "
-        "tests/alerts/test_spot_reclaim_end_to_end.py schedules a reclaim"),
-    # The run-ledger comparison needs an earlier run of the same job and config that ran
-    # for the 10-minute rate window and ended; the demo's jobs run one run each for the
-    # minute this test lasts. alerts/tests/runs.test.yml checks these rules.
-    "job_config:trainmon_training_samples_per_second_per_rank:best7d": (
-        "no demo run has ended after running 10 minutes, so none is a comparison"),
-    "job_run:trainmon_training_throughput_vs_best:ratio": (
-        "no demo run has an earlier comparable run (see the line above)"),
-    # The Training overview's run-end markers: the demo's runs go on while the test lasts
-    # (its earlier runs are history in its ledger, not ends the recorder saw).
-    "trainmon_training_run_end_timestamp_seconds": (
-        "no demo run ends while the test lasts; tests/ledger/test_end_reasons.py ends some"),
-}
 #: The demo node's price, so that the Training overview's cost per million samples
 #: has trainmon_ledger_price_per_gpu_hour to read.
 DEMO_PRICE_PER_GPU_HOUR = 2.5
@@ -103,19 +95,10 @@ DEMO_CURRENCY = "USD"
 #: Placement labels of the demo node (collectors.platform.labels), so that the
 #: leaf-switch panels have a leaf to count.
 DEMO_PLACEMENT_LABELS = {"leaf": "leaf-07", "rack": "r12"}
-SCRAPE_SECONDS = 1.0
-#: After every target is up: enough scrapes for rate() over $__rate_interval (4 s).
-SETTLE_SECONDS = 8.0
 #: How long sources may take to produce their first samples (Cloud Monitor pull, jobs).
 DEADLINE_SECONDS = 60.0
-NODE = "gpu-node-1"
-PULLER_NODE = "cloud-puller"
-#: GPUs the fake dcgm-exporter watches; the daemon's demo node has 0–7.
-DCGM_DEVICES = tuple(range(6))
 #: How an either-source query joins its sources (dashboards/promql.py).
 EITHER_SOURCE = "or on(node, gpu)"
-SECRET_ID = "AKIDdashboardtest0001"
-SECRET_KEY = "dashboard-test-secret-key-0123456789"
 
 
 ENGINES = ("prometheus", "victoriametrics")
@@ -165,66 +148,6 @@ class Stack:
         return self.engines["prometheus"]
 
 
-def _start_trainmon(tmp: Path, name: str, config: dict[str, object], args: list[str],
-                    env: dict[str, str]) -> Daemon:
-    port = free_port()
-    config_path = tmp / f"{name}.yml"
-    config_path.write_text(yaml.safe_dump(config))
-    log_path = tmp / f"{name}.log"
-    process = subprocess.Popen(
-        [*trainmon_command(), "serve", "--config", str(config_path),
-         "--listen", f"127.0.0.1:{port}", *args],
-        stdout=log_path.open("w"), stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, **env},
-    )
-    daemon = Daemon(process, port, log_path, config_path)
-    wait_ready(daemon)
-    return daemon
-
-
-def _aim_scrape_jobs(config: dict[str, Any], shipped: Path, tmp: Path, variant: str,
-                     targets: dict[str, tuple[str, str]]) -> None:
-    """Scrape every second, each job of ``config`` at its stack target.
-
-    ``targets`` maps a scrape job of the shipped config to (address, node label).
-    """
-    config["global"].update(scrape_interval=f"{SCRAPE_SECONDS:g}s",
-                            scrape_timeout=f"{SCRAPE_SECONDS:g}s")
-    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
-    assert set(jobs) == set(targets), f"{shipped.name} scrapes {sorted(jobs)}"
-    for name, (address, node) in targets.items():
-        job = jobs[name]
-        target_file = tmp / f"targets-{variant}-{name}.yml"
-        target_file.write_text(yaml.safe_dump([{"targets": [address], "labels": {"node": node}}]))
-        job["file_sd_configs"] = [{"files": [str(target_file)]}]
-        job.pop("scrape_interval", None)  # the puller's 60 s would make the test wait minutes
-        job.pop("scrape_timeout", None)
-
-
-def _rule_files(variant: str, tmp: Path) -> list[Path]:
-    """Copies of the variant's shipped rule files (what both engines evaluate)."""
-    rules = tmp / f"rules-{variant}"
-    rules.mkdir()
-    copies = []
-    for rule_file in sorted((REPO / "alerts" / variant).glob("*.yml")):
-        shutil.copy(rule_file, rules / rule_file.name)
-        copies.append(rules / rule_file.name)
-    return copies
-
-
-def _prometheus_config(
-    variant: str, tmp: Path, targets: dict[str, tuple[str, str]]
-) -> dict[str, Any]:
-    """The bundle's Prometheus config for ``variant`` aimed at this stack's targets."""
-    shipped = REPO / "deploy" / "prometheus" / f"prometheus-{variant}.yml"
-    config: dict[str, Any] = yaml.safe_load(shipped.read_text())
-    _aim_scrape_jobs(config, shipped, tmp, variant, targets)
-    config["global"]["evaluation_interval"] = f"{SCRAPE_SECONDS:g}s"
-    config.pop("alerting", None)
-    config["rule_files"] = [str(tmp / f"rules-{variant}" / "*.yml")]
-    return config
-
-
 _PLACEHOLDER = re.compile(r"'?%\{(\w+)\}'?")
 
 
@@ -239,7 +162,7 @@ def _vmagent_config(variant: str, tmp: Path, targets: dict[str, tuple[str, str]]
     text = shipped.read_text()
     bare = {m[1] for m in _PLACEHOLDER.finditer(text) if not m[0].startswith("'")}
     config: dict[str, Any] = yaml.safe_load(_PLACEHOLDER.sub(r"'%{\1}'", text))
-    _aim_scrape_jobs(config, shipped, tmp, variant, targets)
+    aim_scrape_jobs(config, shipped, tmp, variant, targets)
     written = yaml.safe_dump(config, sort_keys=False)
     for name in bare:
         written = written.replace(f"'%{{{name}}}'", f"%{{{name}}}")
@@ -280,7 +203,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     try:
         with cloud, FakeDCGMExporter(opt_in=["DCGM_FI_PROF_SM_ACTIVE"],
                                         devices=DCGM_DEVICES) as dcgm:
-            node = _start_trainmon(
+            node = start_trainmon(
                 tmp, "node", {"collectors": {
                     "training": {"socket": str(tmp / "steps.sock")},
                     "platform": {"labels": DEMO_PLACEMENT_LABELS},
@@ -291,7 +214,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 ["--demo"], {})
             daemons.append(node)
             off = {"enabled": False}
-            puller = _start_trainmon(tmp, "puller", {
+            puller = start_trainmon(tmp, "puller", {
                 "collectors": {
                     "network": off, "infiniband": off, "disk": off, "gpu": off,
                     "training": off, "attribution": off, "diagnosis": off,
@@ -315,19 +238,19 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             rule_files: dict[str, list[Path]] = {}
             scrapers: dict[QueryAPI, set[str]] = {}
             for variant in VARIANTS:
-                rule_files[variant] = _rule_files(variant, tmp)
+                rule_files[variant] = copy_rule_files(variant, tmp)
                 workdir = tmp / f"prometheus-{variant}"
                 workdir.mkdir()
                 prometheus = Prometheus(workdir)
                 servers.append(prometheus)
                 engines["prometheus"][variant] = prometheus.start(
-                    _prometheus_config(variant, tmp, targets[variant]))
+                    prometheus_config(variant, tmp, targets[variant]))
                 engine, agent = _start_victoriametrics(
                     variant, tmp, targets[variant], rule_files[variant], servers, evaluators)
                 engines["victoriametrics"][variant] = engine
                 scrapers[prometheus] = scrapers[agent] = set(targets[variant])
             stack = Stack(engines, evaluators, rule_files, started)
-            _wait_for_targets(scrapers)
+            wait_for_targets(scrapers)
             yield stack
     finally:
         for evaluator in evaluators.values():
@@ -336,20 +259,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             server.stop()
         for daemon in daemons:
             daemon.stop()
-
-
-def _wait_for_targets(scrapers: Mapping[QueryAPI, set[str]]) -> None:
-    """Until every scraper (Prometheus, vmagent) has each of its jobs' target up."""
-    deadline = time.monotonic() + 30
-    health: dict[str, dict[str, str]] = {}
-    while time.monotonic() < deadline:
-        health = {str(s.workdir): s.target_health() for s in scrapers}
-        if all(health[str(s.workdir)] == dict.fromkeys(jobs, "up")
-               for s, jobs in scrapers.items()):
-            time.sleep(SETTLE_SECONDS)
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"targets not up: {health}")
 
 
 @dataclass

@@ -56,18 +56,18 @@ from testkit.dashboard_files import (
 from testkit.fake_dcgm_exporter import FakeDCGMExporter
 from testkit.grafana_templating import Window, interpolate, selections
 from testkit.prometheus import Prometheus, QueryAPI, QueryError, require, wait_until
-from tests.alerts.alert_bundle import run_script
-from tests.dashboards.test_dashboard_queries import (
+from tests.alerts.alerts_support.bundle import run_script
+from tests.dashboards.dashboards_support import (
     DCGM_DEVICES,
     NODE,
     PULLER_NODE,
     SCRAPE_SECONDS,
     SECRET_ID,
     SECRET_KEY,
-    _prometheus_config,
-    _rule_files,
-    _start_trainmon,
-    _wait_for_targets,
+    copy_rule_files,
+    prometheus_config,
+    start_trainmon,
+    wait_for_targets,
 )
 from trainmon.contract import THROUGHPUT_REGRESSION_RATIO
 from trainmon.demo.history import EARLIER_RUNS
@@ -167,13 +167,13 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoStack]:
         with cloud, FakeDCGMExporter(opt_in=["DCGM_FI_PROF_SM_ACTIVE"],
                                      devices=DCGM_DEVICES) as dcgm:
             ledger = tmp / "demo-ledger.sqlite3"
-            node = _start_trainmon(tmp, "node", {"collectors": {
+            node = start_trainmon(tmp, "node", {"collectors": {
                 "training": {"socket": str(tmp / "steps.sock")},
                 "ledger": {"path": str(ledger)},
             }}, ["--demo"], {})
             daemons.append(node)
             off = {"enabled": False}
-            daemons.append(_start_trainmon(tmp, "puller", {"collectors": {
+            daemons.append(start_trainmon(tmp, "puller", {"collectors": {
                 "network": off, "infiniband": off, "disk": off, "gpu": off,
                 "training": off, "attribution": off, "diagnosis": off,
                 "tencent": {
@@ -196,7 +196,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoStack]:
             prometheus: dict[str, Prometheus] = {}
             started = time.time()
             for variant in VARIANTS:
-                for rule_file in _rule_files(variant, tmp):
+                for rule_file in copy_rule_files(variant, tmp):
                     _scale_run_groups(rule_file, tmp)
                 workdir = tmp / f"prometheus-{variant}"
                 workdir.mkdir()
@@ -208,8 +208,8 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoStack]:
                 server = Prometheus(workdir)
                 servers.append(server)
                 prometheus[variant] = server.start(
-                    _prometheus_config(variant, tmp, targets[variant]))
-            _wait_for_targets({prometheus[v]: set(targets[v]) for v in VARIANTS})
+                    prometheus_config(variant, tmp, targets[variant]))
+            wait_for_targets({prometheus[v]: set(targets[v]) for v in VARIANTS})
             yield DemoStack(prometheus, node, earlier, started)
     finally:
         for server in reversed(servers):

@@ -1,11 +1,11 @@
-"""Fixtures of the deployment tests (helpers live in the ``deploytest`` package here)."""
+"""Fixtures of the deployment tests (helpers live in the ``deploy_support`` package here)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.deploy.deploytest import kustomize
-from tests.deploy.deploytest.common import KUBERNETES, VARIANTS
+from tests.deploy.deploy_support import kustomize
+from tests.deploy.deploy_support.common import KUBERNETES, VARIANTS
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ import yaml
 
 from deploy import sharding
 from deploy.bundle import rule_files
-from tests.deploy.deploytest.common import ALERTS, DEPLOY, REPO, VARIANTS, run, tool
+from tests.deploy.deploy_support.common import ALERTS, DEPLOY, REPO, VARIANTS, run, tool
 
 COMPOSE = DEPLOY / "compose" / "docker-compose.yml"
 SCALE_COMPOSE = DEPLOY / "scale" / "docker-compose.yml"

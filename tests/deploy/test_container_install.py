@@ -1,6 +1,6 @@
 """The image's build steps, run outside a container: the wheel installs and works alone.
 
-No container engine runs here, so ``deploytest.containerfile`` executes the
+No container engine runs here, so ``deploy_support.containerfile`` executes the
 Containerfile's own RUN lines (unchanged) against folders standing for each
 stage's file system. The result is started the way the image's ENTRYPOINT
 starts it, from an empty working directory, so nothing from the checkout can
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from testkit.daemon import free_port
-from tests.deploy.deploytest import containerfile
-from tests.deploy.deploytest.common import REPO, run, shipped_trainmon_configs
+from tests.deploy.deploy_support import containerfile
+from tests.deploy.deploy_support.common import REPO, run, shipped_trainmon_configs
 from trainmon import __version__
 
 pytestmark = pytest.mark.integration

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.deploytest.common import REPO, run, tool
+from tests.deploy.deploy_support.common import REPO, run, tool
 from trainmon import __version__
 
 pytestmark = pytest.mark.integration

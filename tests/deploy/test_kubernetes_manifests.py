@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from testkit.daemon import trainmon_command
-from tests.deploy.deploytest import crd_schemas, kustomize
-from tests.deploy.deploytest.common import KUBERNETES, VARIANTS, run
+from tests.deploy.deploy_support import crd_schemas, kustomize
+from tests.deploy.deploy_support.common import KUBERNETES, VARIANTS, run
 from trainmon import __version__
 
 Manifest = dict[str, Any]

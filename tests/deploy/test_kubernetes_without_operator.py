@@ -22,8 +22,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.deploy.deploytest import kustomize
-from tests.deploy.deploytest.common import (
+from tests.deploy.deploy_support import kustomize
+from tests.deploy.deploy_support.common import (
     ALERTMANAGER_CONFIG,
     ALERTS,
     KUBERNETES,

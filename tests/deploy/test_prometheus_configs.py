@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from testkit.prometheus import Prometheus, wait_until
-from tests.deploy.deploytest.common import (
+from tests.deploy.deploy_support.common import (
     ALERTS,
     PROMETHEUS,
     VARIANTS,

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.deploy.deploytest.common import ALERTS, KUBERNETES, VARIANTS, run
+from tests.deploy.deploy_support.common import ALERTS, KUBERNETES, VARIANTS, run
 
 GENERATOR = [sys.executable, "-m", "deploy.prometheusrule"]
 

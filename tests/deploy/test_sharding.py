@@ -25,7 +25,7 @@ from deploy import sharding
 from deploy.bundle import prometheus_config
 from testkit.prometheus import PROMETHEUS, LoopbackProcess, require, wait_until
 from testkit.victoriametrics import VictoriaMetrics, VMAgent
-from tests.deploy.deploytest.common import DEPLOY, VARIANTS, run, tool
+from tests.deploy.deploy_support.common import DEPLOY, VARIANTS, run, tool
 
 SHARDS = 3
 NODES = [f"node-{index:02d}" for index in range(30)]

@@ -22,7 +22,7 @@ import yaml
 
 from testkit.daemon import free_port
 from testkit.prometheus import wait_until
-from tests.deploy.deploytest.common import ALERTS, REPO
+from tests.deploy.deploy_support.common import ALERTS, REPO
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.deploy.deploytest.common import DEPLOY, run, tool
+from tests.deploy.deploy_support.common import DEPLOY, run, tool
 from trainmon.collectors.training import TrainingConfig
 
 SYSTEMD = DEPLOY / "systemd"

@@ -1,22 +1,11 @@
-"""Fixtures for the diagnosis tests; helpers live in ``diagnosis_support``."""
+"""Fixtures for the diagnosis tests; helpers live in ``diagnosis_support`` (``proc`` and
+``sys_tree``, which ``tests/attribution`` uses too, are in tests/conftest.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-
-from tests.diagnosis.diagnosis_support import ProcTree, SysTree
-
-
-@pytest.fixture
-def proc(tmp_path: Path) -> ProcTree:
-    return ProcTree(tmp_path / "proc")
-
-
-@pytest.fixture
-def sys_tree(tmp_path: Path) -> SysTree:
-    return SysTree(tmp_path / "sys")
 
 
 @pytest.fixture(scope="session")

@@ -1,27 +1,46 @@
-"""Helpers for the diagnosis tests (imported by the test modules and the conftest).
+"""Helpers for the diagnosis tests (imported by the test modules, tests/conftest.py,
+tests/test_doctor.py and tests/runs).
 
 ``job_verdicts(scrape)`` reads the per-job bottleneck from a rendering
-(``support.exposition``); ``evaluated(registry)`` evaluates once, then scrapes;
+(``testkit.exposition``); ``evaluated(registry)`` evaluates once, then scrapes;
 ``VerdictProbe`` is a derived collector after the diagnosis (where the ledger
 is) that records the verdicts of every evaluation, and ``SteppingJob`` a real
-``Reporter`` stepping in a thread. ``ProcTree`` and ``SysTree`` write miniature ``/proc`` and ``/sys`` trees. ``ContractSource`` is a
-data source that emits metric-contract samples the test sets (a stand-in for
-the GPU, training and node collectors below the diagnosis collector).
+``Reporter`` stepping in a thread. ``ProcTree`` and ``SysTree`` write miniature
+``/proc`` and ``/sys`` trees. ``ContractSource`` is a data source that emits
+metric-contract samples the test sets (a stand-in for the GPU, training and node
+collectors below the diagnosis collector); ``PlatformNode`` (the platform risk
+findings; ``job``, ``codes`` and ``finding`` read its ``doctor --json`` document) and
+``StarvedNode`` (a job starved by its input, served as Prometheus text) are nodes
+built on it. ``doctor(*args)`` runs ``trainmon doctor``, ``fake_gpu_env`` points a
+process at the fake NVML with a scenario, ``wait_for_steps`` waits until a daemon's
+jobs have reported.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from prometheus_client import CollectorRegistry as PrometheusRegistry
+from prometheus_client import generate_latest
 from prometheus_client.core import Metric
 
-from testkit.exposition import Labels, Scrape, labels, scrape
+from testkit.daemon import Daemon, trainmon_command
+from testkit.exposition import Labels, Scrape, labels, parse, scrape
 from trainmon.client import Reporter
 from trainmon.core.collector import Collector
 from trainmon.core.registry import CollectorRegistry
+from trainmon.diagnosis.measure import MEASURED_SAMPLES
+from trainmon.diagnosis.samples import ScrapedSamples, Window
+from trainmon.diagnosis.thresholds import DiagnosisConfig
+from trainmon.report.document import report_json
+from trainmon.report.model import Report, build_report
 
 #: Seconds to wait for what an evaluation loop of a fraction of a second owes.
 EVALUATION_TIMEOUT_SECONDS = 20.0
@@ -177,3 +196,231 @@ class SteppingJob:
             self._stop.set()
             self._thread.join()
             self.reporter.close()
+
+
+WALL = 1_900_000_000.0
+
+
+TICK = 5.0
+
+
+@dataclass
+class PlatformNode:
+    """Job ``llm``: ranks 0 and 1 on GPUs 0 and 1 (pids 100, 101), 0.5 s steps on busy GPUs.
+
+    Every attribute left at None exports nothing, as a node without that source.
+    """
+
+    provider: str | None = "tencent"
+    labels: dict[str, str] = field(default_factory=lambda: {"leaf": "leaf-07", "rack": "r12"})
+    spot: float | None = None
+    metadata_up: float | None = 1.0
+    #: Seconds from the end of the window to a scheduled reclaim.
+    reclaim_in: float | None = None
+    #: Seconds before the end of the window of the last checkpoint.
+    checkpoint_age: float | None = None
+    checkpoint_storage: tuple[str, str, str] | None = None  # mountpoint, fstype, storage
+    #: Training-loop seconds of each rank before the window.
+    trained_seconds: float = 100.0
+    data_wait: float = 0.01  # of each 0.5 s step
+    comm_exposed: float = 0.02  # of each 0.5 s step, measured
+    world_size: float | None = None
+    numa_nodes: dict[str, int] = field(default_factory=dict)
+    numa_ratios: dict[tuple[str, str], float] = field(default_factory=dict)
+    #: InfiniBand port mlx5_0:1: ACTIVE?, receive + transmit bytes/s (split evenly).
+    ib_up: float | None = None
+    ib_rate: float = 0.0
+    #: eth0 receive + transmit bytes/s (split evenly).
+    nic_rate: float = 1e5
+    #: NFS mount /mnt/cfs: read bytes/s, READ ops/s, seconds of RTT per READ.
+    nfs_read: float | None = None
+    nfs_ops: float = 1000.0
+    nfs_rtt: float = 0.012
+    at: float = 1000.0
+    source: ContractSource = field(default_factory=lambda: ContractSource(name="training"))
+    ticks: int = 0
+
+    def wall(self) -> float:
+        return WALL + self.at
+
+    def clock(self) -> float:
+        return self.at
+
+    def end_wall(self, ticks: int = 6) -> float:
+        """Wall time of the last snapshot of a ``window(ticks)``."""
+        return WALL + self.at + TICK * (ticks - self.ticks)
+
+    def tick(self) -> None:
+        self.at += TICK
+        self.ticks += 1
+        s = self.source
+        steps = TICK / 0.5
+        for rank in ("0", "1"):
+            key = {"job": "llm", "rank": rank}
+            s.set("trainmon_training_rank_info", 1, **key, gpu=rank, pid=str(100 + int(rank)))
+            s.add("trainmon_training_step_seconds_count", steps, **key)
+            if "trainmon_training_step_seconds_sum" not in s.samples or (
+                    ("job", "llm"), ("rank", rank)) not in s.samples[
+                        "trainmon_training_step_seconds_sum"]:
+                s.set("trainmon_training_step_seconds_sum", self.trained_seconds, **key)
+            s.add("trainmon_training_step_seconds_sum", TICK, **key)
+            s.add("trainmon_training_data_wait_seconds_total", steps * self.data_wait, **key)
+            s.add("trainmon_training_comm_seconds_total", steps * self.comm_exposed, **key)
+            s.add("trainmon_training_comm_exposed_seconds_total", steps * self.comm_exposed,
+                  **key)
+            s.set("trainmon_training_last_step_timestamp_seconds", self.wall(), **key)
+            s.set("trainmon_gpu_utilization_ratio", 0.95, gpu=rank)
+            s.set("trainmon_gpu_process_info", 1, gpu=rank, pid=str(100 + int(rank)), pod="",
+                  namespace="", container="", slurm_job="", pod_uid="", container_id="")
+        if self.world_size is not None:
+            s.set("trainmon_training_world_size", self.world_size, job="llm")
+        if self.provider is not None:
+            s.set("trainmon_node_info", 1, provider=self.provider, instance_id="ins-7f3a",
+                  instance_type="GN10Xp.20XLARGE320", region="ap-shanghai",
+                  zone="ap-shanghai-5", **self.labels)
+        if self.spot is not None:
+            s.set("trainmon_node_spot_instance", self.spot)
+        if self.metadata_up is not None:
+            s.set("trainmon_platform_metadata_up", self.metadata_up)
+        if self.reclaim_in is not None:
+            s.set("trainmon_node_spot_termination_timestamp_seconds",
+                  self.end_wall() + self.reclaim_in)
+        if self.checkpoint_age is not None:
+            s.set("trainmon_training_last_checkpoint_timestamp_seconds",
+                  self.end_wall() - self.checkpoint_age, job="llm")
+            s.set("trainmon_training_last_checkpoint_duration_seconds", 12.5, job="llm")
+            for rank in ("0", "1"):
+                s.set("trainmon_training_checkpoints_total", 4, job="llm", rank=rank)
+        if self.checkpoint_storage is not None:
+            mountpoint, fstype, storage = self.checkpoint_storage
+            s.set("trainmon_training_checkpoint_storage_info", 1, job="llm",
+                  mountpoint=mountpoint, fstype=fstype, storage=storage)
+        for gpu, numa_node in self.numa_nodes.items():
+            s.set("trainmon_gpu_numa_node", numa_node, gpu=gpu)
+        for (gpu, pid), ratio in self.numa_ratios.items():
+            s.set("trainmon_gpu_process_numa_local_ratio", ratio, gpu=gpu, pid=pid)
+        if self.ib_up is not None:
+            s.set("trainmon_infiniband_port_up", self.ib_up, device="mlx5_0", port="1")
+            s.set("trainmon_infiniband_rate_bytes", 25e9, device="mlx5_0", port="1")
+            for direction in ("receive", "transmit"):
+                s.add(f"trainmon_infiniband_{direction}_bytes_total", TICK * self.ib_rate / 2,
+                      device="mlx5_0", port="1")
+        for direction in ("receive", "transmit"):
+            s.add(f"trainmon_network_{direction}_bytes_total", TICK * self.nic_rate / 2,
+                  device="eth0")
+        s.set("trainmon_network_speed_bytes", 3.125e9, device="eth0")
+        if self.nfs_read is not None:
+            mount = {"mountpoint": "/mnt/cfs"}
+            s.set("trainmon_nfs_mount_info", 1, **mount, server="10.0.0.8",
+                  export="/cfs-dataset", fstype="nfs4", version="4.1")
+            s.add("trainmon_nfs_read_bytes_total", TICK * self.nfs_read, **mount)
+            s.add("trainmon_nfs_write_bytes_total", 0.0, **mount)
+            s.add("trainmon_nfs_operations_total", TICK * self.nfs_ops, **mount,
+                  operation="READ")
+            s.add("trainmon_nfs_operation_rtt_seconds_total",
+                  TICK * self.nfs_ops * self.nfs_rtt, **mount, operation="READ")
+
+    def snapshot(self) -> ScrapedSamples:
+        """The source rendered as Prometheus text and parsed back, as ``doctor --url``."""
+        registry = PrometheusRegistry(auto_describe=False)
+        registry.register(self.source)
+        text = generate_latest(registry).decode()
+        return ScrapedSamples.from_text(text, self.at, self.wall(), MEASURED_SAMPLES)
+
+    def window(self, ticks: int = 6) -> Window:
+        snapshots = []
+        for _ in range(ticks):
+            self.tick()
+            snapshots.append(self.snapshot())
+        return Window(snapshots)
+
+    def diagnosed(self, lang: str = "en", config: DiagnosisConfig | None = None) -> Report:
+        """The report of a fresh window, as ``doctor`` renders it."""
+        return build_report(self.window(), config or DiagnosisConfig(), {"kind": "local"}, lang)
+
+    def report(self, lang: str = "en", config: DiagnosisConfig | None = None) -> Document:
+        """The ``doctor --json`` document of a fresh window."""
+        return report_json(self.diagnosed(lang, config))
+
+
+#: The JSON document (``report_json``), read as JSON.
+Document = dict[str, Any]
+
+
+def job(report: Document, name: str = "llm") -> dict[str, object]:
+    [entry] = [j for j in report["jobs"] if j["job"] == name]
+    return dict(entry)
+
+
+def codes(report: Document, name: str = "llm") -> list[str]:
+    [entry] = [j for j in report["jobs"] if j["job"] == name]
+    return [f["code"] for f in entry["findings"]]
+
+
+def finding(report: Document, code: str, name: str = "llm") -> dict[str, object]:
+    [entry] = [j for j in report["jobs"] if j["job"] == name]
+    [found] = [f for f in entry["findings"] if f["code"] == code]
+    return dict(found)
+
+
+class StarvedNode:
+    """A node with one job whose rank 1 waits 40 % of each 0.5 s step, GPU sawtooth."""
+
+    def __init__(self) -> None:
+        self.source = ContractSource()
+        self.requests = 0
+
+    def advance(self) -> None:
+        s = self.source
+        for rank, wait in (("0", 0.02), ("1", 0.2)):
+            key = {"job": "vit", "rank": rank}
+            s.set("trainmon_training_rank_info", 1, **key, gpu=rank, pid=str(100 + int(rank)))
+            s.add("trainmon_training_step_seconds_count", 2, **key)
+            s.add("trainmon_training_step_seconds_sum", 1.0, **key)
+            s.add("trainmon_training_data_wait_seconds_total", 2 * wait, **key)
+            s.set("trainmon_training_last_step_timestamp_seconds", 1.9e9, **key)
+        for gpu in ("0", "1"):
+            s.set("trainmon_gpu_utilization_ratio", 0.5, gpu=gpu)
+            s.set("trainmon_gpu_sawtooth_ratio", 0.7, gpu=gpu)
+            s.set("trainmon_gpu_memory_used_bytes", 2**33, gpu=gpu)
+        s.set("trainmon_gpu_process_info", 1, gpu="0", pid="100", pod="vit-0", namespace="ml",
+              container="main", slurm_job="", pod_uid="u", container_id="c")
+        s.set("trainmon_nccl_problem_info", 1, pid="100", problem="debug_logging",
+              variable="NCCL_DEBUG", value="INFO")
+        s.add("trainmon_disk_io_time_seconds_total", 0.5, device="nvme0n1")
+        s.add("trainmon_disk_read_bytes_total", 2e9, device="nvme0n1")
+        s.add("trainmon_disk_written_bytes_total", 0, device="nvme0n1")
+        s.add("trainmon_network_receive_bytes_total", 1e8, device="eth0")
+        s.add("trainmon_network_transmit_bytes_total", 1e7, device="eth0")
+        s.set("trainmon_network_speed_bytes", 3.125e9, device="eth0")
+
+    def text(self) -> bytes:
+        self.requests += 1
+        self.advance()
+        registry = PrometheusRegistry(auto_describe=False)
+        registry.register(self.source)
+        return generate_latest(registry)
+
+
+def fake_gpu_env(library: Path, scenario: Path, text: str) -> dict[str, str]:
+    scenario.write_text(text)
+    return {"LD_LIBRARY_PATH": str(library), "FAKENVML_SCENARIO": str(scenario)}
+
+
+def doctor(*args: str, env: dict[str, str] | None = None,
+           timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*trainmon_command(), "doctor", *args], capture_output=True, text=True,
+        timeout=timeout, env={**os.environ, **(env or {})}, check=False,
+    )
+
+
+def wait_for_steps(daemon: Daemon, jobs: tuple[str, ...], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        steps = parse(daemon.metrics()).samples.get("trainmon_training_steps_total", {})
+        seen = {dict(labels)["job"] for labels, value in steps.items() if value >= 5}
+        if set(jobs) <= seen:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"jobs did not report in {timeout}s: {steps}")

@@ -27,8 +27,7 @@ import pytest
 from testkit.daemon import Daemon
 from testkit.exposition import parse
 from testkit.workloads import Workload, ranks
-from tests.diagnosis.diagnosis_support import job_verdicts
-from tests.diagnosis.test_scenarios import doctor, fake_gpu_env, wait_for_steps
+from tests.diagnosis.diagnosis_support import doctor, fake_gpu_env, job_verdicts, wait_for_steps
 
 pytestmark = pytest.mark.integration
 

@@ -11,187 +11,27 @@ daemon's diagnosis collector; each finding is shown to fire and not to fire.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry as PrometheusRegistry
-from prometheus_client import generate_latest
 
-from tests.diagnosis.diagnosis_support import ContractSource, evaluated
+from tests.diagnosis.diagnosis_support import (
+    WALL,
+    ContractSource,
+    PlatformNode,
+    codes,
+    evaluated,
+    finding,
+    job,
+)
 from trainmon.collectors.diagnosis import DiagnosisCollector
 from trainmon.config import parse_config
 from trainmon.core.registry import CollectorRegistry
-from trainmon.diagnosis.measure import MEASURED_SAMPLES
 from trainmon.diagnosis.samples import ScrapedSamples, Window
 from trainmon.diagnosis.thresholds import DiagnosisConfig
 from trainmon.report.document import report_json
-from trainmon.report.model import Report, build_report, unmeasured_report
+from trainmon.report.model import build_report, unmeasured_report
 from trainmon.report.render import render_text
 from trainmon.section import ConfigError
-
-WALL = 1_900_000_000.0
-TICK = 5.0
-
-
-@dataclass
-class PlatformNode:
-    """Job ``llm``: ranks 0 and 1 on GPUs 0 and 1 (pids 100, 101), 0.5 s steps on busy GPUs.
-
-    Every attribute left at None exports nothing, as a node without that source.
-    """
-
-    provider: str | None = "tencent"
-    labels: dict[str, str] = field(default_factory=lambda: {"leaf": "leaf-07", "rack": "r12"})
-    spot: float | None = None
-    metadata_up: float | None = 1.0
-    #: Seconds from the end of the window to a scheduled reclaim.
-    reclaim_in: float | None = None
-    #: Seconds before the end of the window of the last checkpoint.
-    checkpoint_age: float | None = None
-    checkpoint_storage: tuple[str, str, str] | None = None  # mountpoint, fstype, storage
-    #: Training-loop seconds of each rank before the window.
-    trained_seconds: float = 100.0
-    data_wait: float = 0.01  # of each 0.5 s step
-    comm_exposed: float = 0.02  # of each 0.5 s step, measured
-    world_size: float | None = None
-    numa_nodes: dict[str, int] = field(default_factory=dict)
-    numa_ratios: dict[tuple[str, str], float] = field(default_factory=dict)
-    #: InfiniBand port mlx5_0:1: ACTIVE?, receive + transmit bytes/s (split evenly).
-    ib_up: float | None = None
-    ib_rate: float = 0.0
-    #: eth0 receive + transmit bytes/s (split evenly).
-    nic_rate: float = 1e5
-    #: NFS mount /mnt/cfs: read bytes/s, READ ops/s, seconds of RTT per READ.
-    nfs_read: float | None = None
-    nfs_ops: float = 1000.0
-    nfs_rtt: float = 0.012
-    at: float = 1000.0
-    source: ContractSource = field(default_factory=lambda: ContractSource(name="training"))
-    ticks: int = 0
-
-    def wall(self) -> float:
-        return WALL + self.at
-
-    def clock(self) -> float:
-        return self.at
-
-    def end_wall(self, ticks: int = 6) -> float:
-        """Wall time of the last snapshot of a ``window(ticks)``."""
-        return WALL + self.at + TICK * (ticks - self.ticks)
-
-    def tick(self) -> None:
-        self.at += TICK
-        self.ticks += 1
-        s = self.source
-        steps = TICK / 0.5
-        for rank in ("0", "1"):
-            key = {"job": "llm", "rank": rank}
-            s.set("trainmon_training_rank_info", 1, **key, gpu=rank, pid=str(100 + int(rank)))
-            s.add("trainmon_training_step_seconds_count", steps, **key)
-            if "trainmon_training_step_seconds_sum" not in s.samples or (
-                    ("job", "llm"), ("rank", rank)) not in s.samples[
-                        "trainmon_training_step_seconds_sum"]:
-                s.set("trainmon_training_step_seconds_sum", self.trained_seconds, **key)
-            s.add("trainmon_training_step_seconds_sum", TICK, **key)
-            s.add("trainmon_training_data_wait_seconds_total", steps * self.data_wait, **key)
-            s.add("trainmon_training_comm_seconds_total", steps * self.comm_exposed, **key)
-            s.add("trainmon_training_comm_exposed_seconds_total", steps * self.comm_exposed,
-                  **key)
-            s.set("trainmon_training_last_step_timestamp_seconds", self.wall(), **key)
-            s.set("trainmon_gpu_utilization_ratio", 0.95, gpu=rank)
-            s.set("trainmon_gpu_process_info", 1, gpu=rank, pid=str(100 + int(rank)), pod="",
-                  namespace="", container="", slurm_job="", pod_uid="", container_id="")
-        if self.world_size is not None:
-            s.set("trainmon_training_world_size", self.world_size, job="llm")
-        if self.provider is not None:
-            s.set("trainmon_node_info", 1, provider=self.provider, instance_id="ins-7f3a",
-                  instance_type="GN10Xp.20XLARGE320", region="ap-shanghai",
-                  zone="ap-shanghai-5", **self.labels)
-        if self.spot is not None:
-            s.set("trainmon_node_spot_instance", self.spot)
-        if self.metadata_up is not None:
-            s.set("trainmon_platform_metadata_up", self.metadata_up)
-        if self.reclaim_in is not None:
-            s.set("trainmon_node_spot_termination_timestamp_seconds",
-                  self.end_wall() + self.reclaim_in)
-        if self.checkpoint_age is not None:
-            s.set("trainmon_training_last_checkpoint_timestamp_seconds",
-                  self.end_wall() - self.checkpoint_age, job="llm")
-            s.set("trainmon_training_last_checkpoint_duration_seconds", 12.5, job="llm")
-            for rank in ("0", "1"):
-                s.set("trainmon_training_checkpoints_total", 4, job="llm", rank=rank)
-        if self.checkpoint_storage is not None:
-            mountpoint, fstype, storage = self.checkpoint_storage
-            s.set("trainmon_training_checkpoint_storage_info", 1, job="llm",
-                  mountpoint=mountpoint, fstype=fstype, storage=storage)
-        for gpu, numa_node in self.numa_nodes.items():
-            s.set("trainmon_gpu_numa_node", numa_node, gpu=gpu)
-        for (gpu, pid), ratio in self.numa_ratios.items():
-            s.set("trainmon_gpu_process_numa_local_ratio", ratio, gpu=gpu, pid=pid)
-        if self.ib_up is not None:
-            s.set("trainmon_infiniband_port_up", self.ib_up, device="mlx5_0", port="1")
-            s.set("trainmon_infiniband_rate_bytes", 25e9, device="mlx5_0", port="1")
-            for direction in ("receive", "transmit"):
-                s.add(f"trainmon_infiniband_{direction}_bytes_total", TICK * self.ib_rate / 2,
-                      device="mlx5_0", port="1")
-        for direction in ("receive", "transmit"):
-            s.add(f"trainmon_network_{direction}_bytes_total", TICK * self.nic_rate / 2,
-                  device="eth0")
-        s.set("trainmon_network_speed_bytes", 3.125e9, device="eth0")
-        if self.nfs_read is not None:
-            mount = {"mountpoint": "/mnt/cfs"}
-            s.set("trainmon_nfs_mount_info", 1, **mount, server="10.0.0.8",
-                  export="/cfs-dataset", fstype="nfs4", version="4.1")
-            s.add("trainmon_nfs_read_bytes_total", TICK * self.nfs_read, **mount)
-            s.add("trainmon_nfs_write_bytes_total", 0.0, **mount)
-            s.add("trainmon_nfs_operations_total", TICK * self.nfs_ops, **mount,
-                  operation="READ")
-            s.add("trainmon_nfs_operation_rtt_seconds_total",
-                  TICK * self.nfs_ops * self.nfs_rtt, **mount, operation="READ")
-
-    def snapshot(self) -> ScrapedSamples:
-        """The source rendered as Prometheus text and parsed back, as ``doctor --url``."""
-        registry = PrometheusRegistry(auto_describe=False)
-        registry.register(self.source)
-        text = generate_latest(registry).decode()
-        return ScrapedSamples.from_text(text, self.at, self.wall(), MEASURED_SAMPLES)
-
-    def window(self, ticks: int = 6) -> Window:
-        snapshots = []
-        for _ in range(ticks):
-            self.tick()
-            snapshots.append(self.snapshot())
-        return Window(snapshots)
-
-    def diagnosed(self, lang: str = "en", config: DiagnosisConfig | None = None) -> Report:
-        """The report of a fresh window, as ``doctor`` renders it."""
-        return build_report(self.window(), config or DiagnosisConfig(), {"kind": "local"}, lang)
-
-    def report(self, lang: str = "en", config: DiagnosisConfig | None = None) -> Document:
-        """The ``doctor --json`` document of a fresh window."""
-        return report_json(self.diagnosed(lang, config))
-
-
-#: The JSON document (``report_json``), read as JSON.
-Document = dict[str, Any]
-
-
-def job(report: Document, name: str = "llm") -> dict[str, object]:
-    [entry] = [j for j in report["jobs"] if j["job"] == name]
-    return dict(entry)
-
-
-def codes(report: Document, name: str = "llm") -> list[str]:
-    [entry] = [j for j in report["jobs"] if j["job"] == name]
-    return [f["code"] for f in entry["findings"]]
-
-
-def finding(report: Document, code: str, name: str = "llm") -> dict[str, object]:
-    [entry] = [j for j in report["jobs"] if j["job"] == name]
-    [found] = [f for f in entry["findings"] if f["code"] == code]
-    return dict(found)
-
 
 # -- spot reclaim -------------------------------------------------------------------
 

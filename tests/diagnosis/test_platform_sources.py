@@ -4,7 +4,7 @@ Below our code only fakes of what the node provides: the loopback CVM
 metadata service (``testkit.fake_tencent_metadata``), a ``mountstats``
 file rewritten between snapshots, the checked-in NUMA ``/proc`` and ``/sys``
 trees with the demo's pynvml-shaped library. The training side is a
-contract-metric source (``test_platform_findings.PlatformNode``).
+contract-metric source (``diagnosis_support.PlatformNode``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 
 from testkit.fake_tencent_metadata import FakeMetadata
 from testkit.node_nvml import NodeNVML
-from tests.diagnosis.test_platform_findings import PlatformNode, codes, finding, job
+from tests.diagnosis.diagnosis_support import PlatformNode, codes, finding, job
 from trainmon.cli import build_collectors
 from trainmon.collectors.gpu import GPUCollector, GPUConfig
 from trainmon.collectors.nfs import NFSCollector, NFSConfig

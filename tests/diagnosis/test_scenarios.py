@@ -21,7 +21,6 @@ advice, in its ``--json`` output and its text; the daemon's own
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -30,10 +29,10 @@ from pathlib import Path
 
 import pytest
 
-from testkit.daemon import Daemon, trainmon_command
+from testkit.daemon import Daemon
 from testkit.exposition import parse
 from testkit.workloads import Workload, ranks
-from tests.diagnosis.diagnosis_support import job_verdicts
+from tests.diagnosis.diagnosis_support import doctor, fake_gpu_env, job_verdicts, wait_for_steps
 
 pytestmark = pytest.mark.integration
 
@@ -57,30 +56,6 @@ def daemon_config(socket: Path) -> dict[str, object]:
         "training": {"socket": str(socket)},
         "diagnosis": {"window_seconds": 20},
     }}
-
-
-def fake_gpu_env(library: Path, scenario: Path, text: str) -> dict[str, str]:
-    scenario.write_text(text)
-    return {"LD_LIBRARY_PATH": str(library), "FAKENVML_SCENARIO": str(scenario)}
-
-
-def doctor(*args: str, env: dict[str, str] | None = None,
-           timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*trainmon_command(), "doctor", *args], capture_output=True, text=True,
-        timeout=timeout, env={**os.environ, **(env or {})}, check=False,
-    )
-
-
-def wait_for_steps(daemon: Daemon, jobs: tuple[str, ...], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        steps = parse(daemon.metrics()).samples.get("trainmon_training_steps_total", {})
-        seen = {dict(labels)["job"] for labels, value in steps.items() if value >= 5}
-        if set(jobs) <= seen:
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"jobs did not report in {timeout}s: {steps}")
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ import pytest
 
 from testkit import exposition
 from testkit.exposition import Scrape
-from tests.gpu.harness import Clock, FakeNVML
+from tests.gpu.gpu_support import Clock, FakeNVML
 from trainmon.collectors.gpu import GPUCollector, GPUConfig
 from trainmon.core.collector import Collector
 from trainmon.gpu.nvml import NVML

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from testkit.exposition import Scrape
-from tests.gpu.harness import Clock, FakeNVML, wait_for
+from tests.gpu.gpu_support import Clock, FakeNVML, wait_for
 from trainmon.collectors.gpu import GPUCollector
 from trainmon.gpu.types import NVMLUnavailable
 

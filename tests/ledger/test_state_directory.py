@@ -1,7 +1,7 @@
 """Where the ledger lives when deployed: the default path is writable under the systemd
 unit's hardening and on the DaemonSet's node, for the daemon's user, and it is the
 daemon's default because that user owns the folder (``trainmon.paths``). The folders a
-daemon makes itself: ``tests/core/test_paths.py``, ``tests/security/test_user_defaults.py``.
+daemon makes itself: ``tests/test_paths.py``, ``tests/security/test_user_defaults.py``.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def test_the_deployed_daemons_user_owns_the_system_folders_so_they_are_its_defau
     """The DaemonSet runs as ``runAsUser`` after its init container's chown, the unit as
     ``trainmon`` with StateDirectory=: neither is root, both get the system paths."""
     if os.geteuid() != 0:
-        pytest.skip("chown needs root; the rule itself is in tests/core/test_paths.py")
+        pytest.skip("chown needs root; the rule itself is in tests/test_paths.py")
     [daemonset] = [doc for doc in yaml.safe_load_all(
         (ROOT / "deploy/kubernetes/base/daemonset.yaml").read_text()) if doc]
     user = daemonset["spec"]["template"]["spec"]["securityContext"]["runAsUser"]

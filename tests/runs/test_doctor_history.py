@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from testkit.loopback import LoopbackHTTPServer, Reply, Request
-from tests.diagnosis.test_doctor import StarvedNode
+from tests.diagnosis.diagnosis_support import StarvedNode
 from tests.runs.runs_support import STARTED, record, summary, write_ledger
 from trainmon import contract
 from trainmon.diagnosis.thresholds import DiagnosisConfig

@@ -121,7 +121,7 @@ def test_doctor_takes_the_ledger_from_the_command_line(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The flag reaches the history line (the line itself: test_doctor_history)."""
     from testkit.loopback import LoopbackHTTPServer, Reply, Request
-    from tests.diagnosis.test_doctor import StarvedNode
+    from tests.diagnosis.diagnosis_support import StarvedNode
 
     path = write_ledger(tmp_path / "ledger.sqlite3", [
         record("vit-1", job="vit"),

@@ -20,7 +20,7 @@ import pytest
 
 from bench import fleet_scale, fleet_sim
 from testkit.metric_contract import metric_names
-from tests.dashboards.test_dashboard_queries import EXPECTED_EMPTY
+from tests.dashboards.dashboards_support import EXPECTED_EMPTY
 
 pytestmark = pytest.mark.integration
 

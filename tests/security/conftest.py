@@ -16,18 +16,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
-
-@dataclass(frozen=True)
-class LocalUser:
-    name: str
-    uid: int
-    gid: int
+from tests.security.security_support import AsUser, LocalUser
 
 
 def _useradd(name: str) -> LocalUser:
@@ -86,8 +80,6 @@ for text in json.load(sys.stdin):
         connection.close()
 print(json.dumps(answers))
 """
-
-AsUser = Callable[..., list[dict[str, object]]]
 
 
 def _python_for_everyone() -> str:

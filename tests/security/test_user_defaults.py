@@ -23,7 +23,7 @@ import yaml
 
 import trainmon
 from testkit.daemon import Daemon, free_port, wait_for_run, wait_ready
-from tests.security.conftest import LocalUser
+from tests.security.security_support import LocalUser
 from trainmon.paths import SYSTEM_RUNTIME_DIRECTORY, SYSTEM_STATE_DIRECTORY, socket_listening
 
 #: Where this suite's third-party packages and the trainmon package are.

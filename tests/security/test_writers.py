@@ -22,7 +22,7 @@ import pytest
 from testkit.daemon import Daemon
 from testkit.exposition import Scrape, parse
 from testkit.prometheus import wait_until
-from tests.security.conftest import AsUser, LocalUser
+from tests.security.security_support import AsUser, LocalUser
 from tests.training.training_support import report
 from trainmon.contract import STEP_BUCKET_COUNT
 

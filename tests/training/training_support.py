@@ -1,6 +1,7 @@
-"""Helpers for the training telemetry tests (imported by the test modules).
+"""Helpers for the training telemetry tests (imported by the test modules of tests/training,
+tests/client and tests/security, and by tests/conftest.py).
 
-Exposition parsing is ``support.exposition`` (``scrape(collector)``,
+Exposition parsing is ``testkit.exposition`` (``scrape(collector)``,
 ``parse(text)``). ``report(**changes)`` builds a valid
 protocol v1 report as a dict. ``FakeClock`` is the injected monotonic clock.
 """

@@ -9,7 +9,7 @@ configuration section (a frozen dataclass read by
 registry entry, ``ENTRY = CollectorEntry(...)`` (``trainmon.core.entry``).
 ``MODULES`` is the one list of them, in scrape order. Only the wiring
 (``trainmon.cli``, ``trainmon.config``) imports these modules; the sources
-never do (``tests/core/test_layering.py``).
+never do (``tests/test_layering.py``).
 """
 
 from __future__ import annotations

@@ -388,12 +388,7 @@ def _check_integer(spec: ReportField, value: object, max_label_length: int) -> i
 
 
 def _check_number(spec: ReportField, value: object, max_label_length: int) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ReportError("invalid_field", f"{spec.name} must be a number")
-    number = float(value)
-    if not math.isfinite(number) or number < 0 or number > MAX_COUNT:
-        raise ReportError("invalid_field", f"{spec.name} must be finite and non-negative")
-    return number
+    return _seconds_value(spec.name, value)
 
 
 def _check_label(spec: ReportField, value: object, max_label_length: int) -> str:

@@ -1,4 +1,4 @@
-"""Fixtures for the HTTP server tests: an in-process server over a tiny source."""
+"""Fixtures for the HTTP server tests: an in-process server over a tiny source, TLS files."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ import pytest
 from testkit import processes
 from testkit.daemon import Daemon, free_port
 from testkit.prometheus import wait_until
-from tests.training.agreement_job import JOB
+from tests.client.agreement_job import JOB
 from trainmon.client import Reporter
 from trainmon.client.agreement import (
     PENDING_LIMIT_SECONDS,
@@ -334,7 +334,7 @@ def test_plain_torchrun_ranks_share_one_run(daemons: Callable[[], tuple[Daemon, 
                                             tmp_path: Path) -> None:
     daemon, endpoint = daemons()
     run_all([([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-               "--master-port", str(free_port()), "-m", "tests.training.agreement_job",
+               "--master-port", str(free_port()), "-m", "tests.client.agreement_job",
                "env", str(tmp_path)],
               clean_environment(TRAINMON_ENDPOINT=endpoint))])
     run = settled_ranks(tmp_path, 2)
@@ -345,7 +345,7 @@ def test_plain_torchrun_ranks_share_one_run(daemons: Callable[[], tuple[Daemon, 
 def test_mp_spawn_workers_share_one_run(daemons: Callable[[], tuple[Daemon, str]],
                                         tmp_path: Path) -> None:
     daemon, endpoint = daemons()
-    run_all([([sys.executable, "-m", "tests.training.agreement_job", "spawn", str(tmp_path),
+    run_all([([sys.executable, "-m", "tests.client.agreement_job", "spawn", str(tmp_path),
                "--port", str(free_port())],
               clean_environment(TRAINMON_ENDPOINT=endpoint))])
     run = settled_ranks(tmp_path, 2)
@@ -357,7 +357,7 @@ def test_two_nodes_share_one_run(daemons: Callable[[], tuple[Daemon, str]],
                                  tmp_path: Path) -> None:
     nodes = [daemons(), daemons()]
     port = str(free_port())
-    run_all([([sys.executable, "-m", "tests.training.agreement_job", "env", str(tmp_path)],
+    run_all([([sys.executable, "-m", "tests.client.agreement_job", "env", str(tmp_path)],
               clean_environment(RANK=str(rank), LOCAL_RANK=str(rank % 2), WORLD_SIZE="4",
                                 MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
                                 TRAINMON_ENDPOINT=nodes[rank // 2][1]))

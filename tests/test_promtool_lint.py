@@ -27,7 +27,7 @@ from trainmon.contract import STEP_BUCKET_COUNT
 
 pytestmark = pytest.mark.integration
 
-FAMILIES_FILE = Path(__file__).with_name("demo_metric_families.txt")
+FAMILIES_FILE = Path(__file__).parent / "demo" / "demo_metric_families.txt"
 #: Diagnosis and the demo jobs appear a few seconds after start.
 OBSERVE_SECONDS = 40.0
 

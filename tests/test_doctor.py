@@ -13,12 +13,10 @@ import json
 from collections.abc import Iterable, Iterator
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 
 from testkit.loopback import LoopbackHTTPServer, Reply, Request
-from tests.diagnosis.diagnosis_support import ContractSource
-from tests.diagnosis.test_platform_findings import PlatformNode
+from tests.diagnosis.diagnosis_support import ContractSource, PlatformNode, StarvedNode
 from trainmon.core.collector import Collector, CollectorUnavailable
 from trainmon.diagnosis.finding import SEVERITIES
 from trainmon.diagnosis.thresholds import DiagnosisConfig
@@ -28,45 +26,6 @@ from trainmon.platform.config import PROVIDERS
 from trainmon.report import messages as catalogue
 from trainmon.report.render import render_text
 from trainmon.runs.regression import Regression
-
-
-class StarvedNode:
-    """A node with one job whose rank 1 waits 40 % of each 0.5 s step, GPU sawtooth."""
-
-    def __init__(self) -> None:
-        self.source = ContractSource()
-        self.requests = 0
-
-    def advance(self) -> None:
-        s = self.source
-        for rank, wait in (("0", 0.02), ("1", 0.2)):
-            key = {"job": "vit", "rank": rank}
-            s.set("trainmon_training_rank_info", 1, **key, gpu=rank, pid=str(100 + int(rank)))
-            s.add("trainmon_training_step_seconds_count", 2, **key)
-            s.add("trainmon_training_step_seconds_sum", 1.0, **key)
-            s.add("trainmon_training_data_wait_seconds_total", 2 * wait, **key)
-            s.set("trainmon_training_last_step_timestamp_seconds", 1.9e9, **key)
-        for gpu in ("0", "1"):
-            s.set("trainmon_gpu_utilization_ratio", 0.5, gpu=gpu)
-            s.set("trainmon_gpu_sawtooth_ratio", 0.7, gpu=gpu)
-            s.set("trainmon_gpu_memory_used_bytes", 2**33, gpu=gpu)
-        s.set("trainmon_gpu_process_info", 1, gpu="0", pid="100", pod="vit-0", namespace="ml",
-              container="main", slurm_job="", pod_uid="u", container_id="c")
-        s.set("trainmon_nccl_problem_info", 1, pid="100", problem="debug_logging",
-              variable="NCCL_DEBUG", value="INFO")
-        s.add("trainmon_disk_io_time_seconds_total", 0.5, device="nvme0n1")
-        s.add("trainmon_disk_read_bytes_total", 2e9, device="nvme0n1")
-        s.add("trainmon_disk_written_bytes_total", 0, device="nvme0n1")
-        s.add("trainmon_network_receive_bytes_total", 1e8, device="eth0")
-        s.add("trainmon_network_transmit_bytes_total", 1e7, device="eth0")
-        s.set("trainmon_network_speed_bytes", 3.125e9, device="eth0")
-
-    def text(self) -> bytes:
-        self.requests += 1
-        self.advance()
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(self.source)
-        return generate_latest(registry)
 
 
 @pytest.fixture

@@ -44,7 +44,7 @@ def job_env(socket_path: Path, run: str) -> dict[str, str]:
 def run_job(mode: str, socket_path: Path, run: str,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tests.training.ending_job", mode], cwd=ROOT,
+        [sys.executable, "-m", "tests.client.ending_job", mode], cwd=ROOT,
         env={**job_env(socket_path, run), **(env or {})}, capture_output=True, text=True,
         timeout=180,
     )
@@ -53,7 +53,7 @@ def run_job(mode: str, socket_path: Path, run: str,
 def start_job(mode: str, socket_path: Path, run: str) -> subprocess.Popen[str]:
     """A job that runs until signalled; returns once it printed ``ready``."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "tests.training.ending_job", mode], cwd=ROOT,
+        [sys.executable, "-m", "tests.client.ending_job", mode], cwd=ROOT,
         env=job_env(socket_path, run), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True,
     )

@@ -4,8 +4,8 @@
 ::
 
     python -m torch.distributed.run --nproc-per-node 2 --master-port 29500 \\
-        -m tests.training.agreement_job env RESULTS      # torchrun without --rdzv-id
-    python -m tests.training.agreement_job spawn RESULTS --port 29500   # mp.spawn, 2 ranks
+        -m tests.client.agreement_job env RESULTS      # torchrun without --rdzv-id
+    python -m tests.client.agreement_job spawn RESULTS --port 29500   # mp.spawn, 2 ranks
 
 ``env``: the rank comes from the environment (torchrun's, or the test's
 ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` / ``MASTER_ADDR``); the reporter

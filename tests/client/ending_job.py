@@ -3,7 +3,7 @@
 ::
 
     TRAINMON_ENDPOINT=unix:///tmp/steps.sock TRAINMON_RUN_ID=r1 \\
-    python -m tests.training.ending_job crash
+    python -m tests.client.ending_job crash
 
 Every mode reports as job ``ending`` through the real client and trains on
 ``(x, y)`` tensor batches of ``BATCH`` samples, counted by ``step()`` itself:

@@ -1,0 +1,127 @@
+"""Helpers of the dashboard tests (``test_dashboard_queries.py``, ``test_demo_panels.py``)
+and of ``tests/scale/test_fleet.py``: the stack's node names and credentials, starting a
+``trainmon serve``, the bundle's Prometheus configuration aimed at the stack's targets,
+its rule files, and the metrics nothing in the stack produces yet."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from testkit.daemon import Daemon, free_port, trainmon_command, wait_ready
+from testkit.dashboard_files import REPO
+from testkit.prometheus import QueryAPI
+
+#: Metrics of the contract that no source in this stack produces; queries over
+#: them may come back empty. Each must really be absent
+#: (``test_dashboard_queries.test_expected_empty_metrics_are_still_empty``).
+EXPECTED_EMPTY: dict[str, str] = {
+    "trainmon_gpu_xid_errors_total": "the demo node simulates no XID errors (exporter/trainmon/demo/gpus.py)",
+    "trainmon_gpu_xid_last_timestamp_seconds": "the demo node simulates no XID errors",
+    "trainmon_node_spot_termination_timestamp_seconds": (
+        "the demo instance is not being reclaimed (exporter/trainmon/demo/cvm.py); "
+        "tests/alerts/test_spot_reclaim_end_to_end.py schedules a reclaim"),
+    # The run-ledger comparison needs an earlier run of the same job and config that ran
+    # for the 10-minute rate window and ended; the demo's jobs run one run each for the
+    # minute this test lasts. alerts/tests/runs.test.yml checks these rules.
+    "job_config:trainmon_training_samples_per_second_per_rank:best7d": (
+        "no demo run has ended after running 10 minutes, so none is a comparison"),
+    "job_run:trainmon_training_throughput_vs_best:ratio": (
+        "no demo run has an earlier comparable run (see the line above)"),
+    # The Training overview's run-end markers: the demo's runs go on while the test lasts
+    # (its earlier runs are history in its ledger, not ends the recorder saw).
+    "trainmon_training_run_end_timestamp_seconds": (
+        "no demo run ends while the test lasts; tests/ledger/test_end_reasons.py ends some"),
+}
+
+
+SCRAPE_SECONDS = 1.0
+#: After every target is up: enough scrapes for rate() over $__rate_interval (4 s).
+SETTLE_SECONDS = 8.0
+NODE = "gpu-node-1"
+PULLER_NODE = "cloud-puller"
+#: GPUs the fake dcgm-exporter watches; the daemon's demo node has 0–7.
+DCGM_DEVICES = tuple(range(6))
+SECRET_ID = "AKIDdashboardtest0001"
+SECRET_KEY = "dashboard-test-secret-key-0123456789"
+
+
+def start_trainmon(tmp: Path, name: str, config: dict[str, object], args: list[str],
+                   env: dict[str, str]) -> Daemon:
+    port = free_port()
+    config_path = tmp / f"{name}.yml"
+    config_path.write_text(yaml.safe_dump(config))
+    log_path = tmp / f"{name}.log"
+    process = subprocess.Popen(
+        [*trainmon_command(), "serve", "--config", str(config_path),
+         "--listen", f"127.0.0.1:{port}", *args],
+        stdout=log_path.open("w"), stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, **env},
+    )
+    daemon = Daemon(process, port, log_path, config_path)
+    wait_ready(daemon)
+    return daemon
+
+
+def aim_scrape_jobs(config: dict[str, Any], shipped: Path, tmp: Path, variant: str,
+                    targets: dict[str, tuple[str, str]]) -> None:
+    """Scrape every second, each job of ``config`` at its stack target.
+
+    ``targets`` maps a scrape job of the shipped config to (address, node label).
+    """
+    config["global"].update(scrape_interval=f"{SCRAPE_SECONDS:g}s",
+                            scrape_timeout=f"{SCRAPE_SECONDS:g}s")
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    assert set(jobs) == set(targets), f"{shipped.name} scrapes {sorted(jobs)}"
+    for name, (address, node) in targets.items():
+        job = jobs[name]
+        target_file = tmp / f"targets-{variant}-{name}.yml"
+        target_file.write_text(yaml.safe_dump([{"targets": [address], "labels": {"node": node}}]))
+        job["file_sd_configs"] = [{"files": [str(target_file)]}]
+        job.pop("scrape_interval", None)  # the puller's 60 s would make the test wait minutes
+        job.pop("scrape_timeout", None)
+
+
+def copy_rule_files(variant: str, tmp: Path) -> list[Path]:
+    """Copies of the variant's shipped rule files (what both engines evaluate)."""
+    rules = tmp / f"rules-{variant}"
+    rules.mkdir()
+    copies = []
+    for rule_file in sorted((REPO / "alerts" / variant).glob("*.yml")):
+        shutil.copy(rule_file, rules / rule_file.name)
+        copies.append(rules / rule_file.name)
+    return copies
+
+
+def prometheus_config(
+    variant: str, tmp: Path, targets: dict[str, tuple[str, str]]
+) -> dict[str, Any]:
+    """The bundle's Prometheus config for ``variant`` aimed at this stack's targets."""
+    shipped = REPO / "deploy" / "prometheus" / f"prometheus-{variant}.yml"
+    config: dict[str, Any] = yaml.safe_load(shipped.read_text())
+    aim_scrape_jobs(config, shipped, tmp, variant, targets)
+    config["global"]["evaluation_interval"] = f"{SCRAPE_SECONDS:g}s"
+    config.pop("alerting", None)
+    config["rule_files"] = [str(tmp / f"rules-{variant}" / "*.yml")]
+    return config
+
+
+def wait_for_targets(scrapers: Mapping[QueryAPI, set[str]]) -> None:
+    """Until every scraper (Prometheus, vmagent) has each of its jobs' target up."""
+    deadline = time.monotonic() + 30
+    health: dict[str, dict[str, str]] = {}
+    while time.monotonic() < deadline:
+        health = {str(s.workdir): s.target_health() for s in scrapers}
+        if all(health[str(s.workdir)] == dict.fromkeys(jobs, "up")
+               for s, jobs in scrapers.items()):
+            time.sleep(SETTLE_SECONDS)
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"targets not up: {health}")
