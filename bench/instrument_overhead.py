@@ -51,6 +51,8 @@ import threading
 import time
 from pathlib import Path
 
+from testkit.daemon import free_port
+
 SCENARIOS = {
     # name: (width, depth, batch)
     "healthy": (512, 4, 256),
@@ -277,9 +279,7 @@ def main() -> None:
         sink.bind(str(path))
         stop = threading.Event()
         threading.Thread(target=drain, args=(sink, stop), daemon=True).start()
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+        port = free_port()
         result = Path(directory) / "result.json"
         environment = dict(os.environ, TRAINMON_ENDPOINT=f"unix://{path}", OMP_NUM_THREADS="1")
         processes = [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -19,11 +20,54 @@ READY_TIMEOUT_SECONDS = 30.0
 RUN_VISIBLE_TIMEOUT_SECONDS = 30.0
 
 
+#: Where the ports ``free_port`` hands out start: far below any kernel's ephemeral range.
+LOWEST_PORT = 10_000
+#: The most parallel test processes (pytest-xdist workers ``gw0``...) with their own ports.
+MAX_WORKERS = 16
+_next_port: list[int] = []
+
+
+def _ephemeral_start(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> int:
+    """The first port of the kernel's ephemeral range (32768 where it cannot be read)."""
+    try:
+        return min(int(path.read_text().split()[0]), 32_768)
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
+
+def _worker_ports() -> range:
+    """This test process's own ports: its slice of ``LOWEST_PORT`` up to the ephemeral
+    range, by its xdist worker number (all of it outside xdist)."""
+    ports = range(LOWEST_PORT, _ephemeral_start())
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw") or not worker[2:].isdigit():
+        return ports
+    size = len(ports) // MAX_WORKERS
+    start = LOWEST_PORT + (int(worker[2:]) % MAX_WORKERS) * size
+    return range(start, start + size)
+
+
 def free_port() -> int:
-    """A loopback TCP port that was free a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A loopback TCP port that is free now and stays free until its user binds it.
+
+    Not ``bind(0)``: that picks from the kernel's ephemeral range, where every outbound
+    connection of every process also takes its local port, so under parallel test workers
+    a port handed out could be taken before the daemon, engine or ``TCPStore`` it was for
+    binds it (EADDRINUSE). These ports lie below that range, each xdist worker has its
+    own slice, and a worker hands its ports out in turn, skipping any that is in use."""
+    ports = _worker_ports()
+    if not _next_port:
+        _next_port.append(ports.start + os.getpid() % len(ports))
+    for _ in range(len(ports)):
+        port = _next_port[0]
+        _next_port[0] = port + 1 if port + 1 < ports.stop else ports.start
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free loopback port in {ports}")
 
 
 @dataclass

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from testkit.daemon import free_port
 from testkit.processes import run_all
 from trainmon.client import Reporter
 from trainmon.training.protocol import StepReport, parse, parse_report
@@ -84,13 +85,6 @@ class Job:
     reports: dict[int, StepReport]
     results: dict[int, dict[str, Any]]
     all_reports: list[StepReport]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def run_job(sink: ReportSink, job: str, mode: str, *args: str, world_size: int = 2) -> Job:
