@@ -37,6 +37,7 @@ BUNDLE_FOLDERS: dict[str, str] = {
 }
 #: Top-level test modules that name no top-level module of the package.
 WHOLE_PACKAGE: dict[str, str] = {
+    "test_footprint.py": "the resident memory of `trainmon serve`, all default collectors",
     "test_layering.py": "the imports of every part of the package",
     "test_promtool_lint.py": "the exposition of the whole daemon, plain and --demo",
     "test_real_gpu_doctor.py": "trainmon/doctor.py on a real NVIDIA node",

@@ -19,8 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from trainmon.collectors import entries
 from trainmon.http.listen import DEFAULT_LISTEN, HTTPConfig, ListenAddress, parse_listen_address
 from trainmon.section import ConfigError, Section, read_section
@@ -102,6 +100,8 @@ def load_config(path: Path | None, environ: Mapping[str, str] | None = None) -> 
     """Read and validate ``path``; ``None`` gives the built-in defaults."""
     if path is None:
         return Config()
+    import yaml  # here, not above: the built-in defaults need no YAML parser in memory
+
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as error:

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -35,17 +36,14 @@ from trainmon.core.collector import Collector, CollectorUnavailable
 from trainmon.core.entry import CollectorEntry, Wiring
 from trainmon.section import ConfigError, Invalid, Section, setting
 from trainmon.tencent.catalogue import TargetKind, select
-from trainmon.tencent.client import DURATION_BUCKETS, APIStats, TencentAPI
-from trainmon.tencent.credentials import MetadataService, resolve_credentials, resolve_region
-from trainmon.tencent.puller import (
-    Connection,
-    PullerStatus,
-    PullSettings,
-    RefreshReport,
-    TencentPuller,
-)
-from trainmon.tencent.ratelimit import TokenBucket
-from trainmon.tencent.targets import TargetSource
+
+if TYPE_CHECKING:
+    from trainmon.tencent.puller import Connection, PullerStatus, RefreshReport
+
+# The puller side (client, credentials, puller, rate limit, targets: the TC3 signer,
+# hmac, a thread pool) is imported by the collector that uses it, not with this module:
+# every daemon reads the section, only the Tencent puller runs it (docs/benchmarks.md,
+# "Resident memory of the node daemon").
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +167,10 @@ class TencentCollector(Collector):
         refresh_interval: float | None = None,
         align: bool = True,
     ) -> None:
+        from trainmon.tencent.client import APIStats
+        from trainmon.tencent.puller import PullSettings, TencentPuller
+        from trainmon.tencent.ratelimit import TokenBucket
+
         self._config = config
         self._environ = os.environ if environ is None else environ
         self._clock = clock
@@ -211,6 +213,15 @@ class TencentCollector(Collector):
 
     def _connect(self) -> Connection:
         """Resolve regions and credentials (may ask the metadata service)."""
+        from trainmon.tencent.client import TencentAPI
+        from trainmon.tencent.credentials import (
+            MetadataService,
+            resolve_credentials,
+            resolve_region,
+        )
+        from trainmon.tencent.puller import Connection
+        from trainmon.tencent.targets import TargetSource
+
         config = self._config
         metadata = MetadataService(config.metadata_url)
         regions = tuple(resolve_region(region, metadata) for region in config.target_regions)
@@ -274,6 +285,8 @@ class TencentCollector(Collector):
         yield from self._puller_families(status)
 
     def _api_families(self) -> Iterable[Metric]:
+        from trainmon.tencent.client import DURATION_BUCKETS
+
         stats = self._stats.snapshot()
         requests_total = CounterMetricFamily(
             "trainmon_tencent_api_requests_total",

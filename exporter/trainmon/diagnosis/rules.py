@@ -89,8 +89,7 @@ NVML the host's). The others form pseudo-jobs named
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from trainmon.diagnosis import risks
@@ -309,14 +308,14 @@ def _evidence(
     return Evidence(
         ranks=len(ranks),
         steps=sum(rank.steps for rank in ranks),
-        step_seconds=statistics.median(r.step_seconds / r.steps for r in stepping)
+        step_seconds=_median(r.step_seconds / r.steps for r in stepping)
         if stepping else None,
         data_wait_ratio=min(1.0, waits[worst]) if waits else None,
         worst_data_wait_rank=worst,
         comm_ratio=min(1.0, min(comm_waits)) if comm_waits else None,
         comm_source=_comm_source(len(measuring), len(stepping)),
-        comm_overlapped_ratio=min(1.0, statistics.median(overlapped)) if overlapped else None,
-        comm_bytes_per_second=statistics.median(bandwidths) if bandwidths else None,
+        comm_overlapped_ratio=min(1.0, _median(overlapped)) if overlapped else None,
+        comm_bytes_per_second=_median(bandwidths) if bandwidths else None,
         straggler_ratio=straggler,
         straggler_rank=straggler_rank,
         gpu_utilization_ratio=mean_utilization,
@@ -396,14 +395,25 @@ def _comm_source(measuring: int, stepping: int) -> str:
     return "mixed" if measuring else "phase"
 
 
+def _median(values: Iterable[float]) -> float:
+    """The median of a non-empty ``values``: ``statistics.median``'s result (the mean of
+    the middle two of an even count), without importing ``statistics`` and the
+    ``decimal`` and ``fractions`` modules it loads into every daemon."""
+    data = sorted(values)
+    middle = len(data) // 2
+    if len(data) % 2:
+        return data[middle]
+    return (data[middle - 1] + data[middle]) / 2
+
+
 def _straggler(ranks: Sequence[RankState]) -> tuple[str, float | None]:
     """The rank with the largest work per step, and its work over the median of all ranks'.
 
     Work is step − data wait − the communication waited for (measured exposed
     communication, else the comm phase: ``RankState.comm_wait_seconds``), or
     the whole step where neither is known. The median includes the slowest
-    rank (``statistics.median`` of an even count is the mean of the middle two,
-    as PromQL's ``quantile(0.5, …)``), so the ratio is the one
+    rank (the median of an even count is the mean of the middle two, as in
+    ``statistics.median`` and PromQL's ``quantile(0.5, …)``), so the ratio is the one
     ``contract.STRAGGLER_RATIO_SERIES`` records.
     """
     work = {}
@@ -415,7 +425,7 @@ def _straggler(ranks: Sequence[RankState]) -> tuple[str, float | None]:
     if len(work) < 2:
         return "", None
     slowest = max(work, key=lambda name: work[name])
-    median = statistics.median(work.values())
+    median = _median(work.values())
     if median <= 0:
         return "", None
     return slowest, work[slowest] / median

@@ -21,7 +21,6 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from prometheus_client.core import Metric
-from prometheus_client.parser import text_string_to_metric_families
 
 #: A label set, sorted by label name.
 Labels = tuple[tuple[str, str], ...]
@@ -62,6 +61,9 @@ class ScrapedSamples:
         cls, text: str, at: float, wall: float, names: Collection[str] | None = None
     ) -> ScrapedSamples:
         """Parse Prometheus text exposition; raises ``ValueError`` on malformed input."""
+        # Here, not above: only ``doctor`` parses text; the daemon reads its own families.
+        from prometheus_client.parser import text_string_to_metric_families
+
         return cls.from_families(text_string_to_metric_families(text), at, wall, names)
 
     def series(self, name: str) -> Mapping[Labels, float]:

@@ -31,9 +31,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import bcrypt
-import yaml
-
 from trainmon.section import ConfigError, Section
 
 _TLS_VERSIONS = {
@@ -109,6 +106,8 @@ class BasicAuthenticator:
     def check(self, authorization: str | None) -> bool:
         if not self._users:
             return True
+        import bcrypt  # here, not above: only basic auth needs it in memory
+
         if not authorization or not authorization.startswith("Basic "):
             return False
         try:
@@ -139,6 +138,8 @@ class BasicAuthenticator:
 
 def load_web_config(path: Path) -> WebConfig:
     """Parse and validate a web-config file; TLS files are loaded once to check them."""
+    import yaml  # here, not above: a daemon without a web config never loads it
+
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as error:

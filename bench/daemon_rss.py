@@ -1,0 +1,50 @@
+"""Resident memory of ``trainmon serve`` with built-in defaults (no GPU), optionally A/B.
+
+Each run starts a daemon without ``--config`` on a free loopback port, scrapes
+``/metrics`` ``testkit.footprint.SCRAPES`` times and reads ``VmRSS``/``VmHWM``
+(``testkit.footprint.measure_serve``, the measurement tests/test_footprint.py
+holds to its ceiling). With ``--compare DIR`` (a source folder of another
+version, e.g. ``git archive HEAD~1 exporter | tar -x -C /tmp/before``, then
+``/tmp/before/exporter``) the runs alternate between that tree and this one, so
+both see the same machine.
+
+    .venv/bin/python -m bench.daemon_rss                          # 5 runs
+    .venv/bin/python -m bench.daemon_rss --runs 3 --compare /tmp/before/exporter
+
+Prints a markdown table for docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+from bench import benchlib
+from testkit.footprint import SERVE_RSS_CEILING_MIB, Footprint, measure_serve
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--compare", metavar="DIR",
+                        help="source folder (holding trainmon/) of the version to compare")
+    args = parser.parse_args()
+    trees = {"this tree": str(benchlib.ROOT / "exporter")}
+    if args.compare:
+        trees = {args.compare: args.compare, **trees}
+    results: dict[str, list[Footprint]] = {name: [] for name in trees}
+    for _ in range(args.runs):
+        for name, source in trees.items():  # alternate: both see the same machine load
+            results[name].append(measure_serve(env={"PYTHONPATH": source}))
+    print(f"`trainmon serve`, built-in defaults, no GPU; {args.runs} runs each, alternating; "
+          f"ceiling {SERVE_RSS_CEILING_MIB} MiB\n")
+    print("| tree | VmRSS MiB, each run | median | peak (VmHWM) max | threads |")
+    print("| --- | --- | ---: | ---: | ---: |")
+    for name, runs in results.items():
+        each = ", ".join(f"{run.rss_mib:.1f}" for run in runs)
+        print(f"| {name} | {each} | {statistics.median(r.rss_mib for r in runs):.1f} | "
+              f"{max(r.peak_rss_mib for r in runs):.1f} | {runs[-1].threads} |")
+
+
+if __name__ == "__main__":
+    main()

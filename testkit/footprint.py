@@ -1,0 +1,101 @@
+"""The resident memory of ``trainmon serve`` with its built-in defaults, no GPU.
+
+One measurement, shared by ``tests/test_footprint.py`` (which holds the daemon
+to ``SERVE_RSS_CEILING_MIB``) and ``bench/daemon_rss.py`` (the figures of
+docs/benchmarks.md, "Resident memory of the node daemon"): a daemon started
+without ``--config`` (every default collector; the GPU collector finds no NVML
+on a node without a driver) on a free loopback port, its ledger and socket in
+a temporary ``$STATE_DIRECTORY``/``$RUNTIME_DIRECTORY``; scraped
+``SCRAPES`` times, then ``VmRSS`` and ``VmHWM`` from ``/proc/<pid>/status``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from testkit.daemon import READY_TIMEOUT_SECONDS, free_port, trainmon_command
+
+#: The most resident memory ``trainmon serve`` with default collectors may hold after
+#: ``SCRAPES`` scrapes, MiB. Measured 33.3–33.5 MiB on 2026-12-02 (docs/benchmarks.md,
+#: "Resident memory of the node daemon"; 36.6–36.8 before the lazy imports), so 1.5 MiB
+#: of headroom for other Python builds and kernels, less than any one module of the
+#: kind the lazy imports left out (tests/test_footprint.py names those). Issue 25's goal
+#: is 30 MiB; lower this constant as the daemon gets there.
+SERVE_RSS_CEILING_MIB = 35.0
+#: Scrapes of /metrics before the reading: every scrape-time allocation has been made.
+SCRAPES = 20
+#: Seconds between the last scrape and the reading (the last response written out).
+SETTLE_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """One daemon's memory after the scrapes, MiB, and its thread count."""
+
+    rss_mib: float
+    peak_rss_mib: float
+    threads: int
+
+
+def _status(pid: int) -> dict[str, int]:
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM", "Threads"):
+            fields[key] = int(value.split()[0])
+    return fields
+
+
+def _get(url: str) -> None:
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        answer.read()
+
+
+def measure_serve(
+    scrapes: int = SCRAPES, env: Mapping[str, str] | None = None
+) -> Footprint:
+    """Start ``trainmon serve`` with built-in defaults, scrape it, read its memory, stop it.
+
+    ``env`` is added to this process's environment (``PYTHONPATH`` of another tree, to
+    compare two versions). RuntimeError if it exits or does not answer in time."""
+    with tempfile.TemporaryDirectory(prefix="trainmon-footprint-") as folder:
+        port = free_port()
+        environment = {**os.environ, "STATE_DIRECTORY": folder, "RUNTIME_DIRECTORY": folder,
+                       **(env or {})}
+        process = subprocess.Popen(
+            [*trainmon_command(), "serve", "--listen", f"127.0.0.1:{port}",
+             "--log-level", "error"],
+            env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+            while True:
+                if process.poll() is not None:
+                    raise RuntimeError(f"trainmon serve exited with {process.returncode}")
+                try:
+                    _get(f"{url}/healthz")
+                    break
+                except OSError:  # refused while starting
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("trainmon serve did not answer /healthz") from None
+                    time.sleep(0.1)
+            for _ in range(scrapes):
+                _get(f"{url}/metrics")
+            time.sleep(SETTLE_SECONDS)
+            status = _status(process.pid)
+        finally:
+            process.terminate()
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+    return Footprint(status["VmRSS"] / 1024, status["VmHWM"] / 1024, status["Threads"])
