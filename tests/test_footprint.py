@@ -20,9 +20,10 @@ from testkit.footprint import SERVE_RSS_CEILING_MIB, measure_serve
 
 #: Imported only where used: YAML with a config or web-config file, bcrypt with basic
 #: auth, the Tencent puller side with the ``tencent`` collector enabled, the text
-#: parser in ``doctor``, and ``statistics`` (with ``decimal`` and ``fractions``) nowhere.
+#: parser in ``doctor``, ``statistics`` (with ``decimal`` and ``fractions``) nowhere, and
+#: ``pynvml`` when the GPU facade opens an NVML session (never on a node without NVML).
 NOT_IMPORTED_BY_DEFAULT = (
-    "yaml", "bcrypt", "statistics", "decimal", "fractions", "prometheus_client.parser",
+    "yaml", "bcrypt", "statistics", "decimal", "fractions", "prometheus_client.parser", "pynvml",
     "trainmon.tencent.puller", "trainmon.tencent.client", "trainmon.tencent.credentials",
     "trainmon.tencent.targets", "trainmon.tencent.ratelimit", "trainmon.tencent.signer",
 )

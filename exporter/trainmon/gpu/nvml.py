@@ -20,7 +20,9 @@ NVML call into a plain Python value in base units through one chokepoint,
 A missing library or driver raises ``NVMLUnavailable`` (a
 ``CollectorUnavailable``) with a hint, never a crash. The library is any object
 with pynvml's function names (``NVMLLibrary``): ``pynvml`` itself, or the
-simulated node of ``trainmon.demo.gpus``, so the same code serves both. The
+simulated node of ``trainmon.demo.gpus``, so the same code serves both;
+``pynvml`` is imported only when a session first opens (a node without
+libnvidia-ml.so.1 never imports it, see ``_check_library``). The
 values and errors handed out, and ``NVMLLibrary``, are in ``trainmon.gpu.types``;
 XID events (an event set and its listener thread) in ``trainmon.gpu.events``;
 GPM activity (the sample buffers and the thread that owns them) in
@@ -30,15 +32,16 @@ Device readings are documented in ``docs/metrics.md`` (GPU section).
 
 from __future__ import annotations
 
+import importlib
 import logging
 import math
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, TypeVar
-
-import pynvml
+from typing import Any, NamedTuple, TypeVar, cast
 
 from trainmon.gpu.types import (
     GPMActivity,
@@ -54,58 +57,61 @@ from trainmon.logthrottle import LogThrottle
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# NVML constants (ABI-stable numbers from nvml.h), re-exported for the simulated backend.
-ERROR_UNINITIALIZED: int = pynvml.NVML_ERROR_UNINITIALIZED
-ERROR_NOT_SUPPORTED: int = pynvml.NVML_ERROR_NOT_SUPPORTED
-ERROR_NO_PERMISSION: int = pynvml.NVML_ERROR_NO_PERMISSION
-ERROR_NOT_FOUND: int = pynvml.NVML_ERROR_NOT_FOUND
-ERROR_DRIVER_NOT_LOADED: int = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
-ERROR_TIMEOUT: int = pynvml.NVML_ERROR_TIMEOUT
-ERROR_LIBRARY_NOT_FOUND: int = pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
-ERROR_FUNCTION_NOT_FOUND: int = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
-ERROR_GPU_IS_LOST: int = pynvml.NVML_ERROR_GPU_IS_LOST
-ERROR_LIB_RM_VERSION_MISMATCH: int = pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH
-ERROR_ARGUMENT_VERSION_MISMATCH: int = pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
-ERROR_UNKNOWN: int = pynvml.NVML_ERROR_UNKNOWN
-GPU_UTILIZATION_SAMPLES: int = pynvml.NVML_GPU_UTILIZATION_SAMPLES
-EVENT_XID_CRITICAL_ERROR: int = pynvml.nvmlEventTypeXidCriticalError
-TEMPERATURE_GPU: int = pynvml.NVML_TEMPERATURE_GPU
-CLOCK_SM: int = pynvml.NVML_CLOCK_SM
-MEMORY_ERROR_CORRECTED: int = pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED
-MEMORY_ERROR_UNCORRECTED: int = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
-VOLATILE_ECC: int = pynvml.NVML_VOLATILE_ECC
-FIELD_PCIE_TX_BYTES: int = pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES
-FIELD_PCIE_RX_BYTES: int = pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES
-FIELD_NVLINK_DATA_TX_KIB: int = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
-FIELD_NVLINK_DATA_RX_KIB: int = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
-FIELD_NVLINK_LINK_COUNT: int = pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT
+# NVML constants (ABI-stable numbers from nvml.h, named after pynvml's; tests/gpu holds
+# them equal to pynvml's), re-exported for the simulated backend. Numbers rather than
+# pynvml's names, so that a node without NVML never imports pynvml (with ctypes,
+# subprocess, shutil): it is imported when a session is opened (``_import_pynvml``).
+ERROR_UNINITIALIZED: int = 1  # NVML_ERROR_UNINITIALIZED
+ERROR_NOT_SUPPORTED: int = 3  # NVML_ERROR_NOT_SUPPORTED
+ERROR_NO_PERMISSION: int = 4  # NVML_ERROR_NO_PERMISSION
+ERROR_NOT_FOUND: int = 6  # NVML_ERROR_NOT_FOUND
+ERROR_DRIVER_NOT_LOADED: int = 9  # NVML_ERROR_DRIVER_NOT_LOADED
+ERROR_TIMEOUT: int = 10  # NVML_ERROR_TIMEOUT
+ERROR_LIBRARY_NOT_FOUND: int = 12  # NVML_ERROR_LIBRARY_NOT_FOUND
+ERROR_FUNCTION_NOT_FOUND: int = 13  # NVML_ERROR_FUNCTION_NOT_FOUND
+ERROR_GPU_IS_LOST: int = 15  # NVML_ERROR_GPU_IS_LOST
+ERROR_LIB_RM_VERSION_MISMATCH: int = 18  # NVML_ERROR_LIB_RM_VERSION_MISMATCH
+ERROR_ARGUMENT_VERSION_MISMATCH: int = 25  # NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+ERROR_UNKNOWN: int = 999  # NVML_ERROR_UNKNOWN
+GPU_UTILIZATION_SAMPLES: int = 1  # NVML_GPU_UTILIZATION_SAMPLES
+EVENT_XID_CRITICAL_ERROR: int = 8  # nvmlEventTypeXidCriticalError
+TEMPERATURE_GPU: int = 0  # NVML_TEMPERATURE_GPU
+CLOCK_SM: int = 1  # NVML_CLOCK_SM
+MEMORY_ERROR_CORRECTED: int = 0  # NVML_MEMORY_ERROR_TYPE_CORRECTED
+MEMORY_ERROR_UNCORRECTED: int = 1  # NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+VOLATILE_ECC: int = 0  # NVML_VOLATILE_ECC
+FIELD_PCIE_TX_BYTES: int = 197  # NVML_FI_DEV_PCIE_COUNT_TX_BYTES
+FIELD_PCIE_RX_BYTES: int = 198  # NVML_FI_DEV_PCIE_COUNT_RX_BYTES
+FIELD_NVLINK_DATA_TX_KIB: int = 138  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
+FIELD_NVLINK_DATA_RX_KIB: int = 139  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
+FIELD_NVLINK_LINK_COUNT: int = 91  # NVML_FI_DEV_NVLINK_LINK_COUNT
 #: ``scopeId`` that asks an NVLink field for the sum over all links (nvml.h).
 SCOPE_ALL_LINKS = 0xFFFFFFFF
 
 #: ``reason`` label → NVML perf policy read with ``nvmlDeviceGetViolationStatus``.
 THROTTLE_REASONS: Mapping[str, int] = {
-    "power": pynvml.NVML_PERF_POLICY_POWER,
-    "thermal": pynvml.NVML_PERF_POLICY_THERMAL,
-    "sync_boost": pynvml.NVML_PERF_POLICY_SYNC_BOOST,
-    "board_limit": pynvml.NVML_PERF_POLICY_BOARD_LIMIT,
-    "low_utilization": pynvml.NVML_PERF_POLICY_LOW_UTILIZATION,
-    "reliability": pynvml.NVML_PERF_POLICY_RELIABILITY,
-    "app_clocks": pynvml.NVML_PERF_POLICY_TOTAL_APP_CLOCKS,
-    "base_clocks": pynvml.NVML_PERF_POLICY_TOTAL_BASE_CLOCKS,
+    "power": 0,  # NVML_PERF_POLICY_POWER
+    "thermal": 1,  # NVML_PERF_POLICY_THERMAL
+    "sync_boost": 2,  # NVML_PERF_POLICY_SYNC_BOOST
+    "board_limit": 3,  # NVML_PERF_POLICY_BOARD_LIMIT
+    "low_utilization": 4,  # NVML_PERF_POLICY_LOW_UTILIZATION
+    "reliability": 5,  # NVML_PERF_POLICY_RELIABILITY
+    "app_clocks": 10,  # NVML_PERF_POLICY_TOTAL_APP_CLOCKS
+    "base_clocks": 11,  # NVML_PERF_POLICY_TOTAL_BASE_CLOCKS
 }
 #: GPM metric ids (``nvmlGpmMetricId_t``, percent 0–100) read by ``NVML.gpm_activity``.
-GPM_SM_ACTIVE: int = pynvml.NVML_GPM_METRIC_SM_UTIL
-GPM_SM_OCCUPANCY: int = pynvml.NVML_GPM_METRIC_SM_OCCUPANCY
-GPM_TENSOR_ACTIVE: int = pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL
-GPM_DRAM_ACTIVE: int = pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL
+GPM_SM_ACTIVE: int = 2  # NVML_GPM_METRIC_SM_UTIL
+GPM_SM_OCCUPANCY: int = 3  # NVML_GPM_METRIC_SM_OCCUPANCY
+GPM_TENSOR_ACTIVE: int = 5  # NVML_GPM_METRIC_ANY_TENSOR_UTIL
+GPM_DRAM_ACTIVE: int = 10  # NVML_GPM_METRIC_DRAM_BW_UTIL
 #: ``pipe`` label → GPM metric id of that pipe's activity.
 GPM_PIPES: Mapping[str, int] = {
-    "fp16": pynvml.NVML_GPM_METRIC_FP16_UTIL,
-    "fp32": pynvml.NVML_GPM_METRIC_FP32_UTIL,
-    "fp64": pynvml.NVML_GPM_METRIC_FP64_UTIL,
-    "tensor_hmma": pynvml.NVML_GPM_METRIC_HMMA_TENSOR_UTIL,
-    "tensor_imma": pynvml.NVML_GPM_METRIC_IMMA_TENSOR_UTIL,
-    "tensor_dfma": pynvml.NVML_GPM_METRIC_DFMA_TENSOR_UTIL,
+    "fp16": 13,  # NVML_GPM_METRIC_FP16_UTIL
+    "fp32": 12,  # NVML_GPM_METRIC_FP32_UTIL
+    "fp64": 11,  # NVML_GPM_METRIC_FP64_UTIL
+    "tensor_hmma": 7,  # NVML_GPM_METRIC_HMMA_TENSOR_UTIL
+    "tensor_imma": 9,  # NVML_GPM_METRIC_IMMA_TENSOR_UTIL
+    "tensor_dfma": 6,  # NVML_GPM_METRIC_DFMA_TENSOR_UTIL
 }
 _GPM_METRICS = (
     GPM_SM_ACTIVE,
@@ -114,14 +120,46 @@ _GPM_METRICS = (
     GPM_DRAM_ACTIVE,
     *GPM_PIPES.values(),
 )
-#: The ctypes struct of ``nvmlGpmMetricsGet`` and the sample handle type, for the simulated node.
-GPMMetricsGet = pynvml.c_nvmlGpmMetricsGet_t
-GPMSample = pynvml.c_nvmlGpmSample_t
+#: pynvml's ``NVML_GPM_METRICS_GET_VERSION`` (``nvmlGpmMetricsGet_t`` v1).
+GPM_METRICS_GET_VERSION = 1
+#: pynvml's ``NVML_VALUE_TYPE_DOUBLE``: an ``nvmlValue_t`` holding ``dVal``.
+VALUE_TYPE_DOUBLE = 0
+#: ``NVML_ERROR_*`` return code → name, as pynvml defines them (tests/gpu compares the two).
 _ERROR_NAMES = {
-    value: name.removeprefix("NVML_ERROR_")
-    for name, value in vars(pynvml).items()
-    if name.startswith("NVML_ERROR_") and isinstance(value, int)
+    1: "UNINITIALIZED",
+    2: "INVALID_ARGUMENT",
+    3: "NOT_SUPPORTED",
+    4: "NO_PERMISSION",
+    5: "ALREADY_INITIALIZED",
+    6: "NOT_FOUND",
+    7: "INSUFFICIENT_SIZE",
+    8: "INSUFFICIENT_POWER",
+    9: "DRIVER_NOT_LOADED",
+    10: "TIMEOUT",
+    11: "IRQ_ISSUE",
+    12: "LIBRARY_NOT_FOUND",
+    13: "FUNCTION_NOT_FOUND",
+    14: "CORRUPTED_INFOROM",
+    15: "GPU_IS_LOST",
+    16: "RESET_REQUIRED",
+    17: "OPERATING_SYSTEM",
+    18: "LIB_RM_VERSION_MISMATCH",
+    19: "IN_USE",
+    20: "MEMORY",
+    21: "NO_DATA",
+    22: "VGPU_ECC_NOT_SUPPORTED",
+    23: "INSUFFICIENT_RESOURCES",
+    24: "FREQ_NOT_SUPPORTED",
+    25: "ARGUMENT_VERSION_MISMATCH",
+    26: "DEPRECATED",
+    27: "NOT_READY",
+    28: "GPU_NOT_FOUND",
+    29: "INVALID_STATE",
+    30: "RESET_TYPE_NOT_SUPPORTED",
+    999: "UNKNOWN",
 }
+#: The soname pynvml loads on Linux (``CDLL("libnvidia-ml.so.1")``).
+_LIBRARY_SONAME = "libnvidia-ml.so.1"
 _SESSION_ERRORS = frozenset(
     {ERROR_UNINITIALIZED, ERROR_DRIVER_NOT_LOADED, ERROR_LIB_RM_VERSION_MISMATCH}
 )
@@ -136,6 +174,54 @@ _UNAVAILABLE_HINTS = {
     ERROR_LIB_RM_VERSION_MISMATCH: "libnvidia-ml and the kernel driver differ in version "
     "(driver upgraded without reloading the module or rebooting)",
 }
+
+
+def __getattr__(name: str) -> Any:
+    """``GPMMetricsGet`` (the ctypes struct of ``nvmlGpmMetricsGet``) and ``GPMSample``
+    (the sample handle type), for the simulated node: pynvml's, imported on first use."""
+    if name == "GPMMetricsGet":
+        return _import_pynvml().c_nvmlGpmMetricsGet_t
+    if name == "GPMSample":
+        return _import_pynvml().c_nvmlGpmSample_t
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _import_pynvml() -> Any:
+    """``pynvml``, imported on first use (it brings ctypes, subprocess and shutil)."""
+    return importlib.import_module("pynvml")
+
+
+class _LibraryNotFound(Exception):
+    """What pynvml's ``nvmlInit`` raises without libnvidia-ml (its ``NVMLError``
+    with ``NVML_ERROR_LIBRARY_NOT_FOUND``), for the check made before importing it."""
+
+    value = 12  # ERROR_LIBRARY_NOT_FOUND
+
+
+class _Unloaded:
+    """The library of an ``NVML()`` whose pynvml is not imported yet."""
+
+    NVMLError = _LibraryNotFound
+
+
+_UNLOADED: NVMLLibrary = cast(NVMLLibrary, _Unloaded())
+
+
+def _check_library() -> None:
+    """Raise ``_LibraryNotFound`` where pynvml would fail to load libnvidia-ml.so.1.
+
+    The same ``dlopen`` as pynvml's ``CDLL("libnvidia-ml.so.1")`` (through ``_ctypes``,
+    without the ``ctypes`` package), so a node without a driver does not import
+    pynvml; the handle is left open: pynvml's load takes the same library. Only on
+    Linux before pynvml is imported: anywhere else pynvml decides by itself."""
+    if "pynvml" in sys.modules or not sys.platform.startswith("linux"):
+        return
+    import _ctypes
+
+    try:
+        _ctypes.dlopen(_LIBRARY_SONAME, os.RTLD_LOCAL)
+    except OSError:
+        raise _LibraryNotFound from None
 
 
 def error_name(code: int) -> str:
@@ -173,7 +259,8 @@ class NVML:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        self._library: NVMLLibrary = pynvml if library is None else library
+        #: ``_UNLOADED`` until the first session opens: then ``pynvml``, imported there.
+        self._library: NVMLLibrary = _UNLOADED if library is None else library
         self._retry_seconds = retry_seconds
         self._clock = clock
         self._wall_clock = wall_clock
@@ -205,7 +292,10 @@ class NVML:
     @property
     def library(self) -> NVMLLibrary:
         """The library every call goes to (pynvml, or the simulated node of the demo)."""
-        return self._library
+        with self._lock:
+            if self._library is _UNLOADED:
+                self._library = _import_pynvml()
+            return self._library
 
     def is_missing(self, function: str) -> bool:
         """True once ``function`` answered FUNCTION_NOT_FOUND (older driver)."""
@@ -238,8 +328,11 @@ class NVML:
             if self._unavailable is not None and self._clock() < self._retry_at:
                 raise NVMLUnavailable(self._unavailable)
             try:
+                if self._library is _UNLOADED:
+                    _check_library()
+                    self._library = _import_pynvml()
                 self._session = self._open()
-            except self._library.NVMLError as error:
+            except (self._library.NVMLError, _LibraryNotFound) as error:
                 code = error_code(error)
                 hint = _UNAVAILABLE_HINTS.get(code, "NVML initialisation failed")
                 self._unavailable = (
@@ -611,8 +704,8 @@ class NVML:
         ``nvmlGpmMetricsGet_t`` v1), percent → ratio 0–1; metrics NVML does not
         report on this GPU are left out. None if the call failed or is unsupported.
         """
-        request = GPMMetricsGet()
-        request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+        request = _import_pynvml().c_nvmlGpmMetricsGet_t()
+        request.version = GPM_METRICS_GET_VERSION
         request.numMetrics = len(_GPM_METRICS)
         request.sample1 = older
         request.sample2 = newer
@@ -670,17 +763,18 @@ def _scaled(value: float | None, factor: float) -> float | None:
 
 def _number(value_type: int, value: Any) -> int:
     """The integer in an ``nvmlValue_t`` union of the given ``nvmlValueType_t``."""
-    if value_type == pynvml.NVML_VALUE_TYPE_DOUBLE:
+    if value_type == VALUE_TYPE_DOUBLE:
         return int(value.dVal)
     member = _VALUE_MEMBERS.get(value_type, "ullVal")
     return int(getattr(value, member))
 
 
+#: ``NVML_VALUE_TYPE_*`` (unsigned int, long, long long, signed long long, int, short).
 _VALUE_MEMBERS = {
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
-    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
-    pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
+    1: "uiVal",
+    2: "ulVal",
+    3: "ullVal",
+    4: "sllVal",
+    5: "siVal",
+    6: "usVal",
 }
