@@ -27,6 +27,7 @@ from trainmon.core.routes import (
     PushResponse,
 )
 from trainmon.ledger.config import LedgerConfig
+from trainmon.ledger.recorder import RunRecorder
 
 
 class Serving(Collector):
@@ -87,8 +88,8 @@ def test_a_route_claimed_twice_is_a_wiring_error(kind: str) -> None:
 
 def test_the_daemons_collectors_declare_their_routes(tmp_path: Path) -> None:
     training = TrainingCollector(TrainingConfig(socket=None))
-    ledger = LedgerCollector(LedgerConfig(path=tmp_path / "ledger.sqlite3", node="n"),
-                             training.store, training.storage_of)
+    ledger = LedgerCollector(RunRecorder(LedgerConfig(path=tmp_path / "ledger.sqlite3", node="n"),
+                                         training.store, training.storage_of))
     registry = CollectorRegistry([training, ledger])
 
     assert set(registry.push_routes()) == {"/api/v1/steps"}

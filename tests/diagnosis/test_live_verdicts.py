@@ -35,6 +35,7 @@ from trainmon.diagnosis.samples import ScrapedSamples, Window
 from trainmon.diagnosis.thresholds import DiagnosisConfig
 from trainmon.ledger import Ledger
 from trainmon.ledger.config import LedgerConfig
+from trainmon.ledger.recorder import RunRecorder
 from trainmon.report.document import report_json
 from trainmon.report.model import build_report
 
@@ -101,8 +102,8 @@ def test_a_verdict_exists_and_reaches_the_ledger_with_no_scrape(
     node: Node, tmp_path: Path
 ) -> None:
     path = tmp_path / "ledger.sqlite3"
-    ledger = LedgerCollector(LedgerConfig(path=path, node="node-1", flush_seconds=0.1),
-                             node.training.store, node.training.storage_of)
+    ledger = LedgerCollector(RunRecorder(LedgerConfig(path=path, node="node-1", flush_seconds=0.1),
+                                         node.training.store, node.training.storage_of))
     registry = node.start(ledger)
     job = node.job("llm")
     wait_until(lambda: ledger.health()["recording_runs"] == 1, EVALUATION_TIMEOUT_SECONDS,

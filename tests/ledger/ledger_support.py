@@ -11,6 +11,7 @@ from trainmon.collectors.training import TrainingCollector, TrainingConfig
 from trainmon.contract import STEP_BUCKET_COUNT
 from trainmon.ledger import RunRecord
 from trainmon.ledger.config import LedgerConfig
+from trainmon.ledger.recorder import RunRecorder
 from trainmon.training.protocol import config_hash
 from trainmon.training.receiver import ingest_payload
 from trainmon.training.writers import LOCAL_WRITER
@@ -81,9 +82,10 @@ def make_recorder(clocks: Clocks, path: Path, **settings: object
             TrainingConfig(socket=None, ttl_seconds=60.0),
             clock=lambda: clocks.monotonic, wall_clock=lambda: clocks.wall)
         training.start()
-        ledger = LedgerCollector(
+        ledger = LedgerCollector(RunRecorder(
             LedgerConfig(path=path, node="node-1", **settings),  # type: ignore[arg-type]
-            training.store, training.storage_of, clock=lambda: clocks.monotonic, wall_clock=lambda: clocks.wall)
+            training.store, training.storage_of,
+            clock=lambda: clocks.monotonic, wall_clock=lambda: clocks.wall))
         return training, ledger
     return make
 

@@ -4,9 +4,8 @@ A derived collector (after ``diagnosis``). The recorder
 (``trainmon.ledger.recorder``: its thread, the file, the end-of-run policy of
 ``trainmon.ledger.ending``) reads the training collector's store through the
 ledger's read-only interface (``trainmon.ledger.feed``: the store's
-``snapshot()`` and this node's ``TrainingCollector.storage_of``), which is all
-this collector is given of the training collector (its factory hands over the
-two). This collector wires it, hands it the verdicts of each
+``snapshot()`` and this node's ``TrainingCollector.storage_of``, which its
+factory hands over). This collector is given the recorder, hands it the verdicts of each
 evaluation (``observe()``: the ``trainmon_bottleneck`` family the diagnosis
 evaluated) and exports what it reads: ``trainmon_training_run_changes_info``,
 ``trainmon_training_run_end_timestamp_seconds`` and the ledger's self-metrics.
@@ -16,8 +15,7 @@ evaluated) and exports what it reads: ``trainmon_training_run_changes_info``,
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -27,7 +25,6 @@ from trainmon.core.entry import CollectorEntry, Wiring
 from trainmon.core.routes import GetHandler
 from trainmon.ledger.api import RunsAPI
 from trainmon.ledger.config import LedgerConfig
-from trainmon.ledger.feed import StorageResolver, TrainingSource
 from trainmon.ledger.recorder import RunRecorder
 
 #: Longest value of the ``changed`` label.
@@ -39,19 +36,9 @@ class LedgerCollector(Collector):
 
     name = "ledger"
 
-    def __init__(
-        self,
-        config: LedgerConfig,
-        training: TrainingSource,
-        storage_of: StorageResolver,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-        wall_clock: Callable[[], float] = time.time,
-    ) -> None:
-        self._config = config
-        self.recorder = RunRecorder(config, training, storage_of,
-                                    clock=clock, wall_clock=wall_clock)
-        self._api = RunsAPI(config.file)
+    def __init__(self, recorder: RunRecorder) -> None:
+        self.recorder = recorder
+        self._api = RunsAPI(recorder.config.file)
 
     def start(self) -> None:
         self.recorder.start()
@@ -136,14 +123,15 @@ class LedgerCollector(Collector):
                 "trainmon_ledger_runs", "Run records in the node's run ledger.")
             stored.add_metric([], readings.stored_runs)
             families.append(stored)
-        if self._config.price_per_gpu_hour is not None:
+        config = self.recorder.config
+        if config.price_per_gpu_hour is not None:
             price = GaugeMetricFamily(
                 "trainmon_ledger_price_per_gpu_hour",
                 "Configured price of one GPU hour (collectors.ledger.price_per_gpu_hour), "
                 "in the currency of the label; for cost per million samples.",
                 labels=["currency"],
             )
-            price.add_metric([self._config.currency], self._config.price_per_gpu_hour)
+            price.add_metric([config.currency], config.price_per_gpu_hour)
             families.append(price)
         return families
 
@@ -161,7 +149,7 @@ def _truncate(text: str) -> str:
 
 def _build(config: LedgerConfig, wiring: Wiring) -> Collector:
     training = wiring.collector("training", TrainingCollector)
-    return LedgerCollector(config, training.store, training.storage_of)
+    return LedgerCollector(RunRecorder(config, training.store, training.storage_of))
 
 
 #: Derived, last: records the diagnosis' verdicts with each run.

@@ -148,7 +148,8 @@ class RunRecorder:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        self._config = config
+        #: The ``collectors.ledger`` section it records by.
+        self.config = config
         self._training = training
         self._storage_of = storage_of
         self._clock = clock
@@ -193,7 +194,7 @@ class RunRecorder:
         self._thread.start()
 
     def stop(self) -> None:
-        self._thread.stop(timeout=max(5.0, self._config.flush_seconds))
+        self._thread.stop(timeout=max(5.0, self.config.flush_seconds))
         self.tick()
         with self._lock:
             if self._ledger is not None:
@@ -201,7 +202,7 @@ class RunRecorder:
                 self._ledger = None
 
     def _loop(self) -> None:
-        while not self._thread.stopping.wait(self._config.flush_seconds):
+        while not self._thread.stopping.wait(self.config.flush_seconds):
             try:
                 self.tick()
             except Exception:  # the recorder must outlive any one bad tick
@@ -225,9 +226,9 @@ class RunRecorder:
                     run.announced = True
                     for rank, reason in ended.said.items():
                         run.said.setdefault(rank, reason)
-                decide_end(run, live.get(key, []), snapshot, wall, self._config.stall_seconds)
+                decide_end(run, live.get(key, []), snapshot, wall, self.config.stall_seconds)
                 self._describe(run, snapshot.descriptions, snapshot.ranks)
-                record = run.record(self._node, wall, self._config)
+                record = run.record(self._node, wall, self.config)
                 updates.append(RecordUpdate(record, run.state()))
                 if run.end_reason in FINAL_END_REASONS:
                     del self._runs[key]
@@ -460,22 +461,22 @@ class RunRecorder:
             # The default folder is made when missing (trainmon.paths); a configured
             # one is not: it may be a filesystem that is not mounted yet.
             try:
-                made = [] if self._config.path is not None else make_state_directory(
-                    self._config.file.parent)
+                made = [] if self.config.path is not None else make_state_directory(
+                    self.config.file.parent)
             except OSError as error:
-                self._failed(LedgerError(f"cannot use the folder of {self._config.file}: "
+                self._failed(LedgerError(f"cannot use the folder of {self.config.file}: "
                                          f"{error.strerror or error}"))
                 return
             for folder in made:
                 log.info("created %s for the run ledger", folder)
             try:
-                self._ledger = Ledger.open(self._config.file, readonly=False)
+                self._ledger = Ledger.open(self.config.file, readonly=False)
             except LedgerError as error:
                 self._failed(error)
                 return
             self._error = None
             self._errors.forget("ledger")
-            log.info("run ledger at %s", self._config.file)
+            log.info("run ledger at %s", self.config.file)
             try:
                 self._stored_runs = self._ledger.count()
             except LedgerError as error:
@@ -485,9 +486,9 @@ class RunRecorder:
             try:
                 pruned = self._ledger.prune(
                     now=self._wall_clock(),
-                    retention_seconds=self._config.retention_days * 86400,
-                    max_runs=self._config.max_runs,
-                    max_runs_per_owner=self._config.max_runs_per_owner)
+                    retention_seconds=self.config.retention_days * 86400,
+                    max_runs=self.config.max_runs,
+                    max_runs_per_owner=self.config.max_runs_per_owner)
             except LedgerError as error:
                 self._failed(error)
             else:
@@ -497,7 +498,7 @@ class RunRecorder:
                 if pruned.total:
                     log.info("run ledger: %d runs deleted (%d ended more than %g days ago, "
                              "%d beyond max_runs_per_owner, %d beyond max_runs); per owner: %s",
-                             pruned.total, pruned.age, self._config.retention_days,
+                             pruned.total, pruned.age, self.config.retention_days,
                              pruned.owner_limit, pruned.max_runs,
                              ", ".join(f"{owner or '(none)'} {count}" for owner, count
                                        in sorted(pruned.by_owner.items())))
@@ -533,7 +534,7 @@ class RunRecorder:
             retry = ("written again at the next flush" if self._ledger is not None
                      else f"opened again every {REOPEN_SECONDS:.0f} s")
             log.error("run ledger: %s (recording goes on in memory, %s)", error, retry)
-        if self._ledger is not None and not self._config.file.exists():
+        if self._ledger is not None and not self.config.file.exists():
             self._ledger.close()
             self._ledger = None
 
@@ -585,7 +586,7 @@ class RunRecorder:
         """The ``/healthz`` state of the ledger (``degraded`` while nothing reaches the file)."""
         with self._lock:
             state: dict[str, object] = {
-                "path": str(self._config.file),
+                "path": str(self.config.file),
                 "open": self._ledger is not None,
                 "recording_runs": len(self._runs),
                 "stored_runs": self._stored_runs,
@@ -596,7 +597,7 @@ class RunRecorder:
             if self._ledger is None or self._error is not None:
                 # recording goes on in memory, but nothing reaches the file
                 state["state"] = "degraded"
-                state["error"] = self._error or f"the run ledger {self._config.file} is not open"
+                state["error"] = self._error or f"the run ledger {self.config.file} is not open"
             return state
 
 
