@@ -10,7 +10,8 @@
 #                (alerts/*/trainmon.rules.yml), the PrometheusRules (deploy/kubernetes)
 #                and the sharded vmagent configs (deploy/scale)
 #   make stack   trainmon --demo, Prometheus and Alertmanager on loopback (docs/deploy.md)
-#   make bench   every benchmark that runs without a GPU (bash bench/gpu_check.sh runs the rest)
+#   make bench   every benchmark that runs without a GPU, then its headline figures side by
+#                side with their goals (bash bench/gpu_check.sh runs the rest)
 #   make dist    a wheel and an sdist in dist/ (python -m build), e.g. for training images
 
 PYTHON ?= python3
@@ -77,12 +78,29 @@ lint: $(VENV)/.test-installed
 	$(BIN)/python -m deploy.prometheusrule --check
 	$(BIN)/python -m deploy.sharding --check
 
+# Every benchmark in turn; node_exporter parity as issue 25 measures it, the fleet one
+# engine per run (combined by --report-from); then the headline figures side by side
+# (bench/headline.py), each against its anchor and goal. Results in $(BENCH_RESULTS)/.
+BENCH_RESULTS ?= bench/results
 bench: $(VENV)/.test-installed debian-packages
-	@for script in bench/*.py; do \
+	@mkdir -p $(BENCH_RESULTS) && rm -f $(BENCH_RESULTS)/headline.jsonl
+	@export TRAINMON_BENCH_RESULTS=$(abspath $(BENCH_RESULTS))/headline.jsonl; \
+	for script in bench/*.py; do \
 		name=$$(basename $$script .py); \
-		case $$name in __init__|benchlib|fleet_sim|gpu_baseline_exporter|gpm_check|nvml_call_cost) continue;; esac; \
+		case $$name in __init__|benchlib|headline|fleet_sim|fleet_scale|node_scrape|gpu_baseline_exporter|gpm_check|nvml_call_cost) continue;; esac; \
 		echo "== python -m bench.$$name"; $(BIN)/python -m bench.$$name || exit 1; \
-	done
+	done; \
+	echo "== python -m bench.node_scrape --collectors default --scrapes 1200"; \
+	$(BIN)/python -m bench.node_scrape --collectors default --scrapes 1200 || exit 1; \
+	for engine in prometheus victoriametrics; do \
+		echo "== python -m bench.fleet_scale --engines $$engine"; \
+		$(BIN)/python -m bench.fleet_scale --engines $$engine \
+			--json $(BENCH_RESULTS)/fleet-$$engine.json || exit 1; \
+	done; \
+	$(BIN)/python -m bench.fleet_scale --output $(BENCH_RESULTS)/fleet.md --report-from \
+		$(BENCH_RESULTS)/fleet-prometheus.json $(BENCH_RESULTS)/fleet-victoriametrics.json; \
+	echo "== headline figures ($(BENCH_RESULTS)/headline.jsonl)"; \
+	$(BIN)/python -m bench.headline $$TRAINMON_BENCH_RESULTS
 
 # The wheel carries the client too: `pip install --no-deps dist/trainmon-*.whl` in a training
 # image skips the daemon's dependencies, which trainmon.client does not need (README.md).

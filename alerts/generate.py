@@ -130,8 +130,9 @@ TOKENS: Mapping[str, str] = {
     "TRAINING_RULE_WINDOW": contract.TRAINING_RULE_WINDOW,
     "XID_CRITICAL": "|".join(str(code) for code in XID_CRITICAL),
     "XID_CRITICAL_LIST": ", ".join(str(code) for code in XID_CRITICAL),
-    "DCGM_XID_CRITICAL": "\n  or ".join(
-        f"DCGM_FI_DEV_XID_ERRORS == {code}" for code in XID_CRITICAL
+    # One single-series vector per critical code, labelled xid="<code>" (a set to join on).
+    "DCGM_XID_CRITICAL_CODES": "\n        or ".join(
+        f'label_replace(vector(1), "xid", "{code}", "", "")' for code in XID_CRITICAL
     ),
 }
 SEVERITIES = ("critical", "warning", "info")

@@ -1,12 +1,21 @@
 """Scrape latency, CPU per scrape and resident memory: trainmon vs node_exporter.
 
-Both exporters run on this machine, on loopback, restricted to the same data:
-trainmon with only its network and disk collectors, Debian's
-``prometheus-node-exporter`` with only ``netdev`` and ``diskstats``. Scrapes
-alternate between the two so that both see the same machine load.
+Both exporters run on this machine, on loopback: Debian's
+``prometheus-node-exporter`` with only ``netdev`` and ``diskstats``, trainmon
+with only its network and disk collectors (``--collectors network+disk``, the
+same data) or as a node runs it, without a configuration file
+(``--collectors default``: every default collector, its ledger and socket in a
+temporary ``$STATE_DIRECTORY``). Scrapes alternate between the exporters so
+that all see the same machine load, each over its own kept-alive connection
+(``--no-keep-alive``: a new connection per scrape). ``--compare DIR`` (a
+source folder of another version, e.g. ``git archive HEAD exporter | tar -x -C
+/tmp/before``, then ``/tmp/before/exporter``) adds that version's trainmon to
+the alternation, for before/after figures under the same load.
+``--soak-seconds 0`` skips the soak (RSS is then read after the scrapes).
 
     .venv/bin/python -m bench.node_scrape                 # 2000 scrapes each, 300 s soak
     .venv/bin/python -m bench.node_scrape --scrapes 500 --soak-seconds 60
+    .venv/bin/python -m bench.node_scrape --collectors default --scrapes 1200 --soak-seconds 0
 
 Prints a markdown table for docs/benchmarks.md.
 """
@@ -18,6 +27,7 @@ import os
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -25,7 +35,7 @@ from pathlib import Path
 
 import requests
 
-from bench import benchlib
+from bench import benchlib, headline
 
 
 @dataclass
@@ -35,16 +45,45 @@ class Exporter:
     url: str
 
 
-def start_trainmon(folder: Path) -> Exporter:
-    config = folder / "trainmon.yml"
-    config.write_text(
+#: What ``--collectors`` chooses: the trainmon daemon's configuration (None: no file).
+COLLECTOR_SETS: dict[str, str | None] = {
+    "network+disk": (
         "collectors:\n"
         "  gpu: {enabled: false}\n"
         "  infiniband: {enabled: false}\n"
         "  training: {enabled: false}\n"
+    ),
+    "default": None,
+}
+
+
+def start_trainmon(folder: Path, collectors: str, source: str | None = None) -> Exporter:
+    """``trainmon serve`` with the ``COLLECTOR_SETS`` entry ``collectors``, its state in
+    ``folder``; ``source``: the folder holding another version's ``trainmon/``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    label = f"trainmon ({collectors})" + (f" {source}" if source else "")
+    env = {**os.environ, "STATE_DIRECTORY": str(folder), "RUNTIME_DIRECTORY": str(folder)}
+    if source is not None:
+        env["PYTHONPATH"] = source
+    text = COLLECTOR_SETS[collectors]
+    if text is not None:
+        config = folder / "trainmon.yml"
+        config.write_text(text)
+        daemon = benchlib.start_trainmon(config, env=env)
+        return Exporter(label, daemon.process, f"{daemon.url}/metrics")
+    port = benchlib.free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "trainmon", "serve", "--listen", f"127.0.0.1:{port}",
+         "--log-level", "error"],
+        env=env, cwd=benchlib.ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
-    daemon = benchlib.start_trainmon(config)
-    return Exporter("trainmon (network+disk)", daemon.process, f"{daemon.url}/metrics")
+    exporter = Exporter(label, process, f"http://127.0.0.1:{port}/metrics")
+    try:
+        benchlib.wait_ready(f"http://127.0.0.1:{port}/healthz", process)
+    except RuntimeError:
+        benchlib.stop(process)
+        raise
+    return exporter
 
 
 def start_node_exporter() -> Exporter:
@@ -63,8 +102,16 @@ def start_node_exporter() -> Exporter:
     return exporter
 
 
-def measure_scrapes(exporters: list[Exporter], scrapes: int) -> dict[str, dict[str, float]]:
+def measure_scrapes(
+    exporters: list[Exporter], scrapes: int, keep_alive: bool = True
+) -> dict[str, dict[str, float]]:
+    """Scrape each exporter ``scrapes`` times, alternating; latency, CPU and body size.
+
+    ``keep_alive``: one connection per exporter throughout, else a new one per scrape."""
     sessions = {e.name: requests.Session() for e in exporters}
+    if not keep_alive:
+        for session in sessions.values():
+            session.headers["Connection"] = "close"
     latencies: dict[str, list[float]] = {e.name: [] for e in exporters}
     sizes: dict[str, int] = {}
     cpu_before = {e.name: benchlib.cpu_seconds(e.process.pid) for e in exporters}
@@ -105,21 +152,34 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scrapes", type=int, default=2000)
     parser.add_argument("--soak-seconds", type=float, default=300.0)
+    parser.add_argument("--collectors", choices=sorted(COLLECTOR_SETS), default="network+disk",
+                        help="trainmon's collectors: network and disk only, or the defaults")
+    parser.add_argument("--keep-alive", action=argparse.BooleanOptionalAction, default=True,
+                        help="one kept-alive connection per exporter (default), or one per scrape")
+    parser.add_argument("--compare", metavar="DIR",
+                        help="source folder (holding trainmon/) of a version to add to the "
+                             "alternation")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        exporters = [start_trainmon(Path(folder)), start_node_exporter()]
+        exporters: list[Exporter] = []
         try:
+            if args.compare:
+                exporters.append(start_trainmon(Path(folder) / "compared", args.collectors,
+                                                args.compare))
+            exporters.append(start_trainmon(Path(folder) / "this", args.collectors))
+            exporters.append(start_node_exporter())
             for exporter in exporters:  # warm-up
                 for _ in range(20):
                     requests.get(exporter.url, timeout=10).raise_for_status()
-            results = measure_scrapes(exporters, args.scrapes)
+            results = measure_scrapes(exporters, args.scrapes, args.keep_alive)
             rss = soak(exporters, args.soak_seconds)
         finally:
             for exporter in exporters:
                 benchlib.stop(exporter.process)
-    trainmon, node = (results[e.name] for e in exporters)
-    print(f"{args.scrapes} alternating scrapes each, then {args.soak_seconds:.0f} s at 1 scrape/s; "
-          f"{os.cpu_count()} CPUs\n")
+    node = results[exporters[-1].name]
+    connections = "kept-alive connections" if args.keep_alive else "a connection per scrape"
+    print(f"{args.scrapes} alternating scrapes each ({connections}), then "
+          f"{args.soak_seconds:.0f} s at 1 scrape/s; {os.cpu_count()} CPUs\n")
     print("| exporter | p50 ms | p99 ms | CPU ms/scrape | body bytes | RSS after soak MiB |")
     print("| --- | --- | --- | --- | --- | --- |")
     for exporter in exporters:
@@ -127,11 +187,22 @@ def main() -> None:
         print(f"| {exporter.name} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | "
               f"{row['cpu_ms_per_scrape']:.2f} | {row['body_bytes']} | "
               f"{rss[exporter.name] / 2**20:.1f} |")
-    names = [e.name for e in exporters]
-    print(f"\nratios trainmon/node_exporter: p50 {trainmon['p50_ms'] / node['p50_ms']:.2f}, "
-          f"p99 {trainmon['p99_ms'] / node['p99_ms']:.2f}, "
-          f"CPU/scrape {trainmon['cpu_ms_per_scrape'] / max(node['cpu_ms_per_scrape'], 1e-9):.2f}, "
-          f"RSS {rss[names[0]] / rss[names[1]]:.2f}")
+    print()
+    this = results[exporters[-2].name]
+    source = f"bench.node_scrape --collectors {args.collectors}"
+    for figure, key, goal in (("scrape p99", "p99_ms", 1.0), ("scrape p50", "p50_ms", None),
+                              ("CPU per scrape", "cpu_ms_per_scrape", 1.0)):
+        headline.record(headline.Figure(
+            f"{figure} / node_exporter's ({args.collectors} collectors)",
+            this[key] / max(node[key], 1e-9), anchor=f"node_exporter {node[key]:.2f} ms",
+            at_most=goal, source=source))
+    for exporter in exporters[:-1]:
+        row = results[exporter.name]
+        print(f"ratios {exporter.name} / node_exporter: "
+              f"p50 {row['p50_ms'] / node['p50_ms']:.2f}, "
+              f"p99 {row['p99_ms'] / node['p99_ms']:.2f}, "
+              f"CPU/scrape {row['cpu_ms_per_scrape'] / max(node['cpu_ms_per_scrape'], 1e-9):.2f}, "
+              f"RSS {rss[exporter.name] / rss[exporters[-1].name]:.2f}")
 
 
 if __name__ == "__main__":

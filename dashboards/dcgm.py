@@ -17,6 +17,7 @@ default counters (``OPT_IN_FIELDS``); the panels say so.
 
 from __future__ import annotations
 
+from dashboards import promql
 from dashboards.builder import Board
 from dashboards.panels import (
     GPU,
@@ -115,15 +116,15 @@ def _fleet_rows(board: Board, variant: Variant) -> None:
     board.add(stat_panel(
         "GPUs with an XID (DCGM)", "short",
         "GPUs whose last DCGM XID value is not 0. Good: 0.",
-        [Query(f"count(DCGM_FI_DEV_XID_ERRORS{{{FLEET}}} > 0) or vector(0)")],
+        [Query(f"sum({promql.FLEET_DCGM_GPUS_XID}{{{FLEET}}}) or vector(0)")],
         steps=RED_FROM_ONE,
     ), width=12, height=5)
     board.add(stat_panel(
         "GPUs seen by dcgm-exporter", "short",
         "GPUs dcgm-exporter reports, next to those trainmon's NVML collector reports. Good: "
         "equal on every node.",
-        [Query(f"count(DCGM_FI_DEV_GPU_UTIL{{{FLEET}}})", "dcgm-exporter"),
-         Query(f"count(trainmon_gpu_up{{{FLEET}}})", "trainmon")],
+        [Query(f"sum({promql.FLEET_DCGM_GPUS}{{{FLEET}}})", "dcgm-exporter"),
+         Query(f"sum({promql.FLEET_GPUS}{{{FLEET}}})", "trainmon")],
         show_name=True,
     ), width=12, height=5)
 

@@ -62,24 +62,23 @@ def _glance_row(board: Board) -> None:
     board.add(stat_panel(
         "GPUs up", "short",
         "GPUs readable through NVML across the fleet, of those found. Good: equal.",
-        [Query(f"sum(trainmon_gpu_up{{{FLEET}}})", "up"),
-         Query(f"count(trainmon_gpu_up{{{FLEET}}})", "found")],
+        [Query(f"sum({promql.FLEET_GPUS_UP}{{{FLEET}}})", "up"),
+         Query(f"sum({promql.FLEET_GPUS}{{{FLEET}}})", "found")],
         show_name=True,
     ), width=3, height=4)
     board.add(stat_panel(
         "Idle GPUs", "short",
-        f"GPUs idle in more than {promql.IDLE_FRACTION:.0%} of the high-rate samples. Good: "
+        f"GPUs idle in more than {promql.IDLE_FRACTION:.0%} of the high-rate samples of the "
+        "last 5 minutes. Good: "
         "as many as are free on purpose; idle GPUs held by a job are wasted (调).",
-        [Query(f"count(({promql.idle_fraction(FLEET)}) > {promql.IDLE_FRACTION})"
-               " or vector(0)")],
+        [Query(f"sum({promql.FLEET_GPUS_IDLE}{{{FLEET}}}) or vector(0)")],
         steps=(Step(None, "green"), Step(1, "yellow")),
     ), width=3, height=4)
     board.add(stat_panel(
         "Sawtooth GPUs", "short",
         f"GPUs whose sawtooth ratio is {promql.SAWTOOTH_FLAG} or more: busy/idle cycles, "
         "usually a data-starved job. Good: 0.",
-        [Query(f"count(trainmon_gpu_sawtooth_ratio{{{FLEET}}} >= {promql.SAWTOOTH_FLAG})"
-               " or vector(0)")],
+        [Query(f"sum({promql.FLEET_GPUS_SAWTOOTH}{{{FLEET}}}) or vector(0)")],
         steps=RED_FROM_ONE,
     ), width=3, height=4)
     board.add(stat_panel(
@@ -99,7 +98,7 @@ def _glance_row(board: Board) -> None:
     board.add(stat_panel(
         "Training jobs", "short",
         "Jobs with at least one rank reporting to a daemon on these nodes.",
-        [Query(f"count(count by (job) (trainmon_training_rank_info{{{FLEET}}})) or vector(0)")],
+        [Query(f"count(count by (job) ({promql.FLEET_JOB_RANKS}{{{FLEET}}})) or vector(0)")],
     ), width=3, height=4)
     board.add(stat_panel(
         "Alerts firing", "short",
@@ -113,18 +112,19 @@ def _gpu_row(board: Board, variant: Variant) -> None:
     board.row("GPUs")
     to_node = [variant.series_link(NODE, "node")]
     board.add(state_timeline(
-        "GPU utilization, every GPU", "percentunit",
-        "Every GPU's utilization (red idle → green busy). Good: solid green where jobs run; "
-        "red/green stripes are sawtooth GPUs, solid red rows idle ones.",
-        [Query(f"trainmon_gpu_utilization_ratio{{{FLEET}}}", NODE_GPU)],
+        "GPU utilization, least busy GPU per node", "percentunit",
+        "Each node's least busy GPU (red idle → green busy), each minute; the Node detail "
+        "shows every GPU. Good: solid green where jobs run; red/green stripes are sawtooth "
+        "GPUs, solid red rows nodes with an idle GPU.",
+        [Query(f"{promql.FLEET_LEAST_BUSY_GPU}{{{FLEET}}}", "{{node}}")],
     ).data_links(to_node), width=24, height=10)
     board.add(state_timeline(
-        "Tensor pipe active, every GPU", "percentunit",
-        "Every GPU's tensor-pipe activity: red below "
+        "Tensor pipe active, least active GPU per node", "percentunit",
+        "Each node's least active GPU's tensor-pipe activity, each minute: red below "
         f"{promql.TENSOR_IDLE:.0%}, green above. Good: green where mixed-precision training "
         "runs; red rows under a busy GPU mean no tensor cores (check bf16/AMP). "
         + variant.activity_source,
-        [Query(variant.gpu_activity(promql.TENSOR_ACTIVE, FLEET), NODE_GPU)],
+        [Query(f"{promql.FLEET_LEAST_TENSOR_ACTIVE_GPU}{{{FLEET}}}", "{{node}}")],
         steps=(Step(None, "red"), Step(promql.TENSOR_IDLE, "green")),
     ).data_links(to_node), width=24, height=10)
     board.add(bar_gauge(

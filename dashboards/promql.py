@@ -78,6 +78,19 @@ JOB_GPUS = f"trainmon_training_rank_info{{{JOB}}}"
 NODE_GPUS = 'node="$node", gpu=~"$gpu"'
 #: Every node picked in the Fleet dashboard.
 FLEET = 'node=~"$node"'
+#: Per-node recording rules of the trainmon-fleet.rules group (alerts/source/common.yml;
+#: the tensor one of each variant's trainmon-gpu-activity): the fleet's stats and timelines
+#: read one series per node, not one per GPU or rank.
+FLEET_GPUS = "node:trainmon_gpus:count"
+FLEET_GPUS_UP = "node:trainmon_gpus_up:sum"
+FLEET_GPUS_IDLE = "node:trainmon_gpus_idle:count"
+FLEET_GPUS_SAWTOOTH = "node:trainmon_gpus_sawtooth:count"
+FLEET_LEAST_BUSY_GPU = "node:trainmon_gpu_utilization_ratio:min"
+FLEET_LEAST_TENSOR_ACTIVE_GPU = "node:gpu_tensor_active_ratio:min"
+FLEET_JOB_RANKS = "job_node:trainmon_training_ranks:count"
+#: The dcgm variant's (its trainmon-dcgm-fleet.rules).
+FLEET_DCGM_GPUS = "node:dcgm_gpus:count"
+FLEET_DCGM_GPUS_XID = "node:dcgm_gpus_xid:count"
 
 
 def job_gpus(expr: str) -> str:

@@ -159,12 +159,18 @@ def test_scale_shortens_every_duration_and_nothing_else(tmp_path: Path) -> None:
     assert scaled.keys() == original.keys()
     sawtooth = scaled["TrainmonGPUSawtooth"]
     assert sawtooth["for"] == "15s" and "keep_firing_for" not in sawtooth
-    # the 10 min hold sampled every 15 s, of 5 min flagged on a series 5 min old
-    assert all(part in sawtooth["expr"] for part in ("[30s:750ms]", "[15s]", "offset 15s"))
+    # the 10 min hold of the recorded 5 min minimum, on a series 5 min old
+    assert "[30s]" in sawtooth["expr"]
+    hold = scaled["instance_gpu:trainmon_gpu_sawtooth_ratio:min5m"]["expr"]
+    assert "[15s]" in hold and "offset 15s" in hold
     crossings = scaled["UUID:dcgm_gpu_util_crossings:changes10m"]["expr"]
     assert "[30s:750ms]" in crossings and "[30s]" in crossings
     assert "[30s:750ms]" in scaled["TrainmonGPUSawtoothScraped"]["expr"]
-    assert "[18m:15s]" in scaled["TrainmonGPUMissing"]["expr"]
+    assert "[18m]" in scaled["TrainmonGPUMissing"]["expr"]
+    # group intervals too: the 1 min groups every 3 s
+    groups = yaml.safe_load(scaled_path.read_text())["groups"]
+    intervals = {group["name"]: group.get("interval") for group in groups}
+    assert intervals["trainmon-gpu-1m"] == "3s" and intervals["trainmon-node.rules"] == "15s"
     # offsets too: a run is compared once Prometheus saw its start 30 s (10 min) ago
     settled = scaled["job_run:trainmon_training_samples_per_second_per_rank:settled_rate10m"]
     assert "offset 30s" in settled["expr"]

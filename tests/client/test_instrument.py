@@ -251,6 +251,25 @@ def test_ddp_job_reports_comm_and_exact_gradient_bytes(sink: ReportSink) -> None
 
 
 @pytest.mark.integration
+def test_the_timed_default_all_reduce_gives_the_bare_models_gradients(sink: ReportSink) -> None:
+    # instrument() all-reduces the default hook's buckets itself: the gradients must be,
+    # bit for bit, those of DDP's built-in all-reduce (world size 2: halving is exact).
+    steps = 2
+    timed = run_job(sink, "ddp-job", "ddp", "--steps", str(steps))
+    with tempfile.TemporaryDirectory(prefix="tm-", dir="/tmp") as directory:
+        bare_sink = ReportSink(Path(directory))
+        try:
+            bare = run_job(bare_sink, "ddp-job", "ddp", "--steps", str(steps), "--bare")
+        finally:
+            bare_sink.close()
+
+    for rank in (0, 1):
+        assert timed.results[rank]["first_grad"] == bare.results[rank]["first_grad"]
+        assert timed.reports[rank].comm_bytes == timed.results[rank]["gradient_bytes"] * steps
+        assert bare.reports[rank].comm_seconds is None  # not instrumented: not measured
+
+
+@pytest.mark.integration
 def test_the_fast_rank_waits_for_the_slow_one(sink: ReportSink) -> None:
     steps, sleep = 6, 0.15
     job = run_job(sink, "ddp-job", "ddp", "--steps", str(steps),

@@ -7,6 +7,7 @@ import resource
 import time
 from pathlib import Path
 
+from prometheus_client import ProcessCollector
 from prometheus_client.core import Metric
 
 from testkit.sources import SteadySource
@@ -85,3 +86,29 @@ def test_a_limits_file_the_library_cannot_parse_fails_only_this_collector(
     assert success == {"process": 0.0, "steady": 1.0}
     assert "example_value" in families
     assert registry.health()["collectors"]["process"]["state"] == "failed"  # type: ignore[index]
+
+
+def test_the_families_of_prometheus_client_process_collector(tmp_path: Path) -> None:
+    """Names, HELP, types, order and values as the library's collector gives them."""
+    root = fake_proc(tmp_path, 4242)
+    library = ProcessCollector(proc=str(root), pid=lambda: 4242, registry=None)
+    assert list(OwnProcessCollector(root, pid=4242).collect()) == list(library.collect())
+    ours = list(OwnProcessCollector().collect())
+    theirs = list(ProcessCollector(registry=None).collect())
+    assert [(f.name, f.documentation, f.type) for f in ours] == [
+        (f.name, f.documentation, f.type) for f in theirs
+    ]
+
+
+def test_a_process_whose_fd_folder_is_gone_keeps_its_stat_families(tmp_path: Path) -> None:
+    root = fake_proc(tmp_path, 9)
+    for fd in (root / "9" / "fd").iterdir():
+        fd.unlink()
+    (root / "9" / "fd").rmdir()
+    library = ProcessCollector(proc=str(root), pid=lambda: 9, registry=None)
+    ours = list(OwnProcessCollector(root, pid=9).collect())
+    assert ours == list(library.collect())
+    assert [f.name for f in ours] == [
+        "process_virtual_memory_bytes", "process_resident_memory_bytes",
+        "process_start_time_seconds", "process_cpu_seconds",
+    ]

@@ -7,15 +7,18 @@ import json
 import socket
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import bcrypt
 import pytest
 import requests
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from testkit.sources import AbsentSource, BrokenSource, SteadySource
+from trainmon.core.collector import Collector
 from trainmon.core.routes import PushRequest, PushResponse
 from trainmon.http.listen import HTTPConfig
 from trainmon.http.server import ExporterHTTPServer
@@ -316,3 +319,89 @@ def test_healthz_reports_version_and_mode(serve: Callable[..., ExporterHTTPServe
     body = json.loads(requests.get(url(serve(), "/healthz"), timeout=5).text)
     assert body["mode"] == "real" and body["version"]
     assert body["collectors"]["steady"]["state"] == "ok"
+
+
+#: Label values with every character the text format escapes, and then some.
+HOSTILE_JOBS = ('a"b', "back\\slash", "new\nline", "}{,=", "", "作业", '\\"\n')
+
+
+class HostileLabels(Collector):
+    name = "hostile"
+
+    def family(self) -> GaugeMetricFamily:
+        family = GaugeMetricFamily("example_job_info", 'HELP with \\ and\n"quotes"',
+                                   labels=["job"])
+        for value in HOSTILE_JOBS:
+            family.add_metric([value], 1)
+        return family
+
+    def collect(self) -> Iterable[Metric]:
+        return [self.family()]
+
+
+class OneCollector:
+    def __init__(self, family: Metric) -> None:
+        self._family = family
+
+    def collect(self) -> Iterable[Metric]:
+        return [self._family]
+
+
+def test_text_format_writes_what_prometheus_client_writes(
+    serve: Callable[..., ExporterHTTPServer],
+) -> None:
+    source = HostileLabels()
+    server = serve(collectors=[source, SteadySource()])
+    for _ in range(3):  # the first scrape, then from what the encoder remembered
+        body = requests.get(url(server, "/metrics"), timeout=5).content
+        assert generate_latest(OneCollector(source.family())) in body  # type: ignore[arg-type]
+        families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+        jobs = [s.labels["job"] for s in families["example_job_info"].samples]
+        assert jobs == list(HOSTILE_JOBS)
+
+
+def test_text_format_1_0_0_is_still_the_library_s(
+    serve: Callable[..., ExporterHTTPServer],
+) -> None:
+    response = requests.get(
+        url(serve(), "/metrics"),
+        headers={"Accept": "text/plain; version=1.0.0; escaping=allow-utf-8"},
+        timeout=5,
+    )
+    assert response.headers["Content-Type"].endswith("escaping=allow-utf-8")
+    assert 'example_events_total{device="a"} 3.0' in response.text
+
+
+def _exchange(port: int, request: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(request)
+        raw = b""
+        while chunk := sock.recv(65536):
+            raw += chunk
+    return raw
+
+
+def test_head_gets_the_headers_of_get_without_the_body(
+    serve: Callable[..., ExporterHTTPServer],
+) -> None:
+    server = serve()
+    raw = _exchange(server.port, b"HEAD /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"Content-Length: " in head
+    assert int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0]) > 0
+    assert body == b""
+
+
+def test_responses_on_one_kept_alive_connection_and_to_http_0_9(
+    serve: Callable[..., ExporterHTTPServer],
+) -> None:
+    server = serve()
+    two = _exchange(server.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+                                 b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    first, _, rest = two.partition(b"\r\n\r\n")
+    length = int(first.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+    assert b"example_value" in rest[:length]
+    second_head, _, second_body = rest[length:].partition(b"\r\n\r\n")
+    assert second_head.startswith(b"HTTP/1.1 200") and json.loads(second_body)["mode"] == "real"
+    old = _exchange(server.port, b"GET /metrics\r\n\r\n")  # HTTP/0.9: the body alone
+    assert old.startswith(b"# HELP") and b"example_value" in old

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainmon.node.diskstats import SECTOR_BYTES, DiskReading, DiskstatsReader
+from trainmon.node.diskstats import SECTOR_BYTES, DiskReading, DiskstatsReader, parse_diskstats
 
 
 def test_readings_are_whole_disks_in_bytes_and_seconds(tree) -> None:
@@ -35,3 +35,14 @@ def test_configured_filter_applies_after_the_builtin_exclude(tree) -> None:
     assert [reading.device for reading in readings] == ["dm-0", "nvme0n1"]
     assert readings[1].counters["flush_requests"] == 412345
     assert readings[1].counters["discarded_bytes"] == 98765432 * SECTOR_BYTES
+
+
+def test_parse_converts_only_the_devices_kept() -> None:
+    text = (
+        "   7       0 loop0 1 2 3 4 5 6 7 8 9 10 11\n"
+        "   8       0 sda 1 2 3 4 5 6 7 8 9 10 11\n"
+        "   8       1 sda1 x y z 4 5 6 7 8 9 10 11\n"  # malformed, but not kept
+    )
+    assert parse_diskstats(text, keep=lambda device: device == "sda") == {
+        "sda": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]}
+    assert set(parse_diskstats(text)) == {"loop0", "sda"}

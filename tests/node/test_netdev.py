@@ -59,3 +59,21 @@ def test_header_without_a_column_leaves_its_counter_out(tree) -> None:
 def test_missing_net_dev_makes_the_source_unavailable(tmp_path: Path) -> None:
     with pytest.raises(CollectorUnavailable, match="net/dev does not exist"):
         NetDevReader(tmp_path / "proc", tmp_path / "sys").read()
+
+
+def test_speed_follows_interfaces_that_come_go_and_change(writable_tree) -> None:
+    root = writable_tree("kernel-5.15")
+    reader = NetDevReader(root / "proc", root / "sys", lambda device: device.startswith("eth"))
+    net_dev = root / "proc" / "net" / "dev"
+    original = net_dev.read_text()
+    assert {r.device: r.speed_bytes for r in reader.read()} == {
+        "eth0": 25000 * 125_000, "eth1": None}
+    (root / "sys" / "class" / "net" / "eth0" / "speed").write_text("100000\n")
+    net_dev.write_text(original.replace("eth1:", "eth9:"))  # eth1 gone, eth9 new
+    (root / "sys" / "class" / "net" / "eth9").mkdir()
+    (root / "sys" / "class" / "net" / "eth9" / "speed").write_text("10000\n")
+    assert {r.device: r.speed_bytes for r in reader.read()} == {
+        "eth0": 100000 * 125_000, "eth9": 10000 * 125_000}
+    net_dev.write_text(original)
+    assert {r.device: r.speed_bytes for r in reader.read()} == {
+        "eth0": 100000 * 125_000, "eth1": None}

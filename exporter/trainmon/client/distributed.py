@@ -4,17 +4,25 @@ Imported only by ``Reporter.instrument()`` (it needs torch); the rest of the
 client stays standard-library only. Definitions and limits for users are in
 docs/protocol.md, "Measured communication"; the mechanisms:
 
-- **DDP** (``DistributedDataParallel``): a communication hook that wraps the
-  default all-reduce (``allreduce_hook``) or the user's hook. A gradient
-  bucket's interval runs from the call of the hook (the bucket is ready) to
-  the completion of the future it returns; its bytes are those of the
-  collectives the hook issues (seen through the wrappers below), else the
-  bucket buffer's. A backward pass is one **round**, closed by the bucket DDP
-  marks ``is_last()``: the last bucket becomes ready when the rank's own
-  backward compute is done, so the round's **exposed** time is
-  ``max(completion) - launch(last bucket)``, what the rank waits after its
-  compute. A slow rank launches its last bucket late and waits little; the
-  ranks waiting for it wait long.
+- **DDP** (``DistributedDataParallel``): a communication hook that times
+  the default all-reduce or the user's hook. A gradient bucket's interval
+  runs from the call of the hook (the bucket is ready) to the completion of
+  the future it returns; its bytes are those of the collectives the hook
+  issues (seen through the wrappers below), else the bucket buffer's. The
+  default (no hook given, or ``allreduce_hook``) is done by the timer
+  itself: the bucket divided by the group size and all-reduced with the
+  process group's own ``allreduce``, the collective DDP's built-in C++ hook
+  issues, and one ``then`` callback that records the completion and unwraps
+  the result, instead of ``allreduce_hook``'s Python path
+  (``dist.all_reduce``) and a second callback around it. A bucket's record
+  is a plain list (``[launch, completion, bytes, closes the round]``), the
+  cheapest thing to make once per bucket on the training thread. A backward
+  pass is one **round**, closed by the bucket DDP marks ``is_last()``: the
+  last bucket becomes ready when the rank's own backward compute is done,
+  so the round's **exposed** time is ``max(completion) - launch(last
+  bucket)``, what the rank waits after its compute. A slow rank launches
+  its last bucket late and waits little; the ranks waiting for it wait
+  long.
 - **Process-group collectives** (FSDP2's ``all_gather_single`` /
   ``reduce_scatter_single``, FSDP1's ``*_into_tensor`` / ``*_tensor``, and
   ``all_reduce``, ``broadcast``... issued on an instrumented model's
@@ -35,7 +43,13 @@ docs/protocol.md, "Measured communication"; the mechanisms:
 Intervals are folded into ``Reporter.add_comm`` at each ``step()``, by the
 sender thread and at ``close()``: ``comm_seconds`` adds the union of the
 completed intervals (clipped to start after what earlier folds covered, so
-nothing is counted twice), ``comm_bytes`` their bytes.
+nothing is counted twice), ``comm_bytes`` their bytes. The fold stays in
+``step()`` because exposed time counts in the step it ended in (at most
+that step's length): on CPU a round has completed when ``backward()``
+returns, so the ``step()`` after it folds it; folded once a second on the
+sender thread, a second's rounds would count in one step. A ``step()``
+with nothing pending returns at once; one after a CPU round folds it in one
+pass over its records (``_fold_cpu_rounds``).
 """
 
 from __future__ import annotations
@@ -48,11 +62,13 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
 from trainmon.logthrottle import LogThrottle
@@ -86,22 +102,27 @@ COLLECTIVE_PAYLOADS: dict[str, str] = {
 
 HookFn = Callable[[Any, "GradBucket"], "torch.futures.Future[torch.Tensor]"]
 
+#: A DDP bucket's record, made once per bucket and step on the training thread:
+#: a list ``[launch, completion, bytes, closes the round]``, indexed by these.
+#: Launch and completion are ``perf_counter`` seconds on CPU, events on CUDA;
+#: completion is None until the future's callback (a backend thread) writes it.
+LAUNCH, COMPLETION, BYTES, CLOSES_ROUND = range(4)
+BucketRecord = list[Any]
+
 
 class _Record:
-    """One collective or DDP bucket from launch to completion, on one timeline.
+    """One process-group collective from launch to completion, on one timeline.
 
     CPU records carry ``perf_counter`` seconds, CUDA records events. ``end`` /
     ``end_event`` are written by the completion callback (a backend thread).
     """
 
-    __slots__ = ("blocking", "end", "end_event", "last", "nbytes", "start", "start_event")
+    __slots__ = ("blocking", "end", "end_event", "nbytes", "start", "start_event")
 
     def __init__(self, cuda: bool, nbytes: int = 0) -> None:
         self.nbytes = nbytes
         #: The caller was blocked for all of it (exposed = its duration).
         self.blocking = False
-        #: DDP bucket that closes a round (``GradBucket.is_last()``).
-        self.last = False
         self.start = math.nan
         self.end: float | None = None
         self.start_event: torch.cuda.Event | None = None
@@ -149,7 +170,7 @@ class CommMeter:
     def __init__(self, reporter: Reporter) -> None:
         self._reporter = weakref.ref(reporter)
         self._lock = threading.Lock()
-        self._buckets: list[_Record] = []
+        self._buckets: list[BucketRecord] = []
         self._collectives: list[_Record] = []
         # What earlier folds covered, per timeline: later intervals start after it.
         self._cpu_tail = -math.inf
@@ -157,10 +178,13 @@ class CommMeter:
         self._failures = LogThrottle()
         self.active = True
 
-    def add(self, record: _Record, *, bucket: bool) -> None:
-        records = self._buckets if bucket else self._collectives
+    def add_bucket(self, record: BucketRecord) -> None:
+        """Keep a DDP bucket's record until a fold (the hook, on the training thread)."""
+        self._keep(record, self._buckets)
+
+    def _keep(self, record: BucketRecord | _Record, records: list[Any]) -> None:
         if len(records) < MAX_PENDING_RECORDS:
-            records.append(record)  # list.append is atomic; fold swaps under the lock
+            records.append(record)  # list.append is atomic; fold takes records under the lock
         elif self._failures.allow("overflow"):
             log.warning("trainmon: %d collectives pending without a fold; dropping new ones",
                         len(records))
@@ -199,84 +223,133 @@ class CommMeter:
         else:
             record.blocking = not cuda or torch.cuda.current_stream() == torch.cuda.default_stream()
             record.finish()
-        self.add(record, bucket=False)
+        self._keep(record, self._collectives)
         return result
 
     # -- folding (lock held) ---------------------------------------------------
 
     def _take_completed(self) -> tuple[float, float | None, int] | None:
-        rounds, self._buckets = _complete_rounds(self._buckets)
-        done = [record for record in self._collectives if record.complete()]
-        if done:
-            finished = {id(record) for record in done}
-            self._collectives = [r for r in self._collectives if id(r) not in finished]
+        buckets = self._buckets
+        rounds, taken = _complete_rounds(buckets)
+        if taken:
+            records = buckets[:taken]
+            del buckets[:taken]  # in place: a hook may append meanwhile (CUDA backward)
+            if not self._collectives:  # the usual DDP step: one CPU round
+                folded = _fold_cpu_rounds(records, self._cpu_tail)
+                if folded is not None:
+                    seconds, exposed, nbytes, self._cpu_tail = folded
+                    return seconds, exposed, nbytes
+        done: list[_Record] = []
+        if self._collectives:
+            done = [record for record in self._collectives if record.complete()]
+            if done:
+                finished = {id(record) for record in done}
+                self._collectives = [r for r in self._collectives if id(r) not in finished]
         if not rounds and not done:
             return None
-        records = [record for round_ in rounds for record in round_] + done
-        cpu = [record for record in records if record.start_event is None]
-        gpu = [record for record in records if record.start_event is not None]
+        cpu, gpu = _Timeline(), _Timeline()
+        # GPU records as (launch, completion) events, in order: rounds, then collectives.
+        events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        nbytes = 0
+        for round_ in rounds:
+            cpu_spans: list[tuple[float, float]] = []
+            for record in round_:
+                nbytes += record[BYTES]
+                launch = record[LAUNCH]
+                if launch.__class__ is float:
+                    cpu_spans.append((launch, record[COMPLETION]))
+                else:
+                    events.append((launch, record[COMPLETION]))
+            if cpu_spans:
+                cpu.add_round(cpu_spans)
+            if len(cpu_spans) < len(round_):
+                gpu.rounds.append(len(round_) - len(cpu_spans))
+        gpu_blocking: list[bool] = [False] * len(events)
+        for collective in done:
+            nbytes += collective.nbytes
+            if collective.start_event is None:
+                cpu.add_collective((collective.start, _end(collective)), collective.blocking)
+            else:
+                assert collective.end_event is not None
+                events.append((collective.start_event, collective.end_event))
+                gpu_blocking.append(collective.blocking)
         seconds = exposed = 0.0
-        if cpu:
-            spans = {id(record): (record.start, _end(record)) for record in cpu}
-            comm, wait = _fold_timeline(spans, self._cpu_tail, records, rounds)
+        if cpu.spans:
+            comm, wait, self._cpu_tail = cpu.fold(self._cpu_tail)
             seconds, exposed = seconds + comm, exposed + wait
-            self._cpu_tail = max(self._cpu_tail, *(end for _, end in spans.values()))
-        if gpu:
-            spans, clip = self._gpu_spans(gpu)
-            comm, wait = _fold_timeline(spans, clip, records, rounds)
+        if events:
+            clip = self._gpu_spans(events, gpu, gpu_blocking)
+            comm, wait, _ = gpu.fold(clip)
             seconds, exposed = seconds + comm, exposed + wait
-        exposed_known = bool(rounds) or any(record.blocking for record in records)
-        nbytes = sum(record.nbytes for record in records)
+        exposed_known = bool(rounds) or any(record.blocking for record in done)
         return seconds, (exposed if exposed_known else None), nbytes
 
-    def _gpu_spans(self, records: list[_Record]) -> tuple[dict[int, tuple[float, float]], float]:
-        """GPU-timeline seconds of each record relative to the first launch event,
-        and where the previous fold's intervals ended on that scale.
+    def _gpu_spans(
+        self,
+        events: list[tuple[torch.cuda.Event, torch.cuda.Event]],
+        timeline: _Timeline,
+        blocking: list[bool],
+    ) -> float:
+        """Fill ``timeline`` with the GPU-timeline seconds of each (launch,
+        completion) pair relative to the first launch event; where the previous
+        fold's intervals ended on that scale.
 
-        Offsets stay small: elapsed times are float32 milliseconds, which lose
-        precision over hours, so each fold takes a fresh reference.
+        ``timeline.rounds`` holds the size of each round (the first pairs of
+        ``events``, in order), ``blocking`` a flag per pair. Offsets stay small:
+        elapsed times are float32 milliseconds, which lose precision over hours,
+        so each fold takes a fresh reference.
         """
-        reference = records[0].start_event
-        assert reference is not None
-        spans: dict[int, tuple[float, float]] = {}
-        latest: tuple[float, torch.cuda.Event] | None = None
-        for record in records:
-            assert record.start_event is not None and record.end_event is not None
-            start = reference.elapsed_time(record.start_event) / 1e3
-            end = reference.elapsed_time(record.end_event) / 1e3
-            spans[id(record)] = (start, end)
-            if latest is None or end > latest[0]:
-                latest = (end, record.end_event)
+        reference = events[0][0]
+        spans = [(reference.elapsed_time(launch) / 1e3, reference.elapsed_time(completion) / 1e3)
+                 for launch, completion in events]
+        sizes, timeline.rounds = timeline.rounds, []
+        begin = 0
+        for size in sizes:
+            timeline.add_round(spans[begin:begin + size])
+            begin += size
+        for span, blocked in zip(spans[begin:], blocking[begin:], strict=True):
+            timeline.add_collective(span, blocked)
+        latest = max(range(len(spans)), key=lambda index: spans[index][1])
         clip = -math.inf
         if self._gpu_tail is not None:
             clip = reference.elapsed_time(self._gpu_tail) / 1e3
-        if latest is not None:
-            self._gpu_tail = latest[1]
-        return spans, clip
+        self._gpu_tail = events[latest][1]
+        return clip
 
 
-def _fold_timeline(
-    spans: dict[int, tuple[float, float]],
-    clip: float,
-    records: list[_Record],
-    rounds: list[list[_Record]],
-) -> tuple[float, float]:
-    """(union of the intervals, exposed time) of the records of one timeline.
+class _Timeline:
+    """The completed intervals of one timeline (CPU seconds, or GPU seconds from
+    a reference event) in one fold: (launch, completion) spans, those the caller
+    was blocked for, and per round the exposed wait."""
 
-    ``spans`` holds (start, end) seconds of the timeline's records by id;
-    starts are clipped to ``clip``, where the previous fold's intervals ended.
-    """
-    comm = _union_length([(max(start, clip), end) for start, end in spans.values()])
-    exposed = _union_length([
-        (max(spans[id(record)][0], clip), spans[id(record)][1])
-        for record in records if record.blocking and id(record) in spans
-    ])
-    for round_ in rounds:
-        mine = [spans[id(record)] for record in round_ if id(record) in spans]
-        if mine:
-            last_launch = mine[-1][0]
-            exposed += max(0.0, max(end for _, end in mine) - last_launch)
-    return comm, exposed
+    __slots__ = ("blocking", "rounds", "spans", "waits")
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[float, float]] = []
+        self.blocking: list[tuple[float, float]] = []
+        #: Exposed wait of each round: max(completion) - launch(its last bucket).
+        self.waits: list[float] = []
+        #: GPU only, until ``CommMeter._gpu_spans`` converts them: the rounds' sizes.
+        self.rounds: list[int] = []
+
+    def add_round(self, spans: list[tuple[float, float]]) -> None:
+        self.spans += spans
+        last_launch = spans[-1][0]
+        self.waits.append(max(0.0, max(map(itemgetter(1), spans)) - last_launch))
+
+    def add_collective(self, span: tuple[float, float], blocking: bool) -> None:
+        self.spans.append(span)
+        if blocking:
+            self.blocking.append(span)
+
+    def fold(self, clip: float) -> tuple[float, float, float]:
+        """(union of the intervals, exposed time, where the intervals end): only
+        what lies after ``clip``, where the previous fold's intervals ended, counts."""
+        comm, covered_until = _union_length(self.spans, clip)
+        exposed = sum(self.waits)
+        if self.blocking:
+            exposed += _union_length(self.blocking, clip)[0]
+        return comm, exposed, covered_until
 
 
 def _end(record: _Record) -> float:
@@ -284,37 +357,75 @@ def _end(record: _Record) -> float:
     return record.end
 
 
-def _complete_rounds(buckets: list[_Record]) -> tuple[list[list[_Record]], list[_Record]]:
-    """Split launch-ordered bucket records into complete rounds and the rest."""
-    rounds: list[list[_Record]] = []
+def _fold_cpu_rounds(
+    records: list[BucketRecord], covered_until: float
+) -> tuple[float, float, int, float] | None:
+    """(union of the intervals after ``covered_until``, exposed time, bytes, where
+    the union ends) of complete CPU rounds in one pass, as ``_Timeline.fold`` would
+    give them; None unless every record is a CPU one, in launch order (then the
+    general fold sorts them)."""
+    comm = exposed = 0.0
+    nbytes = 0
+    previous_launch = round_end = -math.inf
+    for launch, completion, size, closes_round in records:
+        if launch.__class__ is not float or launch < previous_launch:
+            return None
+        previous_launch = launch
+        nbytes += size
+        if completion > covered_until:
+            comm += completion - (launch if launch > covered_until else covered_until)
+            covered_until = completion
+        if completion > round_end:
+            round_end = completion
+        if closes_round:
+            if round_end > launch:
+                exposed += round_end - launch
+            round_end = -math.inf
+    return comm, exposed, nbytes, covered_until
+
+
+def _complete_rounds(buckets: list[BucketRecord]) -> tuple[list[list[BucketRecord]], int]:
+    """The complete rounds at the head of the launch-ordered bucket records, and
+    how many records they hold."""
+    rounds: list[list[BucketRecord]] = []
     begin = 0
     for index, record in enumerate(buckets):
-        if record.last:
-            round_ = buckets[begin:index + 1]
-            if not all(member.complete() for member in round_):
-                break
-            rounds.append(round_)
+        completion = record[COMPLETION]
+        if completion is None or (completion.__class__ is not float
+                                  and not _events_done(record)):
+            break
+        if record[CLOSES_ROUND]:
+            rounds.append(buckets[begin:index + 1])
             begin = index + 1
-    return rounds, buckets[begin:]
+    return rounds, begin
 
 
-def _union_length(intervals: Iterable[tuple[float, float]]) -> float:
-    """Total length covered by the intervals (overlaps counted once)."""
+def _events_done(record: BucketRecord) -> bool:
+    """True once both events of a CUDA bucket record have run (never blocks)."""
+    return (bool(record[COMPLETION].query())
+            and bool(record[LAUNCH].query()))
+
+
+def _union_length(
+    intervals: Iterable[tuple[float, float]], covered_until: float = -math.inf
+) -> tuple[float, float]:
+    """Total length the intervals cover after ``covered_until`` (overlaps counted
+    once), and where the covered part ends (``covered_until`` if they end before)."""
     total = 0.0
-    covered_until = -math.inf
     for start, end in sorted(intervals):
         if end <= covered_until:
             continue
         total += end - max(start, covered_until)
         covered_until = end
-    return total
+    return total, covered_until
 
 
 # -- DDP ---------------------------------------------------------------------------
 
 
 class _BucketTimer:
-    """The DDP communication hook: times each bucket around ``hook(state, bucket)``."""
+    """The DDP communication hook: times each bucket around ``hook(state, bucket)``
+    (``allreduce_hook``: done here, with one callback per bucket)."""
 
     # DDP checks the hook's signature; string annotations would not pass.
     __signature__ = inspect.Signature([
@@ -326,6 +437,7 @@ class _BucketTimer:
         #: None until ``instrument()`` attaches one (``timed_comm_hook``).
         self.meter = meter
         self.hook = hook
+        self._allreduce = hook is allreduce_hook
         # DDP keys checks (bf16 needs NCCL ≥ 2.10) and its logs on the hook's name.
         self.__name__ = getattr(hook, "__name__", "comm_hook")
         self.__qualname__ = getattr(hook, "__qualname__", self.__name__)
@@ -337,22 +449,54 @@ class _BucketTimer:
         if meter is None or not meter.active:
             return self.hook(state, bucket)
         buffer = bucket.buffer()
-        record = _Record(buffer.is_cuda)
-        record.last = bucket.is_last()
+        cuda = buffer.is_cuda
+        record: BucketRecord = [_launch_event() if cuda else _clock(), None, 0, bucket.is_last()]
+        if self._allreduce and not buffer.is_complex() and not torch.compiler.is_compiling():
+            # allreduce_hook's collective, as DDP's built-in hook issues it.
+            group = cast("dist.ProcessGroup", state if state is not None else dist.group.WORLD)
+            buffer.div_(group.size())
+            future = group.allreduce([buffer]).get_future()
+            record[BYTES] = buffer.numel() * buffer.element_size()
+            meter.add_bucket(record)
+
+            def reduced(done: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+                _complete(record, cuda)
+                return done.value()[0]
+
+            return future.then(reduced)
         _in_hook.record = record
         try:
-            future = self.hook(state, bucket)
+            hooked = self.hook(state, bucket)
         finally:
             _in_hook.record = None
-        if not record.nbytes:  # no collective seen through torch.distributed
-            record.nbytes = buffer.numel() * buffer.element_size()
-        meter.add(record, bucket=True)
+        if not record[BYTES]:  # no collective seen through torch.distributed
+            record[BYTES] = buffer.numel() * buffer.element_size()
+        meter.add_bucket(record)
 
         def completed(done: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
-            record.finish()
+            _complete(record, cuda)
             return done.value()
 
-        return future.then(completed)
+        return hooked.then(completed)
+
+
+def _launch_event() -> torch.cuda.Event:
+    event = _timing_event()
+    event.record()
+    return event
+
+
+def _complete(record: BucketRecord, cuda: bool) -> None:
+    """Write a bucket's completion (its future's callback, a backend thread)."""
+    try:
+        if cuda:
+            event = _timing_event()
+            event.record()  # the current stream waits for the collective
+            record[COMPLETION] = event
+        else:
+            record[COMPLETION] = _clock()
+    except RuntimeError as error:  # a CUDA error here must not fail the collective
+        log.debug("trainmon: cannot time a gradient bucket: %s", error)
 
 
 def timed_comm_hook(hook: HookFn) -> HookFn:
@@ -384,8 +528,6 @@ def _instrument_ddp(
         )
         return False
     if hook is None:
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
         hook, state = allreduce_hook, model.process_group
     model.register_comm_hook(state, _BucketTimer(meter, hook))
     return True
@@ -396,7 +538,7 @@ def _instrument_ddp(
 
 class _HookContext(threading.local):
     #: The DDP bucket whose hook runs on this thread: its collectives are its bytes.
-    record: _Record | None = None
+    record: BucketRecord | None = None
 
 
 _in_hook = _HookContext()
@@ -462,7 +604,7 @@ def _timed_collective(original: Callable[..., Any], payload: str) -> Callable[..
             return original(*args, **kwargs)
         tensors = argument(args, kwargs, payload, payload_at)
         if bucket is not None:  # issued by a DDP hook: the bucket's interval covers it
-            bucket.nbytes += _nbytes(tensors)
+            bucket[BYTES] += _nbytes(tensors)
             return original(*args, **kwargs)
         group = argument(args, kwargs, "group", group_at)
         entry = _GROUP_METERS.get(id(group if group is not None else dist.group.WORLD))

@@ -71,8 +71,7 @@ class DiskCollector(Collector):
         """Read ``/proc/diskstats`` and the sysfs block tree now; build fresh families."""
         disks = self._disks.read()
         families = {
-            name: CounterMetricFamily(name, _counter_help(counter, start), labels=["device"])
-            for name, (counter, start) in COUNTERS.items()
+            name: CounterMetricFamily(name, _HELP[name], labels=["device"]) for name in COUNTERS
         }
         in_flight = GaugeMetricFamily(
             "trainmon_disk_io_now",
@@ -91,6 +90,10 @@ class DiskCollector(Collector):
 def _counter_help(counter: str, start: str) -> str:
     field = DISKSTATS_FIELDS[counter].number
     return f"{start} on the whole block device, cumulative (/proc/diskstats field {field})."
+
+
+#: Exported counter → its HELP text (made once, not on every scrape).
+_HELP = {name: _counter_help(counter, start) for name, (counter, start) in COUNTERS.items()}
 
 
 def _build(config: DiskConfig, wiring: Wiring) -> Collector:

@@ -70,8 +70,7 @@ class NetworkCollector(Collector):
         """Read ``/proc/net/dev`` and the speed files now; build fresh families."""
         interfaces = self._interfaces.read()
         families = {
-            name: CounterMetricFamily(name, _counter_help(counter, start), labels=["device"])
-            for name, (counter, start) in COUNTERS.items()
+            name: CounterMetricFamily(name, _HELP[name], labels=["device"]) for name in COUNTERS
         }
         speed = GaugeMetricFamily(
             "trainmon_network_speed_bytes",
@@ -92,6 +91,10 @@ class NetworkCollector(Collector):
 def _counter_help(counter: str, start: str) -> str:
     section, column = NET_DEV_COLUMNS[counter]
     return f"{start}, cumulative since it appeared (/proc/net/dev, {section} column {column})."
+
+
+#: Exported counter → its HELP text (made once, not on every scrape).
+_HELP = {name: _counter_help(counter, start) for name, (counter, start) in COUNTERS.items()}
 
 
 def _build(config: NetworkConfig, wiring: Wiring) -> Collector:

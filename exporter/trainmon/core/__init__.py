@@ -8,7 +8,10 @@
 - ``registry.py``: ``CollectorRegistry``: per-collector isolation, the
   ``trainmon_collector_*`` and ``trainmon_build_info`` self-metrics, ``/healthz`` state,
   every collector's routes in one table;
-- ``ownprocess.py``: the daemon's own ``process_*`` metrics.
+- ``ownprocess.py``: the daemon's own ``process_*`` metrics;
+- ``exposition.py``: ``TextEncoder``, the Prometheus text format of the families, with
+  what repeats from scrape to scrape remembered;
+- ``files.py``: ``read_file``, a whole procfs/sysfs file in four system calls.
 - ``entry.py``: ``CollectorEntry``, what each collector module declares (its name,
   section class, factory, requirements), and the ``Wiring`` its factory receives.
 """

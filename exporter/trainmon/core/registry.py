@@ -95,6 +95,7 @@ class CollectorRegistry:
                       if collector.evaluation_seconds is not None), len(self._collectors))
         self._sources = self._collectors[:split]
         self._derived = self._collectors[split:]
+        self._derived_ids = {id(collector) for collector in self._derived}
         #: Seconds between two evaluations (the shortest any derived collector asks
         #: for); None without derived collectors.
         self.evaluation_seconds = min(
@@ -190,7 +191,7 @@ class CollectorRegistry:
     def collect(self) -> Iterator[Metric]:
         """The sources' families, collected now, the derived collectors' families
         of the latest evaluation, then the self-metrics."""
-        derived = {id(collector) for collector in self._derived}
+        derived = self._derived_ids
         evaluated = self._evaluated
         with self._lock:
             families: list[Metric] = []

@@ -120,12 +120,15 @@ class DiskReading:
     io_in_flight: int
 
 
-def parse_diskstats(text: str) -> dict[str, list[int]]:
-    """``/proc/diskstats`` → ``{name: [field 1, field 2, ...]}`` for lines of 14+ fields."""
+def parse_diskstats(
+    text: str, keep: Callable[[str], bool] | None = None
+) -> dict[str, list[int]]:
+    """``/proc/diskstats`` → ``{name: [field 1, field 2, ...]}`` for lines of 14+ fields
+    (with ``keep``: of the devices it keeps; the others' fields are not even converted)."""
     devices: dict[str, list[int]] = {}
     for line in text.splitlines():
         fields = line.split()
-        if len(fields) < _MIN_FIELDS:
+        if len(fields) < _MIN_FIELDS or (keep is not None and not keep(fields[2])):
             continue
         try:
             devices[fields[2]] = [int(field) for field in fields[3:]]
@@ -182,13 +185,12 @@ class DiskstatsReader:
     def _read_whole_disks(self) -> dict[str, list[int]]:
         text = KernelFileReader.required_text(self._diskstats)
         is_whole_disk = self._whole_disk_test()
-        return {
-            device: fields
-            for device, fields in sorted(parse_diskstats(text).items())
-            if not BUILTIN_EXCLUDE.search(device)
-            and is_whole_disk(device)
-            and self._accepts(device)
-        }
+
+        def keep(device: str) -> bool:
+            return (not BUILTIN_EXCLUDE.search(device) and is_whole_disk(device)
+                    and self._accepts(device))
+
+        return dict(sorted(parse_diskstats(text, keep).items()))
 
     def _whole_disk_test(self) -> Callable[[str], bool]:
         """How to tell a whole disk from a partition with the sysfs at hand."""

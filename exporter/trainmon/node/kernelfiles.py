@@ -11,6 +11,8 @@ Shared by the node readers (``netdev``, ``infiniband``, ``diskstats``) and
   so a scrape every 15 s does not repeat the same line forever. A *required*
   table (``/proc/net/dev``, ``/proc/diskstats``) that is missing makes the
   collector unavailable instead (``required_text``).
+  Every read goes through ``trainmon.core.files.read_file`` (four system
+  calls for a small file, not nine).
 - **32-bit counter wrap.** Some kernels and drivers expose 32-bit counters
   (``/proc/diskstats`` on 32-bit kernels and its millisecond fields on older
   64-bit ones, the statistics of some NIC drivers). ``CounterWrapTracker``
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Generic, TypeVar
 
 from trainmon.core.collector import CollectorUnavailable
+from trainmon.core.files import decode_text, read_file
 from trainmon.logthrottle import LogThrottle
 
 #: A 32-bit counter wraps from 2**32 - 1 to 0.
@@ -60,7 +63,7 @@ class KernelFileReader:
     def text(self, path: Path) -> str | None:
         """The stripped ASCII content of ``path``; ``None`` if missing or unreadable."""
         try:
-            data = path.read_bytes()
+            data = read_file(path)
         except FileNotFoundError:
             return None
         except OSError as error:
@@ -76,7 +79,7 @@ class KernelFileReader:
         ``OSError``s propagate (the registry reports the collector as failed).
         """
         try:
-            return path.read_text(encoding="ascii", errors="replace")
+            return decode_text(read_file(path))
         except FileNotFoundError:
             raise CollectorUnavailable(f"{path} does not exist") from None
 

@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainmon.core.collector import CollectorUnavailable
+from trainmon.core.files import decode_text, read_file
 from trainmon.node.mounts import unescape
 
 log = logging.getLogger(__name__)
@@ -231,7 +232,7 @@ class MountstatsReader:
         reasons = []
         for path in self.candidates:
             try:
-                text = path.read_text(encoding="utf-8", errors="replace")
+                text = decode_text(read_file(path), "utf-8")
             except (FileNotFoundError, NotADirectoryError):
                 reasons.append(f"{path} does not exist")
                 continue

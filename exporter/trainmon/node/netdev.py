@@ -25,6 +25,7 @@ made in ``trainmon.collectors.network``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Mapping
@@ -97,6 +98,7 @@ def parse_net_dev(text: str) -> dict[str, dict[str, int]]:
     return devices
 
 
+@functools.lru_cache(maxsize=8)  # the standard header, and what a kernel's own header gives
 def _column_positions(receive: tuple[str, ...], transmit: tuple[str, ...]) -> dict[str, int]:
     columns = {("receive", name): index for index, name in enumerate(receive)}
     columns.update({("transmit", name): len(receive) + i for i, name in enumerate(transmit)})
@@ -120,6 +122,8 @@ class NetDevReader:
         self._accepts = accepts
         self._files = KernelFileReader(log)
         self._wrap: CounterWrapTracker[tuple[str, str]] = CounterWrapTracker()
+        # <sys>/class/net/<device>/speed of the interfaces of the latest read.
+        self._speed_files: dict[str, Path] = {}
         self._lock = threading.Lock()
 
     def read(self) -> list[InterfaceReading]:
@@ -141,17 +145,23 @@ class NetDevReader:
                     for counter, value in counters.items()
                 }
             )
+            known = self._speed_files
+            self._speed_files = {
+                device: known.get(device) or self._class_net / device / "speed"
+                for device in devices
+            }
+            speed_files = self._speed_files
         return [
             InterfaceReading(
                 device=device,
                 counters={counter: values[(counter, device)] for counter in counters},
-                speed_bytes=self._speed_bytes(device),
+                speed_bytes=self._speed_bytes(speed_files[device]),
             )
             for device, counters in devices.items()
         ]
 
-    def _speed_bytes(self, device: str) -> int | None:
-        mbits = self._files.integer(self._class_net / device / "speed")
+    def _speed_bytes(self, speed_file: Path) -> int | None:
+        mbits = self._files.integer(speed_file)
         if mbits is None or mbits <= 0 or mbits == _UNKNOWN_SPEED:
             return None
         return mbits * _BYTES_PER_MBIT
