@@ -1276,11 +1276,9 @@ def report(results: Sequence[SizeResult]) -> str:
         "### Fleet dashboard (dashboards/dcgm/fleet.json), node = All",
         "",
         dashboard_table(results),
-        "",
-        f"Slowest panel queries ({TOP_PANEL_QUERIES}):",
-        "",
-        panel_table(results),
     ]
+    if any(results[-1].dashboard[e].per_query for e in results[-1].engines):
+        lines += ["", f"Slowest panel queries ({TOP_PANEL_QUERIES}):", "", panel_table(results)]
     problems = []
     for r in results:
         for e in r.engines:

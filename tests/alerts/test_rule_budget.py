@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
+from alerts.generate import duration_ms
 from testkit.metric_contract import metric_names
 from tests.alerts.alerts_support.bundle import VARIANTS, rules_path
 
@@ -39,15 +40,12 @@ SCRAPED_SUBQUERIES = {
         "one Cloud Monitor series per CVM at 60 s resolution, 30 steps",
 }
 
-_DURATION = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800,
-                 "y": 31536000}
 _SUBQUERY = re.compile(r"\)\s*\[\s*([0-9a-z]+)\s*:\s*([0-9a-z]*)\s*\]")
 _RANGE_SELECTOR = re.compile(r"([A-Za-z_:][A-Za-z0-9_:]*)\s*(?:\{[^}]*\})?\s*\[\s*([0-9a-z]+)\s*\]")
 
 
 def seconds(text: str) -> float:
-    return sum(int(n) * _UNIT_SECONDS[unit] for n, unit in _DURATION.findall(text))
+    return duration_ms(text) / 1000
 
 
 def groups(variant: str) -> list[dict[str, Any]]:
