@@ -56,6 +56,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bench import headline
 from testkit.daemon import free_port
 
 SCENARIOS = {
@@ -372,6 +373,11 @@ def print_tables(
             share = float(measures[0]["difference"]) / (step_ms / 1e3)  # type: ignore[arg-type]
             print(f"| {name} | {buckets} | {bare_cpu:.1f} µs | {label} "
                   f"| {' | '.join(cells)} | {share:.3%} |")
+            if name == rows[-1][0] and pair == "bare:instrumented":
+                headline.record(headline.Figure(
+                    f"instrument() process CPU, % of a {step_ms:g} ms step with {buckets} "
+                    "buckets", 100 * share, anchor="NVRx / Falcon < 1 % / < 0.1 %",
+                    at_most=1.0, source="bench.instrument_overhead"))
 
 
 def print_job_tables(

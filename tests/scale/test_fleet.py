@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench import fleet_scale, fleet_sim
+from bench import fleet_scale, fleet_sim, headline
 from testkit.metric_contract import metric_names
 from tests.dashboards.dashboards_support import EXPECTED_EMPTY
 
@@ -341,3 +341,23 @@ def test_files_saved_before_the_per_engine_fields_load_as_both_engines(tmp_path:
     assert loaded.engines == list(fleet_scale.ENGINES)
     text = fleet_scale.report([loaded])
     assert "| trainmon-slow | 15 | 20000 / 20000 (1) | 133.3 % | – |" in text
+
+
+def test_the_headline_figures_stand_beside_their_goals(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    results = tmp_path / "headline.jsonl"
+    monkeypatch.setenv(headline.RESULTS_ENV, str(results))
+    fleet_scale.record_headlines([_one_engine_run("prometheus")])
+    figures = {f.name: f for f in headline.load(results)}
+    slowest = figures["slowest rule group, p50 % of its interval (1000 nodes, Prometheus)"]
+    assert slowest.at_most == 20.0 and slowest.source.endswith("--engines prometheus")
+    assert headline.Figure("over", 25.0, at_most=20.0).met() == "**no**"
+    assert headline.Figure("under", 20.0, at_most=20.0).met() == "yes"
+    assert headline.Figure("no goal", 3.0).met() == "–"
+    table = headline.table(list(figures.values()))
+    assert table.count("\n") == len(figures) + 1
+    assert "| rule group iterations missed (1000 nodes, Prometheus) |" in table
+    monkeypatch.delenv(headline.RESULTS_ENV)
+    headline.record(headline.Figure("outside make bench", 1.0))  # no file: nothing written
+    assert "outside make bench" not in results.read_text()
