@@ -127,7 +127,9 @@ def test_every_rule_group_evaluates_without_errors_on_both_engines(
         per_group = result.group_iterations[engine]
         assert sorted(per_group) == shipped, engine
         for group, counts in per_group.items():
-            assert counts["due"] == pytest.approx(WINDOW_SECONDS / intervals[group], rel=0.2)
+            # due over the window as measured (a loaded machine stretches it past WINDOW_SECONDS)
+            assert counts["due"] == pytest.approx(result.window_seconds / intervals[group])
+            assert result.window_seconds >= WINDOW_SECONDS
         assert all(per_group[g]["run"] > 0 for g in due), (engine, per_group)
         assert sum(c["missed"] for c in per_group.values()) == iterations["missed"], engine
         assert iterations["due"] == pytest.approx(sum(c["due"] for c in per_group.values()))
