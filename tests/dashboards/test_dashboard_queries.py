@@ -392,10 +392,29 @@ def test_either_source_panels_read_dcgm_where_it_exports_and_the_daemon_elsewher
     stack: Stack, dashboards: list[Dashboard], engine: str,
 ) -> None:
     """Each GPU once: DCGM profiling for the GPUs dcgm-exporter watches, the daemon's GPM
-    series for the others; memory from the daemon, which sees every GPU."""
+    series for the others; memory from the daemon, which sees every GPU.
+
+    The queries are instant ones: a scrape that timed out (1 s here, on a loaded machine)
+    leaves its target's series stale at that instant, so the check is asked again at a
+    newer instant, a scrape apart, AGREEMENT_TRIES times before its failure counts; the
+    failure names the targets' ``up`` at the instant it read."""
     api = stack.engines[engine]["dcgm"]
-    now = time.time() - AGREEMENT_LAG_SECONDS
-    window = Window(start=stack.started, end=now, step=SCRAPE_SECONDS,
+    for attempt in range(1, AGREEMENT_TRIES + 1):
+        now = time.time() - AGREEMENT_LAG_SECONDS
+        try:
+            _check_either_source_panels(api, dashboards, stack.started, now)
+            return
+        except AssertionError as failure:
+            up = {item["metric"].get("job", "?"): item["value"][1]
+                  for item in api.query("up", now)}
+            if attempt == AGREEMENT_TRIES:
+                raise AssertionError(f"{failure} (up at that instant: {up})") from failure
+            time.sleep(SCRAPE_SECONDS)
+
+
+def _check_either_source_panels(api: QueryAPI, dashboards: list[Dashboard], started: float,
+                                now: float) -> None:
+    window = Window(start=started, end=now, step=SCRAPE_SECONDS,
                     scrape_interval=SCRAPE_SECONDS)
     dcgm_gpus = {str(gpu) for gpu in DCGM_DEVICES}
     checked: list[str] = []
