@@ -24,6 +24,7 @@ from testkit.footprint import SERVE_RSS_CEILING_MIB, measure_serve
 #: ``pynvml`` when the GPU facade opens an NVML session (never on a node without NVML).
 NOT_IMPORTED_BY_DEFAULT = (
     "yaml", "bcrypt", "statistics", "decimal", "fractions", "prometheus_client.parser", "pynvml",
+    "ctypes",
     "trainmon.tencent.puller", "trainmon.tencent.client", "trainmon.tencent.credentials",
     "trainmon.tencent.targets", "trainmon.tencent.ratelimit", "trainmon.tencent.signer",
 )

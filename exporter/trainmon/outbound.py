@@ -271,20 +271,24 @@ _Address = tuple[int, int, int, str, tuple[str, int] | tuple[str, int, int, int]
 
 
 def _resolve(host: str, port: int, deadline: Deadline) -> list[_Address]:
-    """``getaddrinfo`` bounded by the deadline (on a daemon thread unless ``host`` is an IP)."""
+    """``getaddrinfo`` bounded by the deadline (on a daemon thread unless ``host`` is an IP).
+
+    An ASCII name is passed as bytes: ``getaddrinfo`` would otherwise run it through
+    the ``idna`` codec, whose import (``stringprep``, ``unicodedata``) stays resident."""
     try:
         ipaddress.ip_address(host)
     except ValueError:
         pass
     else:
         return list(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))  # type: ignore[arg-type]
+    name: str | bytes = host.encode("ascii") if host.isascii() else host
     found: list[_Address] = []
     failure: list[OSError] = []
     done = threading.Event()
 
     def lookup() -> None:
         try:
-            found.extend(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))  # type: ignore[arg-type]
+            found.extend(socket.getaddrinfo(name, port, type=socket.SOCK_STREAM))  # type: ignore[arg-type]
         except OSError as error:
             failure.append(error)
         finally:

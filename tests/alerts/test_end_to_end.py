@@ -97,7 +97,7 @@ def test_sawtooth_gpus_page_and_steady_gpus_never_do(
             f"GPU {gpu} on {instance} alternates between busy and idle."
         )
         assert f"The utilization of GPU {gpu} on {instance} saw-tooths" in annotations["description"]
-        assert "busy in " in annotations["description"]
+        assert "sawtooth ratio " in annotations["description"]
         assert annotations["runbook_url"].endswith("/docs/runbooks/TrainmonGPUSawtooth.md")
         assert alert["status"] == "firing"
 

@@ -14,7 +14,6 @@ again once NVML is back. Drivers without events leave the listener
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import threading
 import time
@@ -207,7 +206,12 @@ class XidListener:
 
 
 def _handle_key(handle: Any) -> object:
-    """A hashable identity of a device handle: ctypes pointers compare by address."""
+    """A hashable identity of a device handle: ctypes pointers compare by address.
+
+    ``ctypes`` is imported here, where NVML (which loaded it) already runs, not with the
+    module: a node without a GPU never needs it."""
+    import ctypes
+
     if isinstance(handle, ctypes._Pointer):
         return ctypes.cast(handle, ctypes.c_void_p).value
     return handle

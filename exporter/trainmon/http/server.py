@@ -429,7 +429,12 @@ class ExporterHTTPServer(socketserver.ThreadingMixIn, HTTPServer):
         if self.address_family == socket.AF_INET6:
             # "[::]" serves IPv4 too, as Go's listeners do.
             self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        super().server_bind()
+        # TCPServer's bind, not HTTPServer's: that one also resolves the address back to a
+        # name (socket.getfqdn), a reverse DNS lookup that can hang a node's start on a
+        # broken resolver and loads the idna codec (0.4 MiB), for a server_name only CGI uses.
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name, self.server_port = str(host), int(port)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         refusal = self.limits.admit(client_address[0])
