@@ -104,6 +104,11 @@ ROOT = benchlib.ROOT
 VMAGENT_CONFIG = ROOT / "deploy" / "scale" / f"vmagent-{VARIANT}.yml"
 PROMETHEUS_CONFIG = ROOT / "deploy" / "prometheus" / f"prometheus-{VARIANT}.yml"
 RULE_FILES = tuple(sorted((ROOT / "alerts" / VARIANT).glob("*.rules.yml")))
+COMPOSE_FILE = ROOT / "deploy" / "scale" / "docker-compose.yml"
+#: vmalert flags of the shipped deployment that the run takes over: how recording rules'
+#: results are written back (the rest, URLs and paths, are the run's own).
+SHIPPED_VMALERT_FLAGS = ("-remoteWrite.concurrency=", "-remoteWrite.maxBatchSize=",
+                         "-remoteWrite.maxQueueSize=", "-remoteWrite.flushInterval=")
 #: Nothing listens there: vmalert's notifications go nowhere (no Alertmanager in the run).
 DEAD_NOTIFIER = "http://127.0.0.1:9"
 ENGINES = ("victoriametrics", "prometheus")
@@ -365,6 +370,13 @@ def _pid(server: Any) -> int:
     return int(server.process.pid)
 
 
+def shipped_vmalert_flags(compose: Path = COMPOSE_FILE) -> list[str]:
+    """The ``SHIPPED_VMALERT_FLAGS`` of the deployment's vmalert command, so that the run
+    evaluates the rules as deployed whatever the installed vmalert's defaults."""
+    command = yaml.safe_load(compose.read_text())["services"]["vmalert"]["command"]
+    return [str(flag) for flag in command if str(flag).startswith(SHIPPED_VMALERT_FLAGS)]
+
+
 @contextlib.contextmanager
 def fleet_stack(workdir: Path, templates: Path, nodes: int, *, interval: float,
                 evaluation: float, shards: int, max_seconds: float,
@@ -399,7 +411,7 @@ def fleet_stack(workdir: Path, templates: Path, nodes: int, *, interval: float,
                     "TRAINMON_SHARD_COUNT": str(shards), "TRAINMON_SHARD": str(shard)}))
             run.vmalert = started(VMAlert(workdir / "vmalert"), "vmalert").start(
                 sorted(rules.glob("*.yml")), engine=vm.url, notifier=DEAD_NOTIFIER,
-                evaluation_interval=f"{evaluation:g}s")
+                evaluation_interval=f"{evaluation:g}s", flags=shipped_vmalert_flags())
             run.victoria_metrics = vm
         if "prometheus" in engines:
             run.prometheus = started(Prometheus(workdir / "prometheus"), "prometheus").start(

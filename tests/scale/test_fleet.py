@@ -363,3 +363,18 @@ def test_the_headline_figures_stand_beside_their_goals(
     monkeypatch.delenv(headline.RESULTS_ENV)
     headline.record(headline.Figure("outside make bench", 1.0))  # no file: nothing written
     assert "outside make bench" not in results.read_text()
+
+
+def test_the_bench_runs_vmalert_with_the_deployments_remote_write_settings(
+    tmp_path: Path,
+) -> None:
+    """vmalert's remote-write defaults differ by release (Debian's 1.79: one writer, 1 000-row
+    batches, which blocked the recording groups at 1 000 nodes); the bench takes the shipped
+    deployment's, and only those."""
+    shipped = fleet_scale.shipped_vmalert_flags()
+    assert {flag.split("=")[0] for flag in shipped} == {
+        "-remoteWrite.concurrency", "-remoteWrite.maxBatchSize", "-remoteWrite.maxQueueSize"}
+    compose = tmp_path / "docker-compose.yml"
+    compose.write_text(yaml.safe_dump({"services": {"vmalert": {"command": [
+        "-rule=/x/*.yml", "-remoteWrite.url=http://vm:8428", "-remoteWrite.flushInterval=2s"]}}}))
+    assert fleet_scale.shipped_vmalert_flags(compose) == ["-remoteWrite.flushInterval=2s"]
