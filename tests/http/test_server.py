@@ -405,3 +405,16 @@ def test_responses_on_one_kept_alive_connection_and_to_http_0_9(
     assert second_head.startswith(b"HTTP/1.1 200") and json.loads(second_body)["mode"] == "real"
     old = _exchange(server.port, b"GET /metrics\r\n\r\n")  # HTTP/0.9: the body alone
     assert old.startswith(b"# HELP") and b"example_value" in old
+
+
+def test_binding_resolves_no_name(serve: Callable[..., ExporterHTTPServer],
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """HTTPServer's own bind looks the listen address up in DNS (socket.getfqdn), which
+    can hang a start on a broken resolver; the daemon's binds without it."""
+    def no_lookup(name: str = "") -> str:
+        raise AssertionError(f"getfqdn({name!r}) at bind")
+
+    monkeypatch.setattr(socket, "getfqdn", no_lookup)
+    server = serve()
+    assert (server.server_name, server.server_port) == ("127.0.0.1", server.port)
+    assert requests.get(f"http://127.0.0.1:{server.port}/metrics", timeout=5).status_code == 200

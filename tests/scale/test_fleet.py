@@ -369,8 +369,7 @@ def test_the_bench_runs_vmalert_with_the_deployments_remote_write_settings(
     tmp_path: Path,
 ) -> None:
     """vmalert's remote-write defaults differ by release (Debian's 1.79: one writer, 1 000-row
-    batches, which blocked the recording groups at 1 000 nodes); the bench takes the shipped
-    deployment's, and only those."""
+    batches, a 100 000-row queue); the bench takes the shipped deployment's, and only those."""
     shipped = fleet_scale.shipped_vmalert_flags()
     assert {flag.split("=")[0] for flag in shipped} == {
         "-remoteWrite.concurrency", "-remoteWrite.maxBatchSize", "-remoteWrite.maxQueueSize"}

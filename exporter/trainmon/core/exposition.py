@@ -113,10 +113,7 @@ def _family(name: str, kind: str, documentation: str) -> _Family:
     exported = escape_metric_name(name + _NAME_SUFFIXES.get(kind, ""), UNDERSCORES)
     header = (f"# HELP {exported} {_help_text(documentation)}\n"
               f"# TYPE {exported} {_RENAMED_TYPES.get(kind, kind)}\n")
-    moved: dict[str, str] = {}
-    for suffix in _MOVED_SUFFIXES:
-        moved.setdefault(name + suffix, suffix)
-    return header, moved
+    return header, {name + suffix: suffix for suffix in _MOVED_SUFFIXES}
 
 
 def _series_start(name: str, labels: tuple[tuple[str, str], ...]) -> str:
