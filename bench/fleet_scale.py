@@ -80,6 +80,7 @@ import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -542,25 +543,79 @@ def duration_seconds(value: Any) -> float:
     return sum(float(number) * DURATION_UNITS[unit] for number, unit in parts)
 
 
-def read_rules(groups: Sequence[Mapping[str, Any]], *, summed: bool) -> RuleReading:
-    """A ``RuleReading`` of ``/api/v1/rules``' ``groups``. ``summed``: the group's
-    duration is the sum of its rules' (vmalert, which evaluates them one after
-    another), else its own ``evaluationTime`` (Prometheus). A rule without its own
-    ``lastEvaluation`` is keyed by its group's."""
+#: How far apart vmalert's timestamps of one moment may be (microsecond rounding).
+CLOCK_SLACK_SECONDS = 0.001
+
+
+def _instant(text: str) -> float:
+    """Seconds since the epoch of an RFC 3339 timestamp (nanoseconds cut to microseconds)."""
+    return datetime.fromisoformat(_evaluated_at(text).rstrip("Z")).replace(
+        tzinfo=UTC).timestamp()
+
+
+def vmalert_rule_seconds(group: Mapping[str, Any]) -> list[float] | None:
+    """Each rule's own evaluation seconds in vmalert's ``/api/v1/rules`` ``group``, in
+    order; None where this reading cannot tell (the group is between iterations).
+
+    vmalert before 1.83 (Debian 12 ships 1.79) reports a *recording* rule's
+    ``evaluationTime`` as the time since its group's evaluation timestamp, its
+    ``lastEvaluation`` — a timestamp that lags the iteration's real start (the group's
+    ``lastEvaluation``) by up to one interval, for the whole life of the group — so it
+    holds that lag and every rule before it. An alerting rule's (and, from 1.83, every
+    rule's) is its own, from its own start. A recording rule stamped before its
+    group's start is read the old way: its own time is what it added to the rule
+    before it. Only one iteration's rules, in a group evaluated one rule at a time,
+    can be read so.
+    """
+    rules = group.get("rules") or []
+    if not rules or int(group.get("concurrency") or 1) != 1:
+        return None
+    start = _instant(group["lastEvaluation"])
+    interval = duration_seconds(group.get("interval") or 0)
+    recorded = {rule["lastEvaluation"] for rule in rules if rule.get("type") == "recording"}
+    stamps = {at for at in recorded if _instant(at) < start}
+    if stamps and len(recorded) > 1:  # two iterations' rules: the group is half-way
+        return None
+    lagging = _instant(next(iter(stamps))) if stamps else start
+    if interval and start - lagging >= interval:
+        return None
+    seconds, end = [], start
+    for rule in rules:
+        took = float(rule["evaluationTime"])
+        at = _instant(rule["lastEvaluation"])
+        if rule["lastEvaluation"] in stamps:  # cumulative since the lagging timestamp
+            took, at = max(0.0, at + took - end), end
+        elif not end - CLOCK_SLACK_SECONDS <= at < start + (interval or math.inf):
+            return None  # another iteration's rule
+        seconds.append(took)
+        end = at + took
+    return seconds
+
+
+def read_rules(groups: Sequence[Mapping[str, Any]], *, evaluator: str) -> RuleReading:
+    """A ``RuleReading`` of ``/api/v1/rules``' ``groups`` from ``evaluator`` (one of
+    ``RULE_EVALUATORS``' values). Prometheus gives each group's and rule's
+    ``evaluationTime``; vmalert only its rules', read by ``vmalert_rule_seconds``, whose
+    sum is the group's (it evaluates them one after another). A rule without its own
+    ``lastEvaluation`` is keyed by its group's; a vmalert group read half-way through
+    an iteration is left out of this reading."""
     reading = RuleReading()
     for group in groups:
         name = str(group["name"])
         at = _evaluated_at(group["lastEvaluation"])
         rules = group.get("rules") or []
-        seconds = (sum(float(rule["evaluationTime"]) for rule in rules) if summed
-                   else float(group["evaluationTime"]))
-        reading.groups[name] = (at, seconds)
-        for key, rule in zip(rule_keys(name, rules), rules, strict=True):
-            if "evaluationTime" in rule:
-                reading.rules[key] = (_evaluated_at(rule.get("lastEvaluation", at)),
-                                      float(rule["evaluationTime"]))
         if group.get("interval") not in (None, "", 0):
             reading.intervals[name] = duration_seconds(group["interval"])
+        if evaluator == "vmalert":
+            own = None if _never_evaluated(at) else vmalert_rule_seconds(group)
+            if own is None:
+                continue
+            reading.groups[name] = (at, sum(own))
+        else:
+            own = [float(rule["evaluationTime"]) for rule in rules]
+            reading.groups[name] = (at, float(group["evaluationTime"]))
+        for key, rule, seconds in zip(rule_keys(name, rules), rules, own, strict=True):
+            reading.rules[key] = (_evaluated_at(rule.get("lastEvaluation", at)), seconds)
     return reading
 
 
@@ -571,7 +626,7 @@ def rule_evaluations(stack: Stack) -> dict[str, RuleReading]:
     for engine in stack.engines:
         try:
             readings[engine] = read_rules(stack.rule_groups(engine),
-                                          summed=engine == "victoriametrics")
+                                          evaluator=RULE_EVALUATORS[engine])
         except TRANSIENT as error:
             logger.warning("%s: rule groups not read: %s", RULE_EVALUATORS[engine], error)
     return readings

@@ -377,3 +377,48 @@ def test_the_bench_runs_vmalert_with_the_deployments_remote_write_settings(
     compose.write_text(yaml.safe_dump({"services": {"vmalert": {"command": [
         "-rule=/x/*.yml", "-remoteWrite.url=http://vm:8428", "-remoteWrite.flushInterval=2s"]}}}))
     assert fleet_scale.shipped_vmalert_flags(compose) == ["-remoteWrite.flushInterval=2s"]
+
+
+def _vmalert_group(start: str, rules: list[tuple[str, str, float]]) -> dict[str, object]:
+    return {"name": "g", "interval": 15, "concurrency": 1, "lastEvaluation": start,
+            "rules": [{"name": f"r{i}", "type": kind, "lastEvaluation": at,
+                       "evaluationTime": seconds}
+                      for i, (kind, at, seconds) in enumerate(rules)]}
+
+
+def test_vmalert_179s_cumulative_recording_times_are_read_as_each_rules_own() -> None:
+    """Debian's vmalert 1.79 times a recording rule from its group's evaluation
+    timestamp, 14 s before the iteration began here, and counts every rule before it;
+    an alerting rule times itself. The rules' own seconds are what each added."""
+    lagging, began = "2026-12-02T16:40:19.500000Z", "2026-12-02T16:40:33.500000Z"
+    group = _vmalert_group(began, [
+        ("recording", lagging, 14.8),                      # 0.8 s after the start
+        ("recording", lagging, 15.7),                      # 0.9 s more
+        ("alerting", "2026-12-02T16:40:35.200000Z", 0.3),  # its own, from its own start
+        ("recording", lagging, 16.4),                      # 0.4 s after the alert ended
+    ])
+    assert fleet_scale.vmalert_rule_seconds(group) == pytest.approx([0.8, 0.9, 0.3, 0.4])
+    reading = fleet_scale.read_rules([group], evaluator="vmalert")
+    assert reading.groups["g"] == ("2026-12-02T16:40:33.500000", pytest.approx(2.4))
+    assert reading.rules["g/r1"] == ("2026-12-02T16:40:19.500000", pytest.approx(0.9))
+
+
+def test_a_vmalert_group_read_half_way_through_an_iteration_is_left_out() -> None:
+    """The first rule is already the next iteration's (stamped 15 s later): which
+    start its time counts from is not in this reading."""
+    began = "2026-12-02T16:40:33.500000Z"
+    group = _vmalert_group(began, [("recording", "2026-12-02T16:40:34.500000Z", 15.6),
+                                   ("recording", "2026-12-02T16:40:19.500000Z", 15.7)])
+    assert fleet_scale.vmalert_rule_seconds(group) is None
+    assert "g" not in fleet_scale.read_rules([group], evaluator="vmalert").groups
+    alerts = _vmalert_group(began, [("alerting", "2026-12-02T16:40:33.600000Z", 0.2),
+                                    ("alerting", "2026-12-02T16:40:48.700000Z", 0.2)])
+    assert fleet_scale.vmalert_rule_seconds(alerts) is None
+
+
+def test_a_vmalert_that_times_each_rule_from_its_own_start_is_read_as_is() -> None:
+    """vmalert from 1.83 stamps every rule with its own start: nothing to take apart."""
+    group = _vmalert_group("2026-12-02T16:40:33.500000Z", [
+        ("recording", "2026-12-02T16:40:33.500100Z", 0.8),
+        ("recording", "2026-12-02T16:40:34.300200Z", 0.9)])
+    assert fleet_scale.vmalert_rule_seconds(group) == pytest.approx([0.8, 0.9])
