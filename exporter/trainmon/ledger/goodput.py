@@ -1,0 +1,191 @@
+"""Where a rank's GPU-seconds go: the booking behind the goodput of a run (issue 26).
+
+Every second a rank holds its GPU is booked to exactly one bucket, so the
+buckets of a rank (and of a run, and of a job) add up to the GPU-seconds it
+held. The recorder (``trainmon.ledger.recorder``) calls ``RankBooking.book``
+at every tick with the rank's cumulative totals and the daemon-clock time of
+its latest completed step; the booking keeps ``booked_until``, the instant up
+to which the rank's time is booked, and books what lies behind the evidence:
+
+- **Completed steps.** A step runs from the end of the one before to its own
+  end (docs/protocol.md), so the time from ``booked_until`` to the latest step
+  end is the loop's wall time. It is split by the steps' own totals over the
+  same stretch: ``checkpoint`` (``checkpoint_seconds``), ``data_wait``,
+  ``comm_exposed`` (measured, else the ``comm`` phase), and ``productive``,
+  the rest. The split is scaled to the stretch (a report arrives up to a
+  second after its step ended, so the totals and the daemon's clock differ
+  by that much), which keeps the sum exact.
+- **A stall.** The part of the stretch beyond what its steps typically take
+  (their count × the run's typical step, plus the checkpoint time they
+  report) is ``stalled`` when it exceeds ``stall_threshold``: a step that
+  ended after a hang. It is taken from ``productive`` first, then from
+  ``data_wait`` and ``comm_exposed`` (a loader that hung is a stall, not data
+  wait), never from ``checkpoint``. While a rank that has stepped before
+  completes no step for longer than the threshold, the time since
+  ``booked_until`` is booked ``stalled`` as it passes, so the stall shows
+  while it lasts; the stretch that ends it books its excess over its steps'
+  typical time ``stalled`` too, whatever its length (the rest of the hang).
+- **Before the first step.** Time from the rank's first sight to the start
+  of its first step is ``startup``, booked when that step ends (its start is
+  its end less its length) or, for a rank that never completes one, when it
+  leaves.
+- **Time outside the loop** that the steps do not cover (the stretch longer
+  than their wall time after the first step: a reporter restarted, or
+  paused) is ``other``, as is what ``close`` books when the rank leaves.
+
+Buckets the booking does not know (``straggler_wait``, ``idle_allocated``,
+``lost_progress``) are booked by their own evidence elsewhere; the names of
+every bucket are ``BUCKETS``. Standard library only; no clock of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+#: Every bucket of the GPU-second ledger, in the order documents list them.
+BUCKETS = ("productive", "data_wait", "comm_exposed", "checkpoint", "straggler_wait",
+           "stalled", "startup", "idle_allocated", "lost_progress", "other")
+#: The phase whose seconds stand in for exposed communication when not measured.
+COMM_PHASE = "comm"
+#: A stall is a stretch without a step this many typical steps long ...
+STALL_TYPICAL_STEPS = 10.0
+#: ... and at least this many seconds.
+STALL_FLOOR_SECONDS = 10.0
+
+
+def stall_threshold(typical_step_seconds: float | None) -> float:
+    """Seconds without a completed step, beyond what the steps took, that make a stall."""
+    typical = typical_step_seconds or 0.0
+    return max(STALL_TYPICAL_STEPS * typical, STALL_FLOOR_SECONDS)
+
+
+@dataclass(frozen=True)
+class RankTotals:
+    """The cumulative totals of one rank the booking reads (a subset of its report)."""
+
+    steps: int = 0
+    step_seconds: float = 0.0
+    data_wait_seconds: float = 0.0
+    #: Measured exposed communication; None where the rank does not measure it.
+    comm_exposed_seconds: float | None = None
+    phase_seconds: Mapping[str, float] = field(default_factory=dict)
+    #: Seconds in checkpoint saves; None where the rank does not report them.
+    checkpoint_seconds: float | None = None
+
+    def exposed(self) -> float:
+        """Exposed communication: measured, else the ``comm`` phase's seconds."""
+        if self.comm_exposed_seconds is not None:
+            return self.comm_exposed_seconds
+        return self.phase_seconds.get(COMM_PHASE, 0.0)
+
+
+def empty_buckets() -> dict[str, float]:
+    return dict.fromkeys(BUCKETS, 0.0)
+
+
+@dataclass
+class RankBooking:
+    """One rank's booking: ``booked_until`` and the seconds booked per bucket."""
+
+    #: Daemon-clock time up to which this rank's GPU time is booked.
+    booked_until: float
+    #: The totals at ``booked_until`` (what the next stretch is measured from).
+    seen: RankTotals = field(default_factory=RankTotals)
+    seconds: dict[str, float] = field(default_factory=empty_buckets)
+    #: A stall is being booked as it passes (no step since more than the threshold).
+    stalling: bool = False
+
+    @classmethod
+    def new_run(cls, began: float) -> RankBooking:
+        """A rank of a run this daemon sees from its start, whose process began at
+        ``began`` (daemon clock): every total it reports is booked, and the time
+        before its first step is ``startup``."""
+        return cls(booked_until=began)
+
+    @classmethod
+    def resumed(cls, now: float, totals: RankTotals) -> RankBooking:
+        """A rank first seen at ``now`` with ``totals`` made before this booking
+        existed (a daemon restarted mid-run): those are not booked again."""
+        return cls(booked_until=now, seen=totals)
+
+    def book(self, now: float, totals: RankTotals, last_step: float | None,
+             typical_step_seconds: float | None) -> dict[str, float]:
+        """Book the rank's time up to what the evidence at ``now`` covers; returns the
+        seconds booked by this call per bucket (only those above zero)."""
+        booked = empty_buckets()
+        if totals.steps < self.seen.steps or totals.step_seconds < self.seen.step_seconds:
+            self.seen = totals  # the reporter started again: measure from here
+        threshold = stall_threshold(typical_step_seconds)
+        if totals.steps > self.seen.steps and last_step is not None:
+            end = min(max(last_step, self.booked_until), now)
+            self._book_steps(booked, end - self.booked_until, totals, typical_step_seconds,
+                             0.0 if self.stalling else threshold)
+            self.booked_until, self.seen, self.stalling = end, totals, False
+        since_step = self.booked_until if last_step is None else last_step
+        if totals.steps > 0 and now - since_step > threshold and now > self.booked_until:
+            booked["stalled"] += now - self.booked_until
+            self.booked_until, self.stalling = now, True
+        return self._add(booked)
+
+    def close(self, now: float) -> dict[str, float]:
+        """The rank left at ``now`` (its run ended, its reporter went): the time not
+        booked yet is ``startup`` if it never completed a step, else ``other``."""
+        booked = empty_buckets()
+        if now > self.booked_until:
+            booked["startup" if self.seen.steps == 0 else "other"] = now - self.booked_until
+            self.booked_until = now
+        return self._add(booked)
+
+    def _book_steps(self, booked: dict[str, float], stretch: float, totals: RankTotals,
+                    typical_step_seconds: float | None, threshold: float) -> None:
+        """Split ``stretch`` seconds behind the latest step end by the steps' totals."""
+        if stretch <= 0:
+            return
+        before, steps = self.seen, totals.steps - self.seen.steps
+        wall = max(totals.step_seconds - before.step_seconds, 0.0)
+        if wall < stretch:  # time the steps do not cover
+            outside = stretch - wall
+            booked["startup" if before.steps == 0 else "other"] += outside
+            stretch = wall
+        parts = {
+            "checkpoint": _increase(totals.checkpoint_seconds, before.checkpoint_seconds),
+            "data_wait": max(totals.data_wait_seconds - before.data_wait_seconds, 0.0),
+            "comm_exposed": max(totals.exposed() - before.exposed(), 0.0),
+        }
+        if wall > 0:
+            scale = stretch / wall
+            parts = {name: value * scale for name, value in parts.items()}
+        waiting = sum(parts.values())
+        if waiting > stretch:  # overlapping parts: fit them to the stretch
+            parts = {name: value * stretch / waiting for name, value in parts.items()}
+            waiting = stretch
+        parts["productive"] = stretch - waiting
+        if typical_step_seconds:
+            expected = steps * typical_step_seconds + parts["checkpoint"]
+            excess = stretch - expected
+            if excess > threshold:
+                for name in ("productive", "data_wait", "comm_exposed"):
+                    taken = min(parts[name], excess)
+                    parts[name] -= taken
+                    booked["stalled"] += taken
+                    excess -= taken
+        for name, value in parts.items():
+            booked[name] += value
+
+    def _add(self, booked: dict[str, float]) -> dict[str, float]:
+        for name, value in booked.items():
+            self.seconds[name] += value
+        return {name: value for name, value in booked.items() if value > 0}
+
+
+def _increase(now: float | None, then: float | None) -> float:
+    if now is None:
+        return 0.0
+    return max(now - (then or 0.0), 0.0)
+
+
+def goodput_ratio(seconds: Mapping[str, float]) -> float | None:
+    """Productive seconds over all booked seconds; None before anything is booked."""
+    allocated = sum(seconds.values())
+    return seconds.get("productive", 0.0) / allocated if allocated > 0 else None
