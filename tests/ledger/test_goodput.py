@@ -93,10 +93,12 @@ def booked(truth: Truth, typical: float | None = STEP) -> RankBooking:
     return booking
 
 
+@pytest.mark.parametrize("typical", [STEP, None], ids=["job's step", "rank's own"])
 def test_every_second_is_booked_once_and_each_bucket_is_within_5_percent_of_the_truth(
+    typical: float | None,
 ) -> None:
     truth = simulate(steps=600, hang_at=300)
-    booking = booked(truth)
+    booking = booked(truth, typical)
     allocated = truth.end + 2 * TICK  # the rank held its GPU from 0 until it left
     assert math.isclose(sum(booking.seconds.values()), allocated, rel_tol=1e-9)
     truth.seconds["other"] += 2 * TICK  # after its last step, until it left

@@ -318,3 +318,43 @@ def test_a_run_whose_end_is_replaced_by_the_next_run_before_a_tick_has_finished(
     with Ledger.open(path) as reader:
         ends = {record.run: record.end_reason for record in reader.runs(job="resnet50")}
     assert ends == {"run-a": "finished", "run-b": None}
+
+
+def test_each_runs_gpu_seconds_add_up_and_a_stall_is_booked_stalled(
+    clocks: Clocks, tmp_path: Path,
+) -> None:
+    """A rank doing 100 steps of 0.1 s per 10 s (a quarter data wait, a tenth in the
+    comm phase), then no step for 30 s while it still reports, then steps again: its
+    50 s of steps are split by their totals, the 30 s are stalled, and the job's
+    buckets add up to the time its rank held its GPU."""
+    path = tmp_path / "ledger.sqlite3"
+    training, ledger = make_recorder(clocks, path, flush_seconds=3600.0)()
+    ledger.start()
+    try:
+        started = clocks.wall
+        send(training, description(started=started), step(0))
+        ledger.tick()
+        for steps in (100, 200, 300, 300, 300, 300, 400, 500):
+            clocks.advance(10)
+            send(training, step(steps))
+            ledger.tick()
+        exposition = scrape(ledger)
+        seconds = exposition.series("trainmon_job_gpu_seconds_total", "job", "bucket")
+        goodput = exposition.value("trainmon_job_goodput_ratio", job="resnet50")
+        send(training, description(started=started, ended="finished"))
+        ledger.tick()
+    finally:
+        ledger.stop()
+        training.stop()
+    held = 80.0
+    assert sum(seconds.values()) == pytest.approx(held)
+    assert seconds[("resnet50", "stalled")] == pytest.approx(30.0)
+    assert seconds[("resnet50", "data_wait")] == pytest.approx(12.5)
+    assert seconds[("resnet50", "comm_exposed")] == pytest.approx(5.0)
+    assert seconds[("resnet50", "productive")] == pytest.approx(32.5)
+    assert len(seconds) == 10
+    assert goodput == pytest.approx(32.5 / held)
+    with Ledger.open(path) as reader:
+        record = only(reader.runs(job="resnet50"))
+    assert sum(record.summary["gpu_seconds"].values()) == pytest.approx(held)  # type: ignore[attr-defined]
+    assert record.summary["goodput_ratio"] == pytest.approx(32.5 / held)

@@ -120,6 +120,17 @@ def test_one_mebibyte_bodies(target: Target) -> None:
     assert target.post(line())[0] == 200
 
 
+def test_a_client_that_sends_its_whole_oversized_body_before_reading_gets_the_413(
+    target: Target,
+) -> None:
+    """urllib writes all 6 MiB before it reads: the daemon reads and drops them (up to
+    MAX_DISCARDED_BODY_BYTES) instead of resetting the connection under the write."""
+    for _ in range(3):
+        status, answer = target.post(b"x" * (6 << 20))
+        assert (status, answer["error"]) == (413, "too_large")
+    assert target.post(line())[0] == 200
+
+
 def test_hostile_label_values_never_reach_the_exposition(target: Target) -> None:
     for value in HOSTILE_LABELS:
         body = json.dumps(report(job=value)).encode()

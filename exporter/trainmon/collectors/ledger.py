@@ -25,6 +25,7 @@ from trainmon.core.entry import CollectorEntry, Wiring
 from trainmon.core.routes import GetHandler
 from trainmon.ledger.api import RunsAPI
 from trainmon.ledger.config import LedgerConfig
+from trainmon.ledger.goodput import BUCKETS
 from trainmon.ledger.recorder import RunRecorder
 
 #: Longest value of the ``changed`` label.
@@ -117,7 +118,25 @@ class LedgerCollector(Collector):
             labels=["reason"])
         for reason, count in readings.pruned.items():
             pruned.add_metric([reason], count)
-        families: list[Metric] = [changes, ends, up, writes, errors, refused, pruned]
+        gpu_seconds = CounterMetricFamily(
+            "trainmon_job_gpu_seconds_total",
+            "GPU-seconds the job's ranks on this node held their GPUs, by bucket of the "
+            "goodput ledger (productive, data_wait, comm_exposed, checkpoint, stalled, "
+            "startup, other, ...); the buckets of a job add up to its GPU-seconds. Since the "
+            "daemon started, the latest 64 jobs.",
+            labels=["job", "bucket"])
+        for job, seconds in readings.gpu_seconds.items():
+            for bucket in BUCKETS:
+                gpu_seconds.add_metric([job, bucket], seconds.get(bucket, 0.0))
+        goodput = GaugeMetricFamily(
+            "trainmon_job_goodput_ratio",
+            "Productive GPU-seconds of the job's ranks on this node over all they held, "
+            "in the last 10 minutes (0-1).",
+            labels=["job"])
+        for job, ratio in readings.goodput.items():
+            goodput.add_metric([job], ratio)
+        families: list[Metric] = [changes, ends, up, writes, errors, refused, pruned,
+                                  gpu_seconds, goodput]
         if readings.stored_runs is not None:
             stored = GaugeMetricFamily(
                 "trainmon_ledger_runs", "Run records in the node's run ledger.")

@@ -132,6 +132,12 @@ class _DeadlineReader(io.RawIOBase):
         return count
 
 
+#: A push body over ``http.max_request_body_bytes`` but at most this long is read and
+#: dropped before the 413 (``_Handler._discard``); a longer one is refused unread.
+MAX_DISCARDED_BODY_BYTES = 8 << 20
+DISCARD_CHUNK_BYTES = 64 << 10
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: ExporterHTTPServer
     protocol_version = "HTTP/1.1"
@@ -311,9 +317,22 @@ class _Handler(BaseHTTPRequestHandler):
             "authorization": self.headers.get("Authorization"),
         }
         if length > self.server.max_body_bytes:
-            self.close_connection = True  # the unread body must not be parsed as a request
+            self.close_connection = True  # an unread body must not be parsed as a request
+            if length <= MAX_DISCARDED_BODY_BYTES:
+                self._discard(length)
             return PushRequest(body=b"", too_large=True, **common)
         return PushRequest(body=self.rfile.read(length), **common)
+
+    def _discard(self, length: int) -> None:
+        """Read ``length`` bytes of a refused body and drop them, under the request's
+        deadline: a client that writes its whole body before it reads (urllib,
+        requests) then gets the 413, where closing on unread bytes would reset the
+        connection under its write."""
+        while length > 0:
+            chunk = self.rfile.read(min(length, DISCARD_CHUNK_BYTES))
+            if not chunk:
+                return
+            length -= len(chunk)
 
     def _loopback_user(self) -> int | None:
         """The local user of this loopback connection's client socket, asked of the

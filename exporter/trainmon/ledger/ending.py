@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from trainmon.ledger.config import LedgerConfig
 from trainmon.ledger.feed import ReportingRank, RunDescribed, TrainingSnapshot
+from trainmon.ledger.goodput import RankBooking
 from trainmon.ledger.records import RunRecord, combined_end_reason
 from trainmon.ledger.summary import RunTotals
 
@@ -55,6 +56,10 @@ class RecordedRun:
     end_reason: str | None = None
     ended: float | None = None
     changed: str | None = None
+    #: rank -> the booking of its GPU-seconds (``trainmon.ledger.goodput``).
+    bookings: dict[int, RankBooking] = field(default_factory=dict)
+    #: Resumed from a stored row (a restarted daemon): ranks' totals so far are not booked.
+    resumed: bool = False
 
     def record(self, node: str, wall: float, config: LedgerConfig) -> RunRecord:
         started = self.started if self.started is not None else self.first_seen

@@ -42,6 +42,9 @@ class StepTotals(Protocol):
     #: None where the rank does not report checkpoints.
     @property
     def checkpoints(self) -> int | None: ...
+    #: Seconds in those saves; None where the rank does not report checkpoints.
+    @property
+    def checkpoint_seconds(self) -> float | None: ...
 
     def covers(self: _Totals, earlier: _Totals) -> bool:
         """True when no total is below ``earlier``'s (the same reporter, no reset)."""
@@ -82,6 +85,9 @@ class ReportingRank(Protocol):
     #: Unix time of the rank's latest accepted report.
     @property
     def last_report_time(self) -> float: ...
+    #: Unix time its latest step ended (the sender's, never ahead of the daemon's clock).
+    @property
+    def last_step_time(self) -> float | None: ...
     @property
     def totals(self) -> StepTotals: ...
     @property

@@ -3,9 +3,10 @@
 Every second a rank holds its GPU is booked to exactly one bucket, so the
 buckets of a rank (and of a run, and of a job) add up to the GPU-seconds it
 held. The recorder (``trainmon.ledger.recorder``) calls ``RankBooking.book``
-at every tick with the rank's cumulative totals and the daemon-clock time of
-its latest completed step; the booking keeps ``booked_until``, the instant up
-to which the rank's time is booked, and books what lies behind the evidence:
+at every tick with the rank's cumulative totals and the Unix time its latest
+step ended (the sender's, never ahead of the daemon's clock); the booking
+keeps ``booked_until``, the instant up to which the rank's time is booked,
+and books what lies behind the evidence:
 
 - **Completed steps.** A step runs from the end of the one before to its own
   end (docs/protocol.md), so the time from ``booked_until`` to the latest step
@@ -16,15 +17,18 @@ to which the rank's time is booked, and books what lies behind the evidence:
   second after its step ended, so the totals and the daemon's clock differ
   by that much), which keeps the sum exact.
 - **A stall.** The part of the stretch beyond what its steps typically take
-  (their count × the run's typical step, plus the checkpoint time they
-  report) is ``stalled`` when it exceeds ``stall_threshold``: a step that
-  ended after a hang. It is taken from ``productive`` first, then from
-  ``data_wait`` and ``comm_exposed`` (a loader that hung is a stall, not data
-  wait), never from ``checkpoint``. While a rank that has stepped before
-  completes no step for longer than the threshold, the time since
-  ``booked_until`` is booked ``stalled`` as it passes, so the stall shows
-  while it lasts; the stretch that ends it books its excess over its steps'
-  typical time ``stalled`` too, whatever its length (the rest of the hang).
+  (their count × the typical step — the job's when the caller knows it, else
+  the rank's own: the median mean step of its latest stretches without a
+  stall — plus the checkpoint time they report) is ``stalled`` when it
+  exceeds ``stall_threshold``: a step that ended after a hang. It is taken
+  from ``productive`` first, then from ``data_wait`` and ``comm_exposed`` (a
+  loader that hung is a stall, not data wait), never from ``checkpoint``.
+  While a rank that has stepped before completes no step for longer than the
+  threshold, the time since ``booked_until`` is booked ``stalled`` as it
+  passes, so the stall shows while it lasts; the stretch that ends it books
+  its excess over its steps' typical time ``stalled`` too, whatever its
+  length (the rest of the hang). A save longer than the threshold is booked
+  ``stalled`` while it lasts (the rank reports it only when it ends).
 - **Before the first step.** Time from the rank's first sight to the start
   of its first step is ``startup``, booked when that step ends (its start is
   its end less its length) or, for a rank that never completes one, when it
@@ -33,13 +37,15 @@ to which the rank's time is booked, and books what lies behind the evidence:
   than their wall time after the first step: a reporter restarted, or
   paused) is ``other``, as is what ``close`` books when the rank leaves.
 
-Buckets the booking does not know (``straggler_wait``, ``idle_allocated``,
-``lost_progress``) are booked by their own evidence elsewhere; the names of
-every bucket are ``BUCKETS``. Standard library only; no clock of its own.
+Buckets that need evidence beyond one rank's totals (``straggler_wait``,
+``idle_allocated``, ``lost_progress``) are not booked yet (issue 26); the
+names of every bucket are ``BUCKETS``. Standard library only; no clock of
+its own.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -52,6 +58,9 @@ COMM_PHASE = "comm"
 STALL_TYPICAL_STEPS = 10.0
 #: ... and at least this many seconds.
 STALL_FLOOR_SECONDS = 10.0
+#: Stretches whose mean step makes a rank's typical step (their median), when the caller
+#: does not say it.
+TYPICAL_STRETCHES = 21
 
 
 def stall_threshold(typical_step_seconds: float | None) -> float:
@@ -95,6 +104,8 @@ class RankBooking:
     seconds: dict[str, float] = field(default_factory=empty_buckets)
     #: A stall is being booked as it passes (no step since more than the threshold).
     stalling: bool = False
+    #: Mean step seconds of the latest stretches without a stall.
+    recent_steps: deque[float] = field(default_factory=lambda: deque(maxlen=TYPICAL_STRETCHES))
 
     @classmethod
     def new_run(cls, began: float) -> RankBooking:
@@ -109,18 +120,29 @@ class RankBooking:
         existed (a daemon restarted mid-run): those are not booked again."""
         return cls(booked_until=now, seen=totals)
 
+    def typical_step(self) -> float | None:
+        """The median mean step of the rank's latest stretches without a stall."""
+        if not self.recent_steps:
+            return None
+        ordered = sorted(self.recent_steps)
+        return ordered[len(ordered) // 2]
+
     def book(self, now: float, totals: RankTotals, last_step: float | None,
-             typical_step_seconds: float | None) -> dict[str, float]:
+             typical_step_seconds: float | None = None) -> dict[str, float]:
         """Book the rank's time up to what the evidence at ``now`` covers; returns the
-        seconds booked by this call per bucket (only those above zero)."""
+        seconds booked by this call per bucket (only those above zero).
+        ``typical_step_seconds``: the job's typical step; None: the rank's own
+        (``typical_step``)."""
         booked = empty_buckets()
+        if typical_step_seconds is None:
+            typical_step_seconds = self.typical_step()
         if totals.steps < self.seen.steps or totals.step_seconds < self.seen.step_seconds:
             self.seen = totals  # the reporter started again: measure from here
         threshold = stall_threshold(typical_step_seconds)
         if totals.steps > self.seen.steps and last_step is not None:
             end = min(max(last_step, self.booked_until), now)
             self._book_steps(booked, end - self.booked_until, totals, typical_step_seconds,
-                             0.0 if self.stalling else threshold)
+                             threshold, ends_stall=self.stalling)
             self.booked_until, self.seen, self.stalling = end, totals, False
         since_step = self.booked_until if last_step is None else last_step
         if totals.steps > 0 and now - since_step > threshold and now > self.booked_until:
@@ -138,8 +160,10 @@ class RankBooking:
         return self._add(booked)
 
     def _book_steps(self, booked: dict[str, float], stretch: float, totals: RankTotals,
-                    typical_step_seconds: float | None, threshold: float) -> None:
-        """Split ``stretch`` seconds behind the latest step end by the steps' totals."""
+                    typical_step_seconds: float | None, threshold: float, *,
+                    ends_stall: bool) -> None:
+        """Split ``stretch`` seconds behind the latest step end by the steps' totals;
+        ``ends_stall``: a stall was booked as it passed, and these steps end it."""
         if stretch <= 0:
             return
         before, steps = self.seen, totals.steps - self.seen.steps
@@ -161,15 +185,17 @@ class RankBooking:
             parts = {name: value * stretch / waiting for name, value in parts.items()}
             waiting = stretch
         parts["productive"] = stretch - waiting
+        excess = 0.0
         if typical_step_seconds:
-            expected = steps * typical_step_seconds + parts["checkpoint"]
-            excess = stretch - expected
-            if excess > threshold:
-                for name in ("productive", "data_wait", "comm_exposed"):
-                    taken = min(parts[name], excess)
-                    parts[name] -= taken
-                    booked["stalled"] += taken
-                    excess -= taken
+            excess = stretch - steps * typical_step_seconds - parts["checkpoint"]
+        if ends_stall or excess > threshold:
+            for name in ("productive", "data_wait", "comm_exposed"):
+                taken = min(parts[name], max(excess, 0.0))
+                parts[name] -= taken
+                booked["stalled"] += taken
+                excess -= taken
+        elif steps > 0 and wall > 0:
+            self.recent_steps.append(wall / steps)
         for name, value in parts.items():
             booked[name] += value
 

@@ -66,9 +66,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from trainmon.background import BackgroundThread
 from trainmon.ledger.config import LedgerConfig
@@ -80,6 +80,7 @@ from trainmon.ledger.feed import (
     StorageResolver,
     TrainingSource,
 )
+from trainmon.ledger.goodput import RankBooking, RankTotals, empty_buckets
 from trainmon.ledger.records import FINAL_END_REASONS
 from trainmon.ledger.schema import LedgerError
 from trainmon.ledger.store import Ledger, RecordUpdate, WriteResult
@@ -106,6 +107,10 @@ RUN_END_EXPORT_SECONDS = 3600.0
 MAX_EXPORTED_RUN_ENDS = 16
 #: A path's storage when it could not be told.
 UNKNOWN = "unknown"
+#: Jobs whose GPU-seconds are exported at once (the latest booked kept).
+MAX_GOODPUT_JOBS = 64
+#: Seconds over which ``trainmon_job_goodput_ratio`` is taken.
+GOODPUT_WINDOW_SECONDS = 600.0
 
 
 @dataclass(frozen=True)
@@ -134,6 +139,11 @@ class RecorderReadings:
     pruned: Mapping[str, int]
     #: Records in the file; None until it was counted once.
     stored_runs: int | None
+    #: job -> GPU-seconds per bucket (``trainmon.ledger.goodput.BUCKETS``) booked for its
+    #: ranks on this node since the daemon started.
+    gpu_seconds: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    #: job -> productive over all booked GPU-seconds in the last ``GOODPUT_WINDOW_SECONDS``.
+    goodput: Mapping[str, float] = field(default_factory=dict)
 
 
 class RunRecorder:
@@ -185,6 +195,10 @@ class RunRecorder:
         self._write_errors = dict.fromkeys(WRITE_ERROR_REASONS, 0)
         self._stored_runs: int | None = None
         self._last_write: float | None = None
+        #: job -> GPU-seconds per bucket booked since the daemon started, the latest last.
+        self._gpu_seconds: OrderedDict[str, dict[str, float]] = OrderedDict()
+        #: job -> (Unix time, productive, all booked) at each booking of the window.
+        self._goodput_history: dict[str, deque[tuple[float, float, float]]] = {}
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -227,6 +241,8 @@ class RunRecorder:
                     for rank, reason in ended.said.items():
                         run.said.setdefault(rank, reason)
                 decide_end(run, live.get(key, []), snapshot, wall, self.config.stall_seconds)
+                if run.end_reason in FINAL_END_REASONS:
+                    self._close_bookings(run, wall)
                 self._describe(run, snapshot.descriptions, snapshot.ranks)
                 record = run.record(self._node, wall, self.config)
                 updates.append(RecordUpdate(record, run.state()))
@@ -304,6 +320,7 @@ class RunRecorder:
                 partial.add(key)
             assert progress is not None
             run.totals.add(progress)
+            self._book(run, view, first=previous is None, wall=wall)
             self._note_checkpoint(run, view)
             run.ranks.add(view.rank)
             if run.world_size is None:
@@ -319,6 +336,46 @@ class RunRecorder:
                 if key not in partial:
                     self._runs[key].totals.add_bucket(samples[key], interval)
         return live
+
+    def _book(self, run: RecordedRun, view: ReportingRank, *, first: bool, wall: float) -> None:
+        """Book the rank's GPU-seconds up to what its latest totals cover
+        (``trainmon.ledger.goodput``), into its run and its job's counters."""
+        totals = _rank_totals(view.totals)
+        booking = run.bookings.get(view.rank)
+        if booking is None:
+            if run.resumed or not first:
+                booking = RankBooking.resumed(wall, totals)
+            else:  # seen from its first report: book its steps from their start
+                began = (view.last_step_time or wall) - totals.step_seconds
+                booking = RankBooking.new_run(min(began, wall))
+            run.bookings[view.rank] = booking
+        self._add_booked(run, booking.book(wall, totals, view.last_step_time), wall)
+
+    def _close_bookings(self, run: RecordedRun, wall: float) -> None:
+        """The run ended: the time its ranks' bookings have not covered is booked."""
+        for booking in run.bookings.values():
+            self._add_booked(run, booking.close(max(run.ended or wall, booking.booked_until)),
+                             wall)
+
+    def _add_booked(self, run: RecordedRun, booked: Mapping[str, float], wall: float) -> None:
+        if not booked:
+            return
+        run.totals.add_gpu_seconds(booked)
+        seconds = self._gpu_seconds.pop(run.job, None) or empty_buckets()
+        history = self._goodput_history.setdefault(run.job, deque())
+        if not history:  # the window starts before the job's first booking in it
+            history.append((wall, seconds["productive"], sum(seconds.values())))
+        for bucket, value in booked.items():
+            seconds[bucket] += value
+        self._gpu_seconds[run.job] = seconds  # the latest booked last
+        while len(self._gpu_seconds) > MAX_GOODPUT_JOBS:
+            self._gpu_seconds.popitem(last=False)
+        history.append((wall, seconds["productive"], sum(seconds.values())))
+        while history and wall - history[0][0] > GOODPUT_WINDOW_SECONDS:
+            history.popleft()
+        for job in list(self._goodput_history):
+            if job not in self._gpu_seconds:
+                del self._goodput_history[job]
 
     def _note_checkpoint(self, run: RecordedRun, view: ReportingRank) -> None:
         """Keep the run's latest checkpoint, its path resolved while the rank lives (a
@@ -371,6 +428,7 @@ class RunRecorder:
                 self._failed(error)
         run = self._runs[key] = RecordedRun(job=key[0], run=key[1], first_seen=wall, owner=owner)
         if state is not None:
+            run.resumed = True
             run.totals = RunTotals.from_state(state).resumed()
             run.storages = _storages(state.get("data_storage"))
             log.info("resuming the ledger record of run %s of job %s", key[1], key[0])
@@ -580,7 +638,10 @@ class RunRecorder:
                 up=self._ledger is not None and self._error is None,
                 writes=self._writes, write_errors=dict(self._write_errors),
                 refused_runs=self._refused_runs, pruned=dict(self._pruned),
-                stored_runs=self._stored_runs)
+                stored_runs=self._stored_runs,
+                gpu_seconds={job: dict(seconds) for job, seconds in self._gpu_seconds.items()},
+                goodput={job: ratio for job, history in self._goodput_history.items()
+                         if (ratio := _window_ratio(history)) is not None})
 
     def health(self) -> Mapping[str, object]:
         """The ``/healthz`` state of the ledger (``degraded`` while nothing reaches the file)."""
@@ -680,3 +741,19 @@ def _data_changed(before: Mapping[object, object], after: Mapping[object, object
                for path in before)
 
 
+def _rank_totals(totals: StepTotals) -> RankTotals:
+    return RankTotals(
+        steps=totals.steps, step_seconds=totals.step_seconds,
+        data_wait_seconds=totals.data_wait_seconds,
+        comm_exposed_seconds=totals.comm_exposed_seconds,
+        phase_seconds=dict(totals.phase_seconds),
+        checkpoint_seconds=totals.checkpoint_seconds)
+
+
+def _window_ratio(history: deque[tuple[float, float, float]]) -> float | None:
+    """Productive over booked GPU-seconds between the window's first and last booking."""
+    if len(history) < 2:
+        return None
+    (_, productive_then, booked_then), (_, productive, booked) = history[0], history[-1]
+    return (productive - productive_then) / (booked - booked_then) \
+        if booked > booked_then else None

@@ -33,6 +33,10 @@ exported totals). From those:
   (Unix), ``duration_seconds``, ``path`` and where that path lives
   (``mountpoint``, ``fstype``, ``storage``, resolved while the rank was alive
   and never replaced by ``unknown`` afterwards).
+- **gpu_seconds**: the GPU-seconds of the run's ranks on this node per bucket
+  of the goodput ledger (``trainmon.ledger.goodput``: every second a rank
+  holds its GPU in exactly one bucket), and **goodput_ratio**, productive
+  over all of them (None before anything is booked);
 - **gpu_hours**: ranks on this node × duration / 3600 (one GPU per rank);
   **cost** when a price per GPU hour is configured: total = gpu_hours × price,
   per_million_samples = total / samples × 10⁶.
@@ -45,6 +49,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from trainmon.contract import STEP_BUCKET_COUNT, STEP_SECONDS_BOUNDS
+from trainmon.ledger.goodput import goodput_ratio
 
 #: Rate buckets kept per run before neighbours are merged.
 MAX_BUCKETS = 2048
@@ -99,6 +104,8 @@ class RunTotals:
     checkpoints: int | None = None
     #: The latest checkpoint: time, duration_seconds, path, mountpoint, fstype, storage.
     last_checkpoint: dict[str, object] | None = None
+    #: GPU-seconds of the run's ranks on this node per bucket (``trainmon.ledger.goodput``).
+    gpu_seconds: dict[str, float] = field(default_factory=dict)
 
     def resumed(self) -> RunTotals:
         """What a restarted daemon keeps of a stored run: the rate buckets, verdicts and
@@ -109,7 +116,8 @@ class RunTotals:
                          verdict_seconds=dict(self.verdict_seconds),
                          final_verdict=self.final_verdict,
                          last_checkpoint=None if self.last_checkpoint is None
-                         else dict(self.last_checkpoint))
+                         else dict(self.last_checkpoint),
+                         gpu_seconds=dict(self.gpu_seconds))
 
     def add(self, progress: Progress) -> None:
         self.steps += progress.steps
@@ -125,6 +133,11 @@ class RunTotals:
                 progress.comm_exposed_seconds
         if progress.checkpoints is not None:
             self.checkpoints = (self.checkpoints or 0) + progress.checkpoints
+
+    def add_gpu_seconds(self, booked: Mapping[str, float]) -> None:
+        """GPU-seconds a rank's booking just booked, per bucket."""
+        for bucket, seconds in booked.items():
+            self.gpu_seconds[bucket] = self.gpu_seconds.get(bucket, 0.0) + seconds
 
     def add_bucket(self, samples: int, seconds: float) -> None:
         """One tick interval's samples of the run's ranks over its length."""
@@ -186,6 +199,8 @@ class RunTotals:
             "checkpoints": self.checkpoints,
             "last_checkpoint": None if self.last_checkpoint is None
             else dict(self.last_checkpoint),
+            "gpu_seconds": dict(sorted(self.gpu_seconds.items())),
+            "goodput_ratio": goodput_ratio(self.gpu_seconds),
         }
 
     def to_state(self) -> dict[str, object]:
@@ -197,7 +212,7 @@ class RunTotals:
             "buckets": [list(bucket) for bucket in self.buckets],
             "intervals": self.intervals, "verdict_seconds": self.verdict_seconds,
             "final_verdict": self.final_verdict, "checkpoints": self.checkpoints,
-            "last_checkpoint": self.last_checkpoint,
+            "last_checkpoint": self.last_checkpoint, "gpu_seconds": self.gpu_seconds,
         }
 
     @classmethod
@@ -223,6 +238,8 @@ class RunTotals:
                 checkpoints=None if state.get("checkpoints") is None
                 else int(state["checkpoints"]),  # type: ignore[call-overload]
                 last_checkpoint=_mapping_or_none(state.get("last_checkpoint")),
+                gpu_seconds={str(k): float(v) for k, v in (
+                    state.get("gpu_seconds") or {}).items()},  # type: ignore[attr-defined]
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             return cls()
