@@ -21,6 +21,10 @@ with ``TrainmonCallback``), ``hf`` (Hugging Face ``Trainer`` with its
 FILE`` writes what the test compares against as JSON (gradient bytes, the first
 parameter's gradient).
 
+``goodput``: the job of the goodput ledger's acceptance test
+(``tests/ledger/test_goodput_ddp.py``, ``run_goodput``), which writes the truth it
+measured to ``--result``.
+
 ``scenario NAME``: the jobs the diagnosis must name, integrated as the README says
 (``Reporter``, ``reporter.instrument`` around the DDP model, ``track(loader)``,
 ``step()``). Every step is a real forward/backward of an MLP with DDP's gradient
@@ -312,10 +316,79 @@ def run_scenario(args: argparse.Namespace, rank: int) -> dict[str, Any]:
     return {}
 
 
+class TimedLoader:
+    """Iterates ``loader`` and adds the time each ``next()`` blocks to ``waited``: the
+    goodput job's own truth of its data wait, apart from the reporter's."""
+
+    def __init__(self, loader: DataLoader[Any]) -> None:
+        self.loader = loader
+        self.waited = 0.0
+
+    def __iter__(self) -> Any:
+        iterator = iter(self.loader)
+        while True:
+            started = time.monotonic()
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+            finally:
+                self.waited += time.monotonic() - started
+            yield item
+
+
+def run_goodput(args: argparse.Namespace, rank: int) -> dict[str, Any]:
+    """The goodput job: a Dataset that waits about a quarter of each step, a checkpoint
+    of ``--checkpoint-seconds`` every ``--checkpoint-every`` steps, and one hang of
+    ``--stall-seconds`` in rank ``--stall-rank`` at step ``--stall-at`` (the other rank
+    waits for it in the all-reduce). Returns the truth it measured on its own clock:
+    seconds from its reporter's start to its first step and to its close, in data
+    loading, in checkpoint saves, and hung."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from trainmon.client import Reporter
+
+    scenario = Scenario(widths=(64, 256, 256), device_seconds=(args.device_seconds,),
+                        sample_seconds=args.sample_seconds)
+    began = time.monotonic()
+    reporter = Reporter(interval_seconds=0.5)  # job, rank, endpoint from the environment
+    torch.manual_seed(0)
+    model = reporter.instrument(DistributedDataParallel(build_model(scenario, rank)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = TimedLoader(DataLoader(
+        Samples(scenario.widths[0], args.steps * BATCH, scenario.sample_seconds),
+        batch_size=BATCH, num_workers=0))
+    truth = {"startup": 0.0, "checkpoint": 0.0, "stalled": 0.0}
+    checkpoint = Path(args.output) / f"checkpoint-{rank}.pt"
+    for step, (features, labels) in enumerate(reporter.track(loader), start=1):
+        if step == 1:
+            truth["startup"] = time.monotonic() - began - loader.waited
+        if step == args.stall_at:
+            if rank == args.stall_rank:
+                time.sleep(args.stall_seconds)
+            truth["stalled"] = args.stall_seconds  # the other rank waits as long
+        optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(model(features), labels)
+        loss.backward()  # type: ignore[no-untyped-call]
+        optimizer.step()
+        if step % args.checkpoint_every == 0:
+            saving = time.monotonic()
+            with reporter.checkpoint(checkpoint):
+                torch.save(model.state_dict(), checkpoint)
+                time.sleep(args.checkpoint_seconds)
+            truth["checkpoint"] += time.monotonic() - saving
+        reporter.step(samples=len(labels))
+    reporter.close()
+    truth["held"] = time.monotonic() - began
+    truth["data_wait"] = loader.waited
+    report = reporter.report()
+    return {"truth": truth, "comm_exposed": report.get("comm_exposed_seconds")}
+
+
 Mode = Callable[[argparse.Namespace, int], dict[str, Any]]
 MODES: dict[str, Mode] = {
     "ddp": run_ddp, "fsdp": run_fsdp, "lightning": run_lightning, "hf": run_hf,
-    "scenario": run_scenario,
+    "scenario": run_scenario, "goodput": run_goodput,
 }
 
 
@@ -339,12 +412,26 @@ def parser() -> argparse.ArgumentParser:
     scenario.add_argument("--steps", type=int, default=400)
     scenario.add_argument("--timeout", type=float, default=60.0,
                           help="seconds a collective waits for the peer")
+    goodput = modes.add_parser("goodput")
+    goodput.add_argument("--steps", type=int, default=200)
+    goodput.add_argument("--device-seconds", type=float, default=0.06)
+    goodput.add_argument("--sample-seconds", type=float, default=0.0025,
+                         help="per sample: 8 a batch, about a quarter of the step")
+    goodput.add_argument("--checkpoint-every", type=int, default=40)
+    goodput.add_argument("--checkpoint-seconds", type=float, default=0.5)
+    goodput.add_argument("--stall-at", type=int, default=100)
+    goodput.add_argument("--stall-rank", type=int, default=1)
+    goodput.add_argument("--stall-seconds", type=float, default=20.0)
+    goodput.add_argument("--timeout", type=float, default=120.0,
+                         help="seconds a collective waits for the peer")
+    goodput.add_argument("--output", default="/tmp")
+    goodput.add_argument("--result", type=Path)
     return parser
 
 
 def init_process_group(args: argparse.Namespace) -> None:
     """``ddp``/``fsdp``/``scenario`` set up their group here (the frameworks set up theirs)."""
-    if args.mode == "scenario":
+    if args.mode in ("scenario", "goodput"):
         torch.set_num_threads(1)
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
     elif args.mode in ("ddp", "fsdp"):

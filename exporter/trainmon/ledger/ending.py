@@ -60,6 +60,8 @@ class RecordedRun:
     bookings: dict[int, RankBooking] = field(default_factory=dict)
     #: Resumed from a stored row (a restarted daemon): ranks' totals so far are not booked.
     resumed: bool = False
+    #: rank -> Unix time of its latest report (where its booking ends when the run does).
+    last_reports: dict[int, float] = field(default_factory=dict)
 
     def record(self, node: str, wall: float, config: LedgerConfig) -> RunRecord:
         started = self.started if self.started is not None else self.first_seen

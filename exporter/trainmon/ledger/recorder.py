@@ -111,6 +111,9 @@ UNKNOWN = "unknown"
 MAX_GOODPUT_JOBS = 64
 #: Seconds over which ``trainmon_job_goodput_ratio`` is taken.
 GOODPUT_WINDOW_SECONDS = 600.0
+#: The furthest before its first report that a rank's start (its run description's
+#: ``started``, the sender's word) is taken as the start of its ``startup``.
+MAX_STARTUP_LOOKBACK_SECONDS = 600.0
 
 
 @dataclass(frozen=True)
@@ -320,12 +323,14 @@ class RunRecorder:
                 partial.add(key)
             assert progress is not None
             run.totals.add(progress)
-            self._book(run, view, first=previous is None, wall=wall)
+            self._book(run, view, descriptions.get((view.job, view.rank)),
+                       first=previous is None, wall=wall)
             self._note_checkpoint(run, view)
             run.ranks.add(view.rank)
             if run.world_size is None:
                 run.world_size = view.world_size
             run.last_report = max(run.last_report or 0.0, view.last_report_time)
+            run.last_reports[view.rank] = view.last_report_time
             if progress.steps > 0:
                 run.last_progress = wall
             live.setdefault(key, []).append(view)
@@ -337,25 +342,34 @@ class RunRecorder:
                     self._runs[key].totals.add_bucket(samples[key], interval)
         return live
 
-    def _book(self, run: RecordedRun, view: ReportingRank, *, first: bool, wall: float) -> None:
+    def _book(self, run: RecordedRun, view: ReportingRank, described: DescribingRank | None,
+              *, first: bool, wall: float) -> None:
         """Book the rank's GPU-seconds up to what its latest totals cover
-        (``trainmon.ledger.goodput``), into its run and its job's counters."""
+        (``trainmon.ledger.goodput``), into its run and its job's counters. A rank seen
+        from its first report is booked from its reporter's start (its run
+        description's ``started``, at most ``MAX_STARTUP_LOOKBACK_SECONDS`` before it
+        was first seen), else from the start of its first step."""
         totals = _rank_totals(view.totals)
         booking = run.bookings.get(view.rank)
         if booking is None:
             if run.resumed or not first:
                 booking = RankBooking.resumed(wall, totals)
-            else:  # seen from its first report: book its steps from their start
+            else:
                 began = (view.last_step_time or wall) - totals.step_seconds
+                if (described is not None and described.description.run == run.run
+                        and described.owner == run.owner):
+                    began = min(began, max(described.description.started,
+                                           wall - MAX_STARTUP_LOOKBACK_SECONDS))
                 booking = RankBooking.new_run(min(began, wall))
             run.bookings[view.rank] = booking
         self._add_booked(run, booking.book(wall, totals, view.last_step_time), wall)
 
     def _close_bookings(self, run: RecordedRun, wall: float) -> None:
-        """The run ended: the time its ranks' bookings have not covered is booked."""
-        for booking in run.bookings.values():
-            self._add_booked(run, booking.close(max(run.ended or wall, booking.booked_until)),
-                             wall)
+        """The run ended: each rank's time up to its last report that its booking has
+        not covered is booked."""
+        for rank, booking in run.bookings.items():
+            left = min(run.last_reports.get(rank, run.ended or wall), wall)
+            self._add_booked(run, booking.close(max(left, booking.booked_until)), wall)
 
     def _add_booked(self, run: RecordedRun, booked: Mapping[str, float], wall: float) -> None:
         if not booked:
