@@ -358,3 +358,47 @@ def test_each_runs_gpu_seconds_add_up_and_a_stall_is_booked_stalled(
         record = only(reader.runs(job="resnet50"))
     assert sum(record.summary["gpu_seconds"].values()) == pytest.approx(held)  # type: ignore[attr-defined]
     assert record.summary["goodput_ratio"] == pytest.approx(32.5 / held)
+
+
+def test_the_steps_a_crash_lost_since_its_checkpoint_are_booked_on_the_restart(
+    clocks: Clocks, tmp_path: Path,
+) -> None:
+    """run-a saves at step 150 (half-way between the reports of steps 100 and 200) and
+    crashes at step 300; run-b of the same job starts again from that checkpoint: the
+    productive time of its first 150 steps is lost progress, and no later run's is."""
+    path = tmp_path / "ledger.sqlite3"
+    training, ledger = make_recorder(clocks, path, flush_seconds=3600.0)()
+    ledger.start()
+    try:
+        send(training, description(run="run-a", started=clocks.wall), step(0, run="run-a"))
+        ledger.tick()
+        saved = {"checkpoints": 1, "checkpoint_seconds": 0.5}
+        for steps, extra in ((100, {}), (200, {**saved, "last_checkpoint_time": clocks.wall
+                                                + 15.0}), (300, saved)):
+            clocks.advance(10)
+            send(training, step(steps, run="run-a", **extra))
+            ledger.tick()
+        send(training, description(run="run-a", started=clocks.wall - 30, ended="crashed"))
+        ledger.tick()
+        lost_before = scrape(ledger).value("trainmon_job_gpu_seconds_total", job="resnet50",
+                                           bucket="lost_progress")
+        clocks.advance(5)
+        send(training, description(run="run-b", started=clocks.wall, reporter_id="b" * 16),
+             step(0, run="run-b", reporter_id="b" * 16))
+        ledger.tick()
+        for steps in (100, 200, 300):
+            clocks.advance(10)
+            send(training, step(steps, run="run-b", reporter_id="b" * 16))
+            ledger.tick()
+        lost = scrape(ledger).value("trainmon_job_gpu_seconds_total", job="resnet50",
+                                    bucket="lost_progress")
+    finally:
+        ledger.stop()
+        training.stop()
+    assert lost_before == 0.0
+    # 150 steps of 0.1 s, of which a quarter data wait and a tenth comm: 65 % productive
+    assert lost == pytest.approx(150 * 0.1 * 0.65)
+    with Ledger.open(path) as reader:
+        runs = {record.run: record for record in reader.runs(job="resnet50")}
+    assert runs["run-b"].summary["gpu_seconds"]["lost_progress"] == pytest.approx(9.75)  # type: ignore[index]
+    assert runs["run-a"].summary["gpu_seconds"]["lost_progress"] == 0.0  # type: ignore[index]

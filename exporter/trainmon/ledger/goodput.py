@@ -37,9 +37,14 @@ and books what lies behind the evidence:
   than their wall time after the first step: a reporter restarted, or
   paused) is ``other``, as is what ``close`` books when the rank leaves.
 
+- **Redone work.** A rank of a run that restarts a crashed or preempted run
+  of the same job is given ``redo_steps``, the steps the crashed rank did
+  after its latest checkpoint (``steps_since_checkpoint``); the productive
+  time of its first that many steps is ``lost_progress``.
+
 Buckets that need evidence beyond one rank's totals (``straggler_wait``,
-``idle_allocated``, ``lost_progress``) are not booked yet (issue 26); the
-names of every bucket are ``BUCKETS``. Standard library only; no clock of
+``idle_allocated``) are not booked yet (issue 26); the names of every bucket
+are ``BUCKETS``. Standard library only; no clock of
 its own.
 """
 
@@ -81,6 +86,10 @@ class RankTotals:
     phase_seconds: Mapping[str, float] = field(default_factory=dict)
     #: Seconds in checkpoint saves; None where the rank does not report them.
     checkpoint_seconds: float | None = None
+    #: Checkpoint saves completed; None where the rank does not report them.
+    checkpoints: int | None = None
+    #: Unix time the latest save completed (the daemon's record of it), if any.
+    last_checkpoint_time: float | None = None
 
     def exposed(self) -> float:
         """Exposed communication: measured, else the ``comm`` phase's seconds."""
@@ -106,13 +115,20 @@ class RankBooking:
     stalling: bool = False
     #: Mean step seconds of the latest stretches without a stall.
     recent_steps: deque[float] = field(default_factory=lambda: deque(maxlen=TYPICAL_STRETCHES))
+    #: The rank's steps when its latest checkpoint save was first seen (0: none yet).
+    steps_at_checkpoint: int = 0
+    #: Steps of this run that redo what a crashed run of the job did after its last
+    #: checkpoint: their productive time is ``lost_progress``.
+    redo_steps: int = 0
 
     @classmethod
-    def new_run(cls, began: float) -> RankBooking:
-        """A rank of a run this daemon sees from its start, whose process began at
-        ``began`` (daemon clock): every total it reports is booked, and the time
-        before its first step is ``startup``."""
-        return cls(booked_until=began)
+    def new_run(cls, began: float, before: RankTotals | None = None) -> RankBooking:
+        """A rank of a run this daemon sees from its start, whose reporter began at
+        ``began`` (Unix time): every total it reports beyond ``before`` (the rank's
+        totals before the run, zero for a new rank) is booked, and the time before its
+        first step is ``startup``."""
+        return cls(booked_until=began, seen=before or RankTotals(),
+                   steps_at_checkpoint=(before or RankTotals()).steps)
 
     @classmethod
     def resumed(cls, now: float, totals: RankTotals) -> RankBooking:
@@ -143,6 +159,8 @@ class RankBooking:
             end = min(max(last_step, self.booked_until), now)
             self._book_steps(booked, end - self.booked_until, totals, typical_step_seconds,
                              threshold, ends_stall=self.stalling)
+            if (totals.checkpoints or 0) > (self.seen.checkpoints or 0):
+                self.steps_at_checkpoint = self._steps_at(totals, end)
             self.booked_until, self.seen, self.stalling = end, totals, False
         since_step = self.booked_until if last_step is None else last_step
         if totals.steps > 0 and now - since_step > threshold and now > self.booked_until:
@@ -196,8 +214,28 @@ class RankBooking:
                 excess -= taken
         elif steps > 0 and wall > 0:
             self.recent_steps.append(wall / steps)
+        if self.redo_steps > 0 and steps > 0:
+            redone = min(self.redo_steps, steps)
+            lost = parts["productive"] * redone / steps
+            parts["productive"] -= lost
+            booked["lost_progress"] += lost
+            self.redo_steps -= redone
         for name, value in parts.items():
             booked[name] += value
+
+    def _steps_at(self, totals: RankTotals, end: float) -> int:
+        """The rank's steps when its latest save completed, interpolated over the stretch
+        that holds it (steps evenly spread: a stall would make it approximate)."""
+        saved = totals.last_checkpoint_time
+        if saved is None or end <= self.booked_until:
+            return totals.steps
+        share = min(max((saved - self.booked_until) / (end - self.booked_until), 0.0), 1.0)
+        return self.seen.steps + round(share * (totals.steps - self.seen.steps))
+
+    def steps_since_checkpoint(self) -> int:
+        """Steps the rank completed after its latest checkpoint (all of them without one):
+        what a restart from that checkpoint redoes."""
+        return max(self.seen.steps - self.steps_at_checkpoint, 0)
 
     def _add(self, booked: dict[str, float]) -> dict[str, float]:
         for name, value in booked.items():

@@ -111,9 +111,25 @@ UNKNOWN = "unknown"
 MAX_GOODPUT_JOBS = 64
 #: Seconds over which ``trainmon_job_goodput_ratio`` is taken.
 GOODPUT_WINDOW_SECONDS = 600.0
+#: End reasons after which the job's next run redoes the steps since the last checkpoint.
+LOSING_END_REASONS = ("crashed", "preempted")
+#: Seconds after such an end within which a new run of the job counts as its restart.
+REDO_HORIZON_SECONDS = 3600.0
 #: The furthest before its first report that a rank's start (its run description's
 #: ``started``, the sender's word) is taken as the start of its ``startup``.
 MAX_STARTUP_LOOKBACK_SECONDS = 600.0
+
+
+@dataclass
+class _Redo:
+    """What a crashed or preempted run left for its job's next run to redo."""
+
+    ended: float
+    crashed: tuple[str, str]
+    #: rank -> its steps after its latest checkpoint.
+    steps: dict[int, int]
+    #: The run that redoes them, once one started.
+    restarted: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -202,6 +218,8 @@ class RunRecorder:
         self._gpu_seconds: OrderedDict[str, dict[str, float]] = OrderedDict()
         #: job -> (Unix time, productive, all booked) at each booking of the window.
         self._goodput_history: dict[str, deque[tuple[float, float, float]]] = {}
+        #: job -> what its latest crashed or preempted run left to redo.
+        self._redo: OrderedDict[str, _Redo] = OrderedDict()
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -324,7 +342,8 @@ class RunRecorder:
             assert progress is not None
             run.totals.add(progress)
             self._book(run, view, descriptions.get((view.job, view.rank)),
-                       first=previous is None, wall=wall)
+                       None if previous is None else previous[1],
+                       first=previous is None or previous[0] != run_id, wall=wall)
             self._note_checkpoint(run, view)
             run.ranks.add(view.rank)
             if run.world_size is None:
@@ -343,33 +362,61 @@ class RunRecorder:
         return live
 
     def _book(self, run: RecordedRun, view: ReportingRank, described: DescribingRank | None,
-              *, first: bool, wall: float) -> None:
+              before: StepTotals | None, *, first: bool, wall: float) -> None:
         """Book the rank's GPU-seconds up to what its latest totals cover
         (``trainmon.ledger.goodput``), into its run and its job's counters. A rank seen
         from its first report is booked from its reporter's start (its run
         description's ``started``, at most ``MAX_STARTUP_LOOKBACK_SECONDS`` before it
-        was first seen), else from the start of its first step."""
-        totals = _rank_totals(view.totals)
+        was first seen), else from the start of its first step; ``before``: the rank's
+        totals at the previous tick (an earlier run's, which the store's cumulative
+        totals still hold), where its new run's are counted from."""
+        totals = _rank_totals(view)
         booking = run.bookings.get(view.rank)
         if booking is None:
             if run.resumed or not first:
                 booking = RankBooking.resumed(wall, totals)
             else:
-                began = (view.last_step_time or wall) - totals.step_seconds
+                baseline = RankTotals() if before is None else _totals_of(before)
+                began = (view.last_step_time or wall) - (
+                    totals.step_seconds - baseline.step_seconds)
                 if (described is not None and described.description.run == run.run
                         and described.owner == run.owner):
                     began = min(began, max(described.description.started,
                                            wall - MAX_STARTUP_LOOKBACK_SECONDS))
-                booking = RankBooking.new_run(min(began, wall))
+                booking = RankBooking.new_run(min(began, wall), baseline)
+                booking.redo_steps = self._steps_to_redo(run, view.rank, wall)
             run.bookings[view.rank] = booking
         self._add_booked(run, booking.book(wall, totals, view.last_step_time), wall)
 
     def _close_bookings(self, run: RecordedRun, wall: float) -> None:
         """The run ended: each rank's time up to its last report that its booking has
-        not covered is booked."""
+        not covered is booked. A crashed or preempted run leaves the steps after each
+        rank's latest checkpoint for the job's next run to redo."""
         for rank, booking in run.bookings.items():
             left = min(run.last_reports.get(rank, run.ended or wall), wall)
             self._add_booked(run, booking.close(max(left, booking.booked_until)), wall)
+        if run.end_reason in LOSING_END_REASONS and run.bookings:
+            self._redo.pop(run.job, None)
+            self._redo[run.job] = _Redo(
+                wall, (run.job, run.run),
+                {rank: booking.steps_since_checkpoint() for rank, booking
+                 in run.bookings.items()})
+            while len(self._redo) > MAX_GOODPUT_JOBS:
+                self._redo.popitem(last=False)
+
+    def _steps_to_redo(self, run: RecordedRun, rank: int, wall: float) -> int:
+        """The steps rank ``rank`` of ``run`` redoes: those its job's crashed run did after
+        the rank's latest checkpoint, for the first run of the job that starts within
+        ``REDO_HORIZON_SECONDS`` of the crash (0 for any other)."""
+        redo = self._redo.get(run.job)
+        if redo is None or wall - redo.ended > REDO_HORIZON_SECONDS \
+                or redo.crashed == (run.job, run.run):
+            return 0
+        if redo.restarted is None:
+            redo.restarted = (run.job, run.run)
+        if redo.restarted != (run.job, run.run):
+            return 0
+        return redo.steps.get(rank, max(redo.steps.values(), default=0))
 
     def _add_booked(self, run: RecordedRun, booked: Mapping[str, float], wall: float) -> None:
         if not booked:
@@ -755,13 +802,19 @@ def _data_changed(before: Mapping[object, object], after: Mapping[object, object
                for path in before)
 
 
-def _rank_totals(totals: StepTotals) -> RankTotals:
+def _totals_of(totals: StepTotals, last_checkpoint_time: float | None = None) -> RankTotals:
     return RankTotals(
         steps=totals.steps, step_seconds=totals.step_seconds,
         data_wait_seconds=totals.data_wait_seconds,
         comm_exposed_seconds=totals.comm_exposed_seconds,
         phase_seconds=dict(totals.phase_seconds),
-        checkpoint_seconds=totals.checkpoint_seconds)
+        checkpoint_seconds=totals.checkpoint_seconds, checkpoints=totals.checkpoints,
+        last_checkpoint_time=last_checkpoint_time)
+
+
+def _rank_totals(view: ReportingRank) -> RankTotals:
+    saved = view.last_checkpoint
+    return _totals_of(view.totals, None if saved is None else saved.time)
 
 
 def _window_ratio(history: deque[tuple[float, float, float]]) -> float | None:

@@ -49,7 +49,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from trainmon.contract import STEP_BUCKET_COUNT, STEP_SECONDS_BOUNDS
-from trainmon.ledger.goodput import goodput_ratio
+from trainmon.ledger.goodput import BUCKETS, goodput_ratio
 
 #: Rate buckets kept per run before neighbours are merged.
 MAX_BUCKETS = 2048
@@ -199,7 +199,8 @@ class RunTotals:
             "checkpoints": self.checkpoints,
             "last_checkpoint": None if self.last_checkpoint is None
             else dict(self.last_checkpoint),
-            "gpu_seconds": dict(sorted(self.gpu_seconds.items())),
+            "gpu_seconds": {bucket: self.gpu_seconds.get(bucket, 0.0) for bucket in BUCKETS}
+            if self.gpu_seconds else {},
             "goodput_ratio": goodput_ratio(self.gpu_seconds),
         }
 
