@@ -127,6 +127,10 @@ TOKENS: Mapping[str, str] = {
              contract.THROUGHPUT_REGRESSION_RATIO),
     "THROUGHPUT_REGRESSION_KEEP": _number(1 - contract.THROUGHPUT_REGRESSION_RATIO),
     "THROUGHPUT_REGRESSION_WINDOW": contract.THROUGHPUT_REGRESSION_WINDOW,
+    # Goodput (issue 26): the productive share of a job's GPU-seconds below which, for
+    # GOODPUT_LOW_WINDOW, TrainmonLowGoodput fires.
+    **_ratio("GOODPUT_LOW_RATIO", "GOODPUT_LOW_PERCENT", contract.GOODPUT_LOW_RATIO),
+    "GOODPUT_LOW_WINDOW": contract.GOODPUT_LOW_WINDOW,
     "TRAINING_RULE_WINDOW": contract.TRAINING_RULE_WINDOW,
     "XID_CRITICAL": "|".join(str(code) for code in XID_CRITICAL),
     "XID_CRITICAL_LIST": ", ".join(str(code) for code in XID_CRITICAL),

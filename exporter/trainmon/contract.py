@@ -199,6 +199,19 @@ THROUGHPUT_REGRESSION_RATIO = 0.2
 #: previous run's samples out of the rate window) before they compare it.
 THROUGHPUT_REGRESSION_WINDOW = "15m"
 
+#: Goodput (issue 26; the tuning article's aim: GPUs busy with matrix multiplies, not
+#: waiting for data, gradients or locks): a job whose productive share of the
+#: GPU-seconds it held (``job:trainmon_goodput:ratio_rate10m``) stays below this
+#: (0-1) for ``GOODPUT_LOW_WINDOW`` raises ``TrainmonLowGoodput``. Half: below it the
+#: job spends more of its GPU time waiting, stalled or redoing work than training, a
+#: loss no healthy job shows for half an hour (checkpoints and startup take a few
+#: percent).
+GOODPUT_LOW_RATIO = 0.5
+
+#: How long the goodput must stay that low before ``TrainmonLowGoodput`` fires: longer
+#: than a job's startup or a stall short enough to clear by itself.
+GOODPUT_LOW_WINDOW = "30m"
+
 #: Run ledger (tuning article §6.3): a run whose ranks still report but have not
 #: completed a step for this many seconds is recorded with end reason
 #: ``stalled`` (``collectors.ledger.stall_seconds``); it becomes a running run

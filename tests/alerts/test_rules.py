@@ -34,6 +34,7 @@ TEST_FILES = {
     "diagnosis.test.yml": VARIANTS,
     "platform.test.yml": VARIANTS,
     "runs.test.yml": VARIANTS,
+    "goodput.test.yml": VARIANTS,
     "dcgm.test.yml": ("dcgm",),
     "tencent-cloud.test.yml": ("tencent-cloud",),
 }
