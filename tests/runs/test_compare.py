@@ -173,3 +173,30 @@ def test_quantities(value: float | None, text: str) -> None:
 @pytest.mark.parametrize(("ratio", "text"), [(-0.183, "−18 %"), (0.05, "+5 %"), (0.001, "±0 %")])
 def test_signed_percent(ratio: float, text: str) -> None:
     assert signed_percent(ratio) == text
+
+
+def test_goodput_and_the_buckets_that_moved_are_in_words() -> None:
+    def booked(productive: float, data_wait: float) -> dict[str, float]:
+        return {"productive": productive, "data_wait": data_wait, "checkpoint": 5.0,
+                "stalled": 0.0}
+
+    a = view("a", summary_=summary(gpu_seconds=booked(62.0, 33.0), goodput_ratio=0.62))
+    b = view("b", summary_=summary(gpu_seconds=booked(81.0, 14.0), goodput_ratio=0.81))
+    comparison = compare(a, b)
+    assert "goodput 0.62 → 0.81; data_wait −19 points" in comparison.summary
+    assert "checkpoint" not in comparison.summary  # 5 % in both
+    assert comparison.to_json()["badput"] == {
+        "data_wait": {"a": 0.33, "b": 0.14, "change_ratio": -0.5758},
+        "checkpoint": {"a": 0.05, "b": 0.05, "change_ratio": 0.0}}
+
+
+def test_a_multi_node_run_adds_up_its_gpu_seconds() -> None:
+    merged = RunView.from_records([
+        record("r", node="n1", summary_=summary(gpu_seconds={"productive": 30.0,
+                                                             "data_wait": 10.0})),
+        record("r", node="n2", summary_=summary(gpu_seconds={"productive": 50.0,
+                                                             "stalled": 10.0})),
+    ])
+    assert merged.summary["gpu_seconds"] == {"productive": 80.0, "data_wait": 10.0,
+                                             "stalled": 10.0}
+    assert merged.summary["goodput_ratio"] == pytest.approx(0.8)

@@ -31,9 +31,10 @@ with a run that did not finish cleanly ("run B ended: crashed").
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from trainmon.ledger.goodput import BUCKETS
 from trainmon.runs.view import RunView, number
 from trainmon.training.protocol import REDACTED, is_secret_name
 
@@ -117,6 +118,11 @@ class Comparison:
     summary: str
     #: What ``throughput`` compares: ``job`` or ``per_rank`` (``THROUGHPUT_BASES``).
     throughput_basis: str = "job"
+    #: The productive share of the runs' GPU-seconds (their ``goodput_ratio``).
+    goodput: Movement = Movement(None, None)
+    #: Each bucket of the goodput ledger but ``productive``: its share (0-1) of the runs'
+    #: GPU-seconds, where either run has one.
+    badput: Mapping[str, Movement] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, object]:
         cost: dict[str, object] | None = None
@@ -130,6 +136,8 @@ class Comparison:
             "step_seconds_p50": self.step_seconds_p50.to_json(),
             "step_seconds_p95": self.step_seconds_p95.to_json(),
             "phases": {name: movement.to_json() for name, movement in self.phases.items()},
+            "goodput": self.goodput.to_json(),
+            "badput": {name: movement.to_json() for name, movement in self.badput.items()},
             "cost_per_million_samples": cost,
             "unavailable": list(self.unavailable),
             "summary": self.summary,
@@ -173,6 +181,8 @@ def compare(a: RunView, b: RunView) -> Comparison:
         step_seconds_p95=_movement(a.summary, b.summary, "step_seconds_p95"),
         phases=phases, cost_per_million_samples=cost, currency=currency,
         unavailable=tuple(unavailable), summary="",
+        goodput=_movement(a.summary, b.summary, "goodput_ratio"),
+        badput=_badput(a.summary, b.summary),
     )
     return Comparison(**{**comparison.__dict__, "summary": sentence(comparison)})
 
@@ -292,6 +302,26 @@ def _phases(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Movement]:
     return {name: m for name, m in phases.items() if m.a is not None or m.b is not None}
 
 
+def _shares(summary: Mapping[str, Any]) -> dict[str, float]:
+    """Each bucket's share of a run's GPU-seconds (``summary["gpu_seconds"]``)."""
+    seconds = summary.get("gpu_seconds")
+    if not isinstance(seconds, Mapping):
+        return {}
+    values = {str(name): seconds_of for name, raw in seconds.items()
+              if (seconds_of := number(raw)) is not None}
+    total = sum(values.values())
+    return {name: value / total for name, value in values.items()} if total > 0 else {}
+
+
+def _badput(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Movement]:
+    shares_a, shares_b = _shares(a), _shares(b)
+    if not shares_a and not shares_b:
+        return {}
+    return {name: Movement(shares_a.get(name), shares_b.get(name))
+            for name in BUCKETS if name != "productive"
+            and (shares_a.get(name) or shares_b.get(name))}
+
+
 def _cost(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[Movement | None, str | None]:
     cost_a, cost_b = a.get("cost"), b.get("cost")
     if not isinstance(cost_a, Mapping) or not isinstance(cost_b, Mapping):
@@ -309,6 +339,13 @@ def _cost(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[Movement | None, 
 def sentence(comparison: Comparison) -> str:
     """The comparison in one line, throughput first, then each change."""
     parts = [_throughput_words(comparison)]
+    goodput = comparison.goodput
+    if goodput.a is not None and goodput.b is not None:
+        parts.append(f"goodput {goodput.a:.2f} → {goodput.b:.2f}")
+        for name, movement in comparison.badput.items():
+            move = (movement.b or 0.0) - (movement.a or 0.0)
+            if abs(move) >= PHASE_SENTENCE_MIN_MOVE:
+                parts.append(f"{name} {signed_points(move)}")
     change_words = [_change_words(change, comparison) for change in comparison.changes]
     if len(change_words) > SENTENCE_MAX_CHANGES:
         extra = len(change_words) - SENTENCE_MAX_CHANGES
@@ -376,6 +413,12 @@ def signed_percent(ratio: float) -> str:
     if value == 0:
         return "±0 %"
     return f"{'+' if value > 0 else '−'}{abs(value)} %"
+
+
+def signed_points(move: float) -> str:
+    """A share's move in percentage points: ``-0.183`` → ``−18 points``."""
+    value = round(move * 100)
+    return f"{'+' if value > 0 else '−'}{abs(value)} points"
 
 
 def percent(share: float) -> str:

@@ -156,6 +156,11 @@ def render_comparison(comparison: Comparison) -> str:
 
     for name, movement in comparison.phases.items():
         lines.append(f"  {phase_words(name):<22} {share(movement.a)} → {share(movement.b)}")
+    if comparison.goodput.a is not None or comparison.goodput.b is not None:
+        lines.append(f"  {'goodput':<22} {share(comparison.goodput.a)} → "
+                     f"{share(comparison.goodput.b)}")
+        for name, movement in comparison.badput.items():
+            lines.append(f"  {'  ' + name:<22} {share(movement.a)} → {share(movement.b)}")
     if comparison.cost_per_million_samples is not None:
         lines.append(_movement_line(
             f"cost/M samples ({comparison.currency})", comparison.cost_per_million_samples,

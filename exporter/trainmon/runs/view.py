@@ -215,6 +215,14 @@ def merge_summaries(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     durations = [number(summary.get("duration_seconds")) for summary in summaries]
     merged["duration_seconds"] = max((d for d in durations if d is not None), default=None)
     merged["cost"] = _merged_cost(summaries, merged)
+    gpu_seconds: dict[str, float] = {}
+    for summary in summaries:
+        for bucket, seconds in dict(summary.get("gpu_seconds") or {}).items():
+            if number(seconds) is not None:
+                gpu_seconds[bucket] = gpu_seconds.get(bucket, 0.0) + float(seconds)
+    merged["gpu_seconds"] = gpu_seconds
+    booked = sum(gpu_seconds.values())
+    merged["goodput_ratio"] = gpu_seconds.get("productive", 0.0) / booked if booked > 0 else None
     return merged
 
 
