@@ -104,7 +104,7 @@ def test_every_section_keeps_its_keys_in_order() -> None:
         "rate_bytes_per_second", "utilization_ratio", "port_up"]
     assert list(network["nccl"][0]) == NCCL_KEYS
     [job] = document["jobs"]
-    assert list(job) == ["job", "kind", "kind_name", "findings", "evidence", "advice", "nccl"]
+    assert list(job) == ["job", "kind", "kind_name", "goodput", "findings", "evidence", "advice", "nccl"]
     assert [list(finding) for finding in [*job["findings"], *document["platform"]["findings"]]
             ] == [FINDING_KEYS] * 3
     assert list(job["nccl"][0]) == NCCL_KEYS

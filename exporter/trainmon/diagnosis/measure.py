@@ -66,6 +66,7 @@ MEASURED_SAMPLES = frozenset({
     "trainmon_infiniband_receive_bytes_total", "trainmon_infiniband_transmit_bytes_total",
     "trainmon_infiniband_rate_bytes",
     "trainmon_gpu_process_info", "trainmon_nccl_problem_info",
+    "trainmon_job_gpu_seconds_total", "trainmon_job_goodput_ratio",
 }) | PLATFORM_SAMPLES
 
 
@@ -187,6 +188,19 @@ class NcclState:
 
 
 @dataclass(frozen=True)
+class JobGoodput:
+    """Where a job's GPU-seconds on this node went (the run ledger's goodput booking)."""
+
+    job: str
+    #: Productive over all its GPU-seconds, last 10 min (``trainmon_job_goodput_ratio``).
+    ratio: float | None
+    #: Its largest bucket but ``productive`` since the daemon started, and that bucket's
+    #: share (0-1) of its GPU-seconds; None when it has none.
+    largest_loss: str | None = None
+    largest_loss_share: float | None = None
+
+
+@dataclass(frozen=True)
 class NodeMeasurements:
     window_seconds: float
     #: Unix time of the newest snapshot.
@@ -198,6 +212,7 @@ class NodeMeasurements:
     processes: tuple[GPUProcessState, ...]
     nccl: tuple[NcclState, ...]
     platform: PlatformMeasurements = field(default_factory=PlatformMeasurements)
+    goodput: tuple[JobGoodput, ...] = ()
 
 
 def measure(window: Window, comm_phases: Sequence[str] = ("comm",)) -> NodeMeasurements:
@@ -220,7 +235,29 @@ def measure(window: Window, comm_phases: Sequence[str] = ("comm",)) -> NodeMeasu
             for labels in window.latest("trainmon_nccl_problem_info")
         ),
         platform=measure_platform(window),
+        goodput=_goodput(window),
     )
+
+
+def _goodput(window: Window) -> tuple[JobGoodput, ...]:
+    """Each job's goodput from the newest snapshot (the ledger exports both series)."""
+    seconds: dict[str, dict[str, float]] = {}
+    for labels, value in window.latest("trainmon_job_gpu_seconds_total").items():
+        names = dict(labels)
+        seconds.setdefault(names.get("job", ""), {})[names.get("bucket", "")] = value
+    ratios = {dict(labels).get("job", ""): value
+              for labels, value in window.latest("trainmon_job_goodput_ratio").items()}
+    jobs = []
+    for job in sorted((seconds.keys() | ratios.keys()) - {""}):
+        buckets = seconds.get(job, {})
+        total = sum(buckets.values())
+        losses = {name: value for name, value in buckets.items()
+                  if name != "productive" and value > 0}
+        largest = max(losses, key=lambda name: (losses[name], name)) if losses else None
+        jobs.append(JobGoodput(
+            job=job, ratio=ratios.get(job), largest_loss=largest,
+            largest_loss_share=losses[largest] / total if largest and total > 0 else None))
+    return tuple(jobs)
 
 
 def _gpus(window: Window) -> tuple[GPUState, ...]:

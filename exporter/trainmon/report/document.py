@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from trainmon.diagnosis.finding import Finding
-from trainmon.diagnosis.measure import GPUState, NcclState
+from trainmon.diagnosis.measure import GPUState, JobGoodput, NcclState
 from trainmon.diagnosis.platform_signals import NodePlatform
 from trainmon.diagnosis.rules import Evidence, Verdict
 from trainmon.report.messages import finding_text, kind_name, nccl_text
@@ -50,6 +50,7 @@ OBJECT_FIELDS = frozenset({
 def report_json(report: Report) -> Json:
     """The whole report as JSON-ready data, in the document's key order."""
     lang = report.lang
+    goodput = {job.job: job for job in report.goodput}
     return {
         "source": dict(report.source),
         "lang": lang,
@@ -81,7 +82,7 @@ def report_json(report: Report) -> Json:
             "links": [_link(link) for link in report.links],
             "nccl": [_nccl(problem, lang) for problem in report.nccl],
         },
-        "jobs": [_job(verdict, lang) for verdict in report.verdicts],
+        "jobs": [_job(verdict, lang, goodput.get(verdict.job)) for verdict in report.verdicts],
         "status": report.status,
         "reason": report.reason,
         "exit_code": report.exit_code,
@@ -157,11 +158,12 @@ def _nccl(problem: NcclState, lang: str) -> Json:
             "message": nccl_text(problem.problem, problem.variable, problem.value, lang)}
 
 
-def _job(verdict: Verdict, lang: str) -> Json:
+def _job(verdict: Verdict, lang: str, goodput: JobGoodput | None) -> Json:
     return {
         "job": verdict.job,
         "kind": verdict.kind,
         "kind_name": kind_name(verdict.kind, lang),
+        "goodput": None if goodput is None else fields_of(goodput),
         "findings": [_finding(finding, lang) for finding in verdict.findings],
         "evidence": fields_of(verdict.evidence),
         "advice": advice(verdict, lang),

@@ -77,6 +77,12 @@ HEADINGS: Mapping[str, Pair] = {
     "no_disks": ("no disk measured", "未测到磁盘"),
     "no_links": ("no network link measured", "未测到网络链路"),
     "next": ("next", "下一步"),
+    "goodput": ("goodput {ratio} of its GPU time over 10 min; its largest loss since the "
+                "daemon started: {loss} ({share})",
+                "近 10 分钟有效训练占其 GPU 时间的 {ratio}；守护进程启动以来最大的损失："
+                "{loss}（{share}）"),
+    "goodput_only": ("goodput {ratio} of its GPU time over 10 min",
+                     "近 10 分钟有效训练占其 GPU 时间的 {ratio}"),
     "healthy": ("No bottleneck that needs action.", "没有需要处理的瓶颈。"),
     "found": ("Bottleneck found.", "发现瓶颈。"),
     "risk": ("No bottleneck, but a risk that needs action (critical or warning above).",

@@ -23,6 +23,7 @@ from trainmon.diagnosis.measure import (
     DiskState,
     GPUProcessState,
     GPUState,
+    JobGoodput,
     LinkState,
     NcclState,
     NodeMeasurements,
@@ -149,6 +150,8 @@ class Report:
     nccl: tuple[NcclState, ...] = ()
     #: One per job, as ``rules.diagnose`` returns them (each deciding finding first).
     verdicts: tuple[Verdict, ...] = ()
+    #: Each job's goodput, where the run ledger books it (a daemon's ``/metrics``).
+    goodput: tuple[JobGoodput, ...] = ()
     status: str = "unmeasured"  # "healthy", "bottleneck", "risk" or "unmeasured"
     #: Why nothing could be measured; empty otherwise.
     reason: str = ""
@@ -191,6 +194,7 @@ def build_report(
         links=tuple(_link(link, platform) for link in node.links),
         nccl=node.nccl,
         verdicts=tuple(verdicts),
+        goodput=node.goodput,
         status=status,
         reason=reason,
     )

@@ -13,7 +13,7 @@ kind, provider) included; this module only lays the lines out.
 from __future__ import annotations
 
 from trainmon.diagnosis.finding import Finding
-from trainmon.diagnosis.measure import DiskState
+from trainmon.diagnosis.measure import DiskState, JobGoodput
 from trainmon.diagnosis.platform_signals import NfsMount
 from trainmon.diagnosis.risks import utc_text
 from trainmon.diagnosis.rules import Verdict
@@ -79,8 +79,11 @@ def render_text(report: Report) -> str:
     lines += ["", heading("verdict", lang)]
     if not report.verdicts:
         lines.append(f"   {heading('no_jobs', lang)}")
+    goodput = {job.job: job for job in report.goodput}
     for verdict in report.verdicts:
-        lines += _verdict_lines(verdict, lang)
+        head, *rest = _verdict_lines(verdict, lang)
+        line = goodput_line(goodput.get(verdict.job), lang)
+        lines += [head, *([line] if line else []), *rest]
     lines.append("")
     status = report.status
     lines.append(heading("found", lang) if status == "bottleneck" else
@@ -102,6 +105,18 @@ def _verdict_lines(verdict: Verdict, lang: str) -> list[str]:
     if next_steps := advice(verdict, lang):
         lines.append(f"      {heading('next', lang)}: {next_steps}")
     return lines
+
+
+def goodput_line(goodput: JobGoodput | None, lang: str) -> str | None:
+    """``      goodput 42 % of its GPU time (largest loss: data_wait, 38 % …)``; None
+    without a goodput."""
+    if goodput is None or goodput.ratio is None:
+        return None
+    ratio = f"{goodput.ratio * 100:.0f} %"
+    if goodput.largest_loss is None or goodput.largest_loss_share is None:
+        return f"      {heading('goodput_only', lang, ratio=ratio)}"
+    return "      " + heading("goodput", lang, ratio=ratio, loss=goodput.largest_loss,
+                                share=f"{goodput.largest_loss_share * 100:.0f} %")
 
 
 def _message(finding: Finding, lang: str) -> str:
