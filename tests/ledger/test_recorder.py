@@ -402,3 +402,30 @@ def test_the_steps_a_crash_lost_since_its_checkpoint_are_booked_on_the_restart(
         runs = {record.run: record for record in reader.runs(job="resnet50")}
     assert runs["run-b"].summary["gpu_seconds"]["lost_progress"] == pytest.approx(9.75)  # type: ignore[index]
     assert runs["run-a"].summary["gpu_seconds"]["lost_progress"] == 0.0  # type: ignore[index]
+
+
+def test_goodput_series_are_kept_for_the_jobs_booked_last_and_the_rest_counted(
+    clocks: Clocks, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from trainmon.ledger import recorder
+
+    monkeypatch.setattr(recorder, "MAX_GOODPUT_JOBS", 2)
+    training, ledger = make_recorder(clocks, tmp_path / "ledger.sqlite3",
+                                     flush_seconds=3600.0)()
+    ledger.start()
+    try:
+        for job in ("a", "b", "c"):
+            send(training, description(job=job, started=clocks.wall), step(0, job=job))
+            ledger.tick()
+            clocks.advance(10)
+            send(training, step(100, job=job))
+            send(training, description(job=job, started=clocks.wall - 10, ended="finished"))
+            ledger.tick()
+        exposition = scrape(ledger)
+    finally:
+        ledger.stop()
+        training.stop()
+    jobs = {job for job, _ in exposition.series("trainmon_job_gpu_seconds_total", "job",
+                                                "bucket")}
+    assert jobs == {"b", "c"}
+    assert exposition.value("trainmon_ledger_goodput_evicted_jobs_total") == 1.0

@@ -135,8 +135,13 @@ class LedgerCollector(Collector):
             labels=["job"])
         for job, ratio in readings.goodput.items():
             goodput.add_metric([job], ratio)
+        evicted = CounterMetricFamily(
+            "trainmon_ledger_goodput_evicted_jobs_total",
+            "Jobs whose trainmon_job_gpu_seconds_total series were dropped to keep the 64 "
+            "jobs booked last (their runs' records keep their GPU-seconds).")
+        evicted.add_metric([], readings.goodput_evicted_jobs)
         families: list[Metric] = [changes, ends, up, writes, errors, refused, pruned,
-                                  gpu_seconds, goodput]
+                                  gpu_seconds, goodput, evicted]
         if readings.stored_runs is not None:
             stored = GaugeMetricFamily(
                 "trainmon_ledger_runs", "Run records in the node's run ledger.")

@@ -163,6 +163,8 @@ class RecorderReadings:
     gpu_seconds: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     #: job -> productive over all booked GPU-seconds in the last ``GOODPUT_WINDOW_SECONDS``.
     goodput: Mapping[str, float] = field(default_factory=dict)
+    #: Jobs whose GPU-seconds were dropped to keep ``MAX_GOODPUT_JOBS``.
+    goodput_evicted_jobs: int = 0
 
 
 class RunRecorder:
@@ -218,6 +220,8 @@ class RunRecorder:
         self._gpu_seconds: OrderedDict[str, dict[str, float]] = OrderedDict()
         #: job -> (Unix time, productive, all booked) at each booking of the window.
         self._goodput_history: dict[str, deque[tuple[float, float, float]]] = {}
+        #: Jobs whose GPU-seconds were dropped for newer ones (``MAX_GOODPUT_JOBS``).
+        self._goodput_evicted = 0
         #: job -> what its latest crashed or preempted run left to redo.
         self._redo: OrderedDict[str, _Redo] = OrderedDict()
 
@@ -431,6 +435,7 @@ class RunRecorder:
         self._gpu_seconds[run.job] = seconds  # the latest booked last
         while len(self._gpu_seconds) > MAX_GOODPUT_JOBS:
             self._gpu_seconds.popitem(last=False)
+            self._goodput_evicted += 1
         history.append((wall, seconds["productive"], sum(seconds.values())))
         while history and wall - history[0][0] > GOODPUT_WINDOW_SECONDS:
             history.popleft()
@@ -702,7 +707,8 @@ class RunRecorder:
                 stored_runs=self._stored_runs,
                 gpu_seconds={job: dict(seconds) for job, seconds in self._gpu_seconds.items()},
                 goodput={job: ratio for job, history in self._goodput_history.items()
-                         if (ratio := _window_ratio(history)) is not None})
+                         if (ratio := _window_ratio(history)) is not None},
+                goodput_evicted_jobs=self._goodput_evicted)
 
     def health(self) -> Mapping[str, object]:
         """The ``/healthz`` state of the ledger (``degraded`` while nothing reaches the file)."""
