@@ -70,9 +70,8 @@ def booked_after_the_end(daemon: Daemon) -> dict[str, float]:
     deadline = time.monotonic() + END_DEADLINE_SECONDS
     while True:
         scrape = parse(daemon.metrics())
-        if scrape.value("trainmon_training_run_end_timestamp_seconds", job=JOB) is not None \
-                or any(labels.get("job") == JOB for labels in scrape.labelsets(
-                    "trainmon_training_run_end_timestamp_seconds")):
+        if any(labels.get("job") == JOB for labels in scrape.labelsets(
+                "trainmon_training_run_end_timestamp_seconds")):
             break
         assert time.monotonic() < deadline, daemon.log()
         time.sleep(0.2)

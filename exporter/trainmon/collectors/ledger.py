@@ -26,7 +26,7 @@ from trainmon.core.routes import GetHandler
 from trainmon.ledger.api import RunsAPI
 from trainmon.ledger.config import LedgerConfig
 from trainmon.ledger.goodput import BUCKETS
-from trainmon.ledger.recorder import RunRecorder
+from trainmon.ledger.recorder import GOODPUT_WINDOW_SECONDS, MAX_GOODPUT_JOBS, RunRecorder
 
 #: Longest value of the ``changed`` label.
 MAX_CHANGED_LENGTH = 200
@@ -94,10 +94,10 @@ class LedgerCollector(Collector):
             "cannot be used (see /healthz: missing directory, read-only, foreign file).",
         )
         up.add_metric([], 1.0 if readings.up else 0.0)
-        writes = CounterMetricFamily(
+        writes = _counter(
             "trainmon_ledger_writes_total",
-            "Transactions the recorder committed to the run ledger (one per flush).")
-        writes.add_metric([], readings.writes)
+            "Transactions the recorder committed to the run ledger (one per flush).",
+            readings.writes)
         errors = CounterMetricFamily(
             "trainmon_ledger_write_errors_total",
             "Flushes to the run ledger that failed (the records stay in memory), by "
@@ -105,11 +105,11 @@ class LedgerCollector(Collector):
             labels=["reason"])
         for reason, count in readings.write_errors.items():
             errors.add_metric([reason], count)
-        refused = CounterMetricFamily(
+        refused = _counter(
             "trainmon_ledger_refused_runs_total",
             "Runs not recorded because their (job, run, node) record in the ledger "
-            "belongs to another writer identity (a job name and run id re-used).")
-        refused.add_metric([], readings.refused_runs)
+            "belongs to another writer identity (a job name and run id re-used).",
+            readings.refused_runs)
         pruned = CounterMetricFamily(
             "trainmon_ledger_pruned_runs_total",
             "Run records deleted by retention, by rule: age (ended more than "
@@ -123,7 +123,7 @@ class LedgerCollector(Collector):
             "GPU-seconds the job's ranks on this node held their GPUs, by bucket of the "
             "goodput ledger (productive, data_wait, comm_exposed, checkpoint, stalled, "
             "startup, other, ...); the buckets of a job add up to its GPU-seconds. Since the "
-            "daemon started, the latest 64 jobs.",
+            f"daemon started, the latest {MAX_GOODPUT_JOBS} jobs.",
             labels=["job", "bucket"])
         for job, seconds in readings.gpu_seconds.items():
             for bucket in BUCKETS:
@@ -131,15 +131,15 @@ class LedgerCollector(Collector):
         goodput = GaugeMetricFamily(
             "trainmon_job_goodput_ratio",
             "Productive GPU-seconds of the job's ranks on this node over all they held, "
-            "in the last 10 minutes (0-1).",
+            f"in the last {GOODPUT_WINDOW_SECONDS / 60:g} minutes (0-1).",
             labels=["job"])
         for job, ratio in readings.goodput.items():
             goodput.add_metric([job], ratio)
-        evicted = CounterMetricFamily(
+        evicted = _counter(
             "trainmon_ledger_goodput_evicted_jobs_total",
-            "Jobs whose trainmon_job_gpu_seconds_total series were dropped to keep the 64 "
-            "jobs booked last (their runs' records keep their GPU-seconds).")
-        evicted.add_metric([], readings.goodput_evicted_jobs)
+            "Jobs whose trainmon_job_gpu_seconds_total series were dropped to keep the "
+            f"{MAX_GOODPUT_JOBS} jobs booked last (their runs' records keep their GPU-seconds).",
+            readings.goodput_evicted_jobs)
         families: list[Metric] = [changes, ends, up, writes, errors, refused, pruned,
                                   gpu_seconds, goodput, evicted]
         if readings.stored_runs is not None:
@@ -178,3 +178,10 @@ def _build(config: LedgerConfig, wiring: Wiring) -> Collector:
 
 #: Derived, last: records the diagnosis' verdicts with each run.
 ENTRY = CollectorEntry("ledger", LedgerConfig, _build, derived=True, requires=("training",))
+
+
+def _counter(name: str, documentation: str, value: float) -> CounterMetricFamily:
+    """A counter family of one series without labels."""
+    family = CounterMetricFamily(name, documentation)
+    family.add_metric([], value)
+    return family

@@ -434,14 +434,12 @@ class RunRecorder:
             seconds[bucket] += value
         self._gpu_seconds[run.job] = seconds  # the latest booked last
         while len(self._gpu_seconds) > MAX_GOODPUT_JOBS:
-            self._gpu_seconds.popitem(last=False)
+            evicted, _ = self._gpu_seconds.popitem(last=False)
+            self._goodput_history.pop(evicted, None)
             self._goodput_evicted += 1
         history.append((wall, seconds["productive"], sum(seconds.values())))
         while history and wall - history[0][0] > GOODPUT_WINDOW_SECONDS:
             history.popleft()
-        for job in list(self._goodput_history):
-            if job not in self._gpu_seconds:
-                del self._goodput_history[job]
 
     def _note_checkpoint(self, run: RecordedRun, view: ReportingRank) -> None:
         """Keep the run's latest checkpoint, its path resolved while the rank lives (a

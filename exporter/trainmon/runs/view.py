@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from trainmon.ledger import combined_end_reason
+from trainmon.ledger.goodput import goodput_ratio
 from trainmon.training.protocol import REDACTED, is_secret_name
 
 #: ``summary`` keys that add up over nodes.
@@ -221,8 +222,7 @@ def merge_summaries(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             if number(seconds) is not None:
                 gpu_seconds[bucket] = gpu_seconds.get(bucket, 0.0) + float(seconds)
     merged["gpu_seconds"] = gpu_seconds
-    booked = sum(gpu_seconds.values())
-    merged["goodput_ratio"] = gpu_seconds.get("productive", 0.0) / booked if booked > 0 else None
+    merged["goodput_ratio"] = goodput_ratio(gpu_seconds)
     return merged
 
 
