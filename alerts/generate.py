@@ -207,7 +207,7 @@ def check_alert(rule: Mapping[str, Any], origin: str) -> None:
         raise SourceError(f"{origin}: {name}: docs/runbooks/{name}.md does not exist")
 
 
-_WINDOW_SUFFIX = re.compile(r"(?:rate|mean)((?:\d+(?:ms|s|m|h|d|w|y))+)$")
+_WINDOW_SUFFIX = re.compile(r"(?:rate|mean|sum)((?:\d+(?:ms|s|m|h|d|w|y))+)$")
 _RANGE_SELECTOR = re.compile(r"\[\s*((?:\d+(?:ms|s|m|h|d|w|y))+)\s*[]:]")
 
 

@@ -11,6 +11,7 @@ from trainmon.collectors.training import TrainingCollector, TrainingConfig
 from trainmon.contract import STEP_BUCKET_COUNT
 from trainmon.ledger import RunRecord
 from trainmon.ledger.config import LedgerConfig
+from trainmon.ledger.holding import GpuHoldings
 from trainmon.ledger.recorder import RunRecorder
 from trainmon.training.protocol import config_hash
 from trainmon.training.receiver import ingest_payload
@@ -74,9 +75,10 @@ def send(training: TrainingCollector, *lines: dict[str, object],
 Recorder = tuple[TrainingCollector, LedgerCollector]
 
 
-def make_recorder(clocks: Clocks, path: Path, **settings: object
-                  ) -> Callable[[], Recorder]:
-    """A factory of (training, ledger) collector pairs on ``clocks``, ledger at ``path``."""
+def make_recorder(clocks: Clocks, path: Path, *, holdings: GpuHoldings | None = None,
+                  **settings: object) -> Callable[[], Recorder]:
+    """A factory of (training, ledger) collector pairs on ``clocks``, ledger at ``path``;
+    ``holdings``: the GPUs' processes, as NVML and ``/proc`` would tell them."""
     def make() -> Recorder:
         training = TrainingCollector(
             TrainingConfig(socket=None, ttl_seconds=60.0),
@@ -84,7 +86,7 @@ def make_recorder(clocks: Clocks, path: Path, **settings: object
         training.start()
         ledger = LedgerCollector(RunRecorder(
             LedgerConfig(path=path, node="node-1", **settings),  # type: ignore[arg-type]
-            training.store, training.storage_of,
+            training.store, training.storage_of, holdings=holdings,
             clock=lambda: clocks.monotonic, wall_clock=lambda: clocks.wall))
         return training, ledger
     return make

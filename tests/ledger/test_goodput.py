@@ -181,3 +181,35 @@ def test_a_rank_that_never_steps_is_all_startup_and_nothing_is_booked_twice() ->
     assert booking.close(40.0) == {}
     assert goodput_ratio(booking.seconds) == 0.0
     assert goodput_ratio(RankBooking.new_run(0.0).seconds) is None
+
+
+def test_a_rank_waiting_for_a_slower_peer_books_straggler_wait_not_comm() -> None:
+    """Two ranks of a synchronous job, steps of 1 s: rank 1 works 0.9 s and its
+    all-reduce takes 0.1 s; rank 0 works 0.6 s and so waits 0.4 s in the all-reduce.
+    Rank 0's 0.3 s a step beyond the transfer is straggler_wait; rank 1's 0.1 s stays
+    comm_exposed, and every second is still booked once."""
+    fast, slow = RankBooking.new_run(0.0), RankBooking.new_run(0.0)
+    for step in range(10, 101, 10):
+        at = float(step)
+        slow.book(at, RankTotals(steps=step, step_seconds=at, comm_exposed_seconds=0.1 * step),
+                  at, 1.0, peers_work=fast.work_per_step)
+        fast.book(at, RankTotals(steps=step, step_seconds=at, comm_exposed_seconds=0.4 * step),
+                  at, 1.0, peers_work=slow.work_per_step)
+    assert fast.seconds["straggler_wait"] == pytest.approx(30.0)
+    assert fast.seconds["comm_exposed"] == pytest.approx(10.0)
+    assert fast.seconds["productive"] == pytest.approx(60.0)
+    assert slow.seconds["straggler_wait"] == 0.0
+    assert slow.seconds["comm_exposed"] == pytest.approx(10.0)
+    assert sum(fast.seconds.values()) == pytest.approx(100.0)
+    assert fast.work_per_step == pytest.approx(0.6)
+
+
+def test_straggler_wait_never_exceeds_the_exposed_communication() -> None:
+    """A peer that is slower by more than this rank waited (it was slow in steps this
+    rank did not wait for, or its clock runs differently): at most what was exposed."""
+    booking = RankBooking.new_run(0.0)
+    booking.book(10.0, RankTotals(steps=10, step_seconds=10.0, comm_exposed_seconds=1.0),
+                 10.0, 1.0, peers_work=5.0)
+    assert booking.seconds["straggler_wait"] == pytest.approx(1.0)
+    assert booking.seconds["comm_exposed"] == 0.0
+    assert sum(booking.seconds.values()) == pytest.approx(10.0)

@@ -66,9 +66,11 @@ from trainmon.client.transport import Sender, default_endpoint, open_sender
 from trainmon.contract import STEP_BUCKET_COUNT, STEP_SECONDS_BOUNDS
 from trainmon.logthrottle import LogThrottle
 from trainmon.training.protocol import (
+    DEFAULT_JOB,
+    JOB_VARIABLE,
     RUN_END_REASONS,
     encode_report,
-    redact_text,
+    job_name,
     sanitize_label,
 )
 from trainmon.training.report_fields import (
@@ -152,9 +154,8 @@ class Reporter:
         data_paths: DataPaths | None = None,
     ) -> None:
         env = os.environ if environ is None else environ
-        raw_job = job if job is not None else env.get("TRAINMON_JOB", "unnamed")
-        # URL credentials out first: the label charset keeps ``:``, ``/`` and ``@``
-        self.job = sanitize_label(redact_text(str(raw_job)), DEFAULT_MAX_LABEL_LENGTH)
+        raw_job = job if job is not None else env.get(JOB_VARIABLE, DEFAULT_JOB)
+        self.job = job_name(env, job)
         if self.job != raw_job:
             log.warning("trainmon job name is sent as %r (allowed: A-Za-z0-9_.:@/+-)",
                         self.job)

@@ -123,6 +123,11 @@ class AttributionCollector(Collector):
             )
         return cls(config, proc_root, sys_root, gpu_processes, pods=pods)
 
+    @property
+    def attributor(self) -> ProcessAttributor:
+        """Who runs a process (with the kubelet's pod names when configured)."""
+        return self._attributor
+
     def health(self) -> Mapping[str, object]:
         state: dict[str, object] = dict(self._last_counts)
         if self._pods is not None:

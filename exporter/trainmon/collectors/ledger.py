@@ -15,10 +15,15 @@ evaluated) and exports what it reads: ``trainmon_training_run_changes_info``,
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from trainmon.attribution import ProcessAttributor
+from trainmon.collectors.attribution import AttributionCollector, GPUProcessSource
+from trainmon.collectors.gpu import GPUCollector
 from trainmon.collectors.training import TrainingCollector
 from trainmon.core.collector import Collector
 from trainmon.core.entry import CollectorEntry, Wiring
@@ -26,7 +31,9 @@ from trainmon.core.routes import GetHandler
 from trainmon.ledger.api import RunsAPI
 from trainmon.ledger.config import LedgerConfig
 from trainmon.ledger.goodput import BUCKETS
+from trainmon.ledger.holding import GpuHolding, team_of
 from trainmon.ledger.recorder import GOODPUT_WINDOW_SECONDS, MAX_GOODPUT_JOBS, RunRecorder
+from trainmon.training.protocol import job_name
 
 #: Longest value of the ``changed`` label.
 MAX_CHANGED_LENGTH = 200
@@ -140,8 +147,22 @@ class LedgerCollector(Collector):
             "Jobs whose trainmon_job_gpu_seconds_total series were dropped to keep the "
             f"{MAX_GOODPUT_JOBS} jobs booked last (their runs' records keep their GPU-seconds).",
             readings.goodput_evicted_jobs)
+        teams = GaugeMetricFamily(
+            "trainmon_job_team_info",
+            "The team of a job of trainmon_job_gpu_seconds_total: the Kubernetes namespace "
+            "of its processes, else their Slurm account, else the user who runs them or "
+            "owns its reports; always 1.",
+            labels=["job", "team"])
+        for job, team in readings.teams.items():
+            if team:
+                teams.add_metric([job, team], 1.0)
+        refused_idle = _counter(
+            "trainmon_ledger_refused_idle_gpu_seconds_total",
+            "GPU-seconds of processes that hold a GPU and name a job of another user (or "
+            "more jobs without reports than a user may book): not booked as idle_allocated.",
+            readings.refused_idle_seconds)
         families: list[Metric] = [changes, ends, up, writes, errors, refused, pruned,
-                                  gpu_seconds, goodput, evicted]
+                                  gpu_seconds, goodput, evicted, teams, refused_idle]
         if readings.stored_runs is not None:
             stored = GaugeMetricFamily(
                 "trainmon_ledger_runs", "Run records in the node's run ledger.")
@@ -171,9 +192,51 @@ def _truncate(text: str) -> str:
     return text if len(text) <= MAX_CHANGED_LENGTH else text[:MAX_CHANGED_LENGTH - 1] + "…"
 
 
+class ProcessHoldings:
+    """The GPUs' holdings (``trainmon.ledger.holding``): NVML's compute processes, each
+    with its user (the owner of ``<proc>/<pid>``), the job its environment names
+    (``trainmon.training.protocol.job_name``) and its team (its pod's namespace, Slurm
+    account or user). A process whose environment cannot be read names no job."""
+
+    def __init__(self, processes: GPUProcessSource, attributor: ProcessAttributor,
+                 proc_root: Path) -> None:
+        self._processes = processes
+        self._attributor = attributor
+        self._proc = proc_root
+
+    def __call__(self) -> list[GpuHolding]:
+        holdings = []
+        known: dict[int, tuple[int | None, str | None, str]] = {}
+        for gpu, processes in sorted(self._processes().items()):
+            for process in processes:
+                pid = int(process.pid)
+                if pid not in known:
+                    known[pid] = self._who(pid)
+                uid, job, team = known[pid]
+                holdings.append(GpuHolding(gpu=gpu, pid=pid, uid=uid, job=job, team=team))
+        return holdings
+
+    def _who(self, pid: int) -> tuple[int | None, str | None, str]:
+        try:
+            uid: int | None = os.stat(self._proc / str(pid)).st_uid
+        except OSError:
+            uid = None  # gone
+        who = self._attributor.attribute(pid)
+        job = None if who.environ is None else job_name(who.environ)
+        return uid, job, team_of(who.namespace, who.environ, uid)
+
+
 def _build(config: LedgerConfig, wiring: Wiring) -> Collector:
     training = wiring.collector("training", TrainingCollector)
-    return LedgerCollector(RunRecorder(config, training.store, training.storage_of))
+    holdings = None
+    if "gpu" in wiring.built:
+        gpu = wiring.collector("gpu", GPUCollector)
+        attribution = wiring.built.get("attribution")
+        attributor = (attribution.attributor if isinstance(attribution, AttributionCollector)
+                      else ProcessAttributor(wiring.proc_root))
+        holdings = ProcessHoldings(gpu.processes, attributor, wiring.proc_root)
+    return LedgerCollector(RunRecorder(config, training.store, training.storage_of,
+                                       holdings=holdings))
 
 
 #: Derived, last: records the diagnosis' verdicts with each run.

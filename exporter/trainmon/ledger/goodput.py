@@ -37,15 +37,25 @@ and books what lies behind the evidence:
   than their wall time after the first step: a reporter restarted, or
   paused) is ``other``, as is what ``close`` books when the rank leaves.
 
+- **Waiting for a slower rank.** A rank's *work* per step is its step less its
+  exposed communication. In a synchronous job the collective ends when the
+  slowest rank arrives, so the exposed communication of a rank whose work is
+  below the slowest's (``peers_work``: the largest work per step of the other
+  ranks of its run on the node, each from its latest stretch without a stall)
+  holds that difference: ``straggler_wait``, per step the slowest's work less
+  its own, at most its exposed communication, which keeps the rest. The
+  slowest rank's exposed communication is all ``comm_exposed`` (the transfer
+  itself), so nothing is counted twice. Only ranks on the node are compared:
+  a rank waiting for a slower one on another node books ``comm_exposed``.
 - **Redone work.** A rank of a run that restarts a crashed or preempted run
   of the same job is given ``redo_steps``, the steps the crashed rank did
   after its latest checkpoint (``steps_since_checkpoint``); the productive
   time of its first that many steps is ``lost_progress``.
 
-Buckets that need evidence beyond one rank's totals (``straggler_wait``,
-``idle_allocated``) are not booked yet (issue 26); the names of every bucket
-are ``BUCKETS``. Standard library only; no clock of
-its own.
+``idle_allocated`` (GPUs a job's processes hold while none of its ranks
+report) needs evidence beyond a rank's totals: the recorder books it from
+NVML's process list (``trainmon.ledger.holding``). The names of every bucket
+are ``BUCKETS``. Standard library only; no clock of its own.
 """
 
 from __future__ import annotations
@@ -120,6 +130,9 @@ class RankBooking:
     #: Steps of this run that redo what a crashed run of the job did after its last
     #: checkpoint: their productive time is ``lost_progress``.
     redo_steps: int = 0
+    #: Seconds per step of the latest stretch without a stall, less its exposed
+    #: communication: what the rank's peers wait for when it is the slowest.
+    work_per_step: float | None = None
 
     @classmethod
     def new_run(cls, began: float, before: RankTotals | None = None) -> RankBooking:
@@ -144,11 +157,13 @@ class RankBooking:
         return ordered[len(ordered) // 2]
 
     def book(self, now: float, totals: RankTotals, last_step: float | None,
-             typical_step_seconds: float | None = None) -> dict[str, float]:
+             typical_step_seconds: float | None = None,
+             peers_work: float | None = None) -> dict[str, float]:
         """Book the rank's time up to what the evidence at ``now`` covers; returns the
         seconds booked by this call per bucket (only those above zero).
         ``typical_step_seconds``: the job's typical step; None: the rank's own
-        (``typical_step``)."""
+        (``typical_step``). ``peers_work``: the largest ``work_per_step`` of the other
+        ranks of its run; None: none known (no ``straggler_wait``)."""
         booked = empty_buckets()
         if typical_step_seconds is None:
             typical_step_seconds = self.typical_step()
@@ -158,7 +173,7 @@ class RankBooking:
         if totals.steps > self.seen.steps and last_step is not None:
             end = min(max(last_step, self.booked_until), now)
             self._book_steps(booked, end - self.booked_until, totals, typical_step_seconds,
-                             threshold, ends_stall=self.stalling)
+                             threshold, peers_work, ends_stall=self.stalling)
             if (totals.checkpoints or 0) > (self.seen.checkpoints or 0):
                 self.steps_at_checkpoint = self._steps_at(totals, end)
             self.booked_until, self.seen, self.stalling = end, totals, False
@@ -178,8 +193,8 @@ class RankBooking:
         return self._add(booked)
 
     def _book_steps(self, booked: dict[str, float], stretch: float, totals: RankTotals,
-                    typical_step_seconds: float | None, threshold: float, *,
-                    ends_stall: bool) -> None:
+                    typical_step_seconds: float | None, threshold: float,
+                    peers_work: float | None, *, ends_stall: bool) -> None:
         """Split ``stretch`` seconds behind the latest step end by the steps' totals;
         ``ends_stall``: a stall was booked as it passed, and these steps end it."""
         if stretch <= 0:
@@ -214,6 +229,11 @@ class RankBooking:
                 excess -= taken
         elif steps > 0 and wall > 0:
             self.recent_steps.append(wall / steps)
+            self.work_per_step = (stretch - parts["comm_exposed"]) / steps
+            if peers_work is not None and peers_work > self.work_per_step:
+                waited = min(parts["comm_exposed"], (peers_work - self.work_per_step) * steps)
+                parts["comm_exposed"] -= waited
+                booked["straggler_wait"] += waited
         if self.redo_steps > 0 and steps > 0:
             redone = min(self.redo_steps, steps)
             lost = parts["productive"] * redone / steps

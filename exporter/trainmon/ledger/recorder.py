@@ -81,12 +81,14 @@ from trainmon.ledger.feed import (
     TrainingSource,
 )
 from trainmon.ledger.goodput import RankBooking, RankTotals, empty_buckets
+from trainmon.ledger.holding import GpuHoldings, owner_team
 from trainmon.ledger.records import FINAL_END_REASONS
 from trainmon.ledger.schema import LedgerError
 from trainmon.ledger.store import Ledger, RecordUpdate, WriteResult
 from trainmon.ledger.summary import Progress, RunTotals, verdict_gap
 from trainmon.logthrottle import LogThrottle
 from trainmon.paths import make_state_directory
+from trainmon.training.writers import LOCAL_WRITER, uid_writer
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +120,12 @@ REDO_HORIZON_SECONDS = 3600.0
 #: The furthest before its first report that a rank's start (its run description's
 #: ``started``, the sender's word) is taken as the start of its ``startup``.
 MAX_STARTUP_LOOKBACK_SECONDS = 600.0
+#: Jobs known only by GPUs their processes hold (no rank reports) that one user may
+#: have booked ``idle_allocated`` at once (more are not booked: docs/security.md).
+MAX_IDLE_JOBS_PER_USER = 4
+#: The longest gap between two ticks booked as ``idle_allocated`` (a daemon that was
+#: stopped or suspended does not know what the GPUs did meanwhile).
+MAX_IDLE_GAP_SECONDS = 60.0
 
 
 @dataclass
@@ -165,6 +173,10 @@ class RecorderReadings:
     goodput: Mapping[str, float] = field(default_factory=dict)
     #: Jobs whose GPU-seconds were dropped to keep ``MAX_GOODPUT_JOBS``.
     goodput_evicted_jobs: int = 0
+    #: job -> its team (``trainmon.ledger.holding``), for the jobs of ``gpu_seconds``.
+    teams: Mapping[str, str] = field(default_factory=dict)
+    #: GPU-seconds of processes not booked to the job they name: another user's job.
+    refused_idle_seconds: float = 0.0
 
 
 class RunRecorder:
@@ -176,6 +188,7 @@ class RunRecorder:
         training: TrainingSource,
         storage_of: StorageResolver,
         *,
+        holdings: GpuHoldings | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -183,6 +196,7 @@ class RunRecorder:
         self.config = config
         self._training = training
         self._storage_of = storage_of
+        self._holdings = holdings
         self._clock = clock
         self._wall_clock = wall_clock
         self._node = config.node_name
@@ -224,6 +238,14 @@ class RunRecorder:
         self._goodput_evicted = 0
         #: job -> what its latest crashed or preempted run left to redo.
         self._redo: OrderedDict[str, _Redo] = OrderedDict()
+        #: job -> the writer identity its GPU-seconds are booked for (the first booked).
+        self._job_owners: dict[str, str] = {}
+        #: job -> its team, as its processes or its owner tell.
+        self._teams: dict[str, str] = {}
+        #: Jobs booked only from GPUs their processes hold, per writer identity.
+        self._idle_jobs: dict[str, set[str]] = {}
+        self._last_idle: float | None = None
+        self._refused_idle = 0.0
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -282,6 +304,7 @@ class RunRecorder:
                     len(self._recent_ends) > MAX_EXPORTED_RUN_ENDS
                     or wall - next(iter(self._recent_ends.values()))[1] > RUN_END_EXPORT_SECONDS):
                 self._recent_ends.popitem(last=False)
+            self._book_idle(snapshot.ranks, wall)
             self._write(updates, now, wall)
             self._publish_recording()
 
@@ -390,7 +413,10 @@ class RunRecorder:
                 booking = RankBooking.new_run(min(began, wall), baseline)
                 booking.redo_steps = self._steps_to_redo(run, view.rank, wall)
             run.bookings[view.rank] = booking
-        self._add_booked(run, booking.book(wall, totals, view.last_step_time), wall)
+        peers = [other.work_per_step for rank, other in run.bookings.items()
+                 if rank != view.rank and other.work_per_step is not None]
+        self._add_booked(run, booking.book(wall, totals, view.last_step_time,
+                                           peers_work=max(peers, default=None)), wall)
 
     def _close_bookings(self, run: RecordedRun, wall: float) -> None:
         """The run ended: each rank's time up to its last report that its booking has
@@ -426,20 +452,95 @@ class RunRecorder:
         if not booked:
             return
         run.totals.add_gpu_seconds(booked)
-        seconds = self._gpu_seconds.pop(run.job, None) or empty_buckets()
-        history = self._goodput_history.setdefault(run.job, deque())
+        if self._job_owners.get(run.job) != run.owner:
+            # the training store vouches for the job's owner: its runs take the job over
+            self._forget_idle_job(run.job)
+            self._job_owners[run.job] = run.owner
+        self._teams.setdefault(run.job, owner_team(run.owner))
+        self._add_job_seconds(run.job, booked, wall)
+
+    def _add_job_seconds(self, job: str, booked: Mapping[str, float], wall: float) -> None:
+        """Add ``booked`` to the job's counters and its goodput window."""
+        seconds = self._gpu_seconds.pop(job, None) or empty_buckets()
+        history = self._goodput_history.setdefault(job, deque())
         if not history:  # the window starts before the job's first booking in it
             history.append((wall, seconds["productive"], sum(seconds.values())))
         for bucket, value in booked.items():
             seconds[bucket] += value
-        self._gpu_seconds[run.job] = seconds  # the latest booked last
+        self._gpu_seconds[job] = seconds  # the latest booked last
         while len(self._gpu_seconds) > MAX_GOODPUT_JOBS:
             evicted, _ = self._gpu_seconds.popitem(last=False)
             self._goodput_history.pop(evicted, None)
+            self._forget_idle_job(evicted)
+            self._job_owners.pop(evicted, None)
+            self._teams.pop(evicted, None)
             self._goodput_evicted += 1
         history.append((wall, seconds["productive"], sum(seconds.values())))
         while history and wall - history[0][0] > GOODPUT_WINDOW_SECONDS:
             history.popleft()
+
+    def _book_idle(self, ranks: Sequence[ReportingRank], wall: float) -> None:
+        """Book ``idle_allocated``: the GPUs that a job's processes hold and on which no
+        rank of a run the recorder is recording reports (by pid or GPU), for the time
+        since the previous tick; name each job's team from its processes.
+
+        A process is booked to the job its environment names only for that job's owner:
+        the writer identity of the job's reports in the store (else of its first booking)
+        must be the process's user (or in-process, ``local``); otherwise its seconds are
+        counted in ``refused_idle_seconds``. A user books at most
+        ``MAX_IDLE_JOBS_PER_USER`` jobs that no rank reports for."""
+        interval = None if self._last_idle is None else wall - self._last_idle
+        self._last_idle = wall
+        if self._holdings is None:
+            return
+        holdings = self._holdings()
+        owners: dict[str, str] = {}
+        covered: dict[str, tuple[set[int], set[str]]] = {}
+        for view in ranks:
+            owners.setdefault(view.job, view.owner)
+            run_id = view.run or None
+            if run_id is not None and (view.job, run_id) in self._runs:
+                pids, gpus = covered.setdefault(view.job, (set(), set()))
+                pids.update(pid for pid in (view.pid, view.sender_pid) if pid is not None)
+                if view.gpu is not None:
+                    gpus.add(view.gpu)
+        idle: dict[str, set[int]] = {}
+        idle_owner: dict[str, str] = {}
+        for holding in holdings:
+            if holding.job is None or holding.uid is None:
+                continue
+            pids, gpus = covered.get(holding.job, (set(), set()))
+            if holding.pid in pids or str(holding.gpu) in gpus:
+                if holding.team:
+                    self._teams[holding.job] = holding.team
+                continue
+            identity = uid_writer(holding.uid)
+            owner = owners.get(holding.job) or self._job_owners.get(holding.job) or identity
+            if owner not in (identity, LOCAL_WRITER):
+                if interval is not None:
+                    self._refused_idle += min(interval, MAX_IDLE_GAP_SECONDS)
+                continue
+            idle.setdefault(holding.job, set()).add(holding.gpu)
+            idle_owner[holding.job] = owner
+            if holding.team:
+                self._teams.setdefault(holding.job, holding.team)
+        if interval is None or interval <= 0:
+            return
+        seconds = min(interval, MAX_IDLE_GAP_SECONDS)
+        for job, held in sorted(idle.items()):
+            owner = idle_owner[job]
+            if job not in self._gpu_seconds and job not in owners:
+                mine = self._idle_jobs.setdefault(owner, set())
+                if len(mine) >= MAX_IDLE_JOBS_PER_USER and job not in mine:
+                    self._refused_idle += seconds * len(held)
+                    continue
+                mine.add(job)
+            self._job_owners.setdefault(job, owner)
+            self._add_job_seconds(job, {"idle_allocated": seconds * len(held)}, wall)
+
+    def _forget_idle_job(self, job: str) -> None:
+        for jobs in self._idle_jobs.values():
+            jobs.discard(job)
 
     def _note_checkpoint(self, run: RecordedRun, view: ReportingRank) -> None:
         """Keep the run's latest checkpoint, its path resolved while the rank lives (a
@@ -706,7 +807,9 @@ class RunRecorder:
                 gpu_seconds={job: dict(seconds) for job, seconds in self._gpu_seconds.items()},
                 goodput={job: ratio for job, history in self._goodput_history.items()
                          if (ratio := _window_ratio(history)) is not None},
-                goodput_evicted_jobs=self._goodput_evicted)
+                goodput_evicted_jobs=self._goodput_evicted,
+                teams={job: self._teams[job] for job in self._gpu_seconds if job in self._teams},
+                refused_idle_seconds=self._refused_idle)
 
     def health(self) -> Mapping[str, object]:
         """The ``/healthz`` state of the ledger (``degraded`` while nothing reaches the file)."""

@@ -267,6 +267,22 @@ def sanitize_label(value: str, max_length: int = DEFAULT_MAX_LABEL_LENGTH) -> st
     return cleaned or "_"
 
 
+#: The environment variable that names a process's training job ...
+JOB_VARIABLE = "TRAINMON_JOB"
+#: ... and the job of a process that names none.
+DEFAULT_JOB = "unnamed"
+
+
+def job_name(environ: Mapping[str, str], job: str | None = None) -> str:
+    """The job a process reports for: ``job``, else ``TRAINMON_JOB``, else ``unnamed``,
+    with URL credentials cut out and mapped onto the label charset. The client names
+    its reports so, and the daemon a GPU process that does not report (its
+    ``idle_allocated`` GPU-seconds, docs/metrics.md)."""
+    raw = job if job is not None else environ.get(JOB_VARIABLE, DEFAULT_JOB)
+    # URL credentials out first: the label charset keeps ``:``, ``/`` and ``@``
+    return sanitize_label(redact_text(str(raw)), DEFAULT_MAX_LABEL_LENGTH)
+
+
 #: One encoder for every line: ``json.dumps`` with options builds a new one per call.
 _ENCODE = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 
