@@ -245,6 +245,9 @@ def test_config_hash_is_canonical_json_and_order_free() -> None:
         (None, {"TORCHELASTIC_RUN_ID": "none", "SLURM_JOB_ID": "7"}, "7"),
         (None, {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "2"}, "7.2"),
         (None, {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "0"}, "7"),
+        # torchrun --max-restarts keeps its run id: each restart is a run of its own
+        (None, {"TORCHELASTIC_RUN_ID": "te-1", "TORCHELASTIC_RESTART_COUNT": "0"}, "te-1"),
+        (None, {"TORCHELASTIC_RUN_ID": "te-1", "TORCHELASTIC_RESTART_COUNT": "3"}, "te-1.3"),
         ("exp 7/a", {}, "exp_7_a"),
         ("r" * 80, {}, "r" * 64),
     ],

@@ -213,3 +213,18 @@ def test_straggler_wait_never_exceeds_the_exposed_communication() -> None:
     assert booking.seconds["straggler_wait"] == pytest.approx(1.0)
     assert booking.seconds["comm_exposed"] == 0.0
     assert sum(booking.seconds.values()) == pytest.approx(10.0)
+
+
+def test_a_restarted_run_loading_its_checkpoint_is_startup_not_a_stall() -> None:
+    """The store's totals of a rank go on across its runs: a new run's booking starts
+    from the earlier run's totals and its last step long ago. The 30 s it loads before
+    its first step are startup, not stalled; the stretch its steps cover is theirs."""
+    before = RankTotals(steps=500, step_seconds=100.0)
+    booking = RankBooking.new_run(1000.0, before)
+    for at in (1010.0, 1020.0, 1030.0):
+        assert booking.book(at, before, 900.0, 0.2) == {}
+    after = RankTotals(steps=550, step_seconds=110.0)
+    booking.book(1040.0, after, 1040.0, 0.2)
+    assert booking.seconds["startup"] == pytest.approx(30.0)
+    assert booking.seconds["stalled"] == 0.0
+    assert booking.seconds["productive"] == pytest.approx(10.0)

@@ -125,12 +125,16 @@ def resolve_run_id(run: str | None, environ: Mapping[str, str], started: float) 
 
 def launcher_run_id(run: str | None, environ: Mapping[str, str]) -> str | None:
     """``run``, ``TRAINMON_RUN_ID``, torchrun's or Slurm's job id (cleaned), else None:
-    an id every rank of the job finds for itself."""
-    restarts = environ.get("SLURM_RESTART_COUNT", "")
-    slurm = environ.get("SLURM_JOB_ID", "").strip()
-    if slurm and restarts.isdigit() and int(restarts) > 0:
-        slurm = f"{slurm}.{int(restarts)}"
+    an id every rank of the job finds for itself. A restart of the job's processes by
+    its launcher is a run of its own (its restart count appended, ``<id>.<n>``), as it
+    redoes the work since its checkpoint: torchrun's ``--max-restarts`` keeps
+    ``TORCHELASTIC_RUN_ID`` and counts ``TORCHELASTIC_RESTART_COUNT``, Slurm's
+    requeue keeps ``SLURM_JOB_ID`` and counts ``SLURM_RESTART_COUNT``."""
+    slurm = _restarted(environ.get("SLURM_JOB_ID", "").strip(),
+                       environ.get("SLURM_RESTART_COUNT", ""))
     elastic = environ.get("TORCHELASTIC_RUN_ID", "").strip()
+    if elastic != "none":
+        elastic = _restarted(elastic, environ.get("TORCHELASTIC_RESTART_COUNT", ""))
     for candidate in (run, environ.get("TRAINMON_RUN_ID"),
                       None if elastic == "none" else elastic, slurm):
         if candidate is not None and str(candidate).strip():
@@ -141,6 +145,14 @@ def launcher_run_id(run: str | None, environ: Mapping[str, str]) -> str | None:
                             "at most 64)", raw, cleaned)
             return cleaned
     return None
+
+
+def _restarted(run: str, restarts: str) -> str:
+    """``run`` of the launcher's ``restarts``-th restart (``run`` itself for the first)."""
+    restarts = restarts.strip()
+    if run and restarts.isdigit() and int(restarts) > 0:
+        return f"{run}.{int(restarts)}"
+    return run
 
 
 def process_run_id(started: float) -> str:

@@ -44,9 +44,17 @@ def pci_bus_id(gpu: int) -> str:
 
 
 def process_pid(gpu: int) -> int:
-    """The pid of the one compute process on simulated GPU ``gpu`` (the demo tree has its
-    ``/proc/<pid>/status``)."""
+    """The pid of the training rank's compute process on simulated GPU ``gpu`` (the demo
+    tree has its ``/proc/<pid>/status`` and ``environ``)."""
     return 41000 + gpu
+
+
+#: A notebook left open on GPU 7 beside the healthy job's rank: a process that holds the
+#: GPU and never reports (its ``environ`` names the job, ``idle_allocated``).
+NOTEBOOK_GPU = 7
+NOTEBOOK_PID = 41100
+NOTEBOOK_JOB = "demo-notebook"
+NOTEBOOK_TEAM = "research"
 
 
 class SimulatedNVMLError(Exception):
@@ -241,7 +249,10 @@ class SimulatedNVML:
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
         gpu = self._check(handle)
-        return [SimpleNamespace(pid=process_pid(gpu), usedGpuMemory=(58 + gpu) * 2**30)]
+        processes = [SimpleNamespace(pid=process_pid(gpu), usedGpuMemory=(58 + gpu) * 2**30)]
+        if gpu == NOTEBOOK_GPU:
+            processes.append(SimpleNamespace(pid=NOTEBOOK_PID, usedGpuMemory=3 * 2**30))
+        return processes
 
     # -- events: the simulated node has no XID errors ----------------------------------
 

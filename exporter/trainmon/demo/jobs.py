@@ -34,6 +34,17 @@ from CFS (``/mnt/cfs/datasets/demo-starved``): what changed since the earlier,
 faster run of each job that ``trainmon.demo.history`` keeps in the demo's
 ledger, which ``trainmon compare`` shows.
 
+Every bucket of the goodput ledger has something within a minute:
+
+- ``demo-healthy``'s rank 3 computes 10 ms a step longer than the others, which
+  wait for it as long in their all-reduce (``straggler_wait``);
+- ``demo-starved``'s rank 2 hangs 12 s once, 20 s after the start (``stalled``);
+  50 s after the start every rank of it crashes, and the job restarts at once
+  from its latest checkpoint, a new run (``restart_run_id``) that loads for 3 s
+  (``startup``) and redoes the steps since that checkpoint (``lost_progress``);
+- a notebook left open on GPU 7 holds it and never reports
+  (``idle_allocated``, ``trainmon.demo.gpus.NOTEBOOK_PID``).
+
 Durations jitter by ±10 % (seeded per rank) so the series look alive.
 """
 
@@ -79,6 +90,25 @@ class SimulatedJob:
     environment: Mapping[str, str] = field(default_factory=dict)
     #: Where the job reads its training data (its run description's data paths).
     data_paths: tuple[str, ...] = ()
+    #: Its team (the ``SLURM_JOB_ACCOUNT`` of its processes in the demo tree).
+    team: str = ""
+    #: A rank slower than the others by ``straggler_seconds`` of compute a step; the
+    #: others wait for it as long in their all-reduce (``straggler_wait``).
+    straggler_rank: int | None = None
+    straggler_seconds: float = 0.0
+    #: A rank that hangs ``stall_seconds`` once, ``stall_after_seconds`` after the start.
+    stall_rank: int | None = None
+    stall_after_seconds: float = 0.0
+    stall_seconds: float = 0.0
+    #: Every rank crashes this long after the start (None: never) and the job restarts
+    #: from its latest checkpoint, ``restart_seconds`` of loading before its first step.
+    crash_after_seconds: float | None = None
+    restart_seconds: float = 0.0
+
+    @property
+    def gpus(self) -> range:
+        """The NVML indices of its ranks' GPUs."""
+        return range(self.first_gpu, self.first_gpu + RANKS_PER_JOB)
 
     @property
     def step_seconds(self) -> float:
@@ -102,16 +132,26 @@ def run_id(job: SimulatedJob, started: float) -> str:
     return f"{job.name}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(started))}"
 
 
+def restart_run_id(job: SimulatedJob, started: float) -> str | None:
+    """The run id of the restart of ``job`` after its crash (None: it never crashes)."""
+    if job.crash_after_seconds is None:
+        return None
+    return run_id(job, started + job.crash_after_seconds)
+
+
 DEMO_JOBS = (
     SimulatedJob("demo-starved", first_gpu=0, data_wait_seconds=0.14, compute_seconds=0.20,
                  comm_seconds=0.06, batch_size=64, overlapped_comm_seconds=0.06,
                  comm_bytes=600_000_000, checkpoint_dir="/data/checkpoints/demo-starved",
-                 checkpoint_seconds=0.08, data_paths=("/mnt/cfs/datasets/demo-starved",)),
+                 checkpoint_seconds=0.08, data_paths=("/mnt/cfs/datasets/demo-starved",),
+                 team="vision", stall_rank=2, stall_after_seconds=20.0, stall_seconds=12.0,
+                 crash_after_seconds=50.0, restart_seconds=3.0),
     SimulatedJob("demo-healthy", first_gpu=4, data_wait_seconds=0.01, compute_seconds=0.20,
                  comm_seconds=0.04, batch_size=128, overlapped_comm_seconds=0.12,
                  comm_bytes=1_600_000_000,
                  checkpoint_dir="/mnt/cfs/checkpoints/demo-healthy", checkpoint_seconds=0.05,
-                 environment={"NCCL_ALGO": "Tree"}),
+                 environment={"NCCL_ALGO": "Tree"}, team="nlp", straggler_rank=3,
+                 straggler_seconds=0.01),
 )
 
 
@@ -128,9 +168,12 @@ def start_demo_jobs(
     stopping = threading.Event()
     # One run per job, shared by its ranks (as torchrun's TORCHELASTIC_RUN_ID would be).
     started = time.time() if started is None else started
+    began = time.monotonic()
     threads = [
         threading.Thread(
-            target=_run_rank, args=(job, rank, endpoint, stopping, run_id(job, started)),
+            target=_run_rank,
+            args=(job, rank, endpoint, stopping, began,
+                  (run_id(job, started), restart_run_id(job, started))),
             name=f"demo-{job.name}-{rank}", daemon=True,
         )
         for job in jobs
@@ -149,9 +192,26 @@ def start_demo_jobs(
 
 
 def _run_rank(
-    job: SimulatedJob, rank: int, endpoint: str, stopping: threading.Event, run: str
+    job: SimulatedJob, rank: int, endpoint: str, stopping: threading.Event, began: float,
+    runs: tuple[str, str | None],
 ) -> None:
+    """The rank's run; if the job crashes, its restart (``SimulatedJob.crash_after_seconds``)."""
     jitter = random.Random(f"{job.name}/{rank}")
+    first, restart = runs
+    crash = None if job.crash_after_seconds is None else began + job.crash_after_seconds
+    if _train(job, rank, endpoint, stopping, began, jitter, first, crash_at=crash,
+              hangs=rank == job.stall_rank) and restart is not None:
+        _train(job, rank, endpoint, stopping, began, jitter, restart,
+               loading_seconds=job.restart_seconds)
+
+
+def _train(
+    job: SimulatedJob, rank: int, endpoint: str, stopping: threading.Event, began: float,
+    jitter: random.Random, run: str, *, crash_at: float | None = None,
+    loading_seconds: float = 0.0, hangs: bool = False,
+) -> bool:
+    """One run of the rank until the demo stops (False) or, at ``crash_at`` (monotonic),
+    it crashes (True); ``hangs``: once, ``stall_after_seconds`` after ``began``."""
 
     def pause(seconds: float) -> None:
         stopping.wait(seconds * jitter.uniform(1 - JITTER, 1 + JITTER))
@@ -166,14 +226,27 @@ def _run_rank(
         gpu=job.first_gpu + rank, endpoint=endpoint, environ=dict(job.environment), run=run,
         config=job.config, data_paths=job.data_paths,
     )
+    # the straggler computes longer; the others wait for it in their all-reduce
+    compute, comm = job.compute_seconds, job.comm_seconds
+    if job.straggler_rank is not None:
+        if rank == job.straggler_rank:
+            compute += job.straggler_seconds
+        else:
+            comm += job.straggler_seconds
+    stall_at = began + job.stall_after_seconds if hangs else None
+    stopping.wait(loading_seconds)  # loading the checkpoint it restarts from
     next_checkpoint = time.monotonic() + FIRST_CHECKPOINT_SECONDS
     steps = 0
+    crashed = False
     try:
         for batch_size in reporter.track(loader()):
-            pause(job.compute_seconds)
+            pause(compute)
+            if stall_at is not None and time.monotonic() >= stall_at:
+                stall_at = None
+                stopping.wait(job.stall_seconds)  # hangs once
             started = time.perf_counter()
             with reporter.phase("comm"):
-                pause(job.comm_seconds)
+                pause(comm)
             exposed = time.perf_counter() - started
             reporter.add_comm(exposed + job.overlapped_comm_seconds, exposed_seconds=exposed,
                               nbytes=job.comm_bytes)
@@ -181,10 +254,14 @@ def _run_rank(
                 break
             reporter.step(samples=batch_size)
             steps += 1
+            if crash_at is not None and time.monotonic() >= crash_at:
+                crashed = True
+                break
             if time.monotonic() >= next_checkpoint:
                 next_checkpoint += CHECKPOINT_INTERVAL_SECONDS
                 path = f"{job.checkpoint_dir}/step-{steps}/rank-{rank}.pt"
                 with reporter.checkpoint(path):
                     pause(job.checkpoint_seconds)
     finally:
-        reporter.close()
+        reporter.close(finished=not crashed)
+    return crashed

@@ -16,6 +16,11 @@ Platform files of the same story:
   process has a ``proc/<pid>/status`` whose ``Cpus_allowed_list`` is its GPU's
   socket — except the starved job's process on GPU 3, which is bound to CPUs
   32-47 on the far socket, so the far-NUMA finding has something to show.
+- **Who holds the GPUs.** Each rank's process has a ``proc/<pid>/environ``
+  naming its job (``TRAINMON_JOB``) and its team (``SLURM_JOB_ACCOUNT``); the
+  notebook left open on GPU 7 (``trainmon.demo.gpus.NOTEBOOK_PID``) has one
+  naming ``demo-notebook`` of team ``research``, which never reports: the
+  goodput ledger's ``idle_allocated``.
 - **Mounts.** ``proc/1/mountinfo`` (and the same table for the daemon's own
   pid, whose demo jobs send the checkpoints) holds ``/`` (ext4 on ``/dev/sda``, 8:0),
   ``/data`` (xfs on ``/dev/nvme0n1p1``, 259:1), ``/mnt/cfs`` (nfs4,
@@ -38,7 +43,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainmon.background import BackgroundThread
-from trainmon.demo.gpus import GPU_COUNT, STARVED_GPUS, pci_bus_id, process_pid
+from trainmon.demo.gpus import (
+    GPU_COUNT,
+    NOTEBOOK_JOB,
+    NOTEBOOK_PID,
+    NOTEBOOK_TEAM,
+    STARVED_GPUS,
+    pci_bus_id,
+    process_pid,
+)
+from trainmon.demo.jobs import DEMO_JOBS
 from trainmon.node.diskstats import SECTOR_BYTES
 
 log = logging.getLogger(__name__)
@@ -232,6 +246,12 @@ class SimulatedNodeFiles:
             self._write(device / "numa_node", f"{node}\n")
             cpus = FAR_NUMA_CPUS if gpu == FAR_NUMA_GPU else NUMA_NODES[node]
             self._write(self.proc_root / str(process_pid(gpu)) / "status", _status(gpu, cpus))
+        for job in DEMO_JOBS:
+            for gpu in job.gpus:
+                self._write(self.proc_root / str(process_pid(gpu)) / "environ",
+                            _environ(job.name, job.team))
+        self._write(self.proc_root / str(NOTEBOOK_PID) / "environ",
+                    _environ(NOTEBOOK_JOB, NOTEBOOK_TEAM))
 
     @staticmethod
     def _write(path: Path, text: str) -> None:
@@ -291,6 +311,11 @@ def _status(gpu: int, cpus: str) -> str:
         f"Mems_allowed_list:\t{0 if gpu in STARVED_GPUS else 1}\n"
         "voluntary_ctxt_switches:\t152311\nnonvoluntary_ctxt_switches:\t2210\n"
     )
+
+
+def _environ(job: str, team: str) -> str:
+    """``/proc/<pid>/environ`` of a simulated process (NUL-separated)."""
+    return f"TRAINMON_JOB={job}\0SLURM_JOB_ACCOUNT={team}\0HOME=/home/{team}\0"
 
 
 def _mountstats(elapsed: float) -> str:

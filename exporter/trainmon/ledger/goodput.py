@@ -130,6 +130,9 @@ class RankBooking:
     #: Steps of this run that redo what a crashed run of the job did after its last
     #: checkpoint: their productive time is ``lost_progress``.
     redo_steps: int = 0
+    #: The rank completed a step in this booking (before: its time is ``startup``, and
+    #: no stall; a new run's totals may start from an earlier run's).
+    stepped: bool = False
     #: Seconds per step of the latest stretch without a stall, less its exposed
     #: communication: what the rank's peers wait for when it is the slowest.
     work_per_step: float | None = None
@@ -147,7 +150,7 @@ class RankBooking:
     def resumed(cls, now: float, totals: RankTotals) -> RankBooking:
         """A rank first seen at ``now`` with ``totals`` made before this booking
         existed (a daemon restarted mid-run): those are not booked again."""
-        return cls(booked_until=now, seen=totals)
+        return cls(booked_until=now, seen=totals, stepped=totals.steps > 0)
 
     def typical_step(self) -> float | None:
         """The median mean step of the rank's latest stretches without a stall."""
@@ -177,8 +180,9 @@ class RankBooking:
             if (totals.checkpoints or 0) > (self.seen.checkpoints or 0):
                 self.steps_at_checkpoint = self._steps_at(totals, end)
             self.booked_until, self.seen, self.stalling = end, totals, False
+            self.stepped = True
         since_step = self.booked_until if last_step is None else last_step
-        if totals.steps > 0 and now - since_step > threshold and now > self.booked_until:
+        if self.stepped and now - since_step > threshold and now > self.booked_until:
             booked["stalled"] += now - self.booked_until
             self.booked_until, self.stalling = now, True
         return self._add(booked)
@@ -188,7 +192,7 @@ class RankBooking:
         booked yet is ``startup`` if it never completed a step, else ``other``."""
         booked = empty_buckets()
         if now > self.booked_until:
-            booked["startup" if self.seen.steps == 0 else "other"] = now - self.booked_until
+            booked["other" if self.stepped else "startup"] = now - self.booked_until
             self.booked_until = now
         return self._add(booked)
 
@@ -203,7 +207,7 @@ class RankBooking:
         wall = max(totals.step_seconds - before.step_seconds, 0.0)
         if wall < stretch:  # time the steps do not cover
             outside = stretch - wall
-            booked["startup" if before.steps == 0 else "other"] += outside
+            booked["other" if self.stepped else "startup"] += outside
             stretch = wall
         parts = {
             "checkpoint": _increase(totals.checkpoint_seconds, before.checkpoint_seconds),

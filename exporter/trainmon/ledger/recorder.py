@@ -415,7 +415,10 @@ class RunRecorder:
             run.bookings[view.rank] = booking
         peers = [other.work_per_step for rank, other in run.bookings.items()
                  if rank != view.rank and other.work_per_step is not None]
-        self._add_booked(run, booking.book(wall, totals, view.last_step_time,
+        # up to its latest report: a rank that went silent (crashed) is not booked on
+        # while the run's end is decided
+        self._add_booked(run, booking.book(min(wall, view.last_report_time), totals,
+                                           view.last_step_time,
                                            peers_work=max(peers, default=None)), wall)
 
     def _close_bookings(self, run: RecordedRun, wall: float) -> None:
@@ -427,12 +430,23 @@ class RunRecorder:
             self._add_booked(run, booking.close(max(left, booking.booked_until)), wall)
         if run.end_reason in LOSING_END_REASONS and run.bookings:
             self._redo.pop(run.job, None)
-            self._redo[run.job] = _Redo(
+            redo = self._redo[run.job] = _Redo(
                 wall, (run.job, run.run),
                 {rank: booking.steps_since_checkpoint() for rank, booking
                  in run.bookings.items()})
             while len(self._redo) > MAX_GOODPUT_JOBS:
                 self._redo.popitem(last=False)
+            # the restart may have reported in the tick that learnt of the crash
+            began = run.first_seen if run.started is None else run.started
+            for key, other in self._runs.items():
+                if other.job == run.job and other is not run and other.end_reason is None \
+                        and (other.first_seen if other.started is None else other.started) \
+                        > began and not other.resumed:
+                    redo.restarted = key
+                    for rank, booking in other.bookings.items():
+                        booking.redo_steps = redo.steps.get(
+                            rank, max(redo.steps.values(), default=0))
+                    break
 
     def _steps_to_redo(self, run: RecordedRun, rank: int, wall: float) -> int:
         """The steps rank ``rank`` of ``run`` redoes: those its job's crashed run did after
