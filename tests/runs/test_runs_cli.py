@@ -48,7 +48,8 @@ def test_runs_text_has_the_columns_and_cost(ledger: Path,
     assert main(["runs", "--ledger", str(ledger)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["RUN", "JOB", "STARTED", "DURATION", "RANKS", "SAMPLES/S",
-                                "STEP", "P50", "VERDICT", "END", "COST/M", "SAMPLES"]
+                                "STEP", "P50", "VERDICT", "GOODPUT", "LARGEST", "LOSS",
+                                "END", "COST/M", "SAMPLES"]
     assert lines[1].split()[:2] == ["run-b", "llama"]
     assert "communication" in lines[1] and "running" in lines[1]
     assert "1 210" in lines[2] and "1h00m00s" not in lines[2] and "1h00m" in lines[2]

@@ -27,7 +27,7 @@ from trainmon.runs.timespec import utc_text
 from trainmon.runs.view import RunView, number
 
 RUNS_HEADER = ("RUN", "JOB", "STARTED", "DURATION", "RANKS", "SAMPLES/S", "STEP P50", "VERDICT",
-               "END")
+               "GOODPUT", "LARGEST LOSS", "END")
 #: Under the table when a run's figures cover only part of its job.
 PARTIAL_NOTE = ("N of M ranks: the figures cover only the ranks this source recorded (one "
                 "node's ledger holds its own ranks); --prometheus URL reads the whole job")
@@ -70,6 +70,26 @@ def cost_text(summary: Mapping[str, Any]) -> str:
     return "-" if value is None else f"{money(value)} {cost.get('currency', '')}".strip()
 
 
+def goodput_text(summary: Mapping[str, Any]) -> str:
+    """The run's productive share of its GPU-seconds: ``62%`` (``-`` when not booked)."""
+    ratio = number(summary.get("goodput_ratio"))
+    return "-" if ratio is None else f"{ratio:.0%}"
+
+
+def largest_loss_text(summary: Mapping[str, Any]) -> str:
+    """The bucket other than ``productive`` with the most GPU-seconds and its share:
+    ``data_wait 31%`` (``-`` when nothing was lost or nothing booked)."""
+    seconds = {bucket: number(value) or 0.0
+               for bucket, value in dict(summary.get("gpu_seconds") or {}).items()}
+    held = sum(seconds.values())
+    losses = {bucket: value for bucket, value in seconds.items()
+              if bucket != "productive" and value > 0}
+    if held <= 0 or not losses:
+        return "-"
+    bucket = max(sorted(losses), key=lambda name: losses[name])
+    return f"{bucket} {losses[bucket] / held:.0%}"
+
+
 def render_runs(views: Sequence[RunView]) -> str:
     if not views:
         return "no runs recorded\n"
@@ -86,6 +106,8 @@ def render_runs(views: Sequence[RunView]) -> str:
             quantity(number(view.summary.get("samples_per_second_median"))),
             seconds_text(number(view.summary.get("step_seconds_p50"))),
             top_verdict(view.summary),
+            goodput_text(view.summary),
+            largest_loss_text(view.summary),
             view.end_reason or "running",
         )
         rows.append(row + ((cost_text(view.summary),) if with_cost else ()))
