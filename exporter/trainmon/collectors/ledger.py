@@ -37,6 +37,8 @@ from trainmon.training.protocol import job_name
 
 #: Longest value of the ``changed`` label.
 MAX_CHANGED_LENGTH = 200
+#: The diagnosis' mean tensor-pipe activity (GPM) of each job's GPUs.
+TENSOR_FAMILY = "trainmon_diagnosis_tensor_active_ratio"
 
 
 class LedgerCollector(Collector):
@@ -63,6 +65,10 @@ class LedgerCollector(Collector):
         count toward each running run (``RunRecorder.count_verdicts``)."""
         current: dict[str, str] | None = None
         for family in families:
+            if family.name == TENSOR_FAMILY:
+                self.recorder.observe_tensor_activity({
+                    sample.labels["job"]: sample.value for sample in family.samples
+                    if "job" in sample.labels})
             if family.name != "trainmon_bottleneck":
                 continue
             current = {} if current is None else current
@@ -156,13 +162,21 @@ class LedgerCollector(Collector):
         for job, team in readings.teams.items():
             if team:
                 teams.add_metric([job, team], 1.0)
+        tensor = GaugeMetricFamily(
+            "trainmon_job_productive_tensor_active_ratio",
+            "Share of the job's productive GPU time with a tensor-core pipe active (GPM): "
+            "the mean tensor activity of its GPUs over the goodput window divided by its "
+            "goodput ratio, at most 1; only for jobs on GPUs with GPM.",
+            labels=["job"])
+        for job, share in readings.productive_tensor_active.items():
+            tensor.add_metric([job], share)
         refused_idle = _counter(
             "trainmon_ledger_refused_idle_gpu_seconds_total",
             "GPU-seconds of processes that hold a GPU and name a job of another user (or "
             "more jobs without reports than a user may book): not booked as idle_allocated.",
             readings.refused_idle_seconds)
         families: list[Metric] = [changes, ends, up, writes, errors, refused, pruned,
-                                  gpu_seconds, goodput, evicted, teams, refused_idle]
+                                  gpu_seconds, goodput, evicted, teams, tensor, refused_idle]
         if readings.stored_runs is not None:
             stored = GaugeMetricFamily(
                 "trainmon_ledger_runs", "Run records in the node's run ledger.")

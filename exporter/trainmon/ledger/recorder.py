@@ -177,6 +177,9 @@ class RecorderReadings:
     teams: Mapping[str, str] = field(default_factory=dict)
     #: GPU-seconds of processes not booked to the job they name: another user's job.
     refused_idle_seconds: float = 0.0
+    #: job -> the tensor pipes' active share while productive, where GPM tells
+    #: (``RunRecorder.observe_tensor_activity``).
+    productive_tensor_active: Mapping[str, float] = field(default_factory=dict)
 
 
 class RunRecorder:
@@ -246,6 +249,9 @@ class RunRecorder:
         self._idle_jobs: dict[str, set[str]] = {}
         self._last_idle: float | None = None
         self._refused_idle = 0.0
+        #: job -> (Unix time, mean tensor-pipe activity of its GPUs) of each evaluation
+        #: in the goodput window, for the jobs with goodput series.
+        self._tensor: dict[str, deque[tuple[float, float]]] = {}
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -798,6 +804,34 @@ class RunRecorder:
             for job in set(self._verdicts) - set(current):
                 del self._verdicts[job]
 
+    def observe_tensor_activity(self, activity: Mapping[str, float]) -> None:
+        """One evaluation's mean tensor-pipe activity (GPM) of each job's GPUs over the
+        diagnosis window, for ``productive_tensor_active``."""
+        wall = self._wall_clock()
+        with self._lock:
+            for job, value in activity.items():
+                if job not in self._gpu_seconds:
+                    continue  # bounded by the jobs with goodput series
+                samples = self._tensor.setdefault(job, deque())
+                samples.append((wall, value))
+                while samples and wall - samples[0][0] > GOODPUT_WINDOW_SECONDS:
+                    samples.popleft()
+            for job in set(self._tensor) - set(self._gpu_seconds):
+                del self._tensor[job]
+
+    def _productive_tensor_active(self, goodput: Mapping[str, float]) -> dict[str, float]:
+        """Tensor pipes' active share while productive: their mean activity over the
+        goodput window, over the productive share of that window. Data wait, exposed
+        communication, checkpoints and stalls keep the tensor pipes idle, so the mean
+        activity is the productive time's activity times its share."""
+        shares = {}
+        for job, samples in self._tensor.items():
+            ratio = goodput.get(job)
+            if samples and ratio:
+                mean = sum(value for _, value in samples) / len(samples)
+                shares[job] = min(mean / ratio, 1.0)
+        return shares
+
     def readings(self) -> RecorderReadings:
         """The runs' changes, the latest ends and the counters, at one instant."""
         wall = self._wall_clock()
@@ -812,6 +846,8 @@ class RunRecorder:
                             reverse=True)[:MAX_EXPORTED_RUN_ENDS]
             ends = tuple(RunEnd(job, run_id, reason, end) for end, (job, run_id), reason
                          in sorted(recent, key=lambda item: item[1]))
+            goodput = {job: ratio for job, history in self._goodput_history.items()
+                       if (ratio := _window_ratio(history)) is not None}
             return RecorderReadings(
                 changes=changes, ends=ends,
                 up=self._ledger is not None and self._error is None,
@@ -819,8 +855,8 @@ class RunRecorder:
                 refused_runs=self._refused_runs, pruned=dict(self._pruned),
                 stored_runs=self._stored_runs,
                 gpu_seconds={job: dict(seconds) for job, seconds in self._gpu_seconds.items()},
-                goodput={job: ratio for job, history in self._goodput_history.items()
-                         if (ratio := _window_ratio(history)) is not None},
+                goodput=goodput,
+                productive_tensor_active=self._productive_tensor_active(goodput),
                 goodput_evicted_jobs=self._goodput_evicted,
                 teams={job: self._teams[job] for job in self._gpu_seconds if job in self._teams},
                 refused_idle_seconds=self._refused_idle)
