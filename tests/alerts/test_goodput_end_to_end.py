@@ -26,7 +26,7 @@ import pytest
 from testkit.daemon import Daemon, trainmon_command
 from testkit.exposition import parse
 from testkit.prometheus import Prometheus, wait_until
-from tests.alerts.alerts_support.bundle import rules_path, run_script
+from tests.alerts.alerts_support.bundle import scrape_with_scaled_rules
 from trainmon.client import Reporter
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -69,19 +69,7 @@ def test_daemon_rules_and_runs_tell_the_same_goodput(
     ledger = tmp_path / "ledger.sqlite3"
     daemon = start_daemon(config={"collectors": {
         "ledger": {"path": str(ledger), "flush_seconds": 0.5}}})
-    scaled_rules = tmp_path / "trainmon.rules.yml"
-    scaled = run_script("alerts/generate.py", "scale", "--factor", str(TIME_SCALE),
-                        str(rules_path("dcgm")), str(scaled_rules))
-    assert scaled.returncode == 0, scaled.stderr
-    prometheus.start({
-        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(scaled_rules)],
-        "scrape_configs": [{
-            "job_name": "trainmon", "honor_labels": True,
-            "static_configs": [{"targets": [f"127.0.0.1:{daemon.port}"],
-                                "labels": {"node": "node-a"}}],
-        }],
-    })
+    scrape_with_scaled_rules(prometheus, daemon.port, tmp_path, TIME_SCALE)
     stop = threading.Event()
     waited: list[float] = []
     stepped: list[float] = []

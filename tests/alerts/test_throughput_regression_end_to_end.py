@@ -24,7 +24,7 @@ import pytest
 
 from testkit.daemon import Daemon
 from testkit.prometheus import Prometheus, wait_until
-from tests.alerts.alerts_support.bundle import rules_path, run_script
+from tests.alerts.alerts_support.bundle import scrape_with_scaled_rules
 from trainmon.client import Reporter
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -75,20 +75,7 @@ def test_a_rerun_30_percent_slower_with_the_same_config_pages(
         "ledger": {"path": str(tmp_path / "ledger.sqlite3")},
     }})
     endpoint = f"unix://{tmp_path / 'steps-0.sock'}"
-    scaled_rules = tmp_path / "trainmon.rules.yml"
-    scaled = run_script("alerts/generate.py", "scale", "--factor", str(TIME_SCALE),
-                        str(rules_path("dcgm")), str(scaled_rules))
-    assert scaled.returncode == 0, scaled.stderr
-    prometheus.start({
-        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(scaled_rules)],
-        "scrape_configs": [{
-            "job_name": "trainmon",
-            "honor_labels": True,
-            "static_configs": [{"targets": [f"127.0.0.1:{daemon.port}"],
-                                "labels": {"node": "node-a"}}],
-        }],
-    })
+    scrape_with_scaled_rules(prometheus, daemon.port, tmp_path, TIME_SCALE)
 
     first_ends = time.monotonic() + FIRST_RUN_SECONDS
     _train(endpoint, "run-a", FAST_STEP_SECONDS, lambda: time.monotonic() >= first_ends)

@@ -141,13 +141,11 @@ class LedgerCollector(Collector):
         for job, seconds in readings.gpu_seconds.items():
             for bucket in BUCKETS:
                 gpu_seconds.add_metric([job, bucket], seconds.get(bucket, 0.0))
-        goodput = GaugeMetricFamily(
+        goodput = _gauge_by_job(
             "trainmon_job_goodput_ratio",
             "Productive GPU-seconds of the job's ranks on this node over all they held, "
             f"in the last {GOODPUT_WINDOW_SECONDS / 60:g} minutes (0-1).",
-            labels=["job"])
-        for job, ratio in readings.goodput.items():
-            goodput.add_metric([job], ratio)
+            readings.goodput)
         evicted = _counter(
             "trainmon_ledger_goodput_evicted_jobs_total",
             "Jobs whose trainmon_job_gpu_seconds_total series were dropped to keep the "
@@ -162,14 +160,12 @@ class LedgerCollector(Collector):
         for job, team in readings.teams.items():
             if team:
                 teams.add_metric([job, team], 1.0)
-        tensor = GaugeMetricFamily(
+        tensor = _gauge_by_job(
             "trainmon_job_productive_tensor_active_ratio",
             "Share of the job's productive GPU time with a tensor-core pipe active (GPM): "
             "the mean tensor activity of its GPUs over the goodput window divided by its "
             "goodput ratio, at most 1; only for jobs on GPUs with GPM.",
-            labels=["job"])
-        for job, share in readings.productive_tensor_active.items():
-            tensor.add_metric([job], share)
+            readings.productive_tensor_active)
         refused_idle = _counter(
             "trainmon_ledger_refused_idle_gpu_seconds_total",
             "GPU-seconds of processes that hold a GPU and name a job of another user (or "
@@ -261,4 +257,13 @@ def _counter(name: str, documentation: str, value: float) -> CounterMetricFamily
     """A counter family of one series without labels."""
     family = CounterMetricFamily(name, documentation)
     family.add_metric([], value)
+    return family
+
+
+def _gauge_by_job(name: str, documentation: str, values: Mapping[str, float]
+                  ) -> GaugeMetricFamily:
+    """A gauge family with one series per job."""
+    family = GaugeMetricFamily(name, documentation, labels=["job"])
+    for job, value in values.items():
+        family.add_metric([job], value)
     return family
