@@ -438,14 +438,16 @@ def _start_demo_jobs(
     from trainmon.collectors.ledger import LedgerCollector
     from trainmon.collectors.training import TrainingCollector
     from trainmon.demo.history import EARLIER_RUNS
-    from trainmon.demo.jobs import DEMO_JOBS, run_id, start_demo_jobs
+    from trainmon.demo.jobs import DEMO_JOBS, restart_run_id, run_id, start_demo_jobs
 
     training = next((c for c in collectors if isinstance(c, TrainingCollector)), None)
     if training is None:
         log.info("demo mode: the training collector is off, so no simulated jobs run")
         return None
     started = time.time()
-    runs = {job.name: run_id(job, started) for job in DEMO_JOBS}
+    # the run that goes on: a job that crashes early goes on in its restart
+    runs = {job.name: restart_run_id(job, started) or run_id(job, started)
+            for job in DEMO_JOBS}
     stop_jobs = start_demo_jobs(training.socket_endpoint or f"http://127.0.0.1:{port}",
                                 started=started)
     if any(isinstance(c, LedgerCollector) for c in collectors):
@@ -454,9 +456,21 @@ def _start_demo_jobs(
         for earlier in EARLIER_RUNS:
             log.info("demo: what slowed %s down: trainmon compare %s %s --ledger %s "
                      "(its samples/s from %g s on)", earlier.job.name, earlier.run,
-                     runs[earlier.job.name], ledger, 2 * config.collectors.ledger.flush_seconds)
+                     runs[earlier.job.name], ledger, _demo_run_delay(earlier.job.name, config))
 
     return stop_jobs
+
+
+def _demo_run_delay(job: str, config: Config) -> float:
+    """Seconds after the demo's start from which the run of ``job`` that goes on has
+    samples/s in the ledger: its restart, if it crashes, and two ledger ticks."""
+    from trainmon.demo.jobs import DEMO_JOBS
+
+    simulated = next(each for each in DEMO_JOBS if each.name == job)
+    restart = 0.0
+    if simulated.crash_after_seconds is not None:
+        restart = simulated.crash_after_seconds + simulated.restart_seconds
+    return restart + 2 * config.collectors.ledger.flush_seconds
 
 
 if __name__ == "__main__":  # pragma: no cover

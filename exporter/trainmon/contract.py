@@ -237,3 +237,19 @@ STEP_SECONDS_BOUNDS: tuple[float, ...] = (
     0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
 )
 STEP_BUCKET_COUNT = len(STEP_SECONDS_BOUNDS) + 1
+
+#: A rank has stalled when no step of it ended for this many typical steps (the median
+#: of its steps) ...
+STALL_TYPICAL_STEPS = 10.0
+#: ... and at least this many seconds. The client's stall watchdog
+#: (``trainmon.client.watchdog``) reports where the rank is from then on, and the goodput
+#: ledger books the time ``stalled`` (``trainmon.ledger.goodput``). Ten steps keep a
+#: job with slow but regular steps (20 s each: 200 s) quiet; ten seconds keep a
+#: rank's garbage collection or a slow batch from looking like a hang.
+STALL_FLOOR_SECONDS = 10.0
+
+
+def stall_threshold(typical_step_seconds: float | None) -> float:
+    """Seconds without a step that make a stall: ``STALL_TYPICAL_STEPS`` typical steps,
+    at least ``STALL_FLOOR_SECONDS`` (the floor alone while the typical step is unknown)."""
+    return max(STALL_TYPICAL_STEPS * (typical_step_seconds or 0.0), STALL_FLOOR_SECONDS)

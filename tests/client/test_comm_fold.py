@@ -16,7 +16,8 @@ Round = list[list[Any]]
 
 
 def _rounds(rng: random.Random) -> list[Round]:
-    """Rounds of bucket records ``[launch, completion, bytes, closes the round]``,
+    """Rounds of bucket records ``[launch, completion, bytes, closes the round, collective,
+    sequence number]``,
     launches in order, completions overlapping each other and the next round's."""
     rounds: list[Round] = []
     clock = rng.uniform(0, 5)
@@ -24,7 +25,8 @@ def _rounds(rng: random.Random) -> list[Round]:
         round_: Round = []
         for _ in range(rng.randint(1, 6)):
             clock += rng.choice((0.0, rng.uniform(0, 0.3)))
-            round_.append([clock, clock + rng.uniform(0, 1.0), rng.randint(0, 1 << 20), False])
+            round_.append([clock, clock + rng.uniform(0, 1.0), rng.randint(0, 1 << 20), False,
+                           "all_reduce", len(round_) + 1])
         round_[-1][3] = True
         rounds.append(round_)
     return rounds
@@ -50,7 +52,7 @@ def test_the_one_pass_fold_agrees_with_the_general_one(seed: int) -> None:
 
 
 def test_the_one_pass_fold_declines_what_it_cannot_fold() -> None:
-    in_order = [[1.0, 2.0, 8, False], [1.5, 2.5, 8, True]]
+    in_order = [[1.0, 2.0, 8, False, "all_reduce", 1], [1.5, 2.5, 8, True, "all_reduce", 2]]
     assert _fold_cpu_rounds(in_order, -math.inf) == pytest.approx((1.5, 1.0, 16, 2.5))
     assert _fold_cpu_rounds(list(reversed(in_order)), -math.inf) is None  # out of order
-    assert _fold_cpu_rounds([[object(), 2.0, 8, True]], -math.inf) is None  # a CUDA event
+    assert _fold_cpu_rounds([[object(), 2.0, 8, True, "all_reduce", 1]], -math.inf) is None  # a CUDA event

@@ -71,6 +71,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
+from trainmon.client.watchdog import InFlight
 from trainmon.logthrottle import LogThrottle
 
 if TYPE_CHECKING:
@@ -103,10 +104,12 @@ COLLECTIVE_PAYLOADS: dict[str, str] = {
 HookFn = Callable[[Any, "GradBucket"], "torch.futures.Future[torch.Tensor]"]
 
 #: A DDP bucket's record, made once per bucket and step on the training thread:
-#: a list ``[launch, completion, bytes, closes the round]``, indexed by these.
-#: Launch and completion are ``perf_counter`` seconds on CPU, events on CUDA;
-#: completion is None until the future's callback (a backend thread) writes it.
-LAUNCH, COMPLETION, BYTES, CLOSES_ROUND = range(4)
+#: a list ``[launch, completion, bytes, closes the round, collective, sequence
+#: number]``, indexed by these. Launch and completion are ``perf_counter`` seconds on
+#: CPU, events on CUDA; completion is None until the future's callback (a backend
+#: thread) writes it. The collective's name and the bucket's sequence number among the
+#: rank's buckets (``CommMeter.add_bucket``) tell the stall watchdog what is in flight.
+LAUNCH, COMPLETION, BYTES, CLOSES_ROUND, COLLECTIVE, SEQUENCE = range(6)
 BucketRecord = list[Any]
 
 
@@ -177,10 +180,26 @@ class CommMeter:
         self._gpu_tail: torch.cuda.Event | None = None
         self._failures = LogThrottle()
         self.active = True
+        #: DDP buckets launched so far: the last one's sequence number.
+        self.launched = 0
 
     def add_bucket(self, record: BucketRecord) -> None:
         """Keep a DDP bucket's record until a fold (the hook, on the training thread)."""
+        self.launched += 1
+        record.append(self.launched)
         self._keep(record, self._buckets)
+
+    def in_flight(self) -> InFlight | None:
+        """The oldest DDP bucket launched and not completed (``CommSource.in_flight``,
+        read by the sender thread while the training thread may append)."""
+        for record in tuple(self._buckets):
+            if record[COMPLETION] is None:
+                launch = record[LAUNCH]
+                since = None
+                if isinstance(launch, float):  # CPU: a perf_counter reading
+                    since = time.time() - (_clock() - launch)
+                return InFlight(record[COLLECTIVE], record[SEQUENCE], since)
+        return None
 
     def _keep(self, record: BucketRecord | _Record, records: list[Any]) -> None:
         if len(records) < MAX_PENDING_RECORDS:
@@ -367,7 +386,7 @@ def _fold_cpu_rounds(
     comm = exposed = 0.0
     nbytes = 0
     previous_launch = round_end = -math.inf
-    for launch, completion, size, closes_round in records:
+    for launch, completion, size, closes_round, _, _ in records:
         if launch.__class__ is not float or launch < previous_launch:
             return None
         previous_launch = launch
@@ -438,6 +457,8 @@ class _BucketTimer:
         self.meter = meter
         self.hook = hook
         self._allreduce = hook is allreduce_hook
+        #: What a bucket in flight is waiting in: the all-reduce, else the user's hook.
+        self._collective = "all_reduce" if self._allreduce else "comm_hook"
         # DDP keys checks (bf16 needs NCCL ≥ 2.10) and its logs on the hook's name.
         self.__name__ = getattr(hook, "__name__", "comm_hook")
         self.__qualname__ = getattr(hook, "__qualname__", self.__name__)
@@ -450,7 +471,8 @@ class _BucketTimer:
             return self.hook(state, bucket)
         buffer = bucket.buffer()
         cuda = buffer.is_cuda
-        record: BucketRecord = [_launch_event() if cuda else _clock(), None, 0, bucket.is_last()]
+        record: BucketRecord = [_launch_event() if cuda else _clock(), None, 0, bucket.is_last(),
+                                self._collective]
         if self._allreduce and not buffer.is_complex() and not torch.compiler.is_compiling():
             # allreduce_hook's collective, as DDP's built-in hook issues it.
             group = cast("dist.ProcessGroup", state if state is not None else dist.group.WORLD)

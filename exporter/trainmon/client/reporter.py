@@ -63,6 +63,7 @@ from trainmon.client.ending import ProcessEnding
 from trainmon.client.identity import detect_gpu, named_identity, rank_identity
 from trainmon.client.run import DataPaths, RunDescriber, launcher_run_id, process_run_id
 from trainmon.client.transport import Sender, default_endpoint, open_sender
+from trainmon.client.watchdog import InFlight, RankState, StallWatch
 from trainmon.contract import STEP_BUCKET_COUNT, STEP_SECONDS_BOUNDS
 from trainmon.logthrottle import LogThrottle
 from trainmon.training.protocol import (
@@ -117,6 +118,11 @@ class CommSource(Protocol):
     def fold(self) -> None: ...
 
     def close(self) -> None: ...
+
+    def in_flight(self) -> InFlight | None:
+        """The oldest collective launched and not completed, for the stall watchdog
+        (``trainmon.client.watchdog``); None when none is, or when it cannot tell."""
+        ...
 
 
 class Reporter:
@@ -233,6 +239,13 @@ class Reporter:
 
         self._closed = False
         self._closing = threading.Event()
+        #: The thread that drives the reporter (``track()``'s, else the constructor's),
+        #: what the stall watchdog looks at; the open ``phase()`` names and
+        #: ``checkpoint()`` blocks it reports (``trainmon.client.watchdog``).
+        self._driver = threading.get_ident()
+        self._open_phases: list[str] = []
+        self._checkpointing = 0
+        self._stall_watch = StallWatch(Reporter.track.__code__)
         # Last: it may settle (and call _settle) at once, which needs the above.
         self._agreement = RunAgreement(
             job=self.job, run=self.run, run_agreed=agreed_run is not None, identity=identity,
@@ -308,6 +321,7 @@ class Reporter:
             with self._lock:
                 self._step_start = started  # the first step starts with the loop
         _ENDING.drives(self)  # this thread's uncaught exception ends the run
+        self._driver = threading.get_ident()
         if self._check_samples is None:
             self._check_samples = True
         iterator = iter(iterable)  # DataLoader starts its workers here: that is waiting too
@@ -556,6 +570,8 @@ class Reporter:
             described = ended is not None or describer.due()
             description = self._description_line(ended) if described else b""
             report = encode_report(self.report())
+            if ended is None and give_up is None:
+                report += self._stall_line()
             # the run is known before its first report; "ended" is the last line sent
             payload = (report + description) if ended else (description + report)
             if give_up is not None:
@@ -723,6 +739,30 @@ class Reporter:
                 agreement.poll()
             self.flush()
 
+    def _stall_line(self) -> bytes:
+        """The stall line to send after the report while the rank's steps have
+        stopped (``trainmon.client.watchdog``); b"" otherwise, or when it cannot be
+        built (that costs the stall report, never the totals)."""
+        source = self._comm_source
+        with self._lock:
+            steps, last_step, buckets = self._steps, self._step_start, list(self._buckets)
+            phase = self._open_phases[-1] if self._open_phases else None
+        try:
+            state = RankState(
+                thread=self._driver, steps=steps, last_step=last_step, buckets=buckets,
+                phase=phase, checkpointing=self._checkpointing > 0,
+                in_flight=None if source is None else source.in_flight())
+            line = self._stall_watch.look(state)
+            if line is None:
+                return b""
+            return encode_report({"v": line.pop("v"), "type": line.pop("type"), "job": self.job,
+                                  "rank": self.rank, "world_size": self.world_size,
+                                  "reporter_id": self.reporter_id, "run": self.run, **line})
+        except (ValueError, RuntimeError) as error:  # a frame that cannot be told
+            if self._failures_logged.allow("stall", str(error)):
+                log.warning("trainmon: cannot describe a stall: %s", error)
+            return b""
+
     def _settle(self, settled: Settlement) -> None:
         """Take the agreed run id and identity (``RunAgreement.on_settle``), before
         anything is sent."""
@@ -807,11 +847,15 @@ class _Phase:
         self._started = 0.0
 
     def __enter__(self) -> _Phase:
+        self._reporter._open_phases.append(self._name)
         self._started = _perf_counter()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._reporter.add_phase(self._name, _perf_counter() - self._started)
+        reporter = self._reporter
+        reporter.add_phase(self._name, _perf_counter() - self._started)
+        if reporter._open_phases:
+            reporter._open_phases.pop()
 
 
 class _Checkpoint:
@@ -829,11 +873,13 @@ class _Checkpoint:
 
     def __enter__(self) -> _Checkpoint:
         self._entered = True
+        self._reporter._checkpointing += 1
         self._started = _perf_counter()
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
         seconds = _perf_counter() - self._started
+        self._reporter._checkpointing -= 1
         if exc_type is None:
             self._reporter.checkpoint_saved(self._path, seconds)
         else:  # the save failed: its time was still spent, nothing was saved

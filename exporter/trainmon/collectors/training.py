@@ -54,7 +54,7 @@ from trainmon.logthrottle import LogThrottle
 from trainmon.node.mounts import MountResolver, PathStorage
 from trainmon.paths import default_socket_path
 from trainmon.section import Auto, Section, setting
-from trainmon.training.protocol import STEPS_PATH
+from trainmon.training.protocol import STEPS_PATH, StallReport
 from trainmon.training.receiver import SocketReceiver, StepPushHandler, read_tokens
 from trainmon.training.store import LastCheckpoint, RankView, TrainingStore, TrainingStoreView
 from trainmon.training.writers import uid_writer
@@ -483,9 +483,35 @@ def _rank_families(snapshot: TrainingStoreView) -> Iterable[Metric]:
         "Bytes of the collectives' buffers the rank contributed; only ranks that measure it.",
         labels=_RANK,
     )
+    stalled = GaugeMetricFamily(
+        "trainmon_training_stalled",
+        "1 while the rank's client reports its steps stopped (its stall watchdog: no step "
+        "for 10 typical steps and at least 10 s, docs/protocol.md), else 0.",
+        labels=_RANK,
+    )
+    stall_since = GaugeMetricFamily(
+        "trainmon_training_stall_start_timestamp_seconds",
+        "Unix time the rank's last step ended before its stall; only while it stalls.",
+        labels=_RANK,
+    )
+    stall_info = GaugeMetricFamily(
+        "trainmon_training_stall_info",
+        "Where a stalled rank's training thread is: where (data_loader, collective, "
+        "checkpoint, phase, code), the collective in flight and its sequence number, "
+        "and the innermost frame (file name, line, function); always 1.",
+        labels=[*_RANK, "where", "collective", "seq", "frame"],
+    )
     world_sizes: dict[str, int] = {}
     for view in snapshot.ranks:
         labels = [view.job, str(view.rank)]
+        stall = view.stall
+        stalled.add_metric(labels, 0.0 if stall is None else 1.0)
+        if stall is not None:
+            stall_since.add_metric(labels, stall.since)
+            stall_info.add_metric([*labels, stall.where, stall.collective or "",
+                                   "" if stall.collective_seq is None
+                                   else str(stall.collective_seq),
+                                   stall_frame_text(stall)], 1.0)
         totals = view.totals
         steps.add_metric(labels, totals.steps)
         samples.add_metric(labels, totals.samples)
@@ -518,7 +544,21 @@ def _rank_families(snapshot: TrainingStoreView) -> Iterable[Metric]:
     for job, size in world_sizes.items():
         world_size.add_metric([job], size)
     return [steps, samples, step_seconds, data_wait, phases, ratio, last_step, last_report, info,
-            world_size, dropped, resets, comm, comm_exposed, comm_bytes]
+            world_size, dropped, resets, comm, comm_exposed, comm_bytes, stalled, stall_since,
+            stall_info]
+
+
+#: Longest ``frame`` label value of ``trainmon_training_stall_info``.
+MAX_FRAME_LABEL_LENGTH = 160
+
+
+def stall_frame_text(stall: StallReport) -> str:
+    """The innermost frame of a stall: ``dataset.py:42 __getitem__`` ("" without one)."""
+    if not stall.frames:
+        return ""
+    frame = stall.frames[0]
+    text = f"{frame.file.rsplit('/', 1)[-1]}:{frame.line} {frame.function}"
+    return text[:MAX_FRAME_LABEL_LENGTH]
 
 
 def _build(config: TrainingConfig, wiring: Wiring) -> Collector:

@@ -38,10 +38,14 @@ Every bucket of the goodput ledger has something within a minute:
 
 - ``demo-healthy``'s rank 3 computes 10 ms a step longer than the others, which
   wait for it as long in their all-reduce (``straggler_wait``);
-- ``demo-starved``'s rank 2 hangs 12 s once, 20 s after the start (``stalled``);
-  50 s after the start every rank of it crashes, and the job restarts at once
-  from its latest checkpoint, a new run (``restart_run_id``) that loads for 3 s
-  (``startup``) and redoes the steps since that checkpoint (``lost_progress``);
+- both jobs crash early, ``demo-healthy`` 10 s and ``demo-starved`` 12 s after
+  the start (every rank), and each restarts at once from its latest checkpoint, a
+  new run (``restart_run_id``) that loads for 2 or 3 s (``startup``) and redoes the
+  steps since that checkpoint (``lost_progress``): the Training overview's run
+  failure markers have one for each job. 25 s after the start ``demo-starved``'s
+  CFS mount stops answering for
+  12 s and every rank of it hangs in its loader (``stalled``: the whole job at
+  once, as a dead mount does, so no rank looks slower than the others);
 - a notebook left open on GPU 7 holds it and never reports
   (``idle_allocated``, ``trainmon.demo.gpus.NOTEBOOK_PID``).
 
@@ -96,8 +100,8 @@ class SimulatedJob:
     #: others wait for it as long in their all-reduce (``straggler_wait``).
     straggler_rank: int | None = None
     straggler_seconds: float = 0.0
-    #: A rank that hangs ``stall_seconds`` once, ``stall_after_seconds`` after the start.
-    stall_rank: int | None = None
+    #: Every rank hangs ``stall_seconds`` once, ``stall_after_seconds`` after the start
+    #: (0: never).
     stall_after_seconds: float = 0.0
     stall_seconds: float = 0.0
     #: Every rank crashes this long after the start (None: never) and the job restarts
@@ -144,14 +148,14 @@ DEMO_JOBS = (
                  comm_seconds=0.06, batch_size=64, overlapped_comm_seconds=0.06,
                  comm_bytes=600_000_000, checkpoint_dir="/data/checkpoints/demo-starved",
                  checkpoint_seconds=0.08, data_paths=("/mnt/cfs/datasets/demo-starved",),
-                 team="vision", stall_rank=2, stall_after_seconds=20.0, stall_seconds=12.0,
-                 crash_after_seconds=50.0, restart_seconds=3.0),
+                 team="vision", stall_after_seconds=25.0, stall_seconds=12.0,
+                 crash_after_seconds=12.0, restart_seconds=3.0),
     SimulatedJob("demo-healthy", first_gpu=4, data_wait_seconds=0.01, compute_seconds=0.20,
                  comm_seconds=0.04, batch_size=128, overlapped_comm_seconds=0.12,
                  comm_bytes=1_600_000_000,
                  checkpoint_dir="/mnt/cfs/checkpoints/demo-healthy", checkpoint_seconds=0.05,
                  environment={"NCCL_ALGO": "Tree"}, team="nlp", straggler_rank=3,
-                 straggler_seconds=0.01),
+                 straggler_seconds=0.01, crash_after_seconds=10.0, restart_seconds=2.0),
 )
 
 
@@ -199,19 +203,21 @@ def _run_rank(
     jitter = random.Random(f"{job.name}/{rank}")
     first, restart = runs
     crash = None if job.crash_after_seconds is None else began + job.crash_after_seconds
-    if _train(job, rank, endpoint, stopping, began, jitter, first, crash_at=crash,
-              hangs=rank == job.stall_rank) and restart is not None:
-        _train(job, rank, endpoint, stopping, began, jitter, restart,
-               loading_seconds=job.restart_seconds)
+    hang = [began + job.stall_after_seconds] if job.stall_after_seconds else []
+    if _train(job, rank, endpoint, stopping, jitter, first, crash_at=crash, hang=hang) \
+            and restart is not None:
+        _train(job, rank, endpoint, stopping, jitter, restart,
+               loading_seconds=job.restart_seconds, hang=hang)
 
 
 def _train(
-    job: SimulatedJob, rank: int, endpoint: str, stopping: threading.Event, began: float,
+    job: SimulatedJob, rank: int, endpoint: str, stopping: threading.Event,
     jitter: random.Random, run: str, *, crash_at: float | None = None,
-    loading_seconds: float = 0.0, hangs: bool = False,
+    loading_seconds: float = 0.0, hang: list[float] | None = None,
 ) -> bool:
     """One run of the rank until the demo stops (False) or, at ``crash_at`` (monotonic),
-    it crashes (True); ``hangs``: once, ``stall_after_seconds`` after ``began``."""
+    it crashes (True); ``hang``: the monotonic time it hangs in its loader, once (taken
+    from the list when it does)."""
 
     def pause(seconds: float) -> None:
         stopping.wait(seconds * jitter.uniform(1 - JITTER, 1 + JITTER))
@@ -219,6 +225,9 @@ def _train(
     def loader() -> Iterator[int]:
         while not stopping.is_set():
             pause(job.data_wait_seconds)
+            if hang and time.monotonic() >= hang[0]:
+                hang.clear()
+                stopping.wait(job.stall_seconds)  # the mount stops answering
             yield job.batch_size
 
     reporter = Reporter(
@@ -233,7 +242,6 @@ def _train(
             compute += job.straggler_seconds
         else:
             comm += job.straggler_seconds
-    stall_at = began + job.stall_after_seconds if hangs else None
     stopping.wait(loading_seconds)  # loading the checkpoint it restarts from
     next_checkpoint = time.monotonic() + FIRST_CHECKPOINT_SECONDS
     steps = 0
@@ -241,9 +249,6 @@ def _train(
     try:
         for batch_size in reporter.track(loader()):
             pause(compute)
-            if stall_at is not None and time.monotonic() >= stall_at:
-                stall_at = None
-                stopping.wait(job.stall_seconds)  # hangs once
             started = time.perf_counter()
             with reporter.phase("comm"):
                 pause(comm)

@@ -64,24 +64,18 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from trainmon.contract import stall_threshold
+
 #: Every bucket of the GPU-second ledger, in the order documents list them.
 BUCKETS = ("productive", "data_wait", "comm_exposed", "checkpoint", "straggler_wait",
            "stalled", "startup", "idle_allocated", "lost_progress", "other")
 #: The phase whose seconds stand in for exposed communication when not measured.
 COMM_PHASE = "comm"
-#: A stall is a stretch without a step this many typical steps long ...
-STALL_TYPICAL_STEPS = 10.0
-#: ... and at least this many seconds.
-STALL_FLOOR_SECONDS = 10.0
 #: Stretches whose mean step makes a rank's typical step (their median), when the caller
 #: does not say it.
 TYPICAL_STRETCHES = 21
 
 
-def stall_threshold(typical_step_seconds: float | None) -> float:
-    """Seconds without a completed step, beyond what the steps took, that make a stall."""
-    typical = typical_step_seconds or 0.0
-    return max(STALL_TYPICAL_STEPS * typical, STALL_FLOOR_SECONDS)
 
 
 @dataclass(frozen=True)

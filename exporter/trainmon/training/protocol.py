@@ -119,6 +119,18 @@ _URL_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*:/{1,2})[^/@\s]+@")
 _BARE_USERINFO = re.compile(r"(^|[/\s])[^/@\s:]+:[^/@\s]+@")
 
 
+#: ``where`` of a stall line: what the rank's training thread is doing when its steps
+#: stopped (docs/protocol.md, "Stall reports").
+STALL_WHERE: tuple[str, ...] = ("data_loader", "collective", "checkpoint", "phase", "code")
+#: Most frames of a stall line, innermost first; their fields' longest texts.
+MAX_STALL_FRAMES = 16
+MAX_FRAME_FILE_LENGTH = 256
+MAX_FRAME_FUNCTION_LENGTH = 128
+MAX_FRAME_CODE_LENGTH = 160
+#: A collective's name (``all_reduce``, ``barrier``...): letters, digits and ``_``.
+COLLECTIVE_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+
+
 class ReportError(ValueError):
     """A report (or a whole payload) that the daemon refuses, with its reason."""
 
@@ -214,6 +226,43 @@ class RunDescription:
     ended: str | None = None
 
 
+@dataclass(frozen=True)
+class StallFrame:
+    """One Python frame of a stalled rank's training thread."""
+
+    file: str
+    line: int
+    function: str
+    #: The source line (stripped), ``REDACTED`` where it names a secret; "" unknown.
+    code: str = ""
+
+
+@dataclass(frozen=True)
+class StallReport:
+    """A rank whose steps stopped, and where its training thread is (a ``"type":
+    "stall"`` line: docs/protocol.md, "Stall reports"). It holds while the rank's
+    steps stay at ``steps``; a report with more steps clears it."""
+
+    job: str
+    rank: int
+    reporter_id: str
+    run: str | None
+    #: The rank's completed steps when its thread was looked at.
+    steps: int
+    #: Unix time its last step ended (or its loop started): the stall's start.
+    since: float
+    where: str
+    #: The named phase the thread is in (``where`` ``phase``), else None.
+    phase: str | None
+    #: The collective in flight (``where`` ``collective``): its name, its sequence
+    #: number on the process group, the Unix time it started; None where unknown.
+    collective: str | None
+    collective_seq: int | None
+    collective_since: float | None
+    #: Innermost first.
+    frames: tuple[StallFrame, ...]
+
+
 def is_secret_name(name: str) -> bool:
     """Whether a config key or environment name looks like a credential.
 
@@ -294,10 +343,10 @@ def encode_report(report: Mapping[str, object]) -> bytes:
 
 def decode_payload(
     payload: bytes, max_label_length: int = DEFAULT_MAX_LABEL_LENGTH
-) -> Iterator[StepReport | RunDescription | ReportError]:
+) -> Iterator[StepReport | RunDescription | StallReport | ReportError]:
     """Split a payload into lines and parse each one; blank lines are skipped.
 
-    Yields a ``StepReport`` or ``RunDescription`` for each valid line and a
+    Yields a ``StepReport``, ``RunDescription`` or ``StallReport`` for each valid line and a
     ``ReportError`` for each invalid one, so one bad line does not cost the others.
     A payload of more than ``MAX_PAYLOAD_LINES`` lines yields one ``too_large``
     error and nothing else.
@@ -319,16 +368,20 @@ def decode_payload(
 
 def parse(
     line: bytes, max_label_length: int = DEFAULT_MAX_LABEL_LENGTH
-) -> StepReport | RunDescription:
-    """Validate one JSON line: a step report (``type`` absent or ``"step"``) or a
-    run description (``"type": "run"``); raises ``ReportError``."""
+) -> StepReport | RunDescription | StallReport:
+    """Validate one JSON line: a step report (``type`` absent or ``"step"``), a run
+    description (``"type": "run"``) or a stall report (``"type": "stall"``); raises
+    ``ReportError``."""
     data = _decode_line(line)
     kind = data.get("type", "step")
     if kind == "step":
         return _build(data, max_label_length)
     if kind == "run":
         return _build_description(data, max_label_length)
-    raise ReportError("invalid_field", f"unknown type {str(kind)[:32]!r} (expected step or run)")
+    if kind == "stall":
+        return _build_stall(data, max_label_length)
+    raise ReportError("invalid_field",
+                      f"unknown type {str(kind)[:32]!r} (expected step, run or stall)")
 
 
 def parse_report(line: bytes, max_label_length: int = DEFAULT_MAX_LABEL_LENGTH) -> StepReport:
@@ -777,3 +830,57 @@ def _git(value: object) -> tuple[str | None, bool | None]:
     if dirty is not None and not isinstance(dirty, bool):
         raise ReportError("invalid_field", "git.dirty must be a boolean or null")
     return commit, dirty
+
+
+# -- stall reports ----------------------------------------------------------------
+
+
+def _build_stall(data: dict[str, object], max_label_length: int) -> StallReport:
+    """Validate a ``"type": "stall"`` line; file names and source lines are redacted
+    (URL credentials; a source line that names a secret is dropped whole)."""
+    rank, _, reporter_id = _identity(data)
+    where = data.get("where")
+    if where not in STALL_WHERE:
+        raise ReportError("invalid_field", f"where must be one of {', '.join(STALL_WHERE)}")
+    run = data.get("run")
+    phase = data.get("phase")
+    collective = data.get("collective")
+    op = seq = started = None
+    if collective is not None:
+        if not isinstance(collective, dict):
+            raise ReportError("invalid_field", "collective must be an object")
+        op = collective.get("op")
+        if not isinstance(op, str) or not COLLECTIVE_PATTERN.fullmatch(op):
+            raise ReportError("invalid_field", "collective.op must be 1-64 of [A-Za-z0-9_]")
+        seq = _optional_int(collective, "seq", 0, MAX_COUNT)
+        started = None if collective.get("since") is None else _seconds(collective, "since")
+    frames = data.get("frames", [])
+    if not isinstance(frames, list) or len(frames) > MAX_STALL_FRAMES:
+        raise ReportError("invalid_field", f"frames must be a list of at most "
+                                           f"{MAX_STALL_FRAMES}")
+    return StallReport(
+        job=_label(data.get("job"), "job", max_label_length),
+        rank=rank,
+        reporter_id=reporter_id,
+        run=None if run is None else _run_id(run),
+        steps=_integer(data, "steps", 0, MAX_COUNT),
+        since=_seconds(data, "since"),
+        where=str(where),
+        phase=None if phase is None else _label(phase, "phase", max_label_length),
+        collective=op,
+        collective_seq=seq,
+        collective_since=started,
+        frames=tuple(_frame(frame) for frame in frames),
+    )
+
+
+def _frame(value: object) -> StallFrame:
+    if not isinstance(value, dict):
+        raise ReportError("invalid_field", "a frame must be an object")
+    code = redact_text(_text(value.get("code", ""), "frame code", MAX_FRAME_CODE_LENGTH))
+    return StallFrame(
+        file=redact_text(_text(value.get("file"), "frame file", MAX_FRAME_FILE_LENGTH)),
+        line=_integer(value, "line", 0, MAX_RANK),
+        function=_text(value.get("function"), "frame function", MAX_FRAME_FUNCTION_LENGTH),
+        code=REDACTED if is_secret_name(code) else code,
+    )

@@ -43,6 +43,7 @@ from trainmon.training.protocol import (
     MAX_DATAGRAM_BYTES,
     ReportError,
     RunDescription,
+    StallReport,
     StepReport,
     decode_payload,
 )
@@ -110,6 +111,9 @@ def ingest_payload(
                 accepted += 1
             elif isinstance(item, RunDescription):
                 store.describe(item, transport, sender_pid, identity)
+                accepted += 1
+            elif isinstance(item, StallReport):
+                store.stalled(item, transport, identity)
                 accepted += 1
         except ReportError as refused:
             problem = refused

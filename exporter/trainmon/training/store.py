@@ -35,6 +35,11 @@ and, separately, the latest run description (``RunDescription``) its reporter
 sent, with the sender's pid (for resolving the run's data paths in the right
 mount namespace). A description arrives before the first step and is
 repeated every minute, so descriptions have their own TTL.
+Stalls: a rank whose steps stopped sends stall reports (``StallReport``: where its
+training thread is) while it stays stalled; the rank keeps the latest one
+(with its arrival time) until a report of the same reporter shows more steps
+than the stall's, a report of another reporter arrives (a restart), or the rank
+expires. A stall of a rank that never reported is refused (``invalid_field``).
 Config, environment and framework values under secret-looking names
 (``protocol.is_secret_name``) are redacted here again, whatever the sender
 did: nothing downstream (metrics, ledger, logs) can see them.
@@ -55,6 +60,7 @@ from trainmon.training.protocol import (
     REJECT_REASONS,
     ReportError,
     RunDescription,
+    StallReport,
     StepReport,
     is_secret_name,
 )
@@ -231,6 +237,10 @@ class _Rank:
     #: (monotonic time, exported step seconds, exported data-wait seconds)
     window: deque[tuple[float, float, float]] = field(default_factory=deque)
     last_checkpoint: LastCheckpoint | None = None
+    #: The latest stall report while the rank's steps have not moved past it.
+    stall: StallReport | None = None
+    #: Unix time it arrived.
+    stall_received: float | None = None
 
 
 @dataclass(frozen=True)
@@ -255,6 +265,10 @@ class RankView:
     run: str | None = None
     #: The writer identity that owns the rank's job (``trainmon.training.writers``).
     owner: str = LOCAL_WRITER
+    #: Where the rank's training thread is while its steps have stopped, if it said so.
+    stall: StallReport | None = None
+    #: Unix time that stall report arrived.
+    stall_received: float | None = None
 
 
 @dataclass(frozen=True)
@@ -386,6 +400,32 @@ class TrainingStore:
             self._jobs.move_to_end(description.job)
             self._accepted[transport] += 1
 
+    def stalled(
+        self,
+        stall: StallReport,
+        transport: str,
+        identity: str = LOCAL_WRITER,
+    ) -> None:
+        """Keep ``stall`` as its rank's latest stall; raises ``ReportError``
+        (``forbidden`` like ``ingest``; ``invalid_field`` for a rank that has not
+        reported, or a stall of a reporter other than the rank's latest)."""
+        with self._lock:
+            now = self._clock()
+            self._maybe_expire(now)
+            job = self._jobs.get(stall.job)
+            if job is not None and identity != job.owner and identity not in self._trusted:
+                raise ReportError("forbidden", f"job {stall.job!r} belongs to another writer")
+            state = None if job is None else job.ranks.get(stall.rank)
+            latest = None if state is None else next(reversed(state.reporters), None)
+            if state is None or latest != stall.reporter_id:
+                raise ReportError("invalid_field",
+                                  "a stall must come from the rank's reporting reporter")
+            reported = state.reporters[latest]
+            if reported.steps > stall.steps:
+                return  # its steps moved on since: the stall is over
+            state.stall, state.stall_received = stall, self._wall_clock()
+            self._accepted[transport] += 1
+
     def reject(self, reason: str, count: int = 1) -> None:
         """Count ``count`` rejected reports (``reason`` from ``REJECT_REASONS``)."""
         self.reject_counts({reason: count})
@@ -443,6 +483,8 @@ class TrainingStore:
                     last_checkpoint=state.last_checkpoint,
                     run=state.run,
                     owner=job.owner,
+                    stall=state.stall,
+                    stall_received=state.stall_received,
                 )
                 for name, job in self._jobs.items()
                 for rank, state in job.ranks.items()
@@ -540,6 +582,10 @@ class TrainingStore:
         while len(state.reporters) > MAX_REPORTERS_PER_RANK:
             state.reporters.popitem(last=False)
         steps_advanced = previous is None or new.steps > previous.steps
+        stall = state.stall
+        if stall is not None and (stall.reporter_id != report.reporter_id
+                                  or new.steps > stall.steps):
+            state.stall = state.stall_received = None  # it steps again, or restarted
         if steps_advanced and new.steps > 0:
             state.last_step_time = self._step_time(report, state.last_step_time)
         state.gpu, state.pid, state.world_size = report.gpu, report.pid, report.world_size
