@@ -23,7 +23,8 @@ parameter's gradient).
 
 ``goodput``: the job of the goodput ledger's acceptance test
 (``tests/ledger/test_goodput_ddp.py``, ``run_goodput``), which writes the truth it
-measured to ``--result``.
+measured to ``--result``; ``--crash-after`` crashes it, ``--resume`` relaunches it from
+its checkpoint.
 
 ``scenario NAME``: the jobs the diagnosis must name, integrated as the README says
 (``Reporter``, ``reporter.instrument`` around the DDP model, ``track(loader)``,
@@ -57,6 +58,7 @@ once in CI.
 from __future__ import annotations
 
 import argparse
+import atexit
 import datetime
 import gc
 import json
@@ -70,7 +72,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Subset
 
 from testkit.torch_job import train
 
@@ -182,7 +184,7 @@ def run_lightning(args: argparse.Namespace, rank: int) -> dict[str, Any]:
 
     from trainmon.client.lightning import TrainmonCallback
 
-    class Regression(pl.LightningModule):  # type: ignore[misc]
+    class Regression(pl.LightningModule):  # type: ignore[misc, unused-ignore]
         def __init__(self) -> None:
             super().__init__()
             self.net = make_model(args.width, args.depth)
@@ -223,7 +225,7 @@ def run_hf(args: argparse.Namespace, rank: int) -> dict[str, Any]:
 
     class Data(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         def __len__(self) -> int:
-            return BATCH * args.steps * 2
+            return int(BATCH * args.steps * 2)
 
         def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
             generator = torch.Generator().manual_seed(index)
@@ -339,30 +341,56 @@ class TimedLoader:
 
 def run_goodput(args: argparse.Namespace, rank: int) -> dict[str, Any]:
     """The goodput job: a Dataset that waits about a quarter of each step, a checkpoint
-    of ``--checkpoint-seconds`` every ``--checkpoint-every`` steps, and one hang of
-    ``--stall-seconds`` in rank ``--stall-rank`` at step ``--stall-at`` (the other rank
-    waits for it in the all-reduce). Returns the truth it measured on its own clock:
-    seconds from its reporter's start to its first step and to its close, in data
-    loading, in checkpoint saves, and hung."""
+    of ``--checkpoint-seconds`` every ``--checkpoint-every`` steps (saved with its step),
+    and one hang of ``--stall-seconds`` in rank ``--stall-rank`` at step ``--stall-at``
+    (the other rank waits for it in the all-reduce; 0: none).
+
+    ``--crash-after N``: every rank raises after its step N, uncaught (the process exits
+    1, and the client's exit hook closes the reporter ``crashed``); the result is
+    written at exit, after that close. ``--resume``: the relaunch of such a run, which
+    loads the rank's checkpoint (after its reporter started: a restart's load is part
+    of its startup) and trains from the step after the saved one to ``--steps``.
+
+    Returns the truth it measured on its own clock: seconds from its reporter's start
+    to its first step (``startup``), in data loading, in checkpoint saves, hung, from
+    its last step to its end (``other``) and from its start to its end (``held``; the
+    end: its reporter closed); the step it resumed from, its last step, and
+    ``step_productive``, each step's wall time less its data wait, its save and the
+    exposed communication its reporter measured."""
     from torch.nn.parallel import DistributedDataParallel
 
     from trainmon.client import Reporter
 
     scenario = Scenario(widths=(64, 256, 256), device_seconds=(args.device_seconds,),
                         sample_seconds=args.sample_seconds)
-    began = time.monotonic()
+    truth = {"startup": 0.0, "checkpoint": 0.0, "stalled": 0.0, "data_wait": 0.0}
+    result: dict[str, Any] = {"truth": truth, "resumed_from": 0, "last_step": 0,
+                              "step_productive": [], "comm_exposed": None}
+    clock = {"began": time.monotonic()}
+    clock["last_step"] = clock["began"]
+    if args.crash_after:
+        # atexit runs the last registered first: this one after the reporter's own exit
+        # hook (registered with the first reporter, below) closed it.
+        atexit.register(write_result_at_exit, args.result, result, clock)
     reporter = Reporter(interval_seconds=0.5)  # job, rank, endpoint from the environment
     torch.manual_seed(0)
     model = reporter.instrument(DistributedDataParallel(build_model(scenario, rank)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    loader = TimedLoader(DataLoader(
-        Samples(scenario.widths[0], args.steps * BATCH, scenario.sample_seconds),
-        batch_size=BATCH, num_workers=0))
-    truth = {"startup": 0.0, "checkpoint": 0.0, "stalled": 0.0}
     checkpoint = Path(args.output) / f"checkpoint-{rank}.pt"
-    for step, (features, labels) in enumerate(reporter.track(loader), start=1):
-        if step == 1:
-            truth["startup"] = time.monotonic() - began - loader.waited
+    if args.resume:
+        saved = torch.load(checkpoint, weights_only=True)
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        result["resumed_from"] = int(saved["step"])
+    first = result["resumed_from"] + 1
+    samples = Samples(scenario.widths[0], args.steps * BATCH, scenario.sample_seconds)
+    loader = TimedLoader(DataLoader(Subset(samples, range((first - 1) * BATCH, len(samples))),
+                                    batch_size=BATCH, num_workers=0))
+    waited = exposed = 0.0  # at the end of the step before
+    clock["last_step"] = time.monotonic()  # the first step starts with the loop
+    for step, (features, labels) in enumerate(reporter.track(loader), start=first):
+        if step == first:
+            truth["startup"] = time.monotonic() - clock["began"] - loader.waited
         if step == args.stall_at:
             if rank == args.stall_rank:
                 time.sleep(args.stall_seconds)
@@ -371,18 +399,46 @@ def run_goodput(args: argparse.Namespace, rank: int) -> dict[str, Any]:
         loss = nn.functional.cross_entropy(model(features), labels)
         loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()
+        save = 0.0
         if step % args.checkpoint_every == 0:
             saving = time.monotonic()
             with reporter.checkpoint(checkpoint):
-                torch.save(model.state_dict(), checkpoint)
+                torch.save({"step": step, "model": model.state_dict(),
+                            "optimizer": optimizer.state_dict()}, checkpoint)
                 time.sleep(args.checkpoint_seconds)
-            truth["checkpoint"] += time.monotonic() - saving
+            save = time.monotonic() - saving
+            truth["checkpoint"] += save
         reporter.step(samples=len(labels))
+        ended = time.monotonic()
+        measured = reporter.report().get("comm_exposed_seconds")  # none until measured
+        comm = float(measured) if isinstance(measured, (int, float)) else 0.0
+        result["step_productive"].append(
+            ended - clock["last_step"] - (loader.waited - waited) - save - (comm - exposed))
+        clock["last_step"], waited, exposed = ended, loader.waited, comm
+        result["last_step"], result["comm_exposed"], truth["data_wait"] = step, comm, waited
+        if step == args.crash_after:
+            raise RuntimeError(f"rank {rank} crashes after step {step} (--crash-after)")
     reporter.close()
-    truth["held"] = time.monotonic() - began
-    truth["data_wait"] = loader.waited
-    report = reporter.report()
-    return {"truth": truth, "comm_exposed": report.get("comm_exposed_seconds")}
+    result["comm_exposed"] = reporter.report().get("comm_exposed_seconds")
+    end_truth(result, clock)
+    return result
+
+
+def end_truth(result: dict[str, Any], clock: dict[str, float]) -> None:
+    """The goodput job ends now: ``held`` and ``other`` (after its last step) of its truth
+    (its wait for a batch that never came, at the end of the data, is ``other`` too:
+    no step holds it)."""
+    now = time.monotonic()
+    result["truth"]["held"] = now - clock["began"]
+    result["truth"]["other"] = now - clock["last_step"]
+
+
+def write_result_at_exit(path: Path | None, result: dict[str, Any],
+                         clock: dict[str, float]) -> None:
+    """The ``--result`` of a goodput run that crashed, at the interpreter's exit."""
+    end_truth(result, clock)
+    if path is not None:
+        path.write_text(json.dumps(result))
 
 
 Mode = Callable[[argparse.Namespace, int], dict[str, Any]]
@@ -422,6 +478,10 @@ def parser() -> argparse.ArgumentParser:
     goodput.add_argument("--stall-at", type=int, default=100)
     goodput.add_argument("--stall-rank", type=int, default=1)
     goodput.add_argument("--stall-seconds", type=float, default=20.0)
+    goodput.add_argument("--crash-after", type=int, default=0,
+                         help="raise after this step, in every rank (0: never)")
+    goodput.add_argument("--resume", action="store_true",
+                         help="go on from the step of the rank's checkpoint in --output")
     goodput.add_argument("--timeout", type=float, default=120.0,
                          help="seconds a collective waits for the peer")
     goodput.add_argument("--output", default="/tmp")

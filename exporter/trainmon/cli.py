@@ -470,7 +470,8 @@ def _demo_run_delay(job: str, config: Config) -> float:
     restart = 0.0
     if simulated.crash_after_seconds is not None:
         restart = simulated.crash_after_seconds + simulated.restart_seconds
-    return restart + 2 * config.collectors.ledger.flush_seconds
+    flush_seconds: float = config.collectors.ledger.flush_seconds
+    return restart + 2 * flush_seconds
 
 
 if __name__ == "__main__":  # pragma: no cover

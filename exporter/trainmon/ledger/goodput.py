@@ -243,11 +243,17 @@ class RankBooking:
 
     def _steps_at(self, totals: RankTotals, end: float) -> int:
         """The rank's steps when its latest save completed, interpolated over the stretch
-        that holds it (steps evenly spread: a stall would make it approximate)."""
+        that holds it: steps evenly spread over the stretch's time outside its saves (a
+        stall would make it approximate)."""
         saved = totals.last_checkpoint_time
         if saved is None or end <= self.booked_until:
             return totals.steps
-        share = min(max((saved - self.booked_until) / (end - self.booked_until), 0.0), 1.0)
+        saving = _increase(totals.checkpoint_seconds, self.seen.checkpoint_seconds)
+        stepping = max(end - self.booked_until - saving, 0.0)
+        if stepping <= 0:
+            return totals.steps
+        # the save's own time comes before its completion, not among the steps before it
+        share = min(max((saved - self.booked_until - saving) / stepping, 0.0), 1.0)
         return self.seen.steps + round(share * (totals.steps - self.seen.steps))
 
     def steps_since_checkpoint(self) -> int:

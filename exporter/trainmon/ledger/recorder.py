@@ -410,8 +410,10 @@ class RunRecorder:
                 booking = RankBooking.resumed(wall, totals)
             else:
                 baseline = RankTotals() if before is None else _totals_of(before)
-                began = (view.last_step_time or wall) - (
-                    totals.step_seconds - baseline.step_seconds)
+                # the rank's last step is this run's only if it stepped since the baseline
+                # (the store keeps an earlier run's last step until the new one steps)
+                last_step = view.last_step_time if totals.steps > baseline.steps else None
+                began = (last_step or wall) - (totals.step_seconds - baseline.step_seconds)
                 if (described is not None and described.description.run == run.run
                         and described.owner == run.owner):
                     began = min(began, max(described.description.started,
