@@ -20,7 +20,15 @@ It behaves like the documented service where the puller depends on it:
 * ``DescribeBaseMetrics`` spells some names differently from Tencent's
   reference pages (``CpuUsage``, ``Gpumemusage``) and ``GetMonitorData`` only
   accepts that spelling; ``DescribeInstances``/``DescribeDisks`` page at most
-  100 objects and filter by ``tag:<key>``/``tag-key``;
+  100 objects and filter by ``tag:<key>``/``tag-key``; ``DescribeInstances``
+  also takes up to 100 ``InstanceIds`` (never with ``Filters``) and names each
+  instance's ``InstanceType`` and ``Placement.Zone``;
+* ``DescribeZoneInstanceConfigInfos`` answers the instance types a test priced
+  with ``set_price()``, one ``InstanceTypeQuotaItem`` per zone, type and billing
+  mode (``POSTPAID_BY_HOUR`` with an hourly ``Price``, ``PREPAID`` with a
+  monthly one), honouring the ``zone``, ``instance-family``, ``instance-type``
+  and ``instance-charge-type`` filters (at most 10 filters of 100 values;
+  another filter name is ``InvalidFilter``);
 * scripted faults: HTTP 5xx, slow answers (timeouts), malformed JSON and any
   error envelope, for the next N requests of an action.
 
@@ -82,7 +90,11 @@ ACTIONS = {
     "DescribeBaseMetrics": ("monitor", "2018-07-24"),
     "DescribeInstances": ("cvm", "2017-03-12"),
     "DescribeDisks": ("cbs", "2017-03-12"),
+    "DescribeZoneInstanceConfigInfos": ("cvm", "2017-03-12"),
 }
+#: The instance type of a fake instance unless a test names one (no GPUs, not priced).
+DEFAULT_INSTANCE_TYPE = "S5.LARGE8"
+PRICE_FILTERS = ("zone", "instance-family", "instance-type", "instance-charge-type")
 MAX_SKEW_SECONDS = 300
 
 
@@ -106,6 +118,53 @@ class FakeInstance:
     running: bool = True
     tags: dict[str, str] = field(default_factory=dict)
     gpus: int = 0
+    instance_type: str = DEFAULT_INSTANCE_TYPE
+    #: Empty: the region's first zone, ``<region>-1``.
+    zone: str = ""
+
+    @property
+    def placement_zone(self) -> str:
+        return self.zone or f"{self.region}-1"
+
+
+@dataclass(frozen=True)
+class FakeInstanceType:
+    """An instance type sold in one zone, with its pay-as-you-go price."""
+
+    zone: str
+    instance_type: str
+    #: Hourly list price (``UnitPrice``).
+    unit_price: float
+    #: Percent of the list price paid (``Discount``; 80.0 = 20 % off); None: the
+    #: answer has no ``Discount``/``UnitPriceDiscount``.
+    discount: float | None
+    gpus: int
+    #: ``GpuCount``; None: left out of the answer.
+    gpu_count: float | None
+
+    @property
+    def region(self) -> str:
+        return self.zone.rsplit("-", 1)[0]
+
+    def items(self) -> list[dict[str, Any]]:
+        """Its ``InstanceTypeQuotaItem`` per billing mode."""
+        hourly: dict[str, Any] = {"UnitPrice": self.unit_price, "ChargeUnit": "HOUR"}
+        monthly: dict[str, Any] = {"OriginalPrice": round(self.unit_price * 720 * 0.7, 2),
+                                   "DiscountPrice": round(self.unit_price * 720 * 0.7, 2),
+                                   "UnitPrice": 0.0}
+        if self.discount is not None:
+            hourly |= {"Discount": self.discount,
+                       "UnitPriceDiscount": round(self.unit_price * self.discount / 100, 6)}
+        common: dict[str, Any] = {
+            "Zone": self.zone, "InstanceType": self.instance_type,
+            "InstanceFamily": self.instance_type.split(".")[0], "TypeName": self.instance_type,
+            "Cpu": 8, "Memory": 32, "Gpu": self.gpus, "Fpga": 0, "Status": "SELL",
+            "StatusCategory": "EnoughStock", "NetworkCard": 0, "Externals": {},
+        }
+        if self.gpu_count is not None:
+            common["GpuCount"] = self.gpu_count
+        return [{**common, "InstanceChargeType": "POSTPAID_BY_HOUR", "Price": hourly},
+                {**common, "InstanceChargeType": "PREPAID", "Price": monthly}]
 
 
 @dataclass
@@ -159,6 +218,8 @@ class FakeTencentCloud(LoopbackHTTPServer):
         self.accounts: dict[str, tuple[str, str | None]] = {}
         self.instances: list[FakeInstance] = []
         self.disks: list[FakeDisk] = []
+        #: (zone, instance type) → what DescribeZoneInstanceConfigInfos answers.
+        self.instance_types: dict[tuple[str, str], FakeInstanceType] = {}
         self._instance_index: dict[str, FakeInstance] = {}
         self._disk_index: dict[str, FakeDisk] = {}
         self.records: list[Record] = []
@@ -187,6 +248,8 @@ class FakeTencentCloud(LoopbackHTTPServer):
         tags: Mapping[str, str] | None = None,
         gpus: int = 0,
         stopped: Iterable[int] = (),
+        instance_type: str = DEFAULT_INSTANCE_TYPE,
+        zone: str = "",
     ) -> list[FakeInstance]:
         """``count`` instances (``{prefix}-{region}-{i:05d}``) with their disks."""
         stopped_set = set(stopped)
@@ -194,7 +257,7 @@ class FakeTencentCloud(LoopbackHTTPServer):
         for index in range(count):
             instance = FakeInstance(
                 f"{prefix}-{region}-{index:05d}", region, index not in stopped_set,
-                dict(tags or {}), gpus,
+                dict(tags or {}), gpus, instance_type, zone,
             )
             fleet.append(instance)
             self._instance_index[instance.instance_id] = instance
@@ -205,6 +268,18 @@ class FakeTencentCloud(LoopbackHTTPServer):
                 self._disk_index[disk.disk_id] = disk
         self.instances.extend(fleet)
         return fleet
+
+    def set_price(
+        self, zone: str, instance_type: str, unit_price: float, *, gpus: int = 0,
+        discount: float | None = 100.0, gpu_count: float | None = None,
+    ) -> None:
+        """Sell ``instance_type`` in ``zone`` at ``unit_price`` an hour (``GpuCount``
+        defaults to ``gpus``)."""
+        with self._lock:
+            self.instance_types[(zone, instance_type)] = FakeInstanceType(
+                zone, instance_type, unit_price, discount, gpus,
+                float(gpus) if gpu_count is None else gpu_count,
+            )
 
     def fail_next(
         self, kind: str, count: int = 1, *, action: str | None = None, code: str = "",
@@ -347,17 +422,61 @@ class FakeTencentCloud(LoopbackHTTPServer):
         if action == "DescribeBaseMetrics":
             return self._describe_base_metrics(params)
         if action == "DescribeInstances":
-            return self._page(params, "InstanceSet", [
-                {"InstanceId": i.instance_id,
-                 "InstanceState": "RUNNING" if i.running else "STOPPED",
-                 "Tags": [{"Key": k, "Value": v} for k, v in i.tags.items()]}
-                for i in self.instances if i.region == region and _tags_match(i, params)
-            ])
+            return self._describe_instances(params, region)
+        if action == "DescribeZoneInstanceConfigInfos":
+            return self._describe_zone_instance_config_infos(params, region)
         return self._page(params, "DiskSet", [
             {"DiskId": d.disk_id, "InstanceId": d.instance_id or "",
              "Attached": d.instance_id is not None}
             for d in self.disks if d.region == region
         ])
+
+    def _describe_instances(self, params: Mapping[str, Any], region: str | None) -> dict[str, Any]:
+        ids = params.get("InstanceIds")
+        if ids is not None and params.get("Filters"):
+            raise _APIFailure("InvalidParameter",
+                              "InstanceIds and Filters cannot be specified at the same time")
+        if ids is not None and len(ids) > 100:
+            raise _APIFailure("InvalidParameterValue.LimitExceeded", "at most 100 InstanceIds")
+        return self._page(params, "InstanceSet", [
+            {"InstanceId": i.instance_id,
+             "InstanceState": "RUNNING" if i.running else "STOPPED",
+             "InstanceType": i.instance_type,
+             "Placement": {"Zone": i.placement_zone, "ProjectId": 0},
+             "Tags": [{"Key": k, "Value": v} for k, v in i.tags.items()]}
+            for i in self.instances
+            if i.region == region and (i.instance_id in ids if ids is not None
+                                       else _tags_match(i, params))
+        ])
+
+    def _describe_zone_instance_config_infos(
+        self, params: Mapping[str, Any], region: str | None
+    ) -> dict[str, Any]:
+        filters = params.get("Filters") or []
+        if len(filters) > 10:
+            raise _APIFailure("InvalidParameterValue", "at most 10 Filters")
+        wanted: dict[str, set[str]] = {}
+        for item in filters:
+            name, values = item.get("Name"), item.get("Values") or []
+            if name not in PRICE_FILTERS:
+                raise _APIFailure("InvalidFilter", f"unknown filter {name!r}")
+            if len(values) > 100:
+                raise _APIFailure("InvalidParameterValue", "at most 100 Filter.Values")
+            wanted[name] = set(values)
+        with self._lock:
+            types = list(self.instance_types.values())
+        answer = []
+        for fake in types:
+            if fake.region != region:
+                continue
+            for item in fake.items():
+                fields = {"zone": item["Zone"], "instance-family": item["InstanceFamily"],
+                          "instance-type": item["InstanceType"],
+                          "instance-charge-type": item["InstanceChargeType"]}
+                if all(fields[name] in values for name, values in wanted.items()):
+                    answer.append(item)
+        self.random.shuffle(answer)
+        return {"InstanceTypeQuotaSet": answer}
 
     def _describe_base_metrics(self, params: Mapping[str, Any]) -> dict[str, Any]:
         namespace = params.get("Namespace")

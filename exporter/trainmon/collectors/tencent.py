@@ -7,9 +7,12 @@ waits for, nor triggers, an API call. Values are in base units; every
 dimension of the API's answer is a label (``instance_id``, ``disk_id``, plus
 e.g. ``minor_number`` for per-GPU answers), and ``region`` is added.
 
-Self-metrics (``trainmon_tencent_api_*``, sample age, estimated monthly calls)
-show what the puller costs and whether its data is fresh. Secrets never
-appear in metrics, logs or ``/healthz``: only the credential *source* does.
+``trainmon_tencent_gpu_price_per_hour`` is the pay-as-you-go price of one
+GPU of each instance for an hour (``trainmon.tencent.pricing``), in the
+configured ``currency``. Self-metrics (``trainmon_tencent_api_*``, sample age,
+estimated monthly calls) show what the puller costs and whether its data is
+fresh. Secrets never appear in metrics, logs or ``/healthz``: only the
+credential *source* does.
 The ``collectors.tencent`` section (``TencentConfig``) is declared here, read
 by ``trainmon.section.read_section``; docs/tencent-cloud.md explains every key.
 """
@@ -77,6 +80,12 @@ def _known_metrics(metrics: tuple[str, ...]) -> tuple[str, ...]:
     return metrics
 
 
+def _currency(value: str) -> str:
+    if not re.fullmatch(r"[A-Z]{3}", value):
+        raise ValueError(f"expected an ISO 4217 code such as CNY or USD, got {value!r}")
+    return value
+
+
 def _between(minimum: float, maximum: float) -> dict[str, object]:
     return setting(minimum=minimum, maximum=maximum)
 
@@ -122,6 +131,15 @@ class TencentConfig:
     concurrency: int = field(default=4, metadata=_between(1, 32))
     request_timeout_seconds: float = field(default=10.0, metadata=_between(0.1, 120))
     max_retries: int = field(default=2, metadata=_between(0, 10))
+    #: Look up the pay-as-you-go price of the instance types (DescribeZoneInstanceConfigInfos).
+    prices: bool = True
+    #: Seconds between price lookups of one instance type in one zone.
+    price_interval_seconds: float = field(default=21600.0, metadata=_between(60, 7 * 86400))
+    #: Most (zone, instance type) pairs priced; the rest are counted.
+    max_priced_types: int = field(default=64, metadata=_between(1, 1000))
+    #: The currency of the prices (the API does not say): CNY on the Chinese site, USD on
+    #: the international one.
+    currency: str = field(default="CNY", metadata=setting(parse=_currency))
 
     @property
     def target_regions(self) -> tuple[str | None, ...]:
@@ -188,6 +206,8 @@ class TencentCollector(Collector):
             refresh_interval=refresh_interval,
             discovery_interval=config.discovery_interval_seconds,
             align=align,
+            price_interval=config.price_interval_seconds if config.prices else None,
+            max_priced_types=config.max_priced_types,
         )
         self._puller = TencentPuller(
             self._connect, self._metrics, settings, clock=clock, monotonic=monotonic
@@ -281,8 +301,33 @@ class TencentCollector(Collector):
             if spec.name in snapshot.newest_end:
                 age.add_metric([spec.name], max(0.0, now - snapshot.newest_end[spec.name]))
         yield age
+        yield from self._price_families()
         yield from self._api_families()
         yield from self._puller_families(status)
+
+    def _price_families(self) -> Iterable[Metric]:
+        if self._puller.prices is None:
+            return
+        prices = self._puller.prices.snapshot()
+        if prices.series:
+            family = GaugeMetricFamily(
+                "trainmon_tencent_gpu_price_per_hour",
+                "Pay-as-you-go price of one GPU of the instance for one hour, after the "
+                "account's discount (DescribeZoneInstanceConfigInfos), in the currency label.",
+                labels=["instance_id", "instance_type", "zone", "currency"],
+            )
+            for price in prices.series:
+                family.add_metric(
+                    [price.instance_id, price.instance_type, price.zone, self._config.currency],
+                    price.per_gpu_hour,
+                )
+            yield family
+        yield CounterMetricFamily(
+            "trainmon_tencent_price_types_skipped_total",
+            "(zone, instance type) pairs left unpriced by max_priced_types, counted at every "
+            "round of price lookups.",
+            value=prices.skipped_types,
+        )
 
     def _api_families(self) -> Iterable[Metric]:
         from trainmon.tencent.client import DURATION_BUCKETS
@@ -371,6 +416,10 @@ class TencentCollector(Collector):
             "calls_per_refresh": status.calls_per_refresh,
             "refresh_interval_seconds": status.refresh_interval,
             "estimated_monthly_calls": round(status.estimated_monthly_calls),
+            "priced_instances": (
+                None if self._puller.prices is None
+                else len(self._puller.prices.snapshot().series)
+            ),
             "last_refresh_end": status.last_refresh_end,
         }
 

@@ -10,8 +10,9 @@ One concern per module:
 * ``ratelimit`` — the account-wide token bucket;
 * ``client`` — signed API calls, error envelopes, retry policy, call stats;
 * ``catalogue`` — which Cloud Monitor metrics become which trainmon metrics;
-* ``targets`` — instances and disks from config or discovery;
+* ``targets`` — instances and disks from config or discovery, and their placements;
 * ``planning`` — windows, periods, name matching, refresh interval;
 * ``store`` — matching answers by dimensions, the latest value per series;
+* ``pricing`` — the pay-as-you-go price per GPU-hour of the instance types in use;
 * ``puller`` — ``TencentPuller``, the background refresh loop.
 """

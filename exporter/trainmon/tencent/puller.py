@@ -16,7 +16,10 @@ only read the result):
    targets (the minimum, Σ⌈targets/batch⌉ per metric), run by ``concurrency``
    workers that all draw from the account-wide token bucket. The window is
    ``window_periods`` periods ending at the latest period that closed at least
-   ``delay`` seconds ago; the newest point in it is kept per series.
+   ``delay`` seconds ago; the newest point in it is kept per series;
+5. price — when ``price_interval`` is set, the pay-as-you-go price of the
+   instance types in use (``pricing``): only what is due, rarely, through the
+   same client and bucket; its failures never change the refresh's state.
 
 An authentication failure (``AuthFailure.*``; ``UnauthorizedOperation*`` on
 GetMonitorData) aborts the refresh: the remaining calls would fail the same
@@ -52,6 +55,7 @@ from trainmon.tencent.planning import (
     plan_metrics,
     window,
 )
+from trainmon.tencent.pricing import DEFAULT_MAX_TYPES, PriceBook
 from trainmon.tencent.store import SampleStore, TencentSamples, match_datapoints
 from trainmon.tencent.targets import RegionTargets, Target, TargetSource
 
@@ -77,6 +81,10 @@ class PullSettings:
     discovery_interval: float = 600.0
     #: Start refreshes just after a new period becomes eligible (wall clock).
     align: bool = True
+    #: Seconds between price lookups of an instance type; None: no prices.
+    price_interval: float | None = None
+    #: Most (zone, instance type) pairs priced.
+    max_priced_types: int = DEFAULT_MAX_TYPES
 
 
 @dataclass(frozen=True)
@@ -154,6 +162,13 @@ class TencentPuller:
         self._executor: ThreadPoolExecutor | None = None
         # A repeated error (same action and code) is logged once per 5 minutes.
         self._errors_logged = LogThrottle(clock=monotonic)
+        #: None when prices are not looked up.
+        self.prices = None if settings.price_interval is None else PriceBook(
+            interval=settings.price_interval,
+            retry_interval=settings.discovery_interval,
+            max_types=settings.max_priced_types,
+            report=lambda error: self._log_error(error.action, error.code, str(error)),
+        )
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -215,6 +230,8 @@ class TencentPuller:
         interval = self._interval(len(jobs))
         self._set(calls_per_refresh=len(jobs), refresh_interval=interval)
         failed, aborted = self._pull(connection, jobs, now)
+        if not aborted:
+            self._price(connection, now)
         return self._finish(started, len(jobs), failed, aborted)
 
     def _ensure_connection(self) -> Connection | None:
@@ -348,6 +365,16 @@ class TencentPuller:
         answer = api.call(MONITOR, "GetMonitorData", params, job.region)
         results = match_datapoints(answer, job.batch, metric.spec, latest)
         self.store.update(metric.spec.name, metric.period, results)
+
+    def _price(self, connection: Connection, now: float) -> None:
+        if self.prices is None or self._thread.stopping.is_set():
+            return
+        instances = {
+            target: region.placements.get(target.object_id)
+            for region in self._targets.values()
+            for target in region.instances
+        }
+        self.prices.refresh(connection.api, connection.targets, instances, now)
 
     def _finish(
         self, started: float, calls: int, failed: int, aborted: str | None

@@ -9,13 +9,18 @@ from CBS ``DescribeDisks``: every page of the region's disks, kept when they
 are attached to one of the instances (no assumption about how many values an
 ``instance-id`` filter accepts). Stopped instances stay targets: Cloud Monitor
 then answers with empty data, which the puller turns into no sample.
+
+Discovery also keeps each instance's ``Placement.Zone`` and ``InstanceType``
+(``placements``), which the price lookups need (``pricing``); for configured
+``instances`` they come from ``describe_placements``: ``DescribeInstances`` by
+``InstanceIds``, at most 100 per call.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from trainmon.tencent.catalogue import TargetKind
 from trainmon.tencent.client import CBS, CVM, APIError, Service, TencentAPI
@@ -43,10 +48,22 @@ class Target:
 
 
 @dataclass(frozen=True)
+class Placement:
+    """Where an instance runs and what it is, from ``DescribeInstances``."""
+
+    #: ``Placement.Zone``, e.g. ``ap-shanghai-5``.
+    zone: str
+    #: ``InstanceType``, e.g. ``GN10Xp.20XLARGE320``.
+    instance_type: str
+
+
+@dataclass(frozen=True)
 class RegionTargets:
     region: str
     instances: tuple[Target, ...]
     disks: tuple[Target, ...]
+    #: instance ID → its placement, for the discovered instances that named one.
+    placements: Mapping[str, Placement] = field(default_factory=dict)
 
     def of_kind(self, kind: TargetKind) -> tuple[Target, ...]:
         return self.instances if kind is TargetKind.INSTANCE else self.disks
@@ -79,7 +96,13 @@ class TargetSource:
 
     def resolve(self, region: str) -> RegionTargets:
         """The current targets of ``region``; raises APIError when discovery fails."""
-        instance_ids = self._instances or tuple(self._discover_instances(region))
+        placements: dict[str, Placement] = {}
+        if self._instances:
+            instance_ids = self._instances
+        else:
+            discovered = dict(self._discover_instances(region))
+            instance_ids = tuple(discovered)
+            placements = {i: p for i, p in discovered.items() if p is not None}
         instances = tuple(Target(TargetKind.INSTANCE, region, i) for i in instance_ids)
         if self._disks:
             disks = tuple(
@@ -92,9 +115,30 @@ class TargetSource:
         else:
             disks = ()
         log.debug("region %s: %d instances, %d disks", region, len(instances), len(disks))
-        return RegionTargets(region, instances, disks)
+        return RegionTargets(region, instances, disks, placements)
 
-    def _discover_instances(self, region: str) -> Iterator[str]:
+    def describe_placements(self, region: str, instance_ids: Sequence[str]) -> dict[str, Placement]:
+        """Zone and type of ``instance_ids`` (``DescribeInstances`` by ``InstanceIds``,
+        ``page_size`` per call); an instance the answer leaves out is missing.
+        Raises APIError."""
+        found: dict[str, Placement] = {}
+        for index in range(0, len(instance_ids), self._page_size):
+            chunk = list(instance_ids[index : index + self._page_size])
+            params: dict[str, object] = {"InstanceIds": chunk, "Offset": 0, "Limit": len(chunk)}
+            answer = self._api.call(CVM, "DescribeInstances", params, region)
+            items = answer.get("InstanceSet")
+            if not isinstance(items, list):
+                raise APIError("DescribeInstances", "MalformedResponse",
+                               "no InstanceSet in the answer")
+            for item in items:
+                if not isinstance(item, dict):
+                    continue
+                instance_id, placement = item.get("InstanceId"), _placement(item)
+                if isinstance(instance_id, str) and instance_id in chunk and placement is not None:
+                    found[instance_id] = placement
+        return found
+
+    def _discover_instances(self, region: str) -> Iterator[tuple[str, Placement | None]]:
         filters: list[dict[str, object]] = [
             {"Name": f"tag:{key}", "Values": [value]} if value else
             {"Name": "tag-key", "Values": [key]}
@@ -103,7 +147,7 @@ class TargetSource:
         for item in self._pages(CVM, "DescribeInstances", "InstanceSet", region, filters):
             instance_id = item.get("InstanceId")
             if isinstance(instance_id, str) and instance_id:
-                yield instance_id
+                yield instance_id, _placement(item)
 
     def _disks_of(self, region: str, instances: set[str]) -> tuple[Target, ...]:
         """Disks attached to ``instances``; none (logged) when DescribeDisks is refused.
@@ -151,3 +195,13 @@ class TargetSource:
             offset += len(items)
             if not items or offset >= total:
                 return
+
+
+def _placement(item: Mapping[str, object]) -> Placement | None:
+    """``Placement.Zone`` and ``InstanceType`` of a ``DescribeInstances`` item, if it has both."""
+    placement = item.get("Placement")
+    zone = placement.get("Zone") if isinstance(placement, dict) else None
+    instance_type = item.get("InstanceType")
+    if isinstance(zone, str) and zone and isinstance(instance_type, str) and instance_type:
+        return Placement(zone, instance_type)
+    return None
