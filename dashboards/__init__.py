@@ -7,8 +7,10 @@
 
 Modules: ``builder`` (``Board``: panel ids, layout, variables, links, JSON),
 ``panels`` (panel factories: datasource, units, descriptions, query letters),
-``promql`` (shared selectors and thresholds), ``training``, ``node`` and
-``fleet`` (one dashboard each), ``variant`` (what distinguishes a bundle
-variant), ``dcgm`` and ``tencent`` (each variant's rows), ``reference`` (the
-panel reference in ``docs/dashboards.md``) and ``generate`` (write / check).
+``promql`` (shared selectors, recording rules and thresholds), ``training``,
+``node``, ``fleet`` and ``goodput`` (GPU-hours; one dashboard each), ``buckets``
+(each goodput bucket's runbook and explaining panel), ``variant`` (what
+distinguishes a bundle variant), ``dcgm`` and ``tencent`` (each variant's
+rows), ``reference`` (the panel reference in ``docs/dashboards.md``) and
+``generate`` (write / check).
 """

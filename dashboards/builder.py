@@ -4,7 +4,8 @@
 variable, numbers every row and panel with a dashboard-unique id, lays panels
 out with the SDK's grid placement (24 columns), holds its Prometheus
 annotation queries (``PromAnnotation``: markers such as run starts) and renders
-stable JSON. The
+stable JSON; ``Board.panel_id`` finds a panel by its title, for links that open
+one panel of another dashboard (``panel_url``). The
 variable and link helpers here are shared by every dashboard; the panel
 factories are in ``dashboards.panels``.
 """
@@ -52,9 +53,11 @@ class PanelBuilder(Protocol):
     def build(self) -> Panel: ...
 
 
-def link(title: str, url: str) -> LinkBuilder:
-    """A data link (on a field) or a dashboard link that opens ``url``."""
-    return dashboard_builders.DashboardLink(title).type(DashboardLinkType.LINK).url(url)
+def link(title: str, url: str, *, new_tab: bool = False) -> LinkBuilder:
+    """A data link (on a field) or a dashboard link that opens ``url`` (in a new browser
+    tab with ``new_tab``: a page outside Grafana, such as a runbook)."""
+    builder = dashboard_builders.DashboardLink(title).type(DashboardLinkType.LINK).url(url)
+    return builder.target_blank(True) if new_tab else builder
 
 
 def dashboard_url(uid: str, **variables: str) -> str:
@@ -65,6 +68,12 @@ def dashboard_url(uid: str, **variables: str) -> str:
     """
     params = "".join(f"&var-{name}={value}" for name, value in variables.items())
     return f"/d/{uid}?${{{DATASOURCE_VARIABLE}:queryparam}}&${{__url_time_range}}{params}"
+
+
+def panel_url(uid: str, panel_id: int, **variables: str) -> str:
+    """``dashboard_url`` opening one panel of that dashboard on its own (Grafana's
+    ``viewPanel``); ``panel_id`` from ``Board.panel_id`` of the other dashboard."""
+    return f"{dashboard_url(uid, **variables)}&viewPanel={panel_id}"
 
 
 def datasource_variable() -> dashboard_builders.DatasourceVariable:
@@ -142,7 +151,7 @@ class Board:
     """One dashboard being built: numbers its panels and renders the JSON.
 
     Panels are placed left to right, top to bottom (24 grid columns);
-    ``row()`` starts a titled row.
+    ``row()`` starts a titled row. ``since`` is the start of the default time range.
     """
 
     def __init__(
@@ -153,8 +162,10 @@ class Board:
         description: str,
         tags: Sequence[str],
         links: Sequence[LinkBuilder],
+        since: str = "now-1h",
     ) -> None:
         self._next_id = 1
+        self._panel_ids: dict[str, int] = {}
         self._annotations: list[PromAnnotation] = []
         self._dashboard = (
             dashboard_builders.Dashboard(title)
@@ -163,7 +174,7 @@ class Board:
             .tags(list(tags))
             .editable()
             .tooltip(DashboardCursorSync.CROSSHAIR)
-            .time("now-1h", "now")
+            .time(since, "now")
             .refresh("30s")
             .timezone("browser")
             .links(list(links))
@@ -183,9 +194,19 @@ class Board:
     def add(self, panel: PanelBuilder, *, width: int = 12, height: int = 8) -> Board:
         """Place ``panel`` (any SDK panel builder) ``width`` of 24 columns wide."""
         placed = panel.span(width).height(height).id(self._take_id())
+        built = placed.build()
+        if built.title is not None and built.id_val is not None:
+            self._panel_ids[built.title] = built.id_val
         # Every SDK panel builder subclasses Builder[Panel]; the protocol only adds placement.
         self._dashboard = self._dashboard.with_panel(cast(Builder[Panel], placed))
         return self
+
+    def panel_id(self, title: str) -> int:
+        """The id of the panel titled ``title`` (titles are unique within a dashboard);
+        KeyError when there is none, so a renamed panel fails the build of a link to it."""
+        if title not in self._panel_ids:
+            raise KeyError(f"no panel titled {title!r} in {self._dashboard.build().uid}")
+        return self._panel_ids[title]
 
     def annotation(self, annotation: PromAnnotation) -> Board:
         self._annotations.append(annotation)

@@ -14,17 +14,18 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from dashboards import fleet, node, reference, training
+from dashboards import fleet, goodput, node, reference, training
 from dashboards.builder import Board
 from dashboards.dcgm import DCGM
 from dashboards.tencent import TENCENT
-from dashboards.variant import FLEET, NODE, TITLES, TRAINING, Variant
+from dashboards.variant import FLEET, GOODPUT, NODE, TITLES, TRAINING, Variant
 
 VARIANTS: tuple[Variant, ...] = (DCGM, TENCENT)
 DASHBOARDS: tuple[tuple[str, Callable[[Variant], Board]], ...] = (
     (TRAINING, training.build),
     (NODE, node.build),
     (FLEET, fleet.build),
+    (GOODPUT, goodput.build),
 )
 OUTPUT = Path(__file__).resolve().parent
 DOCS = OUTPUT.parent / "docs" / "dashboards.md"

@@ -143,11 +143,13 @@ def timeseries(
     maximum: float | None = None,
     steps: Sequence[Step] = (),
     dashed: Iterable[str] = (),
+    stacked: bool = False,
 ) -> timeseries_builders.Panel:
     """A time series panel; ``steps`` are drawn as dashed threshold lines.
 
     ``dashed`` names series (by legend) drawn as dashed lines, e.g. a link rate
-    or a power limit shown against the measured value.
+    or a power limit shown against the measured value. ``stacked`` stacks the
+    series as filled areas (parts of a whole: GPUs by goodput bucket).
     """
     panel = (
         _panel(timeseries_builders.Panel(), title, unit, description, queries)
@@ -163,6 +165,9 @@ def timeseries(
         .tooltip(common_builders.VizTooltipOptions().mode(common.TooltipDisplayMode.MULTI)
                  .sort(common.SortOrder.DESCENDING))
     )
+    if stacked:
+        panel = panel.fill_opacity(60).stacking(
+            common_builders.StackingConfig().mode(common.StackingMode.NORMAL))
     if minimum is not None:
         panel = panel.min(minimum)
     if maximum is not None:
@@ -267,6 +272,8 @@ def table_panel(
     steps: Sequence[Step] = GOOD_LOW,
     renames: Mapping[str, str] | None = None,
     column_units: Mapping[str, str] | None = None,
+    sort_by: str | None = None,
+    decimals: int | None = None,
 ) -> table.Panel:
     """Instant queries as rows (one column per label, ``Value`` last).
 
@@ -274,7 +281,8 @@ def table_panel(
     are data links on every cell (e.g. from a node to its Node detail).
     With several queries the value columns are ``Value #A``, ``Value #B``…;
     ``renames`` gives columns readable names and ``column_units`` (by the new
-    name) a column its own unit.
+    name) a column its own unit. ``sort_by`` names the column (after renames)
+    the rows are sorted by, largest first; ``decimals`` fixes the numbers' decimals.
     """
     excluded = {name: True for name in ("Time", "__name__", *hidden)}
     organize: dict[str, object] = {"excludeByName": excluded}
@@ -297,6 +305,20 @@ def table_panel(
             DynamicConfigValue(id_val="unit", value=unit_id),
             DynamicConfigValue(id_val="custom.cellOptions", value={"type": "auto"}),
         ])
+    if sort_by is not None:
+        panel = panel.sort_by([common_builders.TableSortByFieldState().display_name(sort_by)
+                               .desc(True)])
+    if decimals is not None:
+        panel = panel.decimals(decimals)
+    return panel
+
+
+def series_links(panel: AnyPanel, links: Mapping[str, Sequence[LinkBuilder]]) -> AnyPanel:
+    """``panel`` with data links of its own on each series named in ``links`` (by its
+    legend, e.g. a goodput bucket's ``{{bucket}}``), beside any the panel has for all."""
+    for name, series in links.items():
+        panel = panel.override_by_name(name, [DynamicConfigValue(
+            id_val="links", value=[item.build().to_json() for item in series])])
     return panel
 
 

@@ -63,6 +63,32 @@ RUN_VS_BEST = "job_run:trainmon_training_throughput_vs_best:ratio"
 #: A run below this share of the best comparable run's throughput has regressed
 #: (``TrainmonThroughputRegression``: 1 − ``contract.THROUGHPUT_REGRESSION_RATIO``).
 THROUGHPUT_REGRESSION_KEEP = round(1 - contract.THROUGHPUT_REGRESSION_RATIO, 9)
+#: A job's goodput below this (0-1) for ``GOODPUT_LOW_WINDOW`` raises ``TrainmonLowGoodput``.
+GOODPUT_LOW = contract.GOODPUT_LOW_RATIO
+GOODPUT_LOW_WINDOW = contract.GOODPUT_LOW_WINDOW
+#: Goodput recording rules of alerts/source/common.yml (trainmon-goodput*.rules), over
+#: every node: each job's productive share of the GPU-seconds it held (10 minutes: the
+#: alert's; 1 hour) and its GPUs in each bucket over 10 minutes (``job``, ``bucket``).
+GOODPUT_10M = "job:trainmon_goodput:ratio_rate10m"
+GOODPUT_1H = "job:trainmon_goodput:ratio_rate1h"
+JOB_BUCKET_GPUS_10M = "job_bucket:trainmon_job_gpu_seconds:rate10m"
+#: The fleet's, the teams' (labelled ``team``) and the cost's (``currency``, from the
+#: price rule instance_currency:trainmon_gpu_price_per_hour:max): the hour's
+#: (GPUs, goodput, cost per hour) and the day's, summed from the hour's at each full
+#: hour (GPU-hours, goodput, cost; none before the rules have seen a full hour).
+FLEET_BUCKET_GPUS_1H = "bucket:trainmon_job_gpu_seconds:rate1h"
+FLEET_GOODPUT_1H = ":trainmon_goodput:ratio_rate1h"
+FLEET_BUCKET_GPU_HOURS_1D = "bucket:trainmon_job_gpu_hours:sum1d"
+JOB_BUCKET_GPU_HOURS_1D = "job_bucket:trainmon_job_gpu_hours:sum1d"
+TEAM_BUCKET_GPU_HOURS_1D = "team_bucket:trainmon_job_gpu_hours:sum1d"
+FLEET_GOODPUT_1D = ":trainmon_goodput:ratio_sum1d"
+TEAM_BUCKET_GPUS_1H = "team_bucket:trainmon_job_gpu_seconds:rate1h"
+TEAM_GOODPUT_1H = "team:trainmon_goodput:ratio_rate1h"
+TEAM_GOODPUT_1D = "team:trainmon_goodput:ratio_sum1d"
+JOB_BUCKET_COST_PER_HOUR_1H = "job_bucket_currency:trainmon_gpu_cost_per_hour:rate1h"
+TEAM_BUCKET_COST_PER_HOUR_1H = "team_bucket_currency:trainmon_gpu_cost_per_hour:rate1h"
+JOB_BUCKET_COST_1D = "job_bucket_currency:trainmon_gpu_cost:sum1d"
+TEAM_BUCKET_COST_1D = "team_bucket_currency:trainmon_gpu_cost:sum1d"
 #: Placement recording rules of alerts/source/common.yml (labelled ``job`` only):
 #: distinct zones and leaf switches under the job's ranks.
 JOB_ZONES = "job:trainmon_placement_zones:count"

@@ -3,23 +3,27 @@
 Top row: the daemon's bottleneck verdict and the headline numbers. Then one row
 per question: step time and stragglers (调), the job's runs — this run against
 the best earlier run with the same config, and what a million samples cost —,
-data loading (存), checkpoints — how old, how long, on which storage (存),
-gradient sync (通), the job's GPUs and their sawtooth (算), and the alerts that
-concern it. A marker at each run start names what changed since the job's
-previous run (the run ledger, ``trainmon_training_run_changes_info``); a marker
-at each run end names how it ended (``trainmon_training_run_end_timestamp_seconds``:
-green for a clean finish, red for crashed, preempted, lost or stalled).
+its goodput — the share of its GPU-seconds that trained, and where the rest
+went (the goodput ledger's buckets, each linking its runbook) —, data loading
+(存), checkpoints — how old, how long, on which storage (存), gradient sync
+(通), the job's GPUs and their sawtooth (算), and the alerts that concern it.
+A marker at each run start names what changed since the job's previous run
+(the run ledger, ``trainmon_training_run_changes_info``); a marker at each run
+end names how it ended (``trainmon_training_run_end_timestamp_seconds``: green
+for a clean finish, red for crashed, preempted, lost or stalled).
 """
 
 from __future__ import annotations
 
 from dashboards import promql
 from dashboards.activity import add_activity_panels
+from dashboards.buckets import bucket_links
 from dashboards.builder import RATE, Board, PromAnnotation, dashboard_url, link, query_variable
 from dashboards.panels import (
     NODE_GPU,
     Query,
     Step,
+    series_links,
     stat_panel,
     state_timeline,
     table_panel,
@@ -89,8 +93,14 @@ RUN_END_TEXT = (
     "How the run ended, as the run ledger of a node that saw it says: finished (its ranks "
     "said so at a clean end), crashed (an exception ended a rank), preempted (SIGTERM: a "
     "scheduler or a spot reclaim), lost (a rank went silent without a word), stalled (no "
-    "step for collectors.ledger.stall_seconds). trainmon runs / compare tell the rest."
+    "step for collectors.ledger.stall_seconds). trainmon runs / compare tell the rest. "
+    "The Goodput row shows the job's goodput and its GPUs by bucket at the marker; the "
+    "run's own goodput is in its ledger record (trainmon runs: goodput_ratio)."
 )
+#: The job's goodput recording rules (over all its nodes: $node does not apply).
+JOB_GOODPUT_10M = f'{promql.GOODPUT_10M}{{job="$job"}}'
+JOB_GOODPUT_1H = f'{promql.GOODPUT_1H}{{job="$job"}}'
+JOB_BUCKET_GPUS = f'{promql.JOB_BUCKET_GPUS_10M}{{job="$job"}}'
 
 #: What the job's ranks cost per second (price per GPU hour of their node × ranks
 #: there, one GPU per rank) over its samples per second, per million samples.
@@ -133,6 +143,7 @@ def build(variant: Variant) -> Board:
     _verdict_row(board)
     _step_row(board)
     _runs_row(board)
+    _goodput_row(board, variant)
     _data_row(board)
     _checkpoint_row(board)
     _comm_row(board, variant)
@@ -316,6 +327,42 @@ def _runs_row(board: Board) -> None:
         [Query(COST_PER_MILLION, "{{currency}}")],
         show_name=True, decimals=2,
     ), width=6, height=7)
+
+
+def _goodput_row(board: Board, variant: Variant) -> None:
+    board.row("Goodput: where the job's GPU-hours go")
+    low = promql.GOODPUT_LOW
+    board.add(stat_panel(
+        "Goodput (10 min)", "percentunit",
+        "Share of the GPU-seconds the job's ranks held over the last 10 minutes that went "
+        "to productive steps, over all its nodes ($node does not apply): the goodput "
+        f"ledger's {promql.GOODPUT_10M}. Good: as near 100 % as the job's checkpoints "
+        f"allow; TrainmonLowGoodput fires once it stays below {low:.0%} (red) for "
+        f"{promql.GOODPUT_LOW_WINDOW}. The chart beside it says which bucket took the rest.",
+        [Query(JOB_GOODPUT_10M)],
+        steps=(Step(None, "red"), Step(low, "green")),
+    ), width=4, height=8)
+    board.add(timeseries(
+        "Goodput over time", "percentunit",
+        "The job's goodput over 10 minutes and over the last hour, all its nodes. Good: "
+        f"flat near 100 %; the dashed line is the {low:.0%} of TrainmonLowGoodput. A run end "
+        "marker (Run ends, Run failures) above the chart shows the goodput as the run "
+        "ended; a crash is followed by lost_progress and startup in the chart beside.",
+        [Query(JOB_GOODPUT_10M, "10 min"), Query(JOB_GOODPUT_1H, "1 h")],
+        minimum=0, maximum=1, steps=(Step(None, "red"), Step(low, "green")),
+    ), width=8, height=8)
+    board.add(series_links(timeseries(
+        "GPUs by goodput bucket", "short",
+        "The job's GPUs (GPU-seconds per second over 10 minutes, all its nodes) by bucket of "
+        "the goodput ledger, stacked: the top of the stack is the GPUs it holds, productive "
+        "what trains, every other bucket a loss — data_wait (存, the Data loading row), "
+        "comm_exposed and straggler_wait (通 and 调, Communication and Straggler ratio per "
+        "rank), checkpoint, stalled, startup, idle_allocated (GPUs its processes hold "
+        "without a rank reporting), lost_progress (steps redone after a crash) and other. "
+        "Good: productive nearly all of it. Click a bucket for its runbook.",
+        [Query(JOB_BUCKET_GPUS, "{{bucket}}")],
+        minimum=0, stacked=True,
+    ), bucket_links(variant, {})), width=12, height=8)
 
 
 def _data_row(board: Board) -> None:

@@ -1,7 +1,7 @@
 """What distinguishes the two bundle variants (docs/architecture.md): names, UIDs, extra rows.
 
-Both variants share the Training overview, Node detail and Fleet dashboards;
-a variant adds rows (``dcgm``: dcgm-exporter's ``DCGM_FI_*`` series;
+Both variants share the Training overview, Node detail, Fleet and GPU-hours
+dashboards; a variant adds rows (``dcgm``: dcgm-exporter's ``DCGM_FI_*`` series;
 ``tencent-cloud``: Cloud Monitor series pulled by trainmon) and variables.
 """
 
@@ -19,8 +19,10 @@ from dashboards.promql import Activity, daemon_activity, daemon_memory_share
 TRAINING = "training"
 NODE = "node"
 FLEET = "fleet"
+GOODPUT = "goodput"
 #: Each dashboard's title (``trainmon / <title> (<variant name>)``) and link text.
-TITLES = {TRAINING: "Training overview", NODE: "Node detail", FLEET: "Fleet"}
+TITLES = {TRAINING: "Training overview", NODE: "Node detail", FLEET: "Fleet",
+          GOODPUT: "GPU-hours"}
 
 
 def _no_rows(board: Board, variant: Variant) -> None:
@@ -64,18 +66,20 @@ class Variant:
     memory_source: str = "Source: the trainmon daemon (NVML)."
 
     def uid(self, kind: str) -> str:
-        """The stable UID of this variant's ``training``, ``node`` or ``fleet`` dashboard."""
+        """The stable UID of this variant's ``training``, ``node``, ``fleet`` or ``goodput``
+        dashboard."""
         return f"{self.uid_prefix}-{kind}"
 
-    def board(self, kind: str, description: str) -> Board:
+    def board(self, kind: str, description: str, *, since: str = "now-1h") -> Board:
         """A new ``kind`` dashboard of this variant; ``description`` is followed by the
-        variant's summary."""
+        variant's summary; ``since`` starts the default time range."""
         return Board(
             uid=self.uid(kind),
             title=f"trainmon / {TITLES[kind]} ({self.name})",
             description=f"{description} {self.summary}",
             tags=self.tags,
             links=self.links(),
+            since=since,
         )
 
     def series_link(self, kind: str, label: str) -> LinkBuilder:

@@ -11,7 +11,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 DASHBOARDS = REPO / "dashboards"
 VARIANTS = ("dcgm", "tencent-cloud")
-KINDS = ("training", "node", "fleet")
+KINDS = ("training", "node", "fleet", "goodput")
 DATASOURCE_REF = {"type": "prometheus", "uid": "${datasource}"}
 
 

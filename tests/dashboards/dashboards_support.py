@@ -1,7 +1,8 @@
 """Helpers of the dashboard tests (``test_dashboard_queries.py``, ``test_demo_panels.py``)
 and of ``tests/scale/test_fleet.py``: the stack's node names and credentials, starting a
 ``trainmon serve``, the bundle's Prometheus configuration aimed at the stack's targets,
-its rule files, and the metrics nothing in the stack produces yet."""
+its rule files (the goodput ledger's day rules time-scaled, ``DAY_GROUPS``), and the
+metrics nothing in the stack produces yet."""
 
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ import yaml
 from testkit.daemon import Daemon, free_port, trainmon_command, wait_ready
 from testkit.dashboard_files import REPO
 from testkit.prometheus import QueryAPI
+from tests.alerts.alerts_support.bundle import run_script
 
-#: Metrics of the contract that no source in this stack produces; queries over
-#: them may come back empty. Each must really be absent
+#: Metrics of the contract (or series of one: ``name{label="value"}``) that no source in
+#: this stack produces; queries over them may come back empty. Each must really be absent
 #: (``test_dashboard_queries.test_expected_empty_metrics_are_still_empty``).
 EXPECTED_EMPTY: dict[str, str] = {
     "trainmon_gpu_xid_errors_total": "the demo node simulates no XID errors (exporter/trainmon/demo/gpus.py)",
@@ -34,10 +36,11 @@ EXPECTED_EMPTY: dict[str, str] = {
         "no demo run has ended after running 10 minutes, so none is a comparison"),
     "job_run:trainmon_training_throughput_vs_best:ratio": (
         "no demo run has an earlier comparable run (see the line above)"),
-    # The Training overview's run-end markers: the demo's runs go on while the test lasts
-    # (its earlier runs are history in its ledger, not ends the recorder saw).
-    "trainmon_training_run_end_timestamp_seconds": (
-        "no demo run ends while the test lasts; tests/ledger/test_end_reasons.py ends some"),
+    # The Training overview's clean run-end markers: the demo's runs go on while the test
+    # lasts (their early crashes are run failures; their earlier runs are history in the
+    # ledger, not ends the recorder saw).
+    'trainmon_training_run_end_timestamp_seconds{reason="finished"}': (
+        "no demo run finishes while the test lasts; tests/ledger/test_end_reasons.py ends some"),
 }
 
 
@@ -88,10 +91,37 @@ def aim_scrape_jobs(config: dict[str, Any], shipped: Path, tmp: Path, variant: s
         job.pop("scrape_timeout", None)
 
 
+#: The goodput ledger's day rules add up the hour's at every full hour of the day
+#: (``sum_over_time(…:rate1h[1d:1h] offset 1s)``), so they have nothing until an hour
+#: has ended since the rules started: an hour boundary the minute a test lasts rarely
+#: crosses. Their group runs time-scaled by DAY_TIME_SCALE (``alerts/generate.py
+#: scale``), its hour steps 7.2 s apart, so that the GPU-hours dashboard's day panels
+#: have data within seconds on both engines; every other group is as shipped.
+DAY_GROUPS = ("trainmon-goodput-1d.rules",)
+DAY_TIME_SCALE = 0.002
+
+
+def scale_groups(rule_file: Path, groups: tuple[str, ...], factor: float, tmp: Path) -> None:
+    """``rule_file`` with ``groups`` time-scaled by ``factor`` (``alerts/generate.py
+    scale``) and every other group kept."""
+    document = yaml.safe_load(rule_file.read_text())
+    stem = f"{rule_file.parent.name}-{rule_file.stem}-x{factor:g}"
+    part, scaled = tmp / f"{stem}.yml", tmp / f"{stem}-scaled.yml"
+    part.write_text(yaml.safe_dump(
+        {"groups": [g for g in document["groups"] if g["name"] in groups]}))
+    done = run_script("alerts/generate.py", "scale", "--factor", str(factor),
+                      str(part), str(scaled))
+    assert done.returncode == 0, done.stderr
+    by_name = {group["name"]: group for group in yaml.safe_load(scaled.read_text())["groups"]}
+    assert set(by_name) == set(groups), f"{rule_file}: {sorted(by_name)}"
+    document["groups"] = [by_name.get(group["name"], group) for group in document["groups"]]
+    rule_file.write_text(yaml.safe_dump(document, sort_keys=False))
+
+
 def copy_rule_files(variant: str, tmp: Path) -> list[Path]:
     """Copies of the variant's shipped rule files (what both engines evaluate), every group
     at the stack's evaluation interval: the groups' own (1 or 5 min) would leave their rules
-    unevaluated for the seconds a test runs."""
+    unevaluated for the seconds a test runs; DAY_GROUPS time-scaled."""
     rules = tmp / f"rules-{variant}"
     rules.mkdir()
     copies = []
@@ -99,8 +129,11 @@ def copy_rule_files(variant: str, tmp: Path) -> list[Path]:
         document = yaml.safe_load(rule_file.read_text())
         for group in document["groups"]:
             group.pop("interval", None)
-        (rules / rule_file.name).write_text(yaml.safe_dump(document, sort_keys=False))
-        copies.append(rules / rule_file.name)
+        copy = rules / rule_file.name
+        copy.write_text(yaml.safe_dump(document, sort_keys=False))
+        if {group["name"] for group in document["groups"]} >= set(DAY_GROUPS):
+            scale_groups(copy, DAY_GROUPS, DAY_TIME_SCALE, tmp)
+        copies.append(copy)
     return copies
 
 

@@ -26,7 +26,8 @@ from testkit.metric_contract import (
 )
 
 UID_PREFIX = {"dcgm": "trainmon-dcgm", "tencent-cloud": "trainmon-tencent"}
-REQUIRED_VARIABLES = {"training": {"job", "node"}, "node": {"node", "gpu"}, "fleet": {"node"}}
+REQUIRED_VARIABLES = {"training": {"job", "node"}, "node": {"node", "gpu"}, "fleet": {"node"},
+                      "goodput": {"job", "team"}}
 OPT_IN_NOTE = "not in dcgm-exporter's default counters"
 #: Grafana 11.x/12.x write schemaVersion 39–41; older numbers get migrated on import.
 CURRENT_SCHEMA = 39
@@ -211,7 +212,7 @@ def _data_link_urls(dashboard: Dashboard) -> list[str]:
             for link in panel.get("fieldConfig", {}).get("defaults", {}).get("links", [])]
 
 
-def test_the_three_dashboards_link_to_each_other(dashboards: list[Dashboard]) -> None:
+def test_the_dashboards_link_to_each_other(dashboards: list[Dashboard]) -> None:
     by_uid = {d.model["uid"]: d for d in dashboards}
     for variant in VARIANTS:
         tag = f"trainmon-{variant}"
@@ -231,7 +232,7 @@ def test_the_three_dashboards_link_to_each_other(dashboards: list[Dashboard]) ->
                 assert {"${datasource:queryparam}", "${__url_time_range}"} <= set(query), url
                 edges.add((dashboard.kind, target.kind))
         assert {("fleet", "node"), ("fleet", "training"), ("training", "node"),
-                ("node", "training")} <= edges, (variant, edges)
+                ("node", "training"), ("goodput", "training")} <= edges, (variant, edges)
 
 
 #: Options of a Prometheus annotation query that Grafana's schema model (the SDK's
