@@ -57,7 +57,7 @@ VARIANTS = ("dcgm", "tencent-cloud")
 RULES_FILE_NAME = "trainmon.rules.yml"
 
 #: Where runbook_url points; the page is ``<base><AlertName>.md``.
-RUNBOOK_BASE_URL = "https://github.com/trainmon/trainmon/blob/main/docs/runbooks/"
+RUNBOOK_BASE_URL = contract.RUNBOOK_BASE_URL
 #: XID codes that mean a hardware/driver fault needing a GPU reset or node drain
 #: (NVIDIA's XID catalogue; docs/runbooks/TrainmonGPUXidCritical.md explains each).
 XID_CRITICAL = (48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140)

@@ -18,11 +18,9 @@ from dataclasses import dataclass
 
 from dashboards.builder import Board, LinkBuilder, link, panel_url
 from dashboards.variant import FLEET, TITLES, TRAINING, Variant
+from trainmon.contract import RUNBOOK_BASE_URL
 from trainmon.ledger.goodput import BUCKETS
 
-#: Where the alert rules' runbook_url points (alerts/generate.py, RUNBOOK_BASE_URL);
-#: tests/dashboards/test_goodput_dashboard.py holds the two together.
-RUNBOOK_BASE_URL = "https://github.com/trainmon/trainmon/blob/main/docs/runbooks/"
 #: The bucket of the GPU-seconds that trained; the others are badput.
 PRODUCTIVE = "productive"
 

@@ -253,3 +253,8 @@ def stall_threshold(typical_step_seconds: float | None) -> float:
     """Seconds without a step that make a stall: ``STALL_TYPICAL_STEPS`` typical steps,
     at least ``STALL_FLOOR_SECONDS`` (the floor alone while the typical step is unknown)."""
     return max(STALL_TYPICAL_STEPS * (typical_step_seconds or 0.0), STALL_FLOOR_SECONDS)
+
+#: Where every runbook link points: the alert rules' ``runbook_url``
+#: (``alerts/generate.py``, which may be given another with ``--runbook-base-url``) and
+#: the dashboards' bucket links; the page is ``<base><AlertName>.md``.
+RUNBOOK_BASE_URL = "https://github.com/trainmon/trainmon/blob/main/docs/runbooks/"
