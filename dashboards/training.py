@@ -86,16 +86,18 @@ RUN_STARTS = (
 #: Each end of a run of the job (ms) with the ledger's reason, per node that saw it:
 #: the clean ends, and the others (crashed, preempted, lost, stalled).
 RUN_END = "trainmon_training_run_end_timestamp_seconds"
-RUN_FINISHES = f'max by (job, run, reason) ({RUN_END}{{job="$job", reason="finished"}}) * 1000'
-RUN_FAILURES = f'max by (job, run, reason) ({RUN_END}{{job="$job", reason!="finished"}}) * 1000'
+RUN_FINISHES = (f'max by (job, run, reason, goodput) '
+                f'({RUN_END}{{job="$job", reason="finished"}}) * 1000')
+RUN_FAILURES = (f'max by (job, run, reason, goodput) '
+                f'({RUN_END}{{job="$job", reason!="finished"}}) * 1000')
 #: How the run ledger names each end reason, for the markers' text.
 RUN_END_TEXT = (
     "How the run ended, as the run ledger of a node that saw it says: finished (its ranks "
     "said so at a clean end), crashed (an exception ended a rank), preempted (SIGTERM: a "
     "scheduler or a spot reclaim), lost (a rank went silent without a word), stalled (no "
     "step for collectors.ledger.stall_seconds). trainmon runs / compare tell the rest. "
-    "The Goodput row shows the job's goodput and its GPUs by bucket at the marker; the "
-    "run's own goodput is in its ledger record (trainmon runs: goodput_ratio)."
+    "goodput: the run's productive share of its GPU-seconds on the node that saw it end; "
+    "the Goodput row shows the job's, and its GPUs by bucket, at the marker."
 )
 #: The job's goodput recording rules (over all its nodes: $node does not apply).
 JOB_GOODPUT_10M = f'{promql.GOODPUT_10M}{{job="$job"}}'
@@ -133,11 +135,13 @@ def build(variant: Variant) -> Board:
         text="Changed since the job's previous run: {{changed}}", tags=("job", "run"),
     ))
     board.annotation(PromAnnotation(
-        "Run ends", RUN_FINISHES, title="Run {{run}} ended: {{reason}}", text=RUN_END_TEXT,
+        "Run ends", RUN_FINISHES, title="Run {{run}} ended: {{reason}}, goodput {{goodput}}",
+        text=RUN_END_TEXT,
         tags=("job", "run", "reason"), color="green",
     ))
     board.annotation(PromAnnotation(
-        "Run failures", RUN_FAILURES, title="Run {{run}} ended: {{reason}}", text=RUN_END_TEXT,
+        "Run failures", RUN_FAILURES, title="Run {{run}} ended: {{reason}}, goodput {{goodput}}",
+        text=RUN_END_TEXT,
         tags=("job", "run", "reason"), color="red",
     ))
     _verdict_row(board)

@@ -124,20 +124,21 @@ def test_each_end_is_exported_for_an_hour(clocks: Clocks, tmp_path: Path) -> Non
                                 world_size=2))
         ledger.tick()
     stalled_since = clocks.wall - 40
-    ends = scrape(ledger).series("trainmon_training_run_end_timestamp_seconds",
-                                 "job", "run", "reason")
+    ends = run_ends(ledger)
     assert ends == {("resnet50", "run-a", "crashed"): crashed_at,
                     ("resnet50", "run-b", "stalled"): stalled_since}
+    goodput = {labels["run"]: labels["goodput"] for labels in scrape(ledger).labelsets(
+        "trainmon_training_run_end_timestamp_seconds")}
+    # the crashed run's share is final; the stalled one goes on, so it has none yet
+    assert goodput["run-a"].endswith("%") and goodput["run-b"] == ""
     clocks.advance(10)
     for rank, reporter in enumerate(REPORTERS):  # steps again: no longer stalled
         send(training, step(40, run="run-b", rank=rank, reporter_id=reporter, world_size=2))
     ledger.tick()
-    assert scrape(ledger).series("trainmon_training_run_end_timestamp_seconds",
-                                 "job", "run", "reason") == {
+    assert run_ends(ledger) == {
         ("resnet50", "run-a", "crashed"): crashed_at}
     clocks.advance(RUN_END_EXPORT_SECONDS - (clocks.wall - crashed_at) + 1)
-    assert scrape(ledger).series("trainmon_training_run_end_timestamp_seconds",
-                                 "job", "run", "reason") == {}
+    assert run_ends(ledger) == {}
     ledger.stop()
 
 
@@ -152,8 +153,14 @@ def test_at_most_the_latest_ends_are_exported(clocks: Clocks, tmp_path: Path) ->
         clocks.advance(10)
         send(training, description(run=run, started=clocks.wall - 10, ended="finished"))
         ledger.tick()
-    exported = scrape(ledger).series("trainmon_training_run_end_timestamp_seconds",
-                                     "job", "run", "reason")
+    exported = run_ends(ledger)
     ledger.stop()
     assert sorted(run for _, run, _ in exported) == runs[-MAX_EXPORTED_RUN_ENDS:]
     assert {reason for _, _, reason in exported} == {"finished"}
+
+
+def run_ends(ledger) -> dict[tuple[str, str, str], float]:  # type: ignore[no-untyped-def]
+    """``trainmon_training_run_end_timestamp_seconds`` by (job, run, reason)."""
+    return {key[:3]: value for key, value in scrape(ledger).series(
+        "trainmon_training_run_end_timestamp_seconds", "job", "run", "reason",
+        "goodput").items()}

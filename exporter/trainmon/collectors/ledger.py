@@ -93,14 +93,16 @@ class LedgerCollector(Collector):
             "Unix time a run ended on this node, by the ledger's end reason: finished, "
             "crashed, preempted (what its ranks said), lost (a rank went silent), stalled "
             "(no step for stall_seconds; gone when steps resume); for an hour after the "
-            "end, the latest 16 runs.",
-            labels=["job", "run", "reason"],
+            "end, the latest 16 runs. goodput: the closed run's productive share of its "
+            "GPU-seconds on this node as a percentage (62%), empty while unknown.",
+            labels=["job", "run", "reason", "goodput"],
         )
         readings = self.recorder.readings()
         for job, run_id, changed in readings.changes:
             changes.add_metric([job, run_id, _truncate(changed)], 1.0)
         for end in readings.ends:
-            ends.add_metric([end.job, end.run, end.reason], end.ended)
+            share = "" if end.goodput is None else f"{end.goodput:.0%}"
+            ends.add_metric([end.job, end.run, end.reason, share], end.ended)
         up = GaugeMetricFamily(
             "trainmon_ledger_up",
             "1 while the run ledger file is open and its last write succeeded; 0 when it "

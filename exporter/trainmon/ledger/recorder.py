@@ -80,7 +80,7 @@ from trainmon.ledger.feed import (
     StorageResolver,
     TrainingSource,
 )
-from trainmon.ledger.goodput import RankBooking, RankTotals, empty_buckets
+from trainmon.ledger.goodput import RankBooking, RankTotals, empty_buckets, goodput_ratio
 from trainmon.ledger.holding import GpuHoldings, owner_team
 from trainmon.ledger.records import FINAL_END_REASONS
 from trainmon.ledger.schema import LedgerError
@@ -148,6 +148,9 @@ class RunEnd:
     run: str
     reason: str
     ended: float
+    #: The run's goodput on this node, once it is closed (None: a stalled run, or none
+    #: booked).
+    goodput: float | None = None
 
 
 @dataclass(frozen=True)
@@ -219,7 +222,10 @@ class RunRecorder:
         self._seen: dict[tuple[str, int], tuple[str, StepTotals]] = {}
         self._last_tick: float | None = None
         #: (job, run) -> (reason, Unix end time) of the runs closed lately, oldest first.
-        self._recent_ends: OrderedDict[tuple[str, str], tuple[str, float]] = OrderedDict()
+        #: (job, run) -> (reason, Unix end time, the run's goodput) of the runs closed
+        #: lately, oldest first.
+        self._recent_ends: OrderedDict[tuple[str, str], tuple[str, float, float | None]] = \
+            OrderedDict()
         # Evaluations (count_verdicts) touch only these, under their own lock.
         self._verdict_lock = threading.Lock()
         #: job -> (verdict kind, monotonic time of the evaluation that said it first).
@@ -305,7 +311,8 @@ class RunRecorder:
                     while len(self._closed) > MAX_CLOSED:
                         self._closed.popitem(last=False)
                     self._recent_ends.pop(key, None)
-                    self._recent_ends[key] = (run.end_reason, record.ended or wall)
+                    self._recent_ends[key] = (run.end_reason, record.ended or wall,
+                                              goodput_ratio(run.totals.gpu_seconds))
             while self._recent_ends and (
                     len(self._recent_ends) > MAX_EXPORTED_RUN_ENDS
                     or wall - next(iter(self._recent_ends.values()))[1] > RUN_END_EXPORT_SECONDS):
@@ -841,12 +848,16 @@ class RunRecorder:
             changes = tuple((job, run_id, run.changed)
                             for (job, run_id), run in sorted(self._runs.items())
                             if run.changed is not None)
-            ended = [(end, key, reason) for key, (reason, end) in self._recent_ends.items()]
-            ended += [(run.ended, key, "stalled") for key, run in self._runs.items()
+            ended: list[tuple[float, tuple[str, str], str, float | None]] = [
+                (end, key, reason, ratio)
+                for key, (reason, end, ratio) in self._recent_ends.items()]
+            # a stalled run goes on: its goodput is not final
+            ended += [(run.ended, key, "stalled", None) for key, run in self._runs.items()
                       if run.end_reason == "stalled" and run.ended is not None]
             recent = sorted((item for item in ended if wall - item[0] <= RUN_END_EXPORT_SECONDS),
                             reverse=True)[:MAX_EXPORTED_RUN_ENDS]
-            ends = tuple(RunEnd(job, run_id, reason, end) for end, (job, run_id), reason
+            ends = tuple(RunEnd(job, run_id, reason, end, ratio)
+                         for end, (job, run_id), reason, ratio
                          in sorted(recent, key=lambda item: item[1]))
             goodput = {job: ratio for job, history in self._goodput_history.items()
                        if (ratio := _window_ratio(history)) is not None}
