@@ -209,6 +209,7 @@ def check_alert(rule: Mapping[str, Any], origin: str) -> None:
 
 _WINDOW_SUFFIX = re.compile(r"(?:rate|mean|sum)((?:\d+(?:ms|s|m|h|d|w|y))+)$")
 _RANGE_SELECTOR = re.compile(r"\[\s*((?:\d+(?:ms|s|m|h|d|w|y))+)\s*[]:]")
+_LAST_VALUE = re.compile(r"last_over_time\(([^()\[\]]*)\[[^\]]*\]\)")
 
 
 def check_record(rule: Mapping[str, Any], group: str, origin: str) -> None:
@@ -218,7 +219,8 @@ def check_record(rule: Mapping[str, Any], group: str, origin: str) -> None:
     if suffix is None:
         return
     window = suffix.group(1)
-    ranges = set(_RANGE_SELECTOR.findall(str(rule["expr"])))
+    # last_over_time(x[10m]) is a lookback for one value, not a window
+    ranges = set(_RANGE_SELECTOR.findall(_LAST_VALUE.sub(r"\1", str(rule["expr"]))))
     if ranges - {window}:
         raise SourceError(f"{origin}: {name}: its name says {window} but it selects "
                           f"{sorted(ranges)}")

@@ -26,6 +26,11 @@ parameter's gradient).
 measured to ``--result``; ``--crash-after`` crashes it, ``--resume`` relaunches it from
 its checkpoint.
 
+``hang``: the job of the hang triage's acceptance test (``tests/diagnosis/test_hung_rank.py``):
+the ``healthy`` scenario, whose Dataset on rank ``--hang-rank`` blocks from step
+``--hang-at`` on, in ``__getitem__``, as a read on a dead mount does, until the file
+``--release`` exists; the other ranks wait for it in DDP's all-reduce.
+
 ``scenario NAME``: the jobs the diagnosis must name, integrated as the README says
 (``Reporter``, ``reporter.instrument`` around the DDP model, ``track(loader)``,
 ``step()``). Every step is a real forward/backward of an MLP with DDP's gradient
@@ -65,7 +70,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -286,6 +291,23 @@ class Samples(Dataset[tuple[torch.Tensor, torch.Tensor]]):
                 torch.randint(0, CLASSES, (), generator=generator))
 
 
+class BlockingSamples(Samples):
+    """``Samples`` whose ``blocks_from``-th sample on blocks until ``release`` exists."""
+
+    def __init__(self, features: int, length: int, blocks_from: int | None,
+                 release: Path) -> None:
+        super().__init__(features, length, 0.0)
+        self.blocks_from = blocks_from
+        self.release = release
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.blocks_from is not None and index >= self.blocks_from:
+            while not self.release.exists():
+                time.sleep(0.05)  # a read that does not return
+            self.blocks_from = None
+        return super().__getitem__(index)
+
+
 def build_model(scenario: Scenario, rank: int) -> nn.Module:
     """The scenario's classification MLP, behind the rank's ``DeviceTime``."""
     device = scenario.device_seconds[min(rank, len(scenario.device_seconds) - 1)]
@@ -314,6 +336,25 @@ def run_scenario(args: argparse.Namespace, rank: int) -> dict[str, Any]:
     samples = Samples(scenario.widths[0], args.steps * BATCH, scenario.sample_seconds)
     loader = DataLoader(samples, batch_size=BATCH, num_workers=0)
     train(reporter, model, loader, optimizer)
+    reporter.close()
+    return {}
+
+
+def run_hang(args: argparse.Namespace, rank: int) -> dict[str, Any]:
+    """The hang job (module docstring): ``--steps`` steps, rank ``--hang-rank``'s loader
+    blocked from step ``--hang-at`` until ``--release`` exists."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from trainmon.client import Reporter
+
+    scenario = replace(SCENARIOS["healthy"], device_seconds=(args.device_seconds,))
+    torch.manual_seed(0)
+    reporter = Reporter(interval_seconds=0.5)
+    model = reporter.instrument(DistributedDataParallel(build_model(scenario, rank)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    blocks = args.hang_at * BATCH if rank == args.hang_rank else None
+    samples = BlockingSamples(scenario.widths[0], args.steps * BATCH, blocks, args.release)
+    train(reporter, model, DataLoader(samples, batch_size=BATCH, num_workers=0), optimizer)
     reporter.close()
     return {}
 
@@ -444,7 +485,7 @@ def write_result_at_exit(path: Path | None, result: dict[str, Any],
 Mode = Callable[[argparse.Namespace, int], dict[str, Any]]
 MODES: dict[str, Mode] = {
     "ddp": run_ddp, "fsdp": run_fsdp, "lightning": run_lightning, "hf": run_hf,
-    "scenario": run_scenario, "goodput": run_goodput,
+    "scenario": run_scenario, "goodput": run_goodput, "hang": run_hang,
 }
 
 
@@ -468,6 +509,14 @@ def parser() -> argparse.ArgumentParser:
     scenario.add_argument("--steps", type=int, default=400)
     scenario.add_argument("--timeout", type=float, default=60.0,
                           help="seconds a collective waits for the peer")
+    hang = modes.add_parser("hang")
+    hang.add_argument("--steps", type=int, default=60)
+    hang.add_argument("--device-seconds", type=float, default=0.05)
+    hang.add_argument("--hang-rank", type=int, default=1)
+    hang.add_argument("--hang-at", type=int, default=30)
+    hang.add_argument("--release", type=Path, required=True)
+    hang.add_argument("--timeout", type=float, default=300.0,
+                      help="seconds a collective waits for the peer")
     goodput = modes.add_parser("goodput")
     goodput.add_argument("--steps", type=int, default=200)
     goodput.add_argument("--device-seconds", type=float, default=0.06)
@@ -491,7 +540,7 @@ def parser() -> argparse.ArgumentParser:
 
 def init_process_group(args: argparse.Namespace) -> None:
     """``ddp``/``fsdp``/``scenario`` set up their group here (the frameworks set up theirs)."""
-    if args.mode in ("scenario", "goodput"):
+    if args.mode in ("scenario", "goodput", "hang"):
         torch.set_num_threads(1)
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
     elif args.mode in ("ddp", "fsdp"):

@@ -497,9 +497,9 @@ def _rank_families(snapshot: TrainingStoreView) -> Iterable[Metric]:
     stall_info = GaugeMetricFamily(
         "trainmon_training_stall_info",
         "Where a stalled rank's training thread is: where (data_loader, collective, "
-        "checkpoint, phase, code), the collective in flight and its sequence number, "
-        "and the innermost frame (file name, line, function); always 1.",
-        labels=[*_RANK, "where", "collective", "seq", "frame"],
+        "checkpoint, phase, code), the open phase, the collective in flight and its "
+        "sequence number, and the innermost frame (file name, line, function); always 1.",
+        labels=[*_RANK, "where", "phase", "collective", "seq", "frame"],
     )
     world_sizes: dict[str, int] = {}
     for view in snapshot.ranks:
@@ -508,7 +508,8 @@ def _rank_families(snapshot: TrainingStoreView) -> Iterable[Metric]:
         stalled.add_metric(labels, 0.0 if stall is None else 1.0)
         if stall is not None:
             stall_since.add_metric(labels, stall.since)
-            stall_info.add_metric([*labels, stall.where, stall.collective or "",
+            stall_info.add_metric([*labels, stall.where, stall.phase or "",
+                                   stall.collective or "",
                                    "" if stall.collective_seq is None
                                    else str(stall.collective_seq),
                                    stall_frame_text(stall)], 1.0)

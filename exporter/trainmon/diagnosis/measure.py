@@ -67,6 +67,7 @@ MEASURED_SAMPLES = frozenset({
     "trainmon_infiniband_rate_bytes",
     "trainmon_gpu_process_info", "trainmon_nccl_problem_info",
     "trainmon_job_gpu_seconds_total", "trainmon_job_goodput_ratio",
+    "trainmon_training_stall_info", "trainmon_training_stall_start_timestamp_seconds",
 }) | PLATFORM_SAMPLES
 
 
@@ -103,6 +104,24 @@ class GPUState:
 
 
 @dataclass(frozen=True)
+class RankStall:
+    """Where a stalled rank's training thread is, as its client reported it
+    (``trainmon_training_stall_info``, docs/protocol.md "Stall reports")."""
+
+    #: ``data_loader``, ``collective``, ``checkpoint``, ``phase`` or ``code``.
+    where: str
+    #: The innermost open phase ("" outside any).
+    phase: str
+    #: The collective in flight and its sequence number ("" where unknown).
+    collective: str
+    seq: str
+    #: The innermost frame: ``dataset.py:42 __getitem__``.
+    frame: str
+    #: Unix time its last step ended.
+    since: float | None
+
+
+@dataclass(frozen=True)
 class RankState:
     job: str
     rank: str
@@ -128,6 +147,8 @@ class RankState:
     measured_comm_seconds: float | None = None
     exposed_comm_seconds: float | None = None
     comm_bytes: float | None = None
+    #: Where it is while its client reports it stalled; None while it steps.
+    stall: RankStall | None = None
 
     @property
     def comm_wait_seconds(self) -> float | None:
@@ -303,6 +324,16 @@ def _ranks(window: Window, comm_phases: tuple[str, ...]) -> tuple[RankState, ...
     halves = window.halves()
     last_step = window.latest("trainmon_training_last_step_timestamp_seconds")
     last_report = window.latest("trainmon_training_last_report_timestamp_seconds")
+    stall_since = window.latest("trainmon_training_stall_start_timestamp_seconds")
+    stalls = {}
+    for stall_labels in window.latest("trainmon_training_stall_info"):
+        found = dict(stall_labels)
+        rank_labels = labels_of({"job": found.get("job", ""), "rank": found.get("rank", "")})
+        stalls[rank_labels] = RankStall(
+            where=found.get("where", ""), phase=found.get("phase", ""),
+            collective=found.get("collective", ""),
+            seq=found.get("seq", ""), frame=found.get("frame", ""),
+            since=stall_since.get(rank_labels))
     ranks = []
     for labels in window.label_sets("trainmon_training_step_seconds_count"):
         if _ended(window, labels):
@@ -335,6 +366,7 @@ def _ranks(window: Window, comm_phases: tuple[str, ...]) -> tuple[RankState, ...
             exposed_comm_seconds=window.increase(
                 "trainmon_training_comm_exposed_seconds_total", labels),
             comm_bytes=window.increase("trainmon_training_comm_bytes_total", labels),
+            stall=stalls.get(labels_of({"job": job, "rank": rank})),
         ))
     ranks.sort(key=lambda state: (state.job, _numeric_first(state.rank)))
     return tuple(ranks)

@@ -47,6 +47,14 @@ Pure functions of ``NodeMeasurements`` and ``DiagnosisConfig``
 Rules, in order; the first that fires is the verdict, every rule that fires is
 kept as a finding:
 
+0. scheduling ``hung_rank``: a rank's client reports its steps stopped
+   (``trainmon_training_stall_info``: no step for 10 typical steps, at least 10 s).
+   The rank named is the one that holds the others (``hung_rank_finding``): a
+   stalled rank that is *not* waiting in a collective while others are (or the
+   only ones stalled: in its loader, a checkpoint, a phase, its own code), else a
+   rank whose reporter went silent while the others wait (``gone``), else none on
+   this node (every stalled rank here waits in a collective: the one that holds
+   them is on another node; the cross-node recording rule names it);
 1. scheduling ``stalled``: a rank without a step for ``stall_seconds`` whose
    reporter is still alive (``trainmon_training_last_report_timestamp_seconds``
    within ``ALIVE_SECONDS``, when exported — else until the rank's TTL);
@@ -198,7 +206,9 @@ def diagnose(node: NodeMeasurements, config: DiagnosisConfig) -> list[Verdict]:
         job_gpus = sorted({r.gpu for r in ranks if r.gpu} | held.get(job, set()))
         evidence = _evidence(ranks, [gpus[g] for g in job_gpus if g in gpus], busiest,
                              node.wall_time, config)
-        findings = risks.with_storage_source(_job_findings(ranks, evidence, config), mount)
+        hung = hung_rank_finding(ranks, node.wall_time)
+        findings = risks.with_storage_source(
+            [*([hung] if hung else []), *_job_findings(ranks, evidence, config)], mount)
         if mount is not None and any(f.code in risks.STORAGE_CODES for f in findings):
             evidence = replace(
                 evidence, storage_mountpoint=mount.mountpoint, storage_source=mount.source,
@@ -217,6 +227,44 @@ def diagnose(node: NodeMeasurements, config: DiagnosisConfig) -> list[Verdict]:
         verdicts.append(replace(verdict, findings=tuple(_with_risks(verdict.findings, [
             *on_node, *risks.numa_findings(numa_processes.get(name, set()), node, config)]))))
     return verdicts
+
+
+def hung_rank_finding(ranks: Sequence[RankState], wall_time: float) -> Finding | None:
+    """The ``hung_rank`` finding of a job's ranks on the node (rule 0), None while none
+    of them reports a stall. ``rank``: the rank that holds the others ("" when it is
+    on another node); ``where``: where it is (``gone`` for a silent reporter,
+    ``elsewhere`` when it is on another node); ``waiting``: the ranks waiting in a
+    collective, with its name and sequence number; ``seconds``: since the earliest
+    stalled rank's last step."""
+    stalled = [rank for rank in ranks if rank.stall is not None]
+    if not stalled:
+        return None
+    waiting = [rank for rank in stalled if rank.stall and rank.stall.where == "collective"]
+    holding = [rank for rank in stalled if rank.stall and rank.stall.where != "collective"]
+    gone = [rank for rank in ranks if rank.stall is None
+            and rank.last_report_timestamp is not None
+            and wall_time - rank.last_report_timestamp > ALIVE_SECONDS]
+    culprit, where, frame, phase = "", "elsewhere", "", ""
+    if holding:
+        first = holding[0]
+        assert first.stall is not None
+        culprit, where, frame = first.rank, first.stall.where, first.stall.frame
+        phase = first.stall.phase
+    elif gone:
+        culprit, where = gone[0].rank, "gone"
+    since = [rank.stall.since for rank in stalled
+             if rank.stall is not None and rank.stall.since is not None]
+    collective = next((rank.stall for rank in waiting if rank.stall is not None), None)
+    return Finding("scheduling", "hung_rank", {
+        "rank": culprit,
+        "where": where,
+        "frame": frame,
+        "phase": phase,
+        "waiting": ",".join(rank.rank for rank in waiting),
+        "collective": "" if collective is None else collective.collective,
+        "seq": "" if collective is None else collective.seq,
+        "seconds": max(wall_time - min(since), 0.0) if since else 0.0,
+    })
 
 
 def _with_risks(findings: Sequence[Finding], risk_findings: Sequence[Finding]) -> list[Finding]:

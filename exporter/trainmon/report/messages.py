@@ -155,7 +155,27 @@ WORDS: Mapping[str, Pair] = {
                "计算类结论仅依据利用率"),
 }
 
+#: Where a hung rank is (``hung_rank``'s ``where``), in words.
+HUNG_WHERE: Mapping[str, Pair] = {
+    "data_loader": ("in its data loader's next()", "卡在数据加载器的 next() 里"),
+    "checkpoint": ("in a checkpoint save", "卡在 checkpoint 保存中"),
+    "phase": ("in phase {phase}", "卡在阶段 {phase} 中"),
+    "code": ("in its own code", "卡在自己的代码里"),
+    "collective": ("in a collective", "卡在集合通信中"),
+}
+
 FINDINGS: Mapping[str, Pair] = {
+    "hung_rank": (
+        "rank {rank} holds the job: it is {where_words}{frame_text}{waiting_text}",
+        "rank {rank} 拖住了整个任务：它{where_words}{frame_text}{waiting_text}"),
+    "hung_rank_gone": (
+        "rank {rank} is gone: its reporter went silent{waiting_text}",
+        "rank {rank} 已经不在了：它的上报停止了{waiting_text}"),
+    "hung_rank_elsewhere": (
+        "no step for {seconds:.0f} s: every stalled rank on this node waits in a "
+        "collective{waiting_text}; the rank that holds them is on another node",
+        "已 {seconds:.0f} 秒没有完成一步：本节点卡住的 rank 都在等集合通信{waiting_text}；"
+        "拖住它们的 rank 在其他节点上"),
     "stalled": (
         "rank(s) {ranks} made no step for {seconds:.0f} s (threshold {threshold:.0f} s)",
         "rank {ranks} 已 {seconds:.0f} 秒没有完成一步（阈值 {threshold:.0f} 秒）"),
@@ -395,6 +415,43 @@ ADVICE: Mapping[str, Pair] = {
         "在训练循环中用 trainmon.client.Reporter 上报步数，trainmon 才能判断任务被什么拖慢。"),
 }
 ADVICE = {**ADVICE, **{
+    "hung_rank_data_loader": (
+        "Look at rank {rank}'s input: a dead NFS/CFS mount (ls on the data path hangs), a "
+        "DataLoader worker stuck in __getitem__ (py-spy dump --pid on the workers), a full "
+        "/dev/shm; a timeout on the reads, or data on local NVMe.",
+        "检查 rank {rank} 的数据输入：NFS/CFS 挂载已失效（在数据路径上 ls 会卡住）、DataLoader "
+        "worker 卡在 __getitem__（对 worker 执行 py-spy dump --pid）、/dev/shm 已满；为读取设置"
+        "超时，或把数据放到本地 NVMe。"),
+    "hung_rank_checkpoint": (
+        "Rank {rank}'s checkpoint write does not return: check the storage it writes to (its "
+        "latency, space, an object-store client waiting on the network); save "
+        "asynchronously, to a cloud disk or CFS.",
+        "rank {rank} 的 checkpoint 写入一直没有返回：检查它写入的存储（延迟、空间、等待网络的"
+        "对象存储客户端）；改为异步保存，写到云硬盘或 CFS。"),
+    "hung_rank_phase": (
+        "Rank {rank} is stuck in its phase {phase}{frame_text}: dump its threads "
+        "(py-spy dump --pid) and look for a lock never released or a blocking call.",
+        "rank {rank} 卡在阶段 {phase}{frame_text}：导出它的线程栈（py-spy dump --pid），"
+        "找出未释放的锁或阻塞调用。"),
+    "hung_rank_code": (
+        "Rank {rank} is stuck in user code{frame_text}: dump its threads (py-spy dump --pid) "
+        "and look for a lock never released, a busy loop or a blocking call between "
+        "backward and the optimizer step.",
+        "rank {rank} 卡在用户代码中{frame_text}：导出它的线程栈（py-spy dump --pid），"
+        "找出未释放的锁、死循环，或 backward 与优化器 step 之间的阻塞调用。"),
+    "hung_rank_gone": (
+        "Rank {rank}'s process ended without a word (killed, out of memory: dmesg, the "
+        "scheduler's log) and the others wait for it: restart the job from its checkpoint; "
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING=1 (NCCL) ends such waits with an error.",
+        "rank {rank} 的进程没有任何告别就结束了（被杀、内存不足：看 dmesg 与调度器日志），其他 "
+        "rank 在等它：从 checkpoint 重启任务；TORCH_NCCL_ASYNC_ERROR_HANDLING=1（NCCL）会让这类"
+        "等待以报错结束。"),
+    "hung_rank_elsewhere": (
+        "Run trainmon doctor on the job's other nodes: the rank that is not in the "
+        "collective names itself there; in Prometheus, the lagging rank's collective "
+        "sequence number tells it.",
+        "在该任务的其他节点上运行 trainmon doctor：不在集合通信里的那个 rank 会在那里被指出；"
+        "在 Prometheus 中，集合通信序号落后的 rank 就是它。"),
     "spot_reclaim": (
         "Save a checkpoint now, to a cloud disk (CBS), CFS or COS rather than the instance's "
         "local disk, and resume on a new instance from the same image "
@@ -548,6 +605,8 @@ def heading(key: str, lang: str, **values: object) -> str:
 def finding_text(code: str, values: Mapping[str, object], lang: str) -> str:
     if code == "gpu_bound" and "utilization" not in values:
         code = "gpu_bound_unmeasured"
+    if code == "hung_rank":
+        code, values = _hung_rank_text(values, lang)
     values = _with_derived_values(values)
     if isinstance(values.get("storage"), str):
         values = {**values, "storage": storage_name(str(values["storage"]), lang)}
@@ -565,7 +624,11 @@ def finding_text(code: str, values: Mapping[str, object], lang: str) -> str:
 
 
 def advice_text(code: str, lang: str, values: Mapping[str, object] | None = None) -> str:
-    """The next step of a finding, its template filled from the finding's ``values``."""
+    """The next step of a finding, its template filled from the finding's ``values``
+    (a hung rank's by where it is)."""
+    if code == "hung_rank" and values is not None:
+        code = f"hung_rank_{values.get('where', '')}"
+        values = _hung_rank_text(values, lang)[1]
     pair = ADVICE.get(ADVICE_ALIASES.get(code, code))
     if not pair:
         return ""
@@ -580,6 +643,33 @@ def rate_text(value: float | None) -> str:
         if value >= scale:
             return f"{value / scale:.1f} {unit}"
     return f"{value:.0f} B/s"
+
+
+def _hung_rank_text(values: Mapping[str, object], lang: str
+                    ) -> tuple[str, Mapping[str, object]]:
+    """The message of a ``hung_rank`` finding by where the rank is, and its values with
+    the words they need: ``where_words``, ``frame_text`` (`` → dataset.py:42
+    __getitem__``), ``waiting_text`` (``; rank(s) 0 wait in all_reduce #311 for 47 s``)."""
+    where = str(values.get("where", ""))
+    code = {"gone": "hung_rank_gone", "elsewhere": "hung_rank_elsewhere"}.get(where,
+                                                                             "hung_rank")
+    phase = str(values.get("phase", "")) or "?"
+    words = HUNG_WHERE.get(where)
+    frame = str(values.get("frame", ""))
+    waiting = str(values.get("waiting", ""))
+    waiting_text = ""
+    if waiting:
+        collective = str(values.get("collective", "")) or "a collective"
+        seq = str(values.get("seq", ""))
+        named = f"{collective} #{seq}" if seq else collective
+        seconds = float(values.get("seconds", 0.0) or 0.0)  # type: ignore[arg-type]
+        waiting_text = pick((f"; rank(s) {waiting} wait in {named} for {seconds:.0f} s",
+                             f"；rank {waiting} 在 {named} 中等待了 {seconds:.0f} 秒"), lang)
+    return code, {**values, "phase": phase,
+                  "where_words": "" if words is None else render(pick(words, lang),
+                                                                 {"phase": phase}),
+                  "frame_text": f" → {frame}" if frame else "",
+                  "waiting_text": waiting_text}
 
 
 def _with_derived_values(values: Mapping[str, object]) -> Mapping[str, object]:

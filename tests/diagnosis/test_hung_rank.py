@@ -1,0 +1,113 @@
+"""A hung job on a real ``torch.distributed`` job (CPU, gloo, 2 processes): which rank,
+and where (issue 27).
+
+``testkit/ddp_job.py hang``: the ``healthy`` scenario under ``Reporter.instrument``,
+whose rank 1 Dataset blocks in ``__getitem__`` from step 30 (a read that never returns)
+until the test releases it. Rank 0 goes on to its next all-reduce and waits there. Within
+60 s of the stall the daemon must name rank 1, in its data loader with its innermost frame
+in the dataset code, and show rank 0 waiting in the all-reduce, in the metrics and in
+``trainmon doctor --json``; once released, the steps resume and the finding goes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from testkit.daemon import Daemon, free_port, trainmon_command
+from testkit.exposition import Scrape, parse
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+JOB = "hang"
+#: The acceptance's bound, from the stall to its finding.
+NAMED_WITHIN_SECONDS = 60.0
+END_DEADLINE_SECONDS = 120.0
+
+pytestmark = pytest.mark.integration
+
+
+def start_ranks(directory: Path, socket: str, release: Path) -> list[subprocess.Popen[bytes]]:
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port()), "GLOO_SOCKET_IFNAME": "lo",
+           "TRAINMON_ENDPOINT": f"unix://{socket}", "TRAINMON_JOB": JOB,
+           "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(
+               [str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    return [subprocess.Popen(
+        [sys.executable, "-m", "testkit.ddp_job", "hang", "--release", str(release)],
+        cwd=REPO_ROOT, env={**env, "RANK": str(rank)},
+        stdout=(directory / f"rank-{rank}.log").open("wb"), stderr=subprocess.STDOUT)
+        for rank in (0, 1)]
+
+
+def hung_finding(scrape: Scrape) -> dict[str, str] | None:
+    return next((labels for labels in scrape.labelsets("trainmon_diagnosis_finding_info")
+                 if labels.get("job") == JOB and labels.get("finding") == "hung_rank"), None)
+
+
+def wait_for(daemon: Daemon, condition: Callable[[Scrape], bool], seconds: float) -> Scrape:
+    deadline = time.monotonic() + seconds
+    while True:
+        scrape = parse(daemon.metrics())
+        if condition(scrape):
+            return scrape
+        assert time.monotonic() < deadline, daemon.log()
+        time.sleep(0.5)
+
+
+def test_a_rank_blocked_in_its_dataset_is_named_with_its_frame_and_the_other_waiting(
+    tmp_path: Path, start_daemon: Callable[..., Daemon],
+) -> None:
+    socket = str(tmp_path / "steps.sock")
+    daemon = start_daemon(config={"collectors": {"training": {"socket": socket}}})
+    release = tmp_path / "release"
+    ranks = start_ranks(tmp_path, socket, release)
+    try:
+        stalled = wait_for(daemon, lambda s: s.value(
+            "trainmon_training_stalled", job=JOB, rank="1") == 1.0, END_DEADLINE_SECONDS)
+        started = stalled.value("trainmon_training_stall_start_timestamp_seconds",
+                                job=JOB, rank="1")
+        assert started is not None
+        named = wait_for(daemon, lambda s: hung_finding(s) is not None
+                         and any(labels["rank"] == "0" for labels in
+                                 s.labelsets("trainmon_training_stall_info")),
+                         NAMED_WITHIN_SECONDS)
+        assert time.time() - started < NAMED_WITHIN_SECONDS
+        where = {labels["rank"]: labels for labels in named.labelsets(
+            "trainmon_training_stall_info") if labels["job"] == JOB}
+        doctor = subprocess.run(
+            [*trainmon_command(), "doctor", "--url", f"http://127.0.0.1:{daemon.port}",
+             "--seconds", "3", "--json"], capture_output=True, text=True, timeout=60)
+        release.touch()
+        resumed = wait_for(daemon, lambda s: s.value(
+            "trainmon_training_stalled", job=JOB, rank="1") == 0.0 and hung_finding(s) is None,
+            END_DEADLINE_SECONDS)
+        for process in ranks:
+            assert process.wait(END_DEADLINE_SECONDS) == 0
+    finally:
+        release.touch()
+        for process in ranks:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    finding = hung_finding(named)
+    assert finding is not None and finding["rank"] == "1" and finding["kind"] == "scheduling"
+    assert where["1"]["where"] == "data_loader"
+    assert where["1"]["frame"].startswith("ddp_job.py:")
+    assert where["1"]["frame"].endswith(" __getitem__")
+    assert (where["0"]["where"], where["0"]["collective"]) == ("collective", "all_reduce")
+    assert int(where["0"]["seq"]) > 0
+    report = json.loads(doctor.stdout)
+    job = next(job for job in report["jobs"] if job["job"] == JOB)
+    hung = next(f for f in job["findings"] if f["code"] == "hung_rank")
+    assert hung["values"]["rank"] == "1" and hung["values"]["where"] == "data_loader"
+    assert "rank 1 holds the job" in hung["message"] and "__getitem__" in hung["message"]
+    assert "all_reduce #" in hung["message"]
+    assert resumed.value("trainmon_training_stalled", job=JOB, rank="0") == 0.0
