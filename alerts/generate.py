@@ -131,6 +131,9 @@ TOKENS: Mapping[str, str] = {
     # GOODPUT_LOW_WINDOW, TrainmonLowGoodput fires.
     **_ratio("GOODPUT_LOW_RATIO", "GOODPUT_LOW_PERCENT", contract.GOODPUT_LOW_RATIO),
     "GOODPUT_LOW_WINDOW": contract.GOODPUT_LOW_WINDOW,
+    # A rank's client reports a stall after this many typical steps, at least this long.
+    "STALL_TYPICAL_STEPS": f"{contract.STALL_TYPICAL_STEPS:g}",
+    "STALL_FLOOR_SECONDS": f"{contract.STALL_FLOOR_SECONDS:g}",
     "TRAINING_RULE_WINDOW": contract.TRAINING_RULE_WINDOW,
     "XID_CRITICAL": "|".join(str(code) for code in XID_CRITICAL),
     "XID_CRITICAL_LIST": ", ".join(str(code) for code in XID_CRITICAL),

@@ -51,6 +51,8 @@ ANNOTATION_QUERIES = {
         "one instance per node with a reclaim notice, minutes before the node goes away",
     "TrainmonThroughputRegression":
         "one instance per run more than 20 % below its config's best, not per rank or GPU",
+    "TrainmonJobHung":
+        "one instance per hung job, while it is hung (a page: it must name the rank at once)",
 }
 _ANNOTATION_QUERY = re.compile(r"\|\s*query\b")
 
