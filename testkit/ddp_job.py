@@ -28,8 +28,10 @@ its checkpoint.
 
 ``hang``: the job of the hang triage's acceptance test (``tests/diagnosis/test_hung_rank.py``):
 the ``healthy`` scenario, whose Dataset on rank ``--hang-rank`` blocks from step
-``--hang-at`` on, in ``__getitem__``, as a read on a dead mount does, until the file
-``--release`` exists; the other ranks wait for it in DDP's all-reduce.
+``--hang-at`` on, in ``__getitem__``, as a read on a dead mount does (or whose rank
+``--lock-rank`` waits at step ``--lock-at`` for a lock it never gets, between backward
+and the optimizer step), until the file ``--release`` exists; the other ranks wait for
+it in DDP's all-reduce.
 
 ``scenario NAME``: the jobs the diagnosis must name, integrated as the README says
 (``Reporter``, ``reporter.instrument`` around the DDP model, ``track(loader)``,
@@ -68,6 +70,7 @@ import datetime
 import gc
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -341,8 +344,10 @@ def run_scenario(args: argparse.Namespace, rank: int) -> dict[str, Any]:
 
 
 def run_hang(args: argparse.Namespace, rank: int) -> dict[str, Any]:
-    """The hang job (module docstring): ``--steps`` steps, rank ``--hang-rank``'s loader
-    blocked from step ``--hang-at`` until ``--release`` exists."""
+    """The hang job (module docstring): ``--steps`` steps; rank ``--hang-rank``'s loader
+    blocked from step ``--hang-at``, or rank ``--lock-rank`` waiting from step
+    ``--lock-at`` for a lock it never gets between backward and the optimizer step,
+    until ``--release`` exists."""
     from torch.nn.parallel import DistributedDataParallel
 
     from trainmon.client import Reporter
@@ -354,9 +359,25 @@ def run_hang(args: argparse.Namespace, rank: int) -> dict[str, Any]:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     blocks = args.hang_at * BATCH if rank == args.hang_rank else None
     samples = BlockingSamples(scenario.widths[0], args.steps * BATCH, blocks, args.release)
-    train(reporter, model, DataLoader(samples, batch_size=BATCH, num_workers=0), optimizer)
+    held = threading.Lock()
+    held.acquire()  # another thread's lock, never released: the deadlock the test sets up
+    loader = DataLoader(samples, batch_size=BATCH, num_workers=0)
+    for step, (features, labels) in enumerate(reporter.track(loader), start=1):
+        optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(model(features), labels)
+        loss.backward()  # type: ignore[no-untyped-call]
+        if rank == args.lock_rank and step == args.lock_at:
+            wait_for_the_lock(held, args.release)
+        optimizer.step()
+        reporter.step(samples=len(labels))
     reporter.close()
     return {}
+
+
+def wait_for_the_lock(lock: threading.Lock, release: Path) -> None:
+    """Wait for ``lock``, which nobody releases, until ``release`` exists."""
+    while not release.exists():
+        lock.acquire(timeout=0.05)
 
 
 class TimedLoader:
@@ -514,6 +535,8 @@ def parser() -> argparse.ArgumentParser:
     hang.add_argument("--device-seconds", type=float, default=0.05)
     hang.add_argument("--hang-rank", type=int, default=1)
     hang.add_argument("--hang-at", type=int, default=30)
+    hang.add_argument("--lock-rank", type=int, default=-1)
+    hang.add_argument("--lock-at", type=int, default=30)
     hang.add_argument("--release", type=Path, required=True)
     hang.add_argument("--timeout", type=float, default=300.0,
                       help="seconds a collective waits for the peer")

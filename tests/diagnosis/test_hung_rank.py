@@ -33,18 +33,28 @@ END_DEADLINE_SECONDS = 120.0
 pytestmark = pytest.mark.integration
 
 
-def start_ranks(directory: Path, socket: str, release: Path) -> list[subprocess.Popen[bytes]]:
-    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+def start_ranks(directory: Path, socket: str, release: Path, *options: str,
+                world_size: int = 2) -> list[subprocess.Popen[bytes]]:
+    env = {**os.environ, "WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(free_port()), "GLOO_SOCKET_IFNAME": "lo",
            "TRAINMON_ENDPOINT": f"unix://{socket}", "TRAINMON_JOB": JOB,
            "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(
                [str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
     return [subprocess.Popen(
-        [sys.executable, "-m", "testkit.ddp_job", "hang", "--release", str(release)],
+        [sys.executable, "-m", "testkit.ddp_job", "hang", "--release", str(release),
+         *options],
         cwd=REPO_ROOT, env={**env, "RANK": str(rank)},
         stdout=(directory / f"rank-{rank}.log").open("wb"), stderr=subprocess.STDOUT)
-        for rank in (0, 1)]
+        for rank in range(world_size)]
+
+
+def stop(ranks: list[subprocess.Popen[bytes]], release: Path) -> None:
+    release.touch()
+    for process in ranks:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
 
 
 def hung_finding(scrape: Scrape) -> dict[str, str] | None:
@@ -92,11 +102,7 @@ def test_a_rank_blocked_in_its_dataset_is_named_with_its_frame_and_the_other_wai
         for process in ranks:
             assert process.wait(END_DEADLINE_SECONDS) == 0
     finally:
-        release.touch()
-        for process in ranks:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+        stop(ranks, release)
     finding = hung_finding(named)
     assert finding is not None and finding["rank"] == "1" and finding["kind"] == "scheduling"
     assert where["1"]["where"] == "data_loader"
@@ -111,3 +117,32 @@ def test_a_rank_blocked_in_its_dataset_is_named_with_its_frame_and_the_other_wai
     assert "rank 1 holds the job" in hung["message"] and "__getitem__" in hung["message"]
     assert "all_reduce #" in hung["message"]
     assert resumed.value("trainmon_training_stalled", job=JOB, rank="0") == 0.0
+
+
+def test_four_ranks_one_stuck_on_a_lock_between_backward_and_the_optimizer_step(
+    tmp_path: Path, start_daemon: Callable[..., Daemon],
+) -> None:
+    """Rank 2 of 4 waits at step 20 for a lock nobody releases, after its backward: it is
+    named, in its own code, with its frame; the three others wait in the all-reduce."""
+    socket = str(tmp_path / "steps.sock")
+    daemon = start_daemon(config={"collectors": {"training": {"socket": socket}}})
+    release = tmp_path / "release"
+    ranks = start_ranks(tmp_path, socket, release, "--hang-rank", "-1", "--lock-rank", "2",
+                        "--lock-at", "20", "--steps", "40", world_size=4)
+    try:
+        named = wait_for(daemon, lambda s: hung_finding(s) is not None and len(
+            [labels for labels in s.labelsets("trainmon_training_stall_info")
+             if labels["job"] == JOB]) == 4, END_DEADLINE_SECONDS)
+        release.touch()
+        for process in ranks:
+            assert process.wait(END_DEADLINE_SECONDS) == 0
+    finally:
+        stop(ranks, release)
+    finding = hung_finding(named)
+    assert finding is not None and finding["rank"] == "2"
+    where = {labels["rank"]: labels for labels in named.labelsets(
+        "trainmon_training_stall_info") if labels["job"] == JOB}
+    assert where["2"]["where"] == "code"
+    assert where["2"]["frame"].endswith(" wait_for_the_lock")
+    assert {rank: where[rank]["where"] for rank in ("0", "1", "3")} == dict.fromkeys(
+        ("0", "1", "3"), "collective")

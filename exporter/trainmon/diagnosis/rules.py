@@ -236,14 +236,14 @@ def hung_rank_finding(ranks: Sequence[RankState], wall_time: float) -> Finding |
     ``elsewhere`` when it is on another node); ``waiting``: the ranks waiting in a
     collective, with its name and sequence number; ``seconds``: since the earliest
     stalled rank's last step."""
-    stalled = [rank for rank in ranks if rank.stall is not None]
-    if not stalled:
+    # a reporter silent for ALIVE_SECONDS is gone, whatever it said last
+    gone = [rank for rank in ranks if rank.last_report_timestamp is not None
+            and wall_time - rank.last_report_timestamp > ALIVE_SECONDS]
+    stalled = [rank for rank in ranks if rank.stall is not None and rank not in gone]
+    if not stalled and not any(rank.stall is not None for rank in gone):
         return None
     waiting = [rank for rank in stalled if rank.stall and rank.stall.where == "collective"]
     holding = [rank for rank in stalled if rank.stall and rank.stall.where != "collective"]
-    gone = [rank for rank in ranks if rank.stall is None
-            and rank.last_report_timestamp is not None
-            and wall_time - rank.last_report_timestamp > ALIVE_SECONDS]
     culprit, where, frame, phase = "", "elsewhere", "", ""
     if holding:
         first = holding[0]
