@@ -146,3 +146,43 @@ def test_four_ranks_one_stuck_on_a_lock_between_backward_and_the_optimizer_step(
     assert where["2"]["frame"].endswith(" wait_for_the_lock")
     assert {rank: where[rank]["where"] for rank in ("0", "1", "3")} == dict.fromkeys(
         ("0", "1", "3"), "collective")
+
+
+def test_a_rank_killed_while_the_job_hangs_is_named_as_gone(
+    tmp_path: Path, start_daemon: Callable[..., Daemon],
+) -> None:
+    """Rank 1 blocks in its Dataset, rank 0 waits for it; then rank 1 is killed with
+    SIGKILL: its reporter falls silent without a word and, 30 s on, it is named as gone
+    (gloo ends rank 0's wait with an error at once, so rank 0 crashes; with NCCL it would
+    wait on, and the finding would say the same)."""
+    socket = str(tmp_path / "steps.sock")
+    daemon = start_daemon(config={"collectors": {"training": {"socket": socket}}})
+    release = tmp_path / "release"
+    ranks = start_ranks(tmp_path, socket, release)
+    try:
+        wait_for(daemon, lambda s: hung_finding(s) is not None, END_DEADLINE_SECONDS)
+        ranks[1].kill()
+        ranks[1].wait()
+        killed = time.time()
+        gone = wait_for(daemon, lambda s: (hung_finding(s) or {}).get("rank") == "1"
+                        and _where(daemon) == "gone", NAMED_WITHIN_SECONDS)
+    finally:
+        stop(ranks, release)
+    assert hung_finding(gone) is not None
+    assert time.time() - killed < NAMED_WITHIN_SECONDS
+
+
+def _where(daemon: Daemon) -> str:
+    """Where ``doctor --json`` says the job's hung rank is."""
+    done = subprocess.run(
+        [*trainmon_command(), "doctor", "--url", f"http://127.0.0.1:{daemon.port}",
+         "--seconds", "1", "--json"], capture_output=True, text=True, timeout=60)
+    try:
+        report = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        return ""
+    for job in report.get("jobs", []):
+        for finding in job.get("findings", []) if job.get("job") == JOB else []:
+            if finding["code"] == "hung_rank":
+                return str(finding["values"].get("where", ""))
+    return ""
