@@ -54,8 +54,9 @@ from trainmon.logthrottle import LogThrottle
 from trainmon.node.mounts import MountResolver, PathStorage
 from trainmon.paths import default_socket_path
 from trainmon.section import Auto, Section, setting
-from trainmon.training.protocol import STEPS_PATH, StallReport
+from trainmon.training.protocol import STEPS_PATH
 from trainmon.training.receiver import SocketReceiver, StepPushHandler, read_tokens
+from trainmon.training.stalls import frame_text
 from trainmon.training.store import LastCheckpoint, RankView, TrainingStore, TrainingStoreView
 from trainmon.training.writers import uid_writer
 
@@ -512,7 +513,7 @@ def _rank_families(snapshot: TrainingStoreView) -> Iterable[Metric]:
                                    stall.collective or "",
                                    "" if stall.collective_seq is None
                                    else str(stall.collective_seq),
-                                   stall_frame_text(stall)], 1.0)
+                                   frame_text(stall.frames)], 1.0)
         totals = view.totals
         steps.add_metric(labels, totals.steps)
         samples.add_metric(labels, totals.samples)
@@ -549,17 +550,7 @@ def _rank_families(snapshot: TrainingStoreView) -> Iterable[Metric]:
             stall_info]
 
 
-#: Longest ``frame`` label value of ``trainmon_training_stall_info``.
-MAX_FRAME_LABEL_LENGTH = 160
 
-
-def stall_frame_text(stall: StallReport) -> str:
-    """The innermost frame of a stall: ``dataset.py:42 __getitem__`` ("" without one)."""
-    if not stall.frames:
-        return ""
-    frame = stall.frames[0]
-    text = f"{frame.file.rsplit('/', 1)[-1]}:{frame.line} {frame.function}"
-    return text[:MAX_FRAME_LABEL_LENGTH]
 
 
 def _build(config: TrainingConfig, wiring: Wiring) -> Collector:

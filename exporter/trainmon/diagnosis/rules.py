@@ -111,11 +111,12 @@ from trainmon.diagnosis.measure import (
     RankState,
 )
 from trainmon.diagnosis.thresholds import DiagnosisConfig
+from trainmon.training.stalls import COLLECTIVE, SILENT_SECONDS, holding_rank
 
 KINDS = ("compute", "communication", "storage", "scheduling", "none")
 #: A reporter that sent anything this recently is alive (it sends about every
 #: second): its rank can be stalled; a silent one has finished or died.
-ALIVE_SECONDS = 30.0
+ALIVE_SECONDS = SILENT_SECONDS
 #: Verdicts that name a bottleneck worth acting on (``doctor`` exits 1).
 ACTIONABLE_KINDS = ("communication", "storage", "scheduling")
 
@@ -242,16 +243,16 @@ def hung_rank_finding(ranks: Sequence[RankState], wall_time: float) -> Finding |
     stalled = [rank for rank in ranks if rank.stall is not None and rank not in gone]
     if not stalled and not any(rank.stall is not None for rank in gone):
         return None
-    waiting = [rank for rank in stalled if rank.stall and rank.stall.where == "collective"]
-    holding = [rank for rank in stalled if rank.stall and rank.stall.where != "collective"]
-    culprit, where, frame, phase = "", "elsewhere", "", ""
+    waiting = [rank for rank in stalled if rank.stall and rank.stall.where == COLLECTIVE]
+    holding = [rank for rank in stalled if rank.stall and rank.stall.where != COLLECTIVE]
+    culprit, where = holding_rank(
+        [(rank.rank, rank.stall.where) for rank in stalled if rank.stall is not None],
+        [rank.rank for rank in gone])
+    frame = phase = ""
     if holding:
         first = holding[0]
         assert first.stall is not None
-        culprit, where, frame = first.rank, first.stall.where, first.stall.frame
-        phase = first.stall.phase
-    elif gone:
-        culprit, where = gone[0].rank, "gone"
+        frame, phase = first.stall.frame, first.stall.phase
     since = [rank.stall.since for rank in stalled
              if rank.stall is not None and rank.stall.since is not None]
     collective = next((rank.stall for rank in waiting if rank.stall is not None), None)

@@ -5,7 +5,8 @@ consistent copy of the training store (every reporting rank's cumulative
 totals and last checkpoint, every rank's latest run description, the runs
 whose end was announced) and, for a data or checkpoint path a training process
 named, the storage that path lives on. These protocols say exactly that much,
-read-only, so that the ledger depends on no training or collector module:
+read-only, so that the ledger depends on no training store or collector module (it shares only
+the stall rule of ``trainmon.training.stalls``):
 ``trainmon.training.store.TrainingStore`` is a ``TrainingSource`` (its
 ``snapshot()`` is a ``TrainingStoreView``, which is a ``TrainingSnapshot``),
 and the training collector's ``storage_of`` a ``StorageResolver``; the ledger
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Protocol, TypeVar
+
+from trainmon.training.stalls import FrameLike
 
 _Totals = TypeVar("_Totals", bound="StepTotals")
 
@@ -62,6 +65,17 @@ class CheckpointSeen(Protocol):
     def path(self) -> str | None: ...
 
 
+class StallSeen(Protocol):
+    """A rank's latest stall report (``trainmon.training.protocol.StallReport``)."""
+
+    @property
+    def where(self) -> str: ...
+    @property
+    def since(self) -> float: ...
+    @property
+    def frames(self) -> Sequence[FrameLike]: ...
+
+
 class ReportingRank(Protocol):
     """One rank's latest state (``trainmon.training.store.RankView``)."""
 
@@ -95,6 +109,9 @@ class ReportingRank(Protocol):
     def totals(self) -> StepTotals: ...
     @property
     def last_checkpoint(self) -> CheckpointSeen | None: ...
+    #: Where its training thread is while its client reports a stall, else None.
+    @property
+    def stall(self) -> StallSeen | None: ...
 
 
 class RunDescribed(Protocol):

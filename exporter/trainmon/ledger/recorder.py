@@ -88,6 +88,7 @@ from trainmon.ledger.store import Ledger, RecordUpdate, WriteResult
 from trainmon.ledger.summary import Progress, RunTotals, verdict_gap
 from trainmon.logthrottle import LogThrottle
 from trainmon.paths import make_state_directory
+from trainmon.training.stalls import SILENT_SECONDS, frame_text
 from trainmon.training.writers import LOCAL_WRITER, uid_writer
 
 log = logging.getLogger(__name__)
@@ -395,11 +396,32 @@ class RunRecorder:
             live.setdefault(key, []).append(view)
             samples[key] = samples.get(key, 0) + progress.samples
         self._seen = seen
+        self._note_stalls(ranks, wall)
         if interval is not None:
             for key in live:
                 if key not in partial:
                     self._runs[key].totals.add_bucket(samples[key], interval)
         return live
+
+    def _note_stalls(self, ranks: Sequence[ReportingRank], wall: float) -> None:
+        """Each running run's stalled ranks and silent ones, for its record of stalls
+        (``RunTotals.note_stalls``)."""
+        stalled: dict[tuple[str, str], dict[int, tuple[str, str, float]]] = {}
+        gone: dict[tuple[str, str], list[int]] = {}
+        for view in ranks:
+            key = (view.job, view.run or "")
+            run = self._runs.get(key)
+            if run is None or run.owner != view.owner:
+                continue
+            if wall - view.last_report_time > SILENT_SECONDS:
+                gone.setdefault(key, []).append(view.rank)
+            elif view.stall is not None:
+                stalled.setdefault(key, {})[view.rank] = (
+                    view.stall.where, frame_text(view.stall.frames), view.stall.since)
+        for key, run in self._runs.items():
+            if run.end_reason in FINAL_END_REASONS:
+                continue
+            run.totals.note_stalls(wall, stalled.get(key, {}), gone.get(key, []))
 
     def _book(self, run: RecordedRun, view: ReportingRank, described: DescribingRank | None,
               before: StepTotals | None, *, first: bool, wall: float) -> None:

@@ -37,6 +37,11 @@ exported totals). From those:
   of the goodput ledger (``trainmon.ledger.goodput``: every second a rank
   holds its GPU in exactly one bucket), and **goodput_ratio**, productive
   over all of them (None before anything is booked);
+- **stalls**: the run's stalls, the latest ``MAX_RECORDED_STALLS``: when each
+  began (its first stalled rank's last step) and ended (the first tick without a
+  stalled rank; None while it lasts), the rank that held the job and where it was
+  (``trainmon.training.stalls``), its innermost frame, and where each stalled rank
+  was, from the ranks' stall reports (docs/protocol.md, "Stall reports");
 - **gpu_hours**: ranks on this node × duration / 3600 (one GPU per rank);
   **cost** when a price per GPU hour is configured: total = gpu_hours × price,
   per_million_samples = total / samples × 10⁶.
@@ -50,9 +55,12 @@ from dataclasses import dataclass, field
 
 from trainmon.contract import STEP_BUCKET_COUNT, STEP_SECONDS_BOUNDS
 from trainmon.ledger.goodput import BUCKETS, goodput_ratio
+from trainmon.training.stalls import holding_rank
 
 #: Rate buckets kept per run before neighbours are merged.
 MAX_BUCKETS = 2048
+#: Stalls kept per run (the latest).
+MAX_RECORDED_STALLS = 8
 #: A scrape-to-scrape gap longer than this counts only this long toward a verdict.
 MAX_VERDICT_GAP_SECONDS = 60.0
 #: The phase whose share stands in for exposed communication when not measured.
@@ -106,6 +114,10 @@ class RunTotals:
     last_checkpoint: dict[str, object] | None = None
     #: GPU-seconds of the run's ranks on this node per bucket (``trainmon.ledger.goodput``).
     gpu_seconds: dict[str, float] = field(default_factory=dict)
+    #: The run's stalls, oldest first, at most ``MAX_RECORDED_STALLS``: ``since`` and
+    #: ``until`` (None while it lasts), the rank that ``holds`` the job, ``where`` it
+    #: is and its innermost ``frame``, and where each stalled rank was (``ranks``).
+    stalls: list[dict[str, object]] = field(default_factory=list)
 
     def resumed(self) -> RunTotals:
         """What a restarted daemon keeps of a stored run: the rate buckets, verdicts and
@@ -113,6 +125,7 @@ class RunTotals:
         cumulative totals, which a fresh store takes whole, already hold the run's
         counts so far."""
         return RunTotals(buckets=list(self.buckets), intervals=self.intervals,
+                         stalls=[dict(stall) for stall in self.stalls],
                          verdict_seconds=dict(self.verdict_seconds),
                          final_verdict=self.final_verdict,
                          last_checkpoint=None if self.last_checkpoint is None
@@ -138,6 +151,31 @@ class RunTotals:
         """GPU-seconds a rank's booking just booked, per bucket."""
         for bucket, seconds in booked.items():
             self.gpu_seconds[bucket] = self.gpu_seconds.get(bucket, 0.0) + seconds
+
+    def note_stalls(self, wall: float, stalled: Mapping[int, tuple[str, str, float]],
+                    gone: Sequence[int]) -> None:
+        """One tick's stalled ranks of the run on this node (rank -> where, innermost
+        frame, the Unix time its last step ended) and its ranks gone silent: a stall
+        opens with the first stalled rank, names the rank that holds the job
+        (``trainmon.training.stalls.holding_rank``) as it learns more, and closes at the
+        first tick without one."""
+        current = self.stalls[-1] if self.stalls and self.stalls[-1]["until"] is None \
+            else None
+        if not stalled:
+            if current is not None:
+                current["until"] = wall
+            return
+        ordered = sorted(stalled.items())
+        rank, where = holding_rank([(str(r), state[0]) for r, state in ordered],
+                                   [str(r) for r in sorted(gone)])
+        if current is None:
+            current = {"since": min(state[2] for _, state in ordered), "until": None}
+            self.stalls.append(current)
+            del self.stalls[:-MAX_RECORDED_STALLS]
+        held = stalled.get(int(rank)) if rank else None
+        current.update({"holds": rank, "where": where,
+                        "frame": "" if held is None else held[1],
+                        "ranks": {str(r): state[0] for r, state in ordered}})
 
     def add_bucket(self, samples: int, seconds: float) -> None:
         """One tick interval's samples of the run's ranks over its length."""
@@ -202,6 +240,7 @@ class RunTotals:
             "gpu_seconds": {bucket: self.gpu_seconds.get(bucket, 0.0) for bucket in BUCKETS}
             if self.gpu_seconds else {},
             "goodput_ratio": goodput_ratio(self.gpu_seconds),
+            "stalls": [dict(stall) for stall in self.stalls],
         }
 
     def to_state(self) -> dict[str, object]:
@@ -214,6 +253,7 @@ class RunTotals:
             "intervals": self.intervals, "verdict_seconds": self.verdict_seconds,
             "final_verdict": self.final_verdict, "checkpoints": self.checkpoints,
             "last_checkpoint": self.last_checkpoint, "gpu_seconds": self.gpu_seconds,
+            "stalls": self.stalls,
         }
 
     @classmethod
@@ -241,6 +281,8 @@ class RunTotals:
                 last_checkpoint=_mapping_or_none(state.get("last_checkpoint")),
                 gpu_seconds={str(k): float(v) for k, v in (
                     state.get("gpu_seconds") or {}).items()},  # type: ignore[attr-defined]
+                stalls=[dict(stall) for stall in state.get("stalls") or []  # type: ignore[attr-defined]
+                        if isinstance(stall, Mapping)][-MAX_RECORDED_STALLS:],
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             return cls()
