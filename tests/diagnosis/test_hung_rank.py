@@ -23,6 +23,8 @@ import pytest
 
 from testkit.daemon import Daemon, free_port, trainmon_command
 from testkit.exposition import Scrape, parse
+from testkit.prometheus import Prometheus, wait_until
+from tests.alerts.alerts_support.bundle import rules_path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 JOB = "hang"
@@ -34,7 +36,9 @@ pytestmark = pytest.mark.integration
 
 
 def start_ranks(directory: Path, socket: str, release: Path, *options: str,
-                world_size: int = 2) -> list[subprocess.Popen[bytes]]:
+                world_size: int = 2, endpoints: list[str] | None = None
+                ) -> list[subprocess.Popen[bytes]]:
+    """The hang job's ranks, reporting to ``socket`` (or each to its ``endpoints``)."""
     env = {**os.environ, "WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(free_port()), "GLOO_SOCKET_IFNAME": "lo",
            "TRAINMON_ENDPOINT": f"unix://{socket}", "TRAINMON_JOB": JOB,
@@ -44,7 +48,8 @@ def start_ranks(directory: Path, socket: str, release: Path, *options: str,
     return [subprocess.Popen(
         [sys.executable, "-m", "testkit.ddp_job", "hang", "--release", str(release),
          *options],
-        cwd=REPO_ROOT, env={**env, "RANK": str(rank)},
+        cwd=REPO_ROOT, env={**env, "RANK": str(rank), **(
+            {} if endpoints is None else {"TRAINMON_ENDPOINT": endpoints[rank]})},
         stdout=(directory / f"rank-{rank}.log").open("wb"), stderr=subprocess.STDOUT)
         for rank in range(world_size)]
 
@@ -186,3 +191,40 @@ def _where(daemon: Daemon) -> str:
             if finding["code"] == "hung_rank":
                 return str(finding["values"].get("where", ""))
     return ""
+
+
+def test_two_nodes_the_lagging_rank_is_named_by_the_recording_rule_in_prometheus(
+    tmp_path: Path, start_daemon: Callable[..., Daemon], prometheus: Prometheus,
+) -> None:
+    """Two daemons, two ranks each (ranks 0-1 on the first, 2-3 on the second); rank 3's
+    Dataset blocks from step 30. The first node sees only ranks waiting in the all-reduce;
+    the shipped rule ``job_rank:trainmon_training_collective_lag:max`` in a real
+    Prometheus scraping both names rank 3, a step's buckets behind."""
+    sockets = [str(tmp_path / f"steps-{node}.sock") for node in "ab"]
+    daemons = [start_daemon(config={"collectors": {"training": {"socket": socket}}})
+               for socket in sockets]
+    prometheus.start({
+        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(rules_path("dcgm"))],
+        "scrape_configs": [{
+            "job_name": "trainmon", "honor_labels": True,
+            "static_configs": [{"targets": [f"127.0.0.1:{daemon.port}"],
+                                "labels": {"node": f"node-{node}"}}
+                               for daemon, node in zip(daemons, "ab", strict=True)],
+        }],
+    })
+    release = tmp_path / "release"
+    ranks = start_ranks(tmp_path, sockets[0], release, "--hang-rank", "3", world_size=4,
+                        endpoints=[f"unix://{sockets[rank // 2]}" for rank in range(4)])
+    lag = 'job_rank:trainmon_training_collective_lag:max{job="hang"}'
+    try:
+        wait_until(lambda: any(float(s["value"][1]) > 0 for s in prometheus.query(lag)),
+                   END_DEADLINE_SECONDS, f"no lagging rank:\n{prometheus.log()}")
+        lags = {s["metric"]["rank"]: float(s["value"][1]) for s in prometheus.query(lag)}
+        first = parse(daemons[0].metrics())
+    finally:
+        stop(ranks, release)
+    assert max(lags, key=lags.__getitem__) == "3", lags
+    assert {rank: lags[rank] for rank in "012"} == dict.fromkeys("012", 0.0)
+    finding = hung_finding(first)
+    assert finding is None or finding["rank"] == ""  # the first node cannot tell who

@@ -41,7 +41,26 @@ def reporter(tmp_path: Path) -> Iterator[Reporter]:
             reporter.step(32)
         reporter.add_comm(0.002, 0.001, 4096)
         reporter.checkpoint_saved(str(tmp_path / "step-3.pt"), 0.5)
+        # what Reporter.instrument attaches (trainmon.client.distributed.CommMeter, which
+        # needs a DDP model: tests/client/test_instrument.py), counting 24 buckets
+        reporter._comm_source = CountedBuckets()
         yield reporter
+
+
+class CountedBuckets:
+    """A ``CommSource`` that has launched 24 collectives, none in flight."""
+
+    def fold(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def in_flight(self) -> None:
+        return None
+
+    def launched_collectives(self) -> int:
+        return 24
 
 
 def test_the_client_sends_every_field_of_the_schema_in_its_order(reporter: Reporter) -> None:

@@ -189,6 +189,11 @@ class CommMeter:
         record.append(self.launched)
         self._keep(record, self._buckets)
 
+    def launched_collectives(self) -> int | None:
+        """DDP buckets launched so far (``CommSource.launched_collectives``); None before
+        the first, or for a model whose collectives are not DDP buckets (FSDP)."""
+        return self.launched or None
+
     def in_flight(self) -> InFlight | None:
         """The oldest DDP bucket launched and not completed (``CommSource.in_flight``,
         read by the sender thread while the training thread may append)."""

@@ -124,6 +124,11 @@ class CommSource(Protocol):
         (``trainmon.client.watchdog``); None when none is, or when it cannot tell."""
         ...
 
+    def launched_collectives(self) -> int | None:
+        """Collectives launched so far (the report's ``collective_seq``); None when it
+        does not count them."""
+        ...
+
 
 class Reporter:
     """Aggregates one process's steps and sends them to the trainmon daemon.
@@ -624,6 +629,8 @@ class Reporter:
                 "last_checkpoint_time": self._last_checkpoint_time if saved else None,
                 "checkpoint_path": self._checkpoint_path if saved else None,
                 "last_step_time": None,
+                "collective_seq": None if self._comm_source is None
+                else self._comm_source.launched_collectives(),
             }
         if last_step is not None:
             values["last_step_time"] = time.time() - (_perf_counter() - last_step)

@@ -502,9 +502,18 @@ def _rank_families(snapshot: TrainingStoreView) -> Iterable[Metric]:
         "sequence number, and the innermost frame (file name, line, function); always 1.",
         labels=[*_RANK, "where", "phase", "collective", "seq", "frame"],
     )
+    collective_seq = GaugeMetricFamily(
+        "trainmon_training_collective_seq",
+        "Collectives the rank launched so far (Reporter.instrument's DDP gradient buckets), "
+        "as its latest report says: in a hung job, the rank behind the others holds it; "
+        "only ranks that measure it.",
+        labels=_RANK,
+    )
     world_sizes: dict[str, int] = {}
     for view in snapshot.ranks:
         labels = [view.job, str(view.rank)]
+        if view.collective_seq is not None:
+            collective_seq.add_metric(labels, view.collective_seq)
         stall = view.stall
         stalled.add_metric(labels, 0.0 if stall is None else 1.0)
         if stall is not None:
@@ -547,7 +556,7 @@ def _rank_families(snapshot: TrainingStoreView) -> Iterable[Metric]:
         world_size.add_metric([job], size)
     return [steps, samples, step_seconds, data_wait, phases, ratio, last_step, last_report, info,
             world_size, dropped, resets, comm, comm_exposed, comm_bytes, stalled, stall_since,
-            stall_info]
+            stall_info, collective_seq]
 
 
 

@@ -184,6 +184,9 @@ class StepReport:
     checkpoint_path: str | None = None
     #: The run this reporter belongs to (``RUN_ID_PATTERN``); None from old clients.
     run: str | None = None
+    #: Collectives the rank launched so far (``Reporter.instrument``'s DDP buckets): the
+    #: rank whose count lags the others' holds a hung job; None where not measured.
+    collective_seq: int | None = None
 
 
 #: A value of ``config`` / ``framework``: JSON scalars only.

@@ -160,6 +160,8 @@ REPORT_FIELDS: tuple[ReportField, ...] = (
                 meaning="absolute path of the last checkpoint written"),
     ReportField("last_step_time", "number", omitted_when_unknown=True,
                 meaning="Unix time the last step ended"),
+    ReportField("collective_seq", "integer", omitted_when_unknown=True,
+                meaning="collectives the rank launched so far (instrumented DDP buckets)"),
 )
 
 #: The fields by name.

@@ -237,6 +237,8 @@ class _Rank:
     #: (monotonic time, exported step seconds, exported data-wait seconds)
     window: deque[tuple[float, float, float]] = field(default_factory=deque)
     last_checkpoint: LastCheckpoint | None = None
+    #: Collectives its latest report said it launched (None: not measured).
+    collective_seq: int | None = None
     #: The latest stall report while the rank's steps have not moved past it.
     stall: StallReport | None = None
     #: Unix time it arrived.
@@ -265,6 +267,8 @@ class RankView:
     run: str | None = None
     #: The writer identity that owns the rank's job (``trainmon.training.writers``).
     owner: str = LOCAL_WRITER
+    #: Collectives its latest report said it launched (None: not measured).
+    collective_seq: int | None = None
     #: Where the rank's training thread is while its steps have stopped, if it said so.
     stall: StallReport | None = None
     #: Unix time that stall report arrived.
@@ -483,6 +487,7 @@ class TrainingStore:
                     last_checkpoint=state.last_checkpoint,
                     run=state.run,
                     owner=job.owner,
+                    collective_seq=state.collective_seq,
                     stall=state.stall,
                     stall_received=state.stall_received,
                 )
@@ -553,6 +558,7 @@ class TrainingStore:
             last_report_time=self._wall_clock(),
             last_checkpoint=self._checkpoint(report, _ZERO, None),
             run=report.run,
+            collective_seq=report.collective_seq,
         )
         state.reporters[report.reporter_id] = Totals.of(report)
         # The reporter started from zero about step_seconds ago: seed the window
@@ -589,6 +595,7 @@ class TrainingStore:
         if steps_advanced and new.steps > 0:
             state.last_step_time = self._step_time(report, state.last_step_time)
         state.gpu, state.pid, state.world_size = report.gpu, report.pid, report.world_size
+        state.collective_seq = report.collective_seq
         if report.run is not None:
             state.run = report.run
         state.sender_pid = sender_pid
