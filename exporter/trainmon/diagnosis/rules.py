@@ -265,7 +265,23 @@ def hung_rank_finding(ranks: Sequence[RankState], wall_time: float) -> Finding |
         "collective": "" if collective is None else collective.collective,
         "seq": "" if collective is None else collective.seq,
         "seconds": max(wall_time - min(since), 0.0) if since else 0.0,
+        # where each rank is, for doctor's lines: rank|where|collective|seq|frame|seconds;…
+        "ranks": ";".join(_rank_where(rank, wall_time) for rank in [*stalled, *gone]),
     })
+
+
+def _rank_where(rank: RankState, wall_time: float) -> str:
+    """One rank of ``hung_rank``'s ``ranks``: ``0|collective|all_reduce|311|graph.py:825
+    _engine_run_backward|47`` (``gone`` with the seconds since its last report)."""
+    stall = rank.stall
+    if stall is None or (rank.last_report_timestamp is not None
+                         and wall_time - rank.last_report_timestamp > ALIVE_SECONDS):
+        seconds = wall_time - (rank.last_report_timestamp or wall_time)
+        return f"{rank.rank}|gone||||{seconds:.0f}"
+    seconds = 0.0 if stall.since is None else max(wall_time - stall.since, 0.0)
+    fields = (rank.rank, stall.where, stall.collective, stall.seq, stall.frame)
+    return "|".join(field.replace("|", "/").replace(";", ",") for field in fields) + \
+        f"|{seconds:.0f}"
 
 
 def _with_risks(findings: Sequence[Finding], risk_findings: Sequence[Finding]) -> list[Finding]:

@@ -645,6 +645,34 @@ def rate_text(value: float | None) -> str:
     return f"{value:.0f} B/s"
 
 
+#: A hung job's rank, one line each: where it is, its collective, its frame.
+HUNG_RANK_LINE: Pair = ("rank {rank}: {where_words}{collective_text}{frame_text}, {seconds} s",
+                        "rank {rank}：{where_words}{collective_text}{frame_text}，{seconds} 秒")
+HUNG_GONE_LINE: Pair = ("rank {rank}: gone, silent for {seconds} s",
+                        "rank {rank}：已不在，{seconds} 秒没有上报")
+
+
+def hung_rank_lines(values: Mapping[str, object], lang: str) -> list[str]:
+    """``rank 1: in its data loader's next() → dataset.py:42 __getitem__, 47 s`` for each
+    rank of a ``hung_rank`` finding (its ``ranks`` value)."""
+    lines = []
+    for entry in filter(None, str(values.get("ranks", "")).split(";")):
+        rank, where, collective, seq, frame, seconds = (entry.split("|") + [""] * 6)[:6]
+        if where == "gone":
+            lines.append(render(pick(HUNG_GONE_LINE, lang), {"rank": rank,
+                                                              "seconds": seconds}))
+            continue
+        words = HUNG_WHERE.get(where)
+        named = f" {collective} #{seq}" if collective and seq else (
+            f" {collective}" if collective else "")
+        lines.append(render(pick(HUNG_RANK_LINE, lang), {
+            "rank": rank, "seconds": seconds,
+            "where_words": where if words is None else render(pick(words, lang),
+                                                              {"phase": "?"}),
+            "collective_text": named, "frame_text": f" → {frame}" if frame else ""}))
+    return lines
+
+
 def _hung_rank_text(values: Mapping[str, object], lang: str
                     ) -> tuple[str, Mapping[str, object]]:
     """The message of a ``hung_rank`` finding by where the rank is, and its values with

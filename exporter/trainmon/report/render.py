@@ -21,6 +21,7 @@ from trainmon.report.messages import (
     count_text,
     finding_text,
     heading,
+    hung_rank_lines,
     kind_name,
     nccl_text,
     provider_name,
@@ -102,6 +103,9 @@ def _verdict_lines(verdict: Verdict, lang: str) -> list[str]:
               if finding.kind != verdict.kind or finding.code != deciding.code]
     lines += [f"      ! NCCL: {nccl_text(p.problem, p.variable, p.value, lang)}"
               for p in verdict.nccl]
+    for finding in verdict.findings:
+        if finding.code == "hung_rank":
+            lines += [f"      {line}" for line in hung_rank_lines(finding.values, lang)]
     if next_steps := advice(verdict, lang):
         lines.append(f"      {heading('next', lang)}: {next_steps}")
     return lines
