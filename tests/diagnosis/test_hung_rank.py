@@ -230,3 +230,27 @@ def test_two_nodes_the_lagging_rank_is_named_by_the_recording_rule_in_prometheus
     assert {rank: lags[rank] for rank in "012"} == dict.fromkeys("012", 0.0)
     finding = hung_finding(first)
     assert finding is None or finding["rank"] == ""  # the first node cannot tell who
+
+
+def test_slow_but_regular_steps_raise_nothing(
+    tmp_path: Path, start_daemon: Callable[..., Daemon],
+) -> None:
+    """2 ranks whose every step takes 2 s (a slow GPU, a big batch), for 8 steps: longer
+    than the 10 s floor in all, never 10 typical steps without one: no stall, no finding."""
+    socket = str(tmp_path / "steps.sock")
+    daemon = start_daemon(config={"collectors": {"training": {"socket": socket}}})
+    release = tmp_path / "release"
+    ranks = start_ranks(tmp_path, socket, release, "--hang-rank", "-1", "--steps", "8",
+                        "--device-seconds", "2.0")
+    seen_stall = seen_finding = False
+    try:
+        while any(process.poll() is None for process in ranks):
+            scrape = parse(daemon.metrics())
+            seen_stall |= any(value == 1.0 for value in scrape.samples.get(
+                "trainmon_training_stalled", {}).values())
+            seen_finding |= hung_finding(scrape) is not None
+            time.sleep(0.5)
+        assert [process.returncode for process in ranks] == [0, 0]
+    finally:
+        stop(ranks, release)
+    assert not seen_stall and not seen_finding
