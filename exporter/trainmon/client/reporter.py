@@ -245,10 +245,10 @@ class Reporter:
         self._closed = False
         self._closing = threading.Event()
         #: The thread that drives the reporter (``track()``'s, else the constructor's),
-        #: what the stall watchdog looks at; the open ``phase()`` names and
+        #: what the stall watchdog looks at; the innermost open ``phase()`` and the open
         #: ``checkpoint()`` blocks it reports (``trainmon.client.watchdog``).
         self._driver = threading.get_ident()
-        self._open_phases: list[str] = []
+        self._open_phase: str | None = None
         self._checkpointing = 0
         self._stall_watch = StallWatch(Reporter.track.__code__)
         # Last: it may settle (and call _settle) at once, which needs the above.
@@ -753,7 +753,7 @@ class Reporter:
         source = self._comm_source
         with self._lock:
             steps, last_step, buckets = self._steps, self._step_start, list(self._buckets)
-            phase = self._open_phases[-1] if self._open_phases else None
+            phase = self._open_phase
         try:
             state = RankState(
                 thread=self._driver, steps=steps, last_step=last_step, buckets=buckets,
@@ -846,23 +846,25 @@ class Reporter:
 class _Phase:
     """Times one ``with reporter.phase(name):`` block."""
 
-    __slots__ = ("_name", "_reporter", "_started")
+    __slots__ = ("_name", "_outer", "_reporter", "_started")
 
     def __init__(self, reporter: Reporter, name: str) -> None:
         self._reporter = reporter
         self._name = name
         self._started = 0.0
+        #: The phase this one is inside (the stall watchdog reports the innermost).
+        self._outer: str | None = None
 
     def __enter__(self) -> _Phase:
-        self._reporter._open_phases.append(self._name)
+        reporter = self._reporter
+        self._outer, reporter._open_phase = reporter._open_phase, self._name
         self._started = _perf_counter()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         reporter = self._reporter
         reporter.add_phase(self._name, _perf_counter() - self._started)
-        if reporter._open_phases:
-            reporter._open_phases.pop()
+        reporter._open_phase = self._outer
 
 
 class _Checkpoint:
