@@ -243,16 +243,12 @@ def hung_rank_finding(ranks: Sequence[RankState], wall_time: float) -> Finding |
     stalled = [rank for rank in ranks if rank.stall is not None and rank not in gone]
     if not stalled and not any(rank.stall is not None for rank in gone):
         return None
-    waiting = [rank for rank in stalled if rank.stall and rank.stall.where == COLLECTIVE]
-    holding = [rank for rank in stalled if rank.stall and rank.stall.where != COLLECTIVE]
-    culprit, where = holding_rank(
-        [(rank.rank, rank.stall.where) for rank in stalled if rank.stall is not None],
-        [rank.rank for rank in gone])
-    frame = phase = ""
-    if holding:
-        first = holding[0]
-        assert first.stall is not None
-        frame, phase = first.stall.frame, first.stall.phase
+    stalls = {rank.rank: rank.stall for rank in stalled if rank.stall is not None}
+    waiting = [rank for rank in stalled if stalls[rank.rank].where == COLLECTIVE]
+    culprit, where = holding_rank([(rank, stall.where) for rank, stall in stalls.items()],
+                                  [rank.rank for rank in gone])
+    held = stalls.get(culprit) if culprit in stalls else None
+    frame, phase = ("", "") if held is None else (held.frame, held.phase)
     since = [rank.stall.since for rank in stalled
              if rank.stall is not None and rank.stall.since is not None]
     collective = next((rank.stall for rank in waiting if rank.stall is not None), None)
@@ -266,22 +262,25 @@ def hung_rank_finding(ranks: Sequence[RankState], wall_time: float) -> Finding |
         "seq": "" if collective is None else collective.seq,
         "seconds": max(wall_time - min(since), 0.0) if since else 0.0,
         # where each rank is, for doctor's lines: rank|where|collective|seq|frame|seconds;…
-        "ranks": ";".join(_rank_where(rank, wall_time) for rank in [*stalled, *gone]),
+        "ranks": ";".join([*(_rank_where(rank, wall_time) for rank in stalled),
+                           *(_gone_where(rank, wall_time) for rank in gone)]),
     })
 
 
 def _rank_where(rank: RankState, wall_time: float) -> str:
     """One rank of ``hung_rank``'s ``ranks``: ``0|collective|all_reduce|311|graph.py:825
-    _engine_run_backward|47`` (``gone`` with the seconds since its last report)."""
+    _engine_run_backward|47`` (seconds since its last step)."""
     stall = rank.stall
-    if stall is None or (rank.last_report_timestamp is not None
-                         and wall_time - rank.last_report_timestamp > ALIVE_SECONDS):
-        seconds = wall_time - (rank.last_report_timestamp or wall_time)
-        return f"{rank.rank}|gone||||{seconds:.0f}"
+    assert stall is not None
     seconds = 0.0 if stall.since is None else max(wall_time - stall.since, 0.0)
     fields = (rank.rank, stall.where, stall.collective, stall.seq, stall.frame)
     return "|".join(field.replace("|", "/").replace(";", ",") for field in fields) + \
         f"|{seconds:.0f}"
+
+
+def _gone_where(rank: RankState, wall_time: float) -> str:
+    """A gone rank of ``hung_rank``'s ``ranks``: ``1|gone||||35``, silent for 35 s."""
+    return f"{rank.rank}|gone||||{wall_time - (rank.last_report_timestamp or wall_time):.0f}"
 
 
 def _with_risks(findings: Sequence[Finding], risk_findings: Sequence[Finding]) -> list[Finding]:

@@ -140,6 +140,10 @@ class _Redo:
     #: The run that redoes them, once one started.
     restarted: tuple[str, str] | None = None
 
+    def steps_of(self, rank: int) -> int:
+        """The steps rank ``rank`` redoes (a rank the crashed run lacked: the most any did)."""
+        return self.steps.get(rank, max(self.steps.values(), default=0))
+
 
 @dataclass(frozen=True)
 class RunEnd:
@@ -259,6 +263,8 @@ class RunRecorder:
         #: job -> (Unix time, mean tensor-pipe activity of its GPUs) of each evaluation
         #: in the goodput window, for the jobs with goodput series.
         self._tensor: dict[str, deque[tuple[float, float]]] = {}
+        #: job -> the sum of its ``_tensor`` values (a scrape reads means, never sums).
+        self._tensor_sums: dict[str, float] = {}
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -481,8 +487,7 @@ class RunRecorder:
                         > began and not other.resumed:
                     redo.restarted = key
                     for rank, booking in other.bookings.items():
-                        booking.redo_steps = redo.steps.get(
-                            rank, max(redo.steps.values(), default=0))
+                        booking.redo_steps = redo.steps_of(rank)
                     break
 
     def _steps_to_redo(self, run: RecordedRun, rank: int, wall: float) -> int:
@@ -497,7 +502,7 @@ class RunRecorder:
             redo.restarted = (run.job, run.run)
         if redo.restarted != (run.job, run.run):
             return 0
-        return redo.steps.get(rank, max(redo.steps.values(), default=0))
+        return redo.steps_of(rank)
 
     def _add_booked(self, run: RecordedRun, booked: Mapping[str, float], wall: float) -> None:
         if not booked:
@@ -845,10 +850,12 @@ class RunRecorder:
                     continue  # bounded by the jobs with goodput series
                 samples = self._tensor.setdefault(job, deque())
                 samples.append((wall, value))
+                self._tensor_sums[job] = self._tensor_sums.get(job, 0.0) + value
                 while samples and wall - samples[0][0] > GOODPUT_WINDOW_SECONDS:
-                    samples.popleft()
+                    self._tensor_sums[job] -= samples.popleft()[1]
             for job in set(self._tensor) - set(self._gpu_seconds):
                 del self._tensor[job]
+                self._tensor_sums.pop(job, None)
 
     def _productive_tensor_active(self, goodput: Mapping[str, float]) -> dict[str, float]:
         """Tensor pipes' active share while productive: their mean activity over the
@@ -859,7 +866,7 @@ class RunRecorder:
         for job, samples in self._tensor.items():
             ratio = goodput.get(job)
             if samples and ratio:
-                mean = sum(value for _, value in samples) / len(samples)
+                mean = self._tensor_sums[job] / len(samples)
                 shares[job] = min(mean / ratio, 1.0)
         return shares
 
