@@ -137,7 +137,9 @@ def test_four_ranks_one_stuck_on_a_lock_between_backward_and_the_optimizer_step(
     ranks = start_ranks(tmp_path, socket, release, "--hang-rank", "-1", "--lock-rank", "2",
                         "--lock-at", "20", "--steps", "40", world_size=4)
     try:
-        named = wait_for(daemon, lambda s: hung_finding(s) is not None and len(
+        # the finding comes from the diagnosis' last evaluation (every few seconds): it
+        # may still say "elsewhere" from before rank 2's own stall report arrived
+        named = wait_for(daemon, lambda s: (hung_finding(s) or {}).get("rank") == "2" and len(
             [labels for labels in s.labelsets("trainmon_training_stall_info")
              if labels["job"] == JOB]) == 4, END_DEADLINE_SECONDS)
         release.touch()
