@@ -37,6 +37,7 @@ CLIENT = "trainmon.client"
 #: (``distributed`` needs torch; ``Reporter.instrument()`` imports it when called).
 FRAMEWORK_CALLBACKS = frozenset({
     "trainmon.client.lightning", "trainmon.client.transformers", "trainmon.client.distributed",
+    "trainmon.client.collectives",
 })
 IMPORT_FUNCTIONS = frozenset({"import_module", "__import__"})
 #: The package's layers, bottom first (docs/architecture.md, "Layers"). A part is a

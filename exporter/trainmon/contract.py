@@ -37,6 +37,18 @@ DATA_WAIT_RATIO = 0.2
 #: else its comm phase, never both.
 COMM_RATIO = 0.3
 
+#: scheduling: the share of a pipeline-parallel rank's step spent waiting for its
+#: neighbouring stages (exposed communication of the ``pp`` group, on the rank that
+#: waits least) at or above which the pipeline's bubbles are the finding
+#: ``pipeline_bubble`` (verdict ``pipeline_bubble_ratio``). GPipe and 1F1B idle
+#: (stages - 1) / (microbatches + stages - 1) of each step by design, a third with
+#: two stages and two microbatches per stage; past 0.4 more microbatches, or an
+#: interleaved schedule, pay.
+PIPELINE_BUBBLE_RATIO = 0.4
+#: The process-group name of pipeline stages (``comm_groups``): its waits are bubbles,
+#: not communication that a faster network would remove.
+PIPELINE_GROUP = "pp"
+
 #: ``trainmon_gpu_sawtooth_ratio`` (0-1) at or above which a GPU is flagged:
 #: one full busy→idle→busy cycle in the sampler's look-back of two windows
 #: (``trainmon.gpu.sampler``). The verdict's ``sawtooth_ratio``, the alert

@@ -319,8 +319,13 @@ def test_fsdp2_job_reports_its_collectives(sink: ReportSink) -> None:
     for report in job.reports.values():
         assert report.comm_bytes == fsdp_bytes_per_step(width, depth, 2) * steps
         assert report.comm_seconds is not None and report.comm_seconds > 0
-        # synchronous collectives on CPU: the rank is blocked for all of them
-        assert report.comm_exposed_seconds == pytest.approx(report.comm_seconds)
+        # on CPU the rank waits for nearly all of them: FSDP2's all-gathers are
+        # prefetched (asynchronous), so a little of their time overlaps compute
+        assert report.comm_exposed_seconds is not None
+        assert 0.8 * report.comm_seconds <= report.comm_exposed_seconds <= report.comm_seconds
+        assert report.comm_groups is not None
+        assert set(report.comm_groups) == {"dp"}
+        assert report.comm_groups["dp"].bytes == report.comm_bytes
 
 
 @pytest.mark.integration

@@ -10,25 +10,35 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from trainmon.client import Reporter
 from trainmon.training.protocol import ReportError, StepReport, encode_report, parse_report
 from trainmon.training.report_fields import (
+    COMM_GROUP_FIELDS,
     FIELDS_BY_NAME,
     REPORT_FIELDS,
+    CommGroup,
     ReportField,
     build_report,
 )
 
+
+def comm_groups(sent: dict[str, dict[str, object]]) -> dict[str, CommGroup]:
+    return {name: CommGroup(**group) for name, group in sent.items()}  # type: ignore[arg-type]
+
+
 #: Fields whose value the daemon normalises: (sent, as StepReport holds it).
-NORMALISED = {"step_buckets": tuple, "gpu": str}
+NORMALISED: dict[str, Callable[[Any], object]] = {
+    "step_buckets": tuple, "gpu": str, "comm_groups": comm_groups}
 #: A value of the wrong JSON type for each kind of field.
 WRONG_TYPE = {"integer": "1", "number": "1.5", "label": 7, "reporter_id": 7, "run_id": 7,
-              "gpu": "gpu0", "path": 7, "buckets": {}, "phases": [], "version": "1"}
+              "gpu": "gpu0", "path": 7, "buckets": {}, "phases": [], "version": "1",
+              "comm_groups": []}
 
 
 @pytest.fixture
@@ -48,7 +58,8 @@ def reporter(tmp_path: Path) -> Iterator[Reporter]:
 
 
 class CountedBuckets:
-    """A ``CommSource`` that has launched 24 collectives, none in flight."""
+    """A ``CommSource`` that has launched 24 collectives, none in flight: 16 on its
+    data-parallel group, 8 on its tensor-parallel one (every key of a group known)."""
 
     def fold(self) -> None:
         pass
@@ -56,11 +67,19 @@ class CountedBuckets:
     def close(self) -> None:
         pass
 
-    def in_flight(self) -> None:
+    def in_flight(self, thread: int | None = None) -> None:
         return None
 
     def launched_collectives(self) -> int:
         return 24
+
+    def groups(self, step_seconds: float) -> dict[str, dict[str, object]]:
+        return {
+            "dp": {"collectives": 16, "bytes": 1 << 20, "seconds": 0.002,
+                   "exposed_seconds": 0.0, "seq": 16, "root": 1},
+            "tp": {"collectives": 8, "bytes": 4096, "seconds": 0.001,
+                   "exposed_seconds": 0.0, "seq": 8, "root": 0},
+        }
 
 
 def test_the_client_sends_every_field_of_the_schema_in_its_order(reporter: Reporter) -> None:
@@ -77,7 +96,8 @@ def test_the_daemon_accepts_every_field_the_client_sends_as_sent(reporter: Repor
     for spec in REPORT_FIELDS:
         if spec.kind == "version":
             continue
-        expected = NORMALISED.get(spec.name, lambda value: value)(sent[spec.name])
+        normalised = NORMALISED.get(spec.name)
+        expected = sent[spec.name] if normalised is None else normalised(sent[spec.name])
         assert getattr(parsed, spec.name) == expected, spec.name
 
 
@@ -132,6 +152,18 @@ def test_every_relation_names_fields_of_the_schema() -> None:
         for other in (*spec.at_most, spec.below, spec.adds_up_to, spec.needs):
             assert other is None or other in FIELDS_BY_NAME, (spec.name, other)
         assert not (spec.required and spec.omitted_when_unknown), spec.name
+    group_keys = {spec.name for spec in COMM_GROUP_FIELDS}
+    for spec in COMM_GROUP_FIELDS:
+        assert set(spec.at_most) <= group_keys, spec.name
+
+
+def test_comm_group_has_one_attribute_per_key_and_the_same_required_ones() -> None:
+    attributes = {item.name: item for item in dataclasses.fields(CommGroup)}
+
+    assert list(attributes) == [spec.name for spec in COMM_GROUP_FIELDS]
+    assert {name for name, item in attributes.items()
+            if item.default is dataclasses.MISSING} == {
+        spec.name for spec in COMM_GROUP_FIELDS if spec.required}
 
 
 def test_build_report_takes_exactly_the_schemas_fields(tmp_path: Path) -> None:
@@ -144,3 +176,27 @@ def test_build_report_takes_exactly_the_schemas_fields(tmp_path: Path) -> None:
         build_report({name: value for name, value in values.items() if name != "samples"})
     with pytest.raises(ValueError, match=r"extra: \['sample_count'\]"):
         build_report({**values, "sample_count": 3})
+
+
+def test_build_report_sends_each_group_with_its_unknown_keys_left_out(tmp_path: Path) -> None:
+    with Reporter("fresh", endpoint=f"unix://{tmp_path}/none.sock", environ={}) as fresh:
+        known = fresh.report()
+    values = {spec.name: known.get(spec.name) for spec in REPORT_FIELDS}  # None: unknown
+    values["comm_groups"] = {
+        "dp": CommGroup(collectives=3, bytes=96, seconds=0.5, root=0),
+        "tp": {"collectives": 1, "bytes": 8, "seconds": 0.25, "exposed_seconds": None,
+               "seq": 1},
+    }
+
+    sent = build_report(dict(values))
+
+    assert sent["comm_groups"] == {
+        "dp": {"collectives": 3, "bytes": 96, "seconds": 0.5, "root": 0},
+        "tp": {"collectives": 1, "bytes": 8, "seconds": 0.25, "seq": 1},
+    }
+    assert parse_report(encode_report(sent)).comm_groups == {
+        "dp": CommGroup(collectives=3, bytes=96, seconds=0.5, root=0),
+        "tp": CommGroup(collectives=1, bytes=8, seconds=0.25, seq=1),
+    }
+    with pytest.raises(ValueError, match=r"extra: \['calls'\]"):
+        build_report({**values, "comm_groups": {"dp": {"calls": 3}}})

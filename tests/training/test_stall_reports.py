@@ -20,6 +20,7 @@ from trainmon.training.protocol import (
     parse,
 )
 from trainmon.training.receiver import ingest_payload
+from trainmon.training.report_fields import MAX_GROUP_NAME_LENGTH
 
 
 def stall(**changes: object) -> dict[str, object]:
@@ -46,6 +47,15 @@ def test_a_stall_line_parses_innermost_frame_first() -> None:
     assert parsed.where == "data_loader" and parsed.steps == 10
     assert parsed.frames[0].function == "__getitem__" and parsed.frames[0].line == 42
     assert (parsed.collective, parsed.collective_seq) == ("all_reduce", 311)
+    assert parsed.collective_group is None  # a client that does not name the group
+
+
+def test_a_stall_line_names_the_process_group_of_its_collective() -> None:
+    parsed = parse(encoded(stall(where="collective", collective={
+        "op": "all_gather_into_tensor", "seq": 12, "group": "tp"}))[:-1])
+    assert isinstance(parsed, StallReport)
+    assert (parsed.collective, parsed.collective_seq, parsed.collective_group) == (
+        "all_gather_into_tensor", 12, "tp")
 
 
 def test_secrets_in_source_lines_and_paths_are_redacted() -> None:
@@ -66,6 +76,10 @@ def test_secrets_in_source_lines_and_paths_are_redacted() -> None:
     {"frames": "not a list"},
     {"collective": {"op": "all reduce"}},
     {"collective": "all_reduce"},
+    {"collective": {"op": "all_reduce", "group": ""}},
+    {"collective": {"op": "all_reduce", "group": "t p"}},
+    {"collective": {"op": "all_reduce", "group": 3}},
+    {"collective": {"op": "all_reduce", "group": "g" * (MAX_GROUP_NAME_LENGTH + 1)}},
     {"steps": -1},
     {"since": float("nan")},
     {"phase": "bad phase"},
@@ -104,6 +118,7 @@ def test_a_stall_holds_until_the_ranks_steps_move_on() -> None:
                       rank="0") == 1_700_000_000.0
     (info,) = held.labelsets("trainmon_training_stall_info")
     assert info["where"] == "data_loader" and info["frame"] == "dataset.py:42 __getitem__"
+    assert (info["collective"], info["seq"], info["group"]) == ("", "", "")
     assert cleared.value("trainmon_training_stalled", job="resnet50", rank="0") == 0.0
     assert cleared.labelsets("trainmon_training_stall_info") == []
 
@@ -124,3 +139,23 @@ def test_a_stall_of_a_rank_that_never_reported_or_of_another_writer_is_refused()
     assert [error.reason for error in foreign.errors] == ["forbidden"]
     assert [error.reason for error in stale.errors] == ["invalid_field"]
     assert exposition.value("trainmon_training_stalled", job="resnet50", rank="0") == 0.0
+
+
+def test_the_stalled_collectives_group_is_a_label_of_stall_info() -> None:
+    training = collector()
+    try:
+        waiting = stall(rank=1, where="collective", frames=[],
+                        collective={"op": "all_reduce", "seq": 311, "group": "dp"})
+        unnamed = stall(rank=2, where="collective", frames=[],
+                        collective={"op": "all_reduce", "seq": 311})
+        result = ingest_payload(training.store, encoded(
+            report(rank=1), report(rank=2), waiting, unnamed), "http", 128)
+        assert not result.errors, result.errors
+        exposition = scrape(training)
+    finally:
+        training.stop()
+    assert exposition.series("trainmon_training_stall_info", "job", "rank", "where", "phase",
+                             "collective", "seq", "frame", "group") == {
+        ("resnet50", "1", "collective", "", "all_reduce", "311", "", "dp"): 1.0,
+        ("resnet50", "2", "collective", "", "all_reduce", "311", "", ""): 1.0,
+    }

@@ -71,13 +71,14 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
+from trainmon.client import collectives
+from trainmon.client.collectives import OTHER_GROUP, Launch
+from trainmon.client.comm import CommSink, GroupTotals
 from trainmon.client.watchdog import InFlight
 from trainmon.logthrottle import LogThrottle
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import GradBucket
-
-    from trainmon.client.reporter import Reporter
 
 log = logging.getLogger(__name__)
 
@@ -114,45 +115,34 @@ BucketRecord = list[Any]
 
 
 class _Record:
-    """One process-group collective from launch to completion, on one timeline.
+    """One CUDA collective from launch to completion, as events on the GPU timeline.
 
-    CPU records carry ``perf_counter`` seconds, CUDA records events. ``end`` /
-    ``end_event`` are written by the completion callback (a backend thread).
+    ``end_event`` is written by the completion callback (a backend thread).
     """
 
-    __slots__ = ("blocking", "end", "end_event", "nbytes", "start", "start_event")
+    __slots__ = ("blocking", "end_event", "group", "nbytes", "start_event")
 
-    def __init__(self, cuda: bool, nbytes: int = 0) -> None:
+    def __init__(self, group: str, nbytes: int = 0) -> None:
+        self.group = group
         self.nbytes = nbytes
-        #: The caller was blocked for all of it (exposed = its duration).
+        #: The caller's stream waited for all of it (exposed = its duration).
         self.blocking = False
-        self.start = math.nan
-        self.end: float | None = None
-        self.start_event: torch.cuda.Event | None = None
         self.end_event: torch.cuda.Event | None = None
-        if cuda:
-            event = _timing_event()
-            event.record()
-            self.start_event = event
-        else:
-            self.start = _clock()
+        event = _timing_event()
+        event.record()
+        self.start_event = event
 
     def finish(self, _future: object = None) -> None:
-        """Mark completion (future callback, or after a blocking call)."""
+        """Mark completion (the work's future callback)."""
         try:
-            if self.start_event is not None:
-                event = _timing_event()
-                event.record()  # the current stream waits for the collective
-                self.end_event = event
-            else:
-                self.end = _clock()
+            event = _timing_event()
+            event.record()  # the current stream waits for the collective
+            self.end_event = event
         except RuntimeError as error:  # a CUDA error here must not fail the collective
             log.debug("trainmon: cannot time a collective: %s", error)
 
     def complete(self) -> bool:
         """True once the interval is known (never blocks)."""
-        if self.start_event is None:
-            return self.end is not None
         return (
             self.end_event is not None
             and bool(self.end_event.query())  # type: ignore[no-untyped-call]
@@ -167,46 +157,116 @@ def _timing_event() -> torch.cuda.Event:
 class CommMeter:
     """One reporter's measured communication: records in flight, folded on demand.
 
-    Implements ``trainmon.client.reporter.CommSource``.
+    Implements ``trainmon.client.comm.CommSource`` for the reporter and
+    ``trainmon.client.collectives.LaunchSink`` for the process-wide wrappers.
     """
 
-    def __init__(self, reporter: Reporter) -> None:
-        self._reporter = weakref.ref(reporter)
+    def __init__(self, sink: CommSink) -> None:
+        self._sink = weakref.ref(sink)
         self._lock = threading.Lock()
         self._buckets: list[BucketRecord] = []
+        #: CUDA launches (events), CPU launches and CPU waits not folded yet.
         self._collectives: list[_Record] = []
+        self._launches: list[Launch] = []
+        self._waits: list[tuple[str, float, float]] = []
         # What earlier folds covered, per timeline: later intervals start after it.
         self._cpu_tail = -math.inf
+        self._wait_tail = -math.inf
         self._gpu_tail: torch.cuda.Event | None = None
+        #: Per group, where its CPU intervals folded so far end.
+        self._group_tails: dict[str, float] = {}
         self._failures = LogThrottle()
         self.active = True
         #: DDP buckets launched so far: the last one's sequence number.
         self.launched = 0
+        #: The group DDP's buckets are reported under.
+        self.bucket_group = "dp"
+        #: Per group, what it carried (``CommSource.groups``).
+        self.totals: dict[str, GroupTotals] = {}
+        #: A launch or wait outside DDP's buckets was seen: the one-pass fold of
+        #: bucket rounds alone no longer gives each group's share.
+        self._mixed = False
+
+    # -- what the hook and the wrappers report (training and backend threads) ------
 
     def add_bucket(self, record: BucketRecord) -> None:
         """Keep a DDP bucket's record until a fold (the hook, on the training thread)."""
         self.launched += 1
         record.append(self.launched)
+        with self._lock:
+            totals = self._group(self.bucket_group)
+            totals.collectives += 1
+            totals.bytes += record[BYTES]
         self._keep(record, self._buckets)
+
+    def launch(self, group: str, op: str, nbytes: int, *, cuda: bool) -> Launch:
+        """Count a launch on ``group`` (``LaunchSink.launch``)."""
+        with self._lock:
+            totals = self._group(group)
+            totals.collectives += 1
+            totals.bytes += nbytes
+            seq = totals.collectives
+            self._mixed = True
+        launch = Launch(group, op, seq, nbytes, _clock(), since=time.time())
+        if cuda:
+            launch.record = _Record(group, nbytes)
+            self._keep(launch.record, self._collectives)
+        else:
+            self._keep(launch, self._launches)
+        return launch
+
+    def waited(self, launch: Launch | None, start: float, end: float) -> None:
+        """A thread was blocked for ``launch`` from ``start`` to ``end``
+        (``LaunchSink.waited``): on the CPU, exposed time of its group."""
+        if launch is not None and launch.record is not None:  # CUDA: a stream wait
+            if torch.cuda.current_stream() == torch.cuda.default_stream():
+                launch.record.blocking = True
+            return
+        if launch is not None:
+            if start - launch.returned <= collectives.IMMEDIATE_WAIT_SECONDS:
+                start = launch.start  # a synchronous call: blocked from its launch on
+                launch.end = end
+            elif launch.end is None:
+                launch.end = end
+        self._mixed = True
+        self._keep((OTHER_GROUP if launch is None else launch.group, start, end), self._waits)
 
     def launched_collectives(self) -> int | None:
         """DDP buckets launched so far (``CommSource.launched_collectives``); None before
-        the first, or for a model whose collectives are not DDP buckets (FSDP)."""
+        the first, or for a model whose collectives are not DDP buckets."""
         return self.launched or None
 
-    def in_flight(self) -> InFlight | None:
-        """The oldest DDP bucket launched and not completed (``CommSource.in_flight``,
-        read by the sender thread while the training thread may append)."""
+    def groups(self, step_seconds: float) -> dict[str, dict[str, object]] | None:
+        """Each group's totals as the report carries them (``CommSource.groups``)."""
+        with self._lock:
+            if not self.totals:
+                return None
+            return {name: totals.wire(step_seconds) for name, totals in self.totals.items()}
+
+    def in_flight(self, thread: int | None = None) -> InFlight | None:
+        """The collective ``thread`` waits in, else the oldest DDP bucket launched and
+        not completed (``CommSource.in_flight``, read by the sender thread while the
+        training thread may append)."""
+        waiting = collectives.waiting_in(thread)
+        if waiting is not None:
+            return waiting
         for record in tuple(self._buckets):
             if record[COMPLETION] is None:
                 launch = record[LAUNCH]
                 since = None
                 if isinstance(launch, float):  # CPU: a perf_counter reading
                     since = time.time() - (_clock() - launch)
-                return InFlight(record[COLLECTIVE], record[SEQUENCE], since)
+                return InFlight(record[COLLECTIVE], record[SEQUENCE], since, self.bucket_group)
         return None
 
-    def _keep(self, record: BucketRecord | _Record, records: list[Any]) -> None:
+    def _group(self, name: str) -> GroupTotals:
+        """The totals of ``name`` (lock held)."""
+        totals = self.totals.get(name)
+        if totals is None:
+            totals = self.totals[name] = GroupTotals(root=collectives.group_names().root(name))
+        return totals
+
+    def _keep(self, record: Any, records: list[Any]) -> None:
         if len(records) < MAX_PENDING_RECORDS:
             records.append(record)  # list.append is atomic; fold takes records under the lock
         elif self._failures.allow("overflow"):
@@ -215,7 +275,7 @@ class CommMeter:
 
     def fold(self) -> None:
         """Hand the completed rounds and collectives to the reporter; never raises."""
-        if not (self._buckets or self._collectives):
+        if not (self._buckets or self._collectives or self._launches or self._waits):
             return
         try:
             with self._lock:
@@ -224,31 +284,15 @@ class CommMeter:
             if self._failures.allow("fold", str(error)):
                 log.warning("trainmon: cannot resolve communication timings: %s", error)
             return
-        reporter = self._reporter()
-        if measured is not None and reporter is not None:
-            reporter.add_comm(*measured)
+        sink = self._sink()
+        if measured is not None and sink is not None:
+            sink.add_comm(*measured)
 
     def close(self) -> None:
         """Stop measuring: hooks and wrappers pass straight through from now on."""
         self.active = False
-        _unregister_groups(self)
-
-    def time_collective(
-        self, call: Callable[[], Any], *, cuda: bool, nbytes: int, async_op: bool
-    ) -> Any:
-        """Run one collective on an instrumented group and record its interval."""
-        record = _Record(cuda, nbytes)
-        result = call()
-        if async_op:
-            try:
-                result.get_future().then(record.finish)
-            except (AttributeError, RuntimeError):  # no future for this op/backend
-                return result
-        else:
-            record.blocking = not cuda or torch.cuda.current_stream() == torch.cuda.default_stream()
-            record.finish()
-        self._keep(record, self._collectives)
-        return result
+        if collectives.measuring(self):
+            collectives.measure_into(None)
 
     # -- folding (lock held) ---------------------------------------------------
 
@@ -258,10 +302,12 @@ class CommMeter:
         if taken:
             records = buckets[:taken]
             del buckets[:taken]  # in place: a hook may append meanwhile (CUDA backward)
-            if not self._collectives:  # the usual DDP step: one CPU round
+            if not self._mixed:  # the usual DDP step: one CPU round
                 folded = _fold_cpu_rounds(records, self._cpu_tail)
                 if folded is not None:
                     seconds, exposed, nbytes, self._cpu_tail = folded
+                    self._group_tails[self.bucket_group] = self._cpu_tail
+                    self._credit(self.bucket_group, seconds, exposed)
                     return seconds, exposed, nbytes
         done: list[_Record] = []
         if self._collectives:
@@ -269,11 +315,19 @@ class CommMeter:
             if done:
                 finished = {id(record) for record in done}
                 self._collectives = [r for r in self._collectives if id(r) not in finished]
-        if not rounds and not done:
+        launches: list[Launch] = []
+        if self._launches:
+            launches = [launch for launch in self._launches if launch.end is not None]
+            if launches:
+                self._launches = [launch for launch in self._launches if launch.end is None]
+        waits, self._waits = self._waits, []
+        if not rounds and not done and not launches and not waits:
             return None
         cpu, gpu = _Timeline(), _Timeline()
         # GPU records as (launch, completion) events, in order: rounds, then collectives.
         events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        event_groups: list[str] = []
+        group_spans: dict[str, list[tuple[float, float]]] = {}
         nbytes = 0
         for round_ in rounds:
             cpu_spans: list[tuple[float, float]] = []
@@ -284,39 +338,71 @@ class CommMeter:
                     cpu_spans.append((launch, record[COMPLETION]))
                 else:
                     events.append((launch, record[COMPLETION]))
+                    event_groups.append(self.bucket_group)
             if cpu_spans:
                 cpu.add_round(cpu_spans)
+                group_spans.setdefault(self.bucket_group, []).extend(cpu_spans)
             if len(cpu_spans) < len(round_):
                 gpu.rounds.append(len(round_) - len(cpu_spans))
+        round_waits = sum(cpu.waits)
+        if round_waits:
+            self._credit(self.bucket_group, 0.0, round_waits)
+        for launch in launches:
+            nbytes += launch.nbytes
+            span = (launch.start, _end(launch))
+            cpu.add_collective(span, False)
+            group_spans.setdefault(launch.group, []).append(span)
+        for group, start, end in waits:  # what was waited for was in flight meanwhile
+            cpu.add_collective((start, end), False)
+            group_spans.setdefault(group, []).append((start, end))
         gpu_blocking: list[bool] = [False] * len(events)
         for collective in done:
             nbytes += collective.nbytes
-            if collective.start_event is None:
-                cpu.add_collective((collective.start, _end(collective)), collective.blocking)
-            else:
-                assert collective.end_event is not None
-                events.append((collective.start_event, collective.end_event))
-                gpu_blocking.append(collective.blocking)
+            assert collective.end_event is not None
+            events.append((collective.start_event, collective.end_event))
+            event_groups.append(collective.group)
+            gpu_blocking.append(collective.blocking)
         seconds = exposed = 0.0
         if cpu.spans:
             comm, wait, self._cpu_tail = cpu.fold(self._cpu_tail)
             seconds, exposed = seconds + comm, exposed + wait
+        for group, spans in group_spans.items():
+            length, self._group_tails[group] = _union_length(
+                spans, self._group_tails.get(group, -math.inf))
+            self._credit(group, length, None)
+        if waits:
+            waited, self._wait_tail = _union_length(
+                [(start, end) for _, start, end in waits], self._wait_tail)
+            exposed += waited
+            for group, start, end in waits:
+                self._credit(group, 0.0, end - start)
         if events:
-            clip = self._gpu_spans(events, gpu, gpu_blocking)
+            clip = self._gpu_spans(events, gpu, gpu_blocking, event_groups)
             comm, wait, _ = gpu.fold(clip)
             seconds, exposed = seconds + comm, exposed + wait
-        exposed_known = bool(rounds) or any(record.blocking for record in done)
+            if gpu.waits:
+                self._credit(self.bucket_group, 0.0, sum(gpu.waits))
+        exposed_known = bool(rounds) or bool(waits) or any(record.blocking for record in done)
         return seconds, (exposed if exposed_known else None), nbytes
+
+    def _credit(self, group: str, seconds: float, exposed: float | None) -> None:
+        """Add to ``group``'s totals (lock held)."""
+        totals = self._group(group)
+        totals.seconds += seconds
+        if exposed is not None:
+            totals.exposed_seconds = (totals.exposed_seconds or 0.0) + exposed
 
     def _gpu_spans(
         self,
         events: list[tuple[torch.cuda.Event, torch.cuda.Event]],
         timeline: _Timeline,
         blocking: list[bool],
+        groups: list[str],
     ) -> float:
         """Fill ``timeline`` with the GPU-timeline seconds of each (launch,
         completion) pair relative to the first launch event; where the previous
-        fold's intervals ended on that scale.
+        fold's intervals ended on that scale. Each pair's duration counts for its
+        group (``groups``; their sum, on the GPU timeline).
 
         ``timeline.rounds`` holds the size of each round (the first pairs of
         ``events``, in order), ``blocking`` a flag per pair. Offsets stay small:
@@ -326,6 +412,8 @@ class CommMeter:
         reference = events[0][0]
         spans = [(reference.elapsed_time(launch) / 1e3, reference.elapsed_time(completion) / 1e3)
                  for launch, completion in events]
+        for (start, end), group, blocked in zip(spans, groups, blocking, strict=True):
+            self._credit(group, max(0.0, end - start), max(0.0, end - start) if blocked else None)
         sizes, timeline.rounds = timeline.rounds, []
         begin = 0
         for size in sizes:
@@ -376,9 +464,9 @@ class _Timeline:
         return comm, exposed, covered_until
 
 
-def _end(record: _Record) -> float:
-    assert record.end is not None
-    return record.end
+def _end(launch: Launch) -> float:
+    assert launch.end is not None
+    return launch.end
 
 
 def _fold_cpu_rounds(
@@ -482,7 +570,11 @@ class _BucketTimer:
             # allreduce_hook's collective, as DDP's built-in hook issues it.
             group = cast("dist.ProcessGroup", state if state is not None else dist.group.WORLD)
             buffer.div_(group.size())
-            future = group.allreduce([buffer]).get_future()
+            collectives.in_bucket_hook(_ignore_bytes)  # the bucket's own all-reduce
+            try:
+                future = group.allreduce([buffer]).get_future()
+            finally:
+                collectives.in_bucket_hook(None)
             record[BYTES] = buffer.numel() * buffer.element_size()
             meter.add_bucket(record)
 
@@ -491,11 +583,11 @@ class _BucketTimer:
                 return done.value()[0]
 
             return future.then(reduced)
-        _in_hook.record = record
+        collectives.in_bucket_hook(functools.partial(_add_bytes, record))
         try:
             hooked = self.hook(state, bucket)
         finally:
-            _in_hook.record = None
+            collectives.in_bucket_hook(None)
         if not record[BYTES]:  # no collective seen through torch.distributed
             record[BYTES] = buffer.numel() * buffer.element_size()
         meter.add_bucket(record)
@@ -505,6 +597,15 @@ class _BucketTimer:
             return done.value()
 
         return hooked.then(completed)
+
+
+def _ignore_bytes(nbytes: int) -> None:
+    """The bucket's own all-reduce: its bytes are the buffer's, counted by the timer."""
+
+
+def _add_bytes(record: BucketRecord, nbytes: int) -> None:
+    """A collective the user's hook issued for the bucket: its bytes are the bucket's."""
+    record[BYTES] += nbytes
 
 
 def _launch_event() -> torch.cuda.Event:
@@ -560,110 +661,6 @@ def _instrument_ddp(
     return True
 
 
-# -- process-group collectives ---------------------------------------------------
-
-
-class _HookContext(threading.local):
-    #: The DDP bucket whose hook runs on this thread: its collectives are its bytes.
-    record: BucketRecord | None = None
-
-
-_in_hook = _HookContext()
-#: id(process group) -> (the group, kept alive so its id stays unique; its meter).
-_GROUP_METERS: dict[int, tuple[object, weakref.ref[CommMeter]]] = {}
-_install_lock = threading.Lock()
-_installed = False
-
-
-def _register_groups(meter: CommMeter, groups: Iterable[object]) -> None:
-    with _install_lock:
-        for group in groups:
-            if group is None:
-                continue
-            known = _GROUP_METERS.get(id(group))
-            other = known[1]() if known else None
-            if other is not None and other is not meter and other.active:
-                log.warning("trainmon: a process group is instrumented by two reporters; "
-                            "the later one measures it")
-            _GROUP_METERS[id(group)] = (group, weakref.ref(meter))
-
-
-def _unregister_groups(meter: CommMeter) -> None:
-    with _install_lock:
-        for key, (_, owner) in list(_GROUP_METERS.items()):
-            if owner() in (meter, None):
-                del _GROUP_METERS[key]
-
-
-def _install_collective_wrappers() -> None:
-    """Wrap the ``torch.distributed`` collectives, once per process, never undone.
-
-    Other code (and other wrappers installed after ours) may hold the wrapped
-    functions, so they stay; on groups no live meter measures they only pass
-    the call through (a dict lookup).
-    """
-    global _installed
-    with _install_lock:
-        if _installed:
-            return
-        for name, payload in COLLECTIVE_PAYLOADS.items():
-            original = getattr(dist, name, None)
-            if original is not None and not getattr(original, "__trainmon_timed__", False):
-                setattr(dist, name, _timed_collective(original, payload))
-        _installed = True
-
-
-def _timed_collective(original: Callable[..., Any], payload: str) -> Callable[..., Any]:
-    parameters = list(inspect.signature(original).parameters)
-    payload_at = parameters.index(payload)
-    group_at = parameters.index("group")
-    async_at = parameters.index("async_op")
-
-    def argument(args: tuple[Any, ...], kwargs: dict[str, Any], name: str, at: int) -> Any:
-        if name in kwargs:
-            return kwargs[name]
-        return args[at] if len(args) > at else None
-
-    @functools.wraps(original)
-    def collective(*args: Any, **kwargs: Any) -> Any:
-        bucket = _in_hook.record
-        if (bucket is None and not _GROUP_METERS) or torch.compiler.is_compiling():
-            return original(*args, **kwargs)
-        tensors = argument(args, kwargs, payload, payload_at)
-        if bucket is not None:  # issued by a DDP hook: the bucket's interval covers it
-            bucket[BYTES] += _nbytes(tensors)
-            return original(*args, **kwargs)
-        group = argument(args, kwargs, "group", group_at)
-        entry = _GROUP_METERS.get(id(group if group is not None else dist.group.WORLD))
-        meter = entry[1]() if entry is not None else None
-        if meter is None or not meter.active:
-            return original(*args, **kwargs)
-        return meter.time_collective(
-            lambda: original(*args, **kwargs),
-            cuda=_is_cuda(tensors), nbytes=_nbytes(tensors),
-            async_op=bool(argument(args, kwargs, "async_op", async_at)),
-        )
-
-    collective.__trainmon_timed__ = True  # type: ignore[attr-defined]
-    return collective
-
-
-def _nbytes(tensors: object) -> int:
-    if isinstance(tensors, torch.Tensor):
-        return tensors.numel() * tensors.element_size()
-    if isinstance(tensors, (list, tuple)):
-        return sum(_nbytes(tensor) for tensor in tensors)
-    return 0
-
-
-def _is_cuda(tensors: object) -> bool:
-    if isinstance(tensors, torch.Tensor):
-        return tensors.is_cuda
-    if isinstance(tensors, (list, tuple)) and tensors:
-        return _is_cuda(tensors[0])
-    return False
-
-
 # -- FSDP ------------------------------------------------------------------------
 
 
@@ -699,17 +696,22 @@ _INSTRUMENTED: weakref.WeakKeyDictionary[nn.Module, CommMeter] = weakref.WeakKey
 
 
 def instrument(
-    reporter: Reporter,
+    sink: CommSink,
     model: object,
     *,
     comm_hook: HookFn | None = None,
     comm_state: object = None,
     source: object = None,
 ) -> CommMeter | None:
-    """Measure ``model``'s communication into ``reporter``; the meter, or None if
-    the model cannot be measured (one warning says why).
+    """Measure the communication of ``model``'s job into ``sink`` (the reporter);
+    the meter, or None if it cannot be measured (one warning says why).
 
-    ``source`` is the reporter's current meter, reused for a second model.
+    A DDP model gets the bucket timer; any model of a process whose
+    ``torch.distributed`` is initialised has every collective of the process
+    measured (``trainmon.client.collectives``), its groups named after the mesh
+    dimensions its DTensor parameters and FSDP2 modules live on, DDP's and FSDP's
+    groups ``dp`` where no mesh names them. ``source`` is the reporter's current
+    meter, reused for a second model.
     """
     if not isinstance(model, nn.Module):
         log.warning("trainmon: instrument() got a %s, not a torch.nn.Module; "
@@ -720,23 +722,43 @@ def instrument(
         if known is not source:
             log.warning("trainmon: this model is already instrumented by another reporter")
         return known if known is source else None
-    meter = source if isinstance(source, CommMeter) else CommMeter(reporter)
+    if not (dist.is_available() and dist.is_initialized()):
+        log.warning("trainmon: instrument() needs an initialised torch.distributed process "
+                    "group (%s has none); communication is not measured", type(model).__name__)
+        return None
+    meter = source if isinstance(source, CommMeter) else CommMeter(sink)
+    names = collectives.group_names()
+    names.assign_meshes(_meshes(model))
     if isinstance(model, DistributedDataParallel):
         if not _instrument_ddp(meter, model, comm_hook, comm_state):
             return None
-        groups: list[object] = [model.process_group]
-    else:
-        if comm_hook is not None:
-            log.warning("trainmon: comm_hook is for DistributedDataParallel models; "
-                        "ignored for %s", type(model).__name__)
-        groups = _fsdp_groups(model)
-        if not groups:
-            log.warning(
-                "trainmon: instrument() found no DistributedDataParallel or FSDP in %s; "
-                "communication is not measured", type(model).__name__,
-            )
-            return None
-    _install_collective_wrappers()
-    _register_groups(meter, groups)
+        names.assign(model.process_group, "dp")
+        meter.bucket_group = names.name(model.process_group)
+    elif comm_hook is not None:
+        log.warning("trainmon: comm_hook is for DistributedDataParallel models; "
+                    "ignored for %s", type(model).__name__)
+    for group in _fsdp_groups(model):
+        names.assign(group, "dp")
+    collectives.measure_into(meter)
     _INSTRUMENTED[model] = meter
     return meter
+
+
+def _meshes(model: nn.Module) -> list[object]:
+    """The device meshes of ``model``'s DTensor parameters and FSDP2 modules."""
+    meshes: dict[int, object] = {}
+    for parameter in model.parameters():
+        mesh = getattr(parameter, "device_mesh", None)
+        if mesh is not None:
+            meshes.setdefault(id(mesh), mesh)
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        return list(meshes.values())
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            param_group = module._get_fsdp_state()._fsdp_param_group
+            if param_group is not None:
+                mesh = param_group.mesh_info.mesh
+                meshes.setdefault(id(mesh), mesh)
+    return list(meshes.values())

@@ -55,15 +55,16 @@ import threading
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from trainmon.client.agreement import RunAgreement, Settlement
 from trainmon.client.batches import samples_in, tuple_length_mistake
+from trainmon.client.comm import CommSource
 from trainmon.client.ending import ProcessEnding
 from trainmon.client.identity import detect_gpu, named_identity, rank_identity
 from trainmon.client.run import DataPaths, RunDescriber, launcher_run_id, process_run_id
 from trainmon.client.transport import Sender, default_endpoint, open_sender
-from trainmon.client.watchdog import InFlight, RankState, StallWatch
+from trainmon.client.watchdog import RankState, StallWatch
 from trainmon.contract import STEP_BUCKET_COUNT, STEP_SECONDS_BOUNDS
 from trainmon.logthrottle import LogThrottle
 from trainmon.training.protocol import (
@@ -105,29 +106,6 @@ CHECKPOINT_PHASE = "checkpoint"
 UNTIMED_LOCK_SECONDS = 0.1
 
 _perf_counter = time.perf_counter
-
-
-class CommSource(Protocol):
-    """Communication measured by instrumentation, folded into the totals.
-
-    ``fold()`` hands what completed since the last call to
-    ``Reporter.add_comm``; ``step()``, the sender thread and ``close()`` call
-    it. It must not block (events still in flight wait for the next call).
-    """
-
-    def fold(self) -> None: ...
-
-    def close(self) -> None: ...
-
-    def in_flight(self) -> InFlight | None:
-        """The oldest collective launched and not completed, for the stall watchdog
-        (``trainmon.client.watchdog``); None when none is, or when it cannot tell."""
-        ...
-
-    def launched_collectives(self) -> int | None:
-        """Collectives launched so far (the report's ``collective_seq``); None when it
-        does not count them."""
-        ...
 
 
 class Reporter:
@@ -598,6 +576,7 @@ class Reporter:
         value for every field of ``report_fields.REPORT_FIELDS``, in its order,
         ``None`` for what this reporter does not know (unmeasured communication, no
         checkpoint yet), which ``build_report`` leaves out as the schema says."""
+        source = self._comm_source
         with self._lock:
             last_step = self._step_start if self._steps else None
             comm = self._comm_seconds
@@ -629,8 +608,8 @@ class Reporter:
                 "last_checkpoint_time": self._last_checkpoint_time if saved else None,
                 "checkpoint_path": self._checkpoint_path if saved else None,
                 "last_step_time": None,
-                "collective_seq": None if self._comm_source is None
-                else self._comm_source.launched_collectives(),
+                "collective_seq": None if source is None else source.launched_collectives(),
+                "comm_groups": None if source is None else source.groups(self._step_seconds),
             }
         if last_step is not None:
             values["last_step_time"] = time.time() - (_perf_counter() - last_step)
@@ -758,7 +737,7 @@ class Reporter:
             state = RankState(
                 thread=self._driver, steps=steps, last_step=last_step, buckets=buckets,
                 phase=phase, checkpointing=self._checkpointing > 0,
-                in_flight=None if source is None else source.in_flight())
+                in_flight=None if source is None else source.in_flight(self._driver))
             line = self._stall_watch.look(state)
             if line is None:
                 return b""

@@ -18,8 +18,10 @@ report. ``step()`` costs the same as without it.
   * ``data_loader``: the tracked iterator's generator (``Reporter.track``) is on
     the stack: the thread is inside its ``next()``;
   * ``checkpoint``: inside ``with reporter.checkpoint(path)``;
-  * ``collective``: a collective in flight, as the instrumentation tells
-    (``CommSource.in_flight``: its name, sequence number, start), else a
+  * ``collective``: a collective the thread waits in, or one in flight, as the
+    instrumentation tells (``CommSource.in_flight``: its name, process group,
+    sequence number, start; waits inside C++ included: an asynchronous work's
+    ``wait()``, a functional collective's ``wait_tensor``), else a
     ``torch.distributed`` collective's frame on the stack (``all_reduce``,
     ``barrier``... in ``distributed_c10d.py``);
   * ``phase``: inside ``with reporter.phase(name)`` (the innermost open one);
@@ -82,6 +84,8 @@ class InFlight:
     seq: int | None
     #: Unix time it started; None where the clock is the GPU's (CUDA events).
     since: float | None
+    #: Its process group's name (``dp``, ``tp``, ``pp``... as in ``comm_groups``).
+    group: str | None = None
 
 
 @dataclass(frozen=True)
@@ -145,8 +149,11 @@ class StallWatch:
             line["phase"] = state.phase
         collective = state.in_flight
         if collective is not None:
-            line["collective"] = {"op": collective.op, "seq": collective.seq,
-                                  "since": collective.since}
+            described: dict[str, object] = {"op": collective.op, "seq": collective.seq,
+                                             "since": collective.since}
+            if collective.group is not None:
+                described["group"] = collective.group
+            line["collective"] = described
         elif line["where"] == "collective":
             line["collective"] = {"op": next(f.f_code.co_name for f in stack
                                              if _is_collective(f))}

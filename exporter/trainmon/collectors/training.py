@@ -20,6 +20,11 @@ run ledger's recorder (``trainmon.ledger.recorder``, wired by
 ``trainmon.collectors.ledger``) reads the same store and exports
 ``trainmon_training_run_changes_info``, which needs the ledger's history.
 
+Process groups: a report's ``comm_groups`` (communication per dp, tp, pp...
+group of a DeviceMesh) become ``trainmon_training_group_*{job,rank,group}``, the
+store's monotonic totals per group (``_GroupFamilies``); a stalled collective's
+group is the ``group`` label of ``trainmon_training_stall_info``.
+
 Ended ranks: a rank whose run said it ended (its description's ``ended``;
 ``Reporter.close()`` sends it after the final totals) keeps its series, with
 those final totals, until the TTL, and gets
@@ -56,6 +61,7 @@ from trainmon.paths import default_socket_path
 from trainmon.section import Auto, Section, setting
 from trainmon.training.protocol import STEPS_PATH
 from trainmon.training.receiver import SocketReceiver, StepPushHandler, read_tokens
+from trainmon.training.report_fields import CommGroup
 from trainmon.training.stalls import frame_text
 from trainmon.training.store import LastCheckpoint, RankView, TrainingStore, TrainingStoreView
 from trainmon.training.writers import uid_writer
@@ -499,8 +505,10 @@ def _rank_families(snapshot: TrainingStoreView) -> Iterable[Metric]:
         "trainmon_training_stall_info",
         "Where a stalled rank's training thread is: where (data_loader, collective, "
         "checkpoint, phase, code), the open phase, the collective in flight and its "
-        "sequence number, and the innermost frame (file name, line, function); always 1.",
-        labels=[*_RANK, "where", "phase", "collective", "seq", "frame"],
+        "sequence number, the innermost frame (file name, line, function) and the "
+        "collective's process group (dp, tp, pp...; empty where unknown), from the "
+        "client's stall report; always 1.",
+        labels=[*_RANK, "where", "phase", "collective", "seq", "frame", "group"],
     )
     collective_seq = GaugeMetricFamily(
         "trainmon_training_collective_seq",
@@ -509,9 +517,11 @@ def _rank_families(snapshot: TrainingStoreView) -> Iterable[Metric]:
         "only ranks that measure it.",
         labels=_RANK,
     )
+    groups = _GroupFamilies()
     world_sizes: dict[str, int] = {}
     for view in snapshot.ranks:
         labels = [view.job, str(view.rank)]
+        groups.add(labels, view.totals.comm_groups)
         if view.collective_seq is not None:
             collective_seq.add_metric(labels, view.collective_seq)
         stall = view.stall
@@ -522,7 +532,8 @@ def _rank_families(snapshot: TrainingStoreView) -> Iterable[Metric]:
                                    stall.collective or "",
                                    "" if stall.collective_seq is None
                                    else str(stall.collective_seq),
-                                   frame_text(stall.frames)], 1.0)
+                                   frame_text(stall.frames),
+                                   stall.collective_group or ""], 1.0)
         totals = view.totals
         steps.add_metric(labels, totals.steps)
         samples.add_metric(labels, totals.samples)
@@ -556,10 +567,64 @@ def _rank_families(snapshot: TrainingStoreView) -> Iterable[Metric]:
         world_size.add_metric([job], size)
     return [steps, samples, step_seconds, data_wait, phases, ratio, last_step, last_report, info,
             world_size, dropped, resets, comm, comm_exposed, comm_bytes, stalled, stall_since,
-            stall_info, collective_seq]
+            stall_info, collective_seq, *groups.families()]
 
 
+class _GroupFamilies:
+    """The per-process-group families (``comm_groups`` of the reports): one series per
+    rank and group, only for what the rank reports (an unknown is no sample)."""
 
+    def __init__(self) -> None:
+        group = [*_RANK, "group"]
+        self.collectives = CounterMetricFamily(
+            "trainmon_training_group_collectives_total",
+            "Collectives the rank launched on the process group (dp, tp, pp, cp, ep, "
+            "world...), as its client reports them (comm_groups); only ranks that report "
+            "groups.",
+            labels=group,
+        )
+        self.bytes = CounterMetricFamily(
+            "trainmon_training_group_comm_bytes_total",
+            "Bytes of the buffers of the rank's collectives on the process group (its "
+            "payload, not wire bytes), as its client reports them (comm_groups).",
+            labels=group,
+        )
+        self.seconds = CounterMetricFamily(
+            "trainmon_training_group_comm_seconds_total",
+            "Seconds with a collective of the process group in flight on the rank (GPU "
+            "timeline on CUDA), as its client reports them (comm_groups); overlapped "
+            "communication included.",
+            labels=group,
+        )
+        self.exposed = CounterMetricFamily(
+            "trainmon_training_group_comm_exposed_seconds_total",
+            "Seconds the rank's training thread waited for the process group's collectives "
+            "after its own compute was done, as its client reports them (comm_groups); "
+            "only where the client knows it.",
+            labels=group,
+        )
+        self.seq = GaugeMetricFamily(
+            "trainmon_training_group_collective_seq",
+            "Sequence number of the last collective the rank launched on the process group "
+            "(c10d's collective_seq_id on it), as its latest report says (comm_groups); root "
+            "is the group's lowest global rank (empty where unknown); only where known.",
+            labels=[*group, "root"],
+        )
+
+    def add(self, rank: list[str], groups: Mapping[str, CommGroup]) -> None:
+        for name, group in sorted(groups.items()):
+            labels = [*rank, name]
+            self.collectives.add_metric(labels, group.collectives)
+            self.bytes.add_metric(labels, group.bytes)
+            self.seconds.add_metric(labels, group.seconds)
+            if group.exposed_seconds is not None:
+                self.exposed.add_metric(labels, group.exposed_seconds)
+            if group.seq is not None:
+                root = "" if group.root is None else str(group.root)
+                self.seq.add_metric([*labels, root], group.seq)
+
+    def families(self) -> list[Metric]:
+        return [self.collectives, self.bytes, self.seconds, self.exposed, self.seq]
 
 
 def _build(config: TrainingConfig, wiring: Wiring) -> Collector:

@@ -68,6 +68,8 @@ MEASURED_SAMPLES = frozenset({
     "trainmon_gpu_process_info", "trainmon_nccl_problem_info",
     "trainmon_job_gpu_seconds_total", "trainmon_job_goodput_ratio",
     "trainmon_training_stall_info", "trainmon_training_stall_start_timestamp_seconds",
+    "trainmon_training_group_comm_exposed_seconds_total",
+    "trainmon_training_group_collective_seq",
 }) | PLATFORM_SAMPLES
 
 
@@ -119,6 +121,8 @@ class RankStall:
     frame: str
     #: Unix time its last step ended.
     since: float | None
+    #: The process group of the collective in flight ("" where unknown).
+    group: str = ""
 
 
 @dataclass(frozen=True)
@@ -149,6 +153,12 @@ class RankState:
     comm_bytes: float | None = None
     #: Where it is while its client reports it stalled; None while it steps.
     stall: RankStall | None = None
+    #: Per process group (``dp``, ``tp``, ``pp``...), the exposed seconds over the
+    #: window (``trainmon_training_group_comm_exposed_seconds_total``).
+    group_exposed: tuple[tuple[str, float], ...] = ()
+    #: Per process group and its lowest rank, the sequence number of its last launch,
+    #: latest (``trainmon_training_group_collective_seq``).
+    group_seqs: tuple[tuple[str, str, int], ...] = ()
 
     @property
     def comm_wait_seconds(self) -> float | None:
@@ -333,7 +343,20 @@ def _ranks(window: Window, comm_phases: tuple[str, ...]) -> tuple[RankState, ...
             where=found.get("where", ""), phase=found.get("phase", ""),
             collective=found.get("collective", ""),
             seq=found.get("seq", ""), frame=found.get("frame", ""),
-            since=stall_since.get(rank_labels))
+            since=stall_since.get(rank_labels), group=found.get("group", ""))
+    exposed_by_group: dict[tuple[str, str], list[tuple[str, float]]] = {}
+    for group_labels in window.label_sets("trainmon_training_group_comm_exposed_seconds_total"):
+        found = dict(group_labels)
+        value = window.increase("trainmon_training_group_comm_exposed_seconds_total",
+                                group_labels)
+        if value is not None:
+            exposed_by_group.setdefault((found.get("job", ""), found.get("rank", "")), []
+                                        ).append((found.get("group", ""), value))
+    seqs_by_rank: dict[tuple[str, str], list[tuple[str, str, int]]] = {}
+    for seq_labels, value in window.latest("trainmon_training_group_collective_seq").items():
+        found = dict(seq_labels)
+        seqs_by_rank.setdefault((found.get("job", ""), found.get("rank", "")), []).append(
+            (found.get("group", ""), found.get("root", ""), int(value)))
     ranks = []
     for labels in window.label_sets("trainmon_training_step_seconds_count"):
         if _ended(window, labels):
@@ -367,6 +390,8 @@ def _ranks(window: Window, comm_phases: tuple[str, ...]) -> tuple[RankState, ...
                 "trainmon_training_comm_exposed_seconds_total", labels),
             comm_bytes=window.increase("trainmon_training_comm_bytes_total", labels),
             stall=stalls.get(labels_of({"job": job, "rank": rank})),
+            group_exposed=tuple(sorted(exposed_by_group.get((job, rank), ()))),
+            group_seqs=tuple(sorted(seqs_by_rank.get((job, rank), ()))),
         ))
     ranks.sort(key=lambda state: (state.job, _numeric_first(state.rank)))
     return tuple(ranks)

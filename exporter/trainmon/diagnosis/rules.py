@@ -100,6 +100,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
+from trainmon import contract
 from trainmon.diagnosis import risks
 from trainmon.diagnosis.finding import SEVERITIES, Finding
 from trainmon.diagnosis.measure import (
@@ -111,7 +112,7 @@ from trainmon.diagnosis.measure import (
     RankState,
 )
 from trainmon.diagnosis.thresholds import DiagnosisConfig
-from trainmon.training.stalls import COLLECTIVE, SILENT_SECONDS, holding_rank
+from trainmon.training.stalls import COLLECTIVE, SILENT_SECONDS, holding_rank, missing_rank
 
 KINDS = ("compute", "communication", "storage", "scheduling", "none")
 #: A reporter that sent anything this recently is alive (it sends about every
@@ -143,6 +144,12 @@ class Evidence:
     comm_bytes_per_second: float | None = None
     straggler_ratio: float | None = None
     straggler_rank: str = ""
+    #: The process group (parallelism dimension) the rank that waits least waits in
+    #: most (``dp``, ``tp``...; "" where the ranks do not report groups).
+    comm_group: str = ""
+    #: Its wait for its neighbouring pipeline stages / its step (``pp`` exposed), on
+    #: the pipeline rank that waits least; None without pipeline groups.
+    pipeline_bubble_ratio: float | None = None
     gpu_utilization_ratio: float | None = None
     gpus: tuple[str, ...] = ()
     idle_gpus: tuple[str, ...] = ()
@@ -245,8 +252,13 @@ def hung_rank_finding(ranks: Sequence[RankState], wall_time: float) -> Finding |
         return None
     stalls = {rank.rank: rank.stall for rank in stalled if rank.stall is not None}
     waiting = [rank for rank in stalled if stalls[rank.rank].where == COLLECTIVE]
+    waits = [(rank.rank, stall.group, _root(rank, stall.group), int(stall.seq))
+             for rank in waiting if (stall := rank.stall) is not None
+             and stall.group and stall.seq.isdigit()]
+    launched = {rank.rank: {(group, root): seq for group, root, seq in rank.group_seqs}
+                for rank in ranks if rank.group_seqs}
     culprit, where = holding_rank([(rank, stall.where) for rank, stall in stalls.items()],
-                                  [rank.rank for rank in gone])
+                                  [rank.rank for rank in gone], missing_rank(waits, launched))
     held = stalls.get(culprit) if culprit in stalls else None
     frame, phase = ("", "") if held is None else (held.frame, held.phase)
     since = [rank.stall.since for rank in stalled
@@ -259,6 +271,7 @@ def hung_rank_finding(ranks: Sequence[RankState], wall_time: float) -> Finding |
         "phase": phase,
         "waiting": ",".join(rank.rank for rank in waiting),
         "collective": "" if collective is None else collective.collective,
+        "group": "" if collective is None else collective.group,
         "seq": "" if collective is None else collective.seq,
         "seconds": max(wall_time - min(since), 0.0) if since else 0.0,
         # where each rank is, for doctor's lines: rank|where|collective|seq|frame|seconds;…
@@ -267,13 +280,19 @@ def hung_rank_finding(ranks: Sequence[RankState], wall_time: float) -> Finding |
     })
 
 
+def _root(rank: RankState, group: str) -> str:
+    """The lowest rank of ``rank``'s group named ``group`` ("" when unknown)."""
+    return next((root for name, root, _ in rank.group_seqs if name == group), "")
+
+
 def _rank_where(rank: RankState, wall_time: float) -> str:
     """One rank of ``hung_rank``'s ``ranks``: ``0|collective|all_reduce|311|graph.py:825
     _engine_run_backward|47`` (seconds since its last step)."""
     stall = rank.stall
     assert stall is not None
     seconds = 0.0 if stall.since is None else max(wall_time - stall.since, 0.0)
-    fields = (rank.rank, stall.where, stall.collective, stall.seq, stall.frame)
+    collective = f"{stall.group}:{stall.collective}" if stall.group else stall.collective
+    fields = (rank.rank, stall.where, collective, stall.seq, stall.frame)
     return "|".join(field.replace("|", "/").replace(";", ",") for field in fields) + \
         f"|{seconds:.0f}"
 
@@ -347,8 +366,16 @@ def _evidence(
     measuring = [rank for rank in stepping if rank.exposed_comm_seconds is not None]
     # Each rank's own wait (measured exposed, else its comm phase); ranks with
     # neither do not tell, and are left out rather than counted as 0.
-    comm_waits = [rank.comm_wait_seconds / rank.step_seconds for rank in stepping
+    # The pipeline's waits for its neighbouring stages are its bubbles, not
+    # communication: they are kept apart (the ``pipeline_bubble`` finding).
+    comm_waits = [(_comm_wait(rank) or 0.0) / rank.step_seconds for rank in stepping
                   if rank.comm_wait_seconds is not None]
+    bubbles = [_group_exposed(rank, contract.PIPELINE_GROUP) / rank.step_seconds
+               for rank in stepping if dict(rank.group_exposed).get(contract.PIPELINE_GROUP)
+               is not None]
+    least_waiting = min((rank for rank in stepping if rank.comm_wait_seconds is not None),
+                        key=lambda rank: (_comm_wait(rank) or 0.0) / rank.step_seconds,
+                        default=None)
     overlapped = [
         max(0.0, rank.measured_comm_seconds - (rank.exposed_comm_seconds or 0.0))
         / rank.step_seconds
@@ -382,6 +409,8 @@ def _evidence(
         comm_bytes_per_second=_median(bandwidths) if bandwidths else None,
         straggler_ratio=straggler,
         straggler_rank=straggler_rank,
+        comm_group=_busiest_group(least_waiting),
+        pipeline_bubble_ratio=min(1.0, min(bubbles)) if bubbles else None,
         gpu_utilization_ratio=mean_utilization,
         gpus=tuple(gpu.gpu for gpu in gpus),
         idle_gpus=idle_gpus,
@@ -470,6 +499,27 @@ def _median(values: Iterable[float]) -> float:
     return (data[middle - 1] + data[middle]) / 2
 
 
+def _group_exposed(rank: RankState, group: str) -> float:
+    return dict(rank.group_exposed).get(group, 0.0)
+
+
+def _comm_wait(rank: RankState) -> float | None:
+    """The rank's wait for communication, its pipeline bubbles left out."""
+    wait = rank.comm_wait_seconds
+    if wait is None:
+        return None
+    return max(0.0, wait - _group_exposed(rank, contract.PIPELINE_GROUP))
+
+
+def _busiest_group(rank: RankState | None) -> str:
+    """The group ``rank`` waits in most, pipeline bubbles left out ("" when unknown)."""
+    if rank is None:
+        return ""
+    waits = [(seconds, group) for group, seconds in rank.group_exposed
+             if group != contract.PIPELINE_GROUP and seconds > 0]
+    return max(waits)[1] if waits else ""
+
+
 def _straggler(ranks: Sequence[RankState]) -> tuple[str, float | None]:
     """The rank with the largest work per step, and its work over the median of all ranks'.
 
@@ -535,10 +585,15 @@ def _bottleneck_findings(
         findings.append(Finding("scheduling", "straggler", {
             "rank": evidence.straggler_rank, "factor": evidence.straggler_ratio,
             "threshold": config.straggler_factor}))
+    bubble = evidence.pipeline_bubble_ratio
+    if bubble is not None and bubble >= config.pipeline_bubble_ratio:
+        findings.append(Finding("scheduling", "pipeline_bubble", {
+            "ratio": bubble, "threshold": config.pipeline_bubble_ratio}))
     comm = evidence.comm_ratio or 0.0
     if comm >= config.comm_ratio:
         code = "comm_phase" if evidence.comm_source == "phase" else "comm_exposed"
-        values: dict[str, float | str] = {"ratio": comm, "threshold": config.comm_ratio}
+        values: dict[str, float | str] = {"ratio": comm, "threshold": config.comm_ratio,
+                                          "group": evidence.comm_group}
         if _busy_without_compute(evidence, config):
             # NVML's "busy" GPUs whose SMs are mostly idle run NCCL kernels: more
             # evidence for communication, none for compute.

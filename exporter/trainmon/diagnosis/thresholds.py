@@ -44,6 +44,10 @@ class DiagnosisConfig:
     #: times the median of the job's ranks (itself included) is a straggler.
     straggler_factor: float = field(
         default=contract.STRAGGLER_FACTOR, metadata=setting(minimum=1, maximum=100))
+    #: scheduling: a pipeline rank waiting for its neighbouring stages this share of
+    #: its step (the rank that waits least) has bubbles worth removing.
+    pipeline_bubble_ratio: float = field(
+        default=contract.PIPELINE_BUBBLE_RATIO, metadata=RATIO)
     #: A GPU whose mean utilization is below this is idle.
     idle_utilization_ratio: float = field(default=contract.GPU_IDLE_RATIO, metadata=RATIO)
     #: compute: below this GPU utilization the advice points at host-side overhead.

@@ -162,6 +162,8 @@ HUNG_WHERE: Mapping[str, Pair] = {
     "phase": ("in phase {phase}", "卡在阶段 {phase} 中"),
     "code": ("in its own code", "卡在自己的代码里"),
     "collective": ("in a collective", "卡在集合通信中"),
+    "missing": ("missing from the collective the others wait in, and silent",
+                "不在其他 rank 等待的集合通信里，也没有上报"),
 }
 
 FINDINGS: Mapping[str, Pair] = {
@@ -197,6 +199,11 @@ FINDINGS: Mapping[str, Pair] = {
         "(measured exposed communication; threshold {threshold:.0%})",
         "各 rank 每步有 {ratio:.0%} 的时间在算完后等待通信"
         "（实测的暴露通信；阈值 {threshold:.0%}）"),
+    "pipeline_bubble": (
+        "the pipeline stages wait for each other {ratio:.0%} of each step (bubbles: exposed "
+        "waits of the pp group on the stage that waits least; threshold {threshold:.0%})",
+        "流水线各 stage 每步有 {ratio:.0%} 的时间在互相等待（气泡：等待最少的 stage 在 pp "
+        "组上的暴露等待；阈值 {threshold:.0%}）"),
     "comm_phase": (
         "communication takes {ratio:.0%} of each step (the comm phase: not measured inside "
         "the job, so time overlapped with compute may count; threshold {threshold:.0%})",
@@ -314,6 +321,23 @@ ADVICE: Mapping[str, Pair] = {
         "shard or sequence lengths; drain the node if its hardware is at fault.",
         "检查慢 rank 所在节点：GPU 频率与降频（trainmon_gpu_throttle_seconds_total）、"
         "同一 GPU 或 CPU 上的其他负载、数据分片或序列长度不均；若是硬件问题，请将该节点下线。"),
+    "pipeline_bubble": (
+        "Fill the pipeline: more microbatches per step (the bubble is (stages - 1) / "
+        "(microbatches + stages - 1)), an interleaved or zero-bubble schedule "
+        "(ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble), stages of equal cost; "
+        "or fewer stages, with the memory that frees spent on data parallelism.",
+        "填满流水线：每步更多的 microbatch（气泡占比为 (stage 数 - 1) / (microbatch 数 + "
+        "stage 数 - 1)）、交错或零气泡调度（ScheduleInterleaved1F1B、"
+        "ScheduleInterleavedZeroBubble）、各 stage 计算量均衡；或减少 stage 数，把省下的显存用于"
+        "数据并行。"),
+    "comm_exposed_tp": (
+        "Most of the wait is tensor-parallel communication, on the critical path by design: "
+        "keep each tensor-parallel group inside one node (NVLink, not the network), lower "
+        "the tensor-parallel degree in favour of FSDP or pipeline stages, or overlap it "
+        "(sequence parallel, async tensor parallel with torch.compile).",
+        "等待主要来自张量并行通信，它按设计就在关键路径上：让每个张量并行组留在同一节点内（走 "
+        "NVLink 而非网络），降低张量并行度、改用 FSDP 或流水线 stage，或让它与计算重叠（序列并行、"
+        "torch.compile 的异步张量并行）。"),
     "comm_exposed": (
         "The steps wait for the network. Check the channel first: run once with "
         "NCCL_DEBUG=INFO and look for NET/IB, not NET/Socket; NCCL_IB_DISABLE unset, "
@@ -439,6 +463,21 @@ ADVICE = {**ADVICE, **{
         "backward and the optimizer step.",
         "rank {rank} 卡在用户代码中{frame_text}：导出它的线程栈（py-spy dump --pid），"
         "找出未释放的锁、死循环，或 backward 与优化器 step 之间的阻塞调用。"),
+    "hung_rank_collective": (
+        "Rank {rank} waits in a collective its peers never join{frame_text}: a collective "
+        "issued on one rank only (a condition that differs between ranks, an uneven number "
+        "of batches, an exception caught on one rank); compare the ranks' code paths, and "
+        "set TORCH_DISTRIBUTED_DEBUG=DETAIL to have the mismatch reported.",
+        "rank {rank} 在等一个其他 rank 永远不会加入的集合通信{frame_text}：只在一个 rank 上发起的"
+        "集合通信（各 rank 条件不同、批次数不一致、某个 rank 上被吞掉的异常）；对比各 rank 的代码"
+        "路径，并设置 TORCH_DISTRIBUTED_DEBUG=DETAIL 让 PyTorch 报告不匹配。"),
+    "hung_rank_missing": (
+        "Rank {rank} has not reached the collective the others wait in and reports nothing: "
+        "a stopped (SIGSTOP, a debugger) or frozen process, or a node that lost its network: "
+        "look at it with py-spy dump --pid, its state in ps (T: stopped, D: in the kernel).",
+        "rank {rank} 没有进入其他 rank 正在等待的集合通信，也没有上报：进程被暂停（SIGSTOP、"
+        "调试器）或冻结，或节点断网：用 py-spy dump --pid 查看它，并看 ps 中的状态（T：已暂停，"
+        "D：卡在内核）。"),
     "hung_rank_gone": (
         "Rank {rank}'s process ended without a word (killed, out of memory: dmesg, the "
         "scheduler's log) and the others wait for it: restart the job from its checkpoint; "
@@ -602,6 +641,11 @@ def heading(key: str, lang: str, **values: object) -> str:
     return render(pick(HEADINGS[key], lang), values)
 
 
+#: Which parallelism dimension waits, after a ``comm_exposed`` finding.
+COMM_GROUP_NOTE: Pair = ("; most of it in the {group} group",
+                         "；主要在 {group} 组的通信中")
+
+
 def finding_text(code: str, values: Mapping[str, object], lang: str) -> str:
     if code == "gpu_bound" and "utilization" not in values:
         code = "gpu_bound_unmeasured"
@@ -614,6 +658,8 @@ def finding_text(code: str, values: Mapping[str, object], lang: str) -> str:
     text = render(pick(pair, lang), values) if pair else code
     if code in ("comm_exposed", "comm_phase") and "sm_active" in values:
         text += render(pick(NCCL_BUSY_NOTE, lang), values)
+    if code == "comm_exposed" and values.get("group"):
+        text += render(pick(COMM_GROUP_NOTE, lang), values)
     if "mount" in values:
         note = STORAGE_SOURCE_NOTE if "read_rtt_milliseconds" in values else (
             STORAGE_SOURCE_NOTE_NO_RTT)
@@ -629,6 +675,8 @@ def advice_text(code: str, lang: str, values: Mapping[str, object] | None = None
     if code == "hung_rank" and values is not None:
         code = f"hung_rank_{values.get('where', '')}"
         values = _hung_rank_text(values, lang)[1]
+    if code == "comm_exposed" and values is not None and values.get("group") == "tp":
+        code = "comm_exposed_tp"
     pair = ADVICE.get(ADVICE_ALIASES.get(code, code))
     if not pair:
         return ""

@@ -26,14 +26,18 @@ import math
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 from trainmon.contract import STEP_BUCKET_COUNT
 from trainmon.training.report_fields import (
+    COMM_GROUP_FIELDS,
     DEFAULT_MAX_LABEL_LENGTH,
     GPU_PATTERN,
     LABEL_PATTERN,
+    MAX_COMM_GROUPS,
     MAX_COUNT,
     MAX_GPU_INDEX,
+    MAX_GROUP_NAME_LENGTH,
     MAX_PATH_BYTES,
     MAX_PHASES,
     MAX_RANK,
@@ -41,6 +45,7 @@ from trainmon.training.report_fields import (
     REPORT_FIELDS,
     REPORTER_ID_PATTERN,
     RUN_ID_PATTERN,
+    CommGroup,
     ReportField,
 )
 
@@ -187,6 +192,9 @@ class StepReport:
     #: Collectives the rank launched so far (``Reporter.instrument``'s DDP buckets): the
     #: rank whose count lags the others' holds a hung job; None where not measured.
     collective_seq: int | None = None
+    #: Communication per process group, by the group's name (``dp``, ``tp``, ``pp``...),
+    #: cumulative; None where the reporter does not measure it (unknown, not zero).
+    comm_groups: Mapping[str, CommGroup] | None = None
 
 
 #: A value of ``config`` / ``framework``: JSON scalars only.
@@ -264,6 +272,9 @@ class StallReport:
     collective_since: float | None
     #: Innermost first.
     frames: tuple[StallFrame, ...]
+    #: The process group of the collective in flight (``dp``, ``tp``...; the
+    #: ``comm_groups`` names of its reports); None where unknown.
+    collective_group: str | None = None
 
 
 def is_secret_name(name: str) -> bool:
@@ -502,12 +513,52 @@ def _check_phases(spec: ReportField, value: object, max_label_length: int) -> di
     return _phases(value, max_label_length)
 
 
+def _check_comm_groups(
+    spec: ReportField, value: object, max_label_length: int
+) -> dict[str, CommGroup]:
+    """At most ``MAX_COMM_GROUPS`` groups (``limit`` past it), each named by the label
+    rules within ``MAX_GROUP_NAME_LENGTH`` (``invalid_label``), each an object of the
+    keys of ``COMM_GROUP_FIELDS`` only, checked by kind and ``at_most`` within it."""
+    if not isinstance(value, dict):
+        raise ReportError("invalid_field", f"{spec.name} must be an object")
+    if len(value) > MAX_COMM_GROUPS:
+        raise ReportError("limit", f"more than {MAX_COMM_GROUPS} {spec.name}")
+    return {
+        _label(name, f"{spec.name} name", MAX_GROUP_NAME_LENGTH):
+            _comm_group(f"{spec.name}.{name}", group, max_label_length)
+        for name, group in value.items()
+    }
+
+
+def _comm_group(what: str, value: object, max_label_length: int) -> CommGroup:
+    if not isinstance(value, dict):
+        raise ReportError("invalid_field", f"{what} must be an object")
+    unknown = value.keys() - _GROUP_FIELDS_BY_NAME.keys()
+    if unknown:
+        raise ReportError("invalid_field", f"{what} has an unknown key "
+                                           f"{str(min(unknown))[:32]!r}")
+    values: dict[str, object] = {}
+    try:
+        for spec in COMM_GROUP_FIELDS:
+            item = value.get(spec.name)
+            values[spec.name] = (
+                None if item is None and not spec.required
+                else _CHECKS[spec.kind](spec, item, max_label_length))
+        for relation in _GROUP_RELATIONS:
+            relation(values)
+    except ReportError as error:
+        raise ReportError(error.reason, f"{what}.{error.detail}") from None
+    return CommGroup(**values)  # type: ignore[arg-type]  # checked above, by kind
+
+
 _FieldCheck = Callable[[ReportField, object, int], object]
 _CHECKS: Mapping[str, _FieldCheck] = {
     "integer": _check_integer, "number": _check_number, "label": _check_label,
     "reporter_id": _check_reporter_id, "run_id": _check_run_id, "gpu": _check_gpu,
     "path": _check_path, "buckets": _check_buckets, "phases": _check_phases,
+    "comm_groups": _check_comm_groups,
 }
+_GROUP_FIELDS_BY_NAME: Mapping[str, ReportField] = {spec.name: spec for spec in COMM_GROUP_FIELDS}
 #: (name, check, field, None means absent) of every field but ``v`` (checked by
 #: ``_decode_line`` for every line type), in ``REPORT_FIELDS`` order.
 _FIELD_CHECKS: tuple[tuple[str, _FieldCheck, ReportField, bool], ...] = tuple(
@@ -548,6 +599,20 @@ def _at_most(name: str, bound: str) -> _Relation:
         if value is not None and (
                 limit is None or value > limit * (1 + 1e-9) + 1e-6):  # type: ignore[operator]
             raise ReportError("invalid_field", message)
+    return check
+
+
+def _groups_at_most(name: str, bound: str) -> _Relation:
+    """Each group's ``exposed_seconds`` not above ``bound`` (``_at_most``'s slack)."""
+
+    def check(values: dict[str, object]) -> None:
+        groups = cast("Mapping[str, CommGroup] | None", values[name])
+        limit = cast("float | None", values[bound])
+        for group_name, group in (groups or {}).items():
+            exposed = group.exposed_seconds
+            if exposed is not None and (limit is None or exposed > limit * (1 + 1e-9) + 1e-6):
+                raise ReportError("invalid_field",
+                                  f"{name}.{group_name}.exposed_seconds exceeds {bound}")
     return check
 
 
@@ -595,7 +660,8 @@ def _relations() -> tuple[_Relation, ...]:
             relations.append(_adds_up_to(spec.name, spec.adds_up_to))
         if spec.below is not None:
             relations.append(_below(spec.name, spec.below))
-        relations.extend(_at_most(spec.name, bound) for bound in spec.at_most)
+        bounded = _groups_at_most if spec.kind == "comm_groups" else _at_most
+        relations.extend(bounded(spec.name, bound) for bound in spec.at_most)
         if spec.needs is not None and spec.needs not in anchors:
             anchors.add(spec.needs)
             relations.append(_needs(spec.needs, [
@@ -604,6 +670,9 @@ def _relations() -> tuple[_Relation, ...]:
 
 
 _RELATIONS = _relations()
+#: ``at_most`` within one ``comm_groups`` value (``exposed_seconds`` ≤ ``seconds``).
+_GROUP_RELATIONS: tuple[_Relation, ...] = tuple(
+    _at_most(spec.name, bound) for spec in COMM_GROUP_FIELDS for bound in spec.at_most)
 
 
 #: C0 controls and DEL; C1 controls (U+0080-U+009F) as well.
@@ -848,7 +917,7 @@ def _build_stall(data: dict[str, object], max_label_length: int) -> StallReport:
     run = data.get("run")
     phase = data.get("phase")
     collective = data.get("collective")
-    op = seq = started = None
+    op = seq = started = group = None
     if collective is not None:
         if not isinstance(collective, dict):
             raise ReportError("invalid_field", "collective must be an object")
@@ -857,6 +926,9 @@ def _build_stall(data: dict[str, object], max_label_length: int) -> StallReport:
             raise ReportError("invalid_field", "collective.op must be 1-64 of [A-Za-z0-9_]")
         seq = _optional_int(collective, "seq", 0, MAX_COUNT)
         started = None if collective.get("since") is None else _seconds(collective, "since")
+        name = collective.get("group")
+        group = None if name is None else _label(name, "collective.group",
+                                                 MAX_GROUP_NAME_LENGTH)
     frames = data.get("frames", [])
     if not isinstance(frames, list) or len(frames) > MAX_STALL_FRAMES:
         raise ReportError("invalid_field", f"frames must be a list of at most "
@@ -874,6 +946,7 @@ def _build_stall(data: dict[str, object], max_label_length: int) -> StallReport:
         collective_seq=seq,
         collective_since=started,
         frames=tuple(_frame(frame) for frame in frames),
+        collective_group=group,
     )
 
 

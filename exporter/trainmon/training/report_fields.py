@@ -12,6 +12,10 @@ an absent field means, and how it relates to other fields (must not exceed
   (``trainmon.training.protocol``, which turns a valid line into a
   ``StepReport`` whose attributes are these names).
 
+``comm_groups`` holds one object per process group (docs/protocol.md,
+"Communication per process group"); the keys of those objects are a table of
+their own, ``COMM_GROUP_FIELDS``, and a checked one is a ``CommGroup``.
+
 Adding a field is one row here plus its consumers: the value the client
 passes to ``build_report``, the ``StepReport`` attribute, and whatever reads
 it (the store, the collectors, the ledger).
@@ -27,7 +31,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 PROTOCOL_VERSION = 1
 #: Counts and integer fields stay exactly representable as a float64.
@@ -43,6 +47,12 @@ DEFAULT_MAX_LABEL_LENGTH = 128
 MAX_PATH_BYTES = 4096
 #: The largest NVML device index ``gpu`` may name.
 MAX_GPU_INDEX = 9999
+#: Most process groups in one report's ``comm_groups``, and kept per rank by the
+#: daemon (a DeviceMesh has a handful of dimensions: dp, tp, pp, cp, ep, world).
+MAX_COMM_GROUPS = 8
+#: Longest process group name (``comm_groups`` key, a stall's ``collective.group``),
+#: in characters of ``LABEL_PATTERN``; it becomes the ``group`` label.
+MAX_GROUP_NAME_LENGTH = 32
 
 #: Characters allowed in ``job`` and phase names: no quotes, spaces, newlines,
 #: control characters or non-ASCII, so every consumer of the exposition (PromQL
@@ -66,10 +76,13 @@ RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 #: - ``path``: an absolute path, at most ``MAX_PATH_BYTES`` bytes of UTF-8, no
 #:   control characters (URL credentials in it are redacted by the daemon);
 #: - ``buckets``: a list of ``STEP_BUCKET_COUNT`` counts (``contract.STEP_SECONDS_BOUNDS``);
-#: - ``phases``: an object of at most ``MAX_PHASES`` label-named numbers.
+#: - ``phases``: an object of at most ``MAX_PHASES`` label-named numbers;
+#: - ``comm_groups``: an object of at most ``MAX_COMM_GROUPS`` process groups, each
+#:   named by 1..``MAX_GROUP_NAME_LENGTH`` characters of ``LABEL_PATTERN``, each an
+#:   object of the keys of ``COMM_GROUP_FIELDS`` (no others), checked by their kinds.
 FieldKind = Literal[
     "version", "integer", "number", "label", "reporter_id", "run_id", "gpu", "path",
-    "buckets", "phases",
+    "buckets", "phases", "comm_groups",
 ]
 
 
@@ -92,7 +105,8 @@ class ReportField:
     #: "unknown", never zero.
     omitted_when_unknown: bool = False
     #: The field must not exceed these fields' values (absent ones included:
-    #: a field bounded by one that is missing is rejected).
+    #: a field bounded by one that is missing is rejected). For ``comm_groups``:
+    #: each group's ``exposed_seconds``; in ``COMM_GROUP_FIELDS``: keys of the group.
     at_most: tuple[str, ...] = ()
     #: The field must stay below this one, when that one is present (``rank``).
     below: str | None = None
@@ -162,7 +176,61 @@ REPORT_FIELDS: tuple[ReportField, ...] = (
                 meaning="Unix time the last step ended"),
     ReportField("collective_seq", "integer", omitted_when_unknown=True,
                 meaning="collectives the rank launched so far (instrumented DDP buckets)"),
+    ReportField("comm_groups", "comm_groups", omitted_when_unknown=True,
+                at_most=("step_seconds",),
+                meaning="communication per process group (dp, tp, pp...), cumulative"),
 )
+
+#: The keys of one ``comm_groups`` value, in the order the client sends them; the
+#: ``CommGroup`` attributes of the same names. Checked like report fields of their
+#: kind (``null`` or absent: unknown), then ``at_most`` within the group; a key not
+#: in this table is rejected.
+COMM_GROUP_FIELDS: tuple[ReportField, ...] = (
+    ReportField("collectives", "integer", required=True,
+                meaning="collectives launched on the group so far"),
+    ReportField("bytes", "integer", required=True,
+                meaning="bytes of their buffers so far"),
+    ReportField("seconds", "number", required=True,
+                meaning="wall seconds with a collective of the group in flight so far"),
+    ReportField("exposed_seconds", "number", omitted_when_unknown=True, at_most=("seconds",),
+                meaning="seconds the training thread waited for the group's collectives"),
+    ReportField("seq", "integer", omitted_when_unknown=True,
+                meaning="sequence number of the last collective launched on the group"),
+    ReportField("root", "integer", omitted_when_unknown=True, maximum=MAX_RANK,
+                meaning="the lowest global rank in the group"),
+)
+#: The keys of a ``comm_groups`` value, in order.
+_GROUP_KEYS = tuple(spec.name for spec in COMM_GROUP_FIELDS)
+
+
+@dataclass(frozen=True)
+class CommGroup:
+    """One process group's communication, as a report's ``comm_groups`` carries it.
+
+    One attribute per key of ``COMM_GROUP_FIELDS``, of the same name. The totals
+    are cumulative since the reporter started, like the report's; ``None`` is
+    unknown (never zero). A group is named by its parallelism dimension (``dp``,
+    ``tp``, ``pp``, ``cp``, ``ep``, ``world``) or its description; with ``root``
+    the name tells apart the groups of one dimension (tp groups {0,1} and {2,3} are
+    ``tp``/0 and ``tp``/2).
+    """
+
+    #: Collectives launched on the group (c10d calls, DDP buckets on it).
+    collectives: int
+    #: Bytes of their buffers (what this rank contributes: not wire bytes).
+    bytes: int
+    #: Wall seconds (GPU-timeline seconds on CUDA) with at least one collective of
+    #: the group in flight: the length of the union of their intervals.
+    seconds: float
+    #: Seconds the training thread waited for the group's collectives after its
+    #: own compute was done (≤ ``seconds``, ≤ the report's ``step_seconds``).
+    exposed_seconds: float | None = None
+    #: The sequence number of the last collective launched on the group (c10d's
+    #: and the flight recorder's ``collective_seq_id`` on that group).
+    seq: int | None = None
+    #: The lowest global rank in the group.
+    root: int | None = None
+
 
 #: The fields by name.
 FIELDS_BY_NAME: Mapping[str, ReportField] = {spec.name: spec for spec in REPORT_FIELDS}
@@ -178,6 +246,11 @@ def build_report(values: dict[str, object]) -> dict[str, object]:
     this one report, and a mapping built by the schema itself costs the sender
     about a microsecond more per report); the others are sent as they are.
 
+    ``comm_groups`` is ``None`` (not measured) or a mapping of group names to
+    ``CommGroup`` objects (or mappings of the ``COMM_GROUP_FIELDS`` keys); each
+    becomes its JSON object, keys in ``COMM_GROUP_FIELDS`` order, those whose value
+    is ``None`` (unknown) left out.
+
     ``values`` must hold as many entries as the schema has fields (``ValueError``
     otherwise); ``tests/training/test_report_fields.py`` checks that the
     client's names and order are the schema's."""
@@ -189,4 +262,24 @@ def build_report(values: dict[str, object]) -> dict[str, object]:
     for name in _OMITTED_WHEN_UNKNOWN:
         if values[name] is None:
             del values[name]
+    groups = values.get("comm_groups")
+    if groups is not None:
+        values["comm_groups"] = {
+            name: _group_object(group)
+            for name, group in cast(Mapping[str, CommGroup | Mapping[str, object]],
+                                    groups).items()
+        }
     return values
+
+
+def _group_object(group: CommGroup | Mapping[str, object]) -> dict[str, object]:
+    """The JSON object of one process group: its keys in ``COMM_GROUP_FIELDS`` order,
+    the unknown (``None``) ones left out; ``ValueError`` for a key outside that table."""
+    if isinstance(group, CommGroup):
+        values = {key: getattr(group, key) for key in _GROUP_KEYS}
+    else:
+        extra = sorted(set(group) - set(_GROUP_KEYS))
+        if extra:
+            raise ValueError(f"a process group has the keys of COMM_GROUP_FIELDS; extra: {extra}")
+        values = {key: group.get(key) for key in _GROUP_KEYS}
+    return {key: value for key, value in values.items() if value is not None}

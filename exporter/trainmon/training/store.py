@@ -12,6 +12,14 @@ The optional measured-communication totals (``comm_seconds``,
 them only from its first report that carries them (unknown is not zero), and
 a report that lacks them neither resets nor adds to them. The checkpoint
 totals (``checkpoints``, ``checkpoint_seconds``) are optional in the same way.
+So is communication per process group (``comm_groups``), group by group: a
+group's totals count from a reporter's first report that carries the group, a
+report that lacks a group the reporter sent before neither resets nor adds to
+it (its last totals are kept for that reporter), and a group's total going
+backwards is a counter reset like any other. Its ``seq`` and ``root`` are not
+totals: the rank keeps the latest sent for each group, and forgets them at a
+counter reset (they belonged to the previous process). A rank holds at most
+``MAX_COMM_GROUPS`` groups; a report that would add more is refused (``limit``).
 Each rank also keeps its last checkpoint: the time (the sender's
 ``last_checkpoint_time``, clamped to this daemon's clock; the arrival time
 without it), the duration (the increase of ``checkpoint_seconds`` over the
@@ -23,8 +31,9 @@ is on the push path and stays free of I/O.
 
 Memory is bounded by ``max_jobs`` jobs (reports and run descriptions alike),
 ``max_ranks_per_job`` ranks and as many descriptions per job,
-``MAX_REPORTERS_PER_RANK`` remembered reporters and ``MAX_PHASES`` phases per
-rank, and ``WINDOW_SLOTS`` window samples per rank. A rank (or a description)
+``MAX_REPORTERS_PER_RANK`` remembered reporters, ``MAX_PHASES`` phases and
+``MAX_COMM_GROUPS`` process groups per rank (and per remembered reporter), and
+``WINDOW_SLOTS`` window samples per rank. A rank (or a description)
 that is not refreshed for ``ttl_seconds`` is dropped with its series; a job
 goes with its last rank and description. Who may write to a job, and how the
 caps are shared between writers, is ``TrainingStore``'s docstring and
@@ -64,7 +73,7 @@ from trainmon.training.protocol import (
     StepReport,
     is_secret_name,
 )
-from trainmon.training.report_fields import MAX_PHASES
+from trainmon.training.report_fields import MAX_COMM_GROUPS, MAX_PHASES, CommGroup
 from trainmon.training.writers import LOCAL_WRITER, ROOT_WRITER
 
 #: Reporters remembered per rank (more than one only when processes restart or
@@ -86,7 +95,8 @@ class Totals:
     """Cumulative counts and seconds of one rank (or one reporter).
 
     The measured-communication totals are ``None`` until a report carries them
-    (the rank does not measure communication: unknown, not zero).
+    (the rank does not measure communication: unknown, not zero); so is a process
+    group in ``comm_groups`` until a report carries it.
     """
 
     steps: int = 0
@@ -101,6 +111,10 @@ class Totals:
     comm_bytes: int | None = None
     checkpoints: int | None = None
     checkpoint_seconds: float | None = None
+    #: Communication per process group, by name: cumulative ``collectives``, ``bytes``,
+    #: ``seconds`` and ``exposed_seconds`` (None: unknown); ``seq`` and ``root`` as
+    #: last sent (of a rank: None after a counter reset until sent again).
+    comm_groups: dict[str, CommGroup] = field(default_factory=dict)
 
     @classmethod
     def of(cls, report: StepReport) -> Totals:
@@ -117,11 +131,13 @@ class Totals:
             comm_bytes=report.comm_bytes,
             checkpoints=report.checkpoints,
             checkpoint_seconds=report.checkpoint_seconds,
+            comm_groups=dict(report.comm_groups or {}),
         )
 
     def copy(self) -> Totals:
         return replace(
-            self, step_buckets=list(self.step_buckets), phase_seconds=dict(self.phase_seconds)
+            self, step_buckets=list(self.step_buckets), phase_seconds=dict(self.phase_seconds),
+            comm_groups=dict(self.comm_groups),
         )
 
     def covers(self, earlier: Totals) -> bool:
@@ -142,14 +158,16 @@ class Totals:
                     for name, value in earlier.phase_seconds.items())
             and all(now is None or then is None or now >= then
                     for now, then in zip(self._optional(), earlier._optional(), strict=True))
+            and all(_group_covers(self.comm_groups.get(name), then)
+                    for name, then in earlier.comm_groups.items())
         )
 
     def add_difference(self, newer: Totals, older: Totals) -> None:
         """Add ``newer - older`` field by field (``older`` all zero for a new reporter).
 
-        An optional total (measured communication, checkpoints) counts from
-        zero where ``older`` lacks it (the reporter's first report that
-        carries it) and adds nothing where ``newer`` lacks it.
+        An optional total (measured communication, each process group's,
+        checkpoints) counts from zero where ``older`` lacks it (the reporter's
+        first report that carries it) and adds nothing where ``newer`` lacks it.
         """
         self.steps += newer.steps - older.steps
         self.samples += newer.samples - older.samples
@@ -180,11 +198,20 @@ class Totals:
         if newer.checkpoint_seconds is not None:
             self.checkpoint_seconds = (self.checkpoint_seconds or 0.0) + (
                 newer.checkpoint_seconds - (older.checkpoint_seconds or 0.0))
+        for name, group in newer.comm_groups.items():
+            self.comm_groups[name] = _group_added(
+                self.comm_groups.get(name), group, older.comm_groups.get(name))
+
+    def forget_group_positions(self) -> None:
+        """Forget every group's ``seq`` and ``root`` (at a rank's counter reset: they
+        were the previous process's), keeping the totals."""
+        self.comm_groups = {name: replace(group, seq=None, root=None)
+                            for name, group in self.comm_groups.items()}
 
     def keep_optional_of(self, older: Totals) -> None:
-        """Carry ``older``'s optional totals (communication, checkpoints) over where
-        this lacks them, so a reporter that skips them in one report is not
-        counted twice when they return."""
+        """Carry ``older``'s optional totals (communication, process groups and their
+        exposed seconds, checkpoints) over where this lacks them, so a reporter that
+        skips them in one report is not counted twice when they return."""
         if self.comm_seconds is None:
             self.comm_seconds = older.comm_seconds
         if self.comm_exposed_seconds is None:
@@ -195,10 +222,51 @@ class Totals:
             self.checkpoints = older.checkpoints
         if self.checkpoint_seconds is None:
             self.checkpoint_seconds = older.checkpoint_seconds
+        for name, then in older.comm_groups.items():
+            now = self.comm_groups.get(name)
+            if now is None:
+                self.comm_groups[name] = then
+            elif now.exposed_seconds is None and then.exposed_seconds is not None:
+                self.comm_groups[name] = replace(now, exposed_seconds=then.exposed_seconds)
 
     def _optional(self) -> tuple[float | None, ...]:
         return (self.comm_seconds, self.comm_exposed_seconds, self.comm_bytes,
                 self.checkpoints, self.checkpoint_seconds)
+
+
+def _group_covers(now: CommGroup | None, then: CommGroup) -> bool:
+    """True when no total of the group is below ``then``'s; a group the newer report
+    lacks (or an ``exposed_seconds`` it lacks) tells nothing."""
+    return now is None or (
+        now.collectives >= then.collectives
+        and now.bytes >= then.bytes
+        and now.seconds >= then.seconds
+        and (now.exposed_seconds is None or then.exposed_seconds is None
+             or now.exposed_seconds >= then.exposed_seconds)
+    )
+
+
+def _group_added(total: CommGroup | None, newer: CommGroup, older: CommGroup | None
+                 ) -> CommGroup:
+    """``total`` plus ``newer - older`` (``older`` None: from zero); ``exposed_seconds``
+    counts from zero where ``older`` lacks it and adds nothing where ``newer`` does;
+    ``seq`` and ``root`` are ``newer``'s."""
+    base = total or _ZERO_GROUP
+    before = older or _ZERO_GROUP
+    exposed = base.exposed_seconds
+    if newer.exposed_seconds is not None:
+        exposed = (exposed or 0.0) + newer.exposed_seconds - (before.exposed_seconds or 0.0)
+    return CommGroup(
+        collectives=base.collectives + newer.collectives - before.collectives,
+        bytes=base.bytes + newer.bytes - before.bytes,
+        seconds=base.seconds + newer.seconds - before.seconds,
+        exposed_seconds=exposed,
+        seq=newer.seq,
+        root=newer.root,
+    )
+
+
+_ZERO_GROUP = CommGroup(collectives=0, bytes=0, seconds=0.0)
 
 
 @dataclass(frozen=True)
@@ -256,6 +324,7 @@ class RankView:
     world_size: int | None
     #: Kernel-verified sender of the latest report (see ``_Rank.sender_pid``).
     sender_pid: int | None
+    #: Monotonic totals; ``totals.comm_groups``: communication per process group.
     totals: Totals
     counter_resets: int
     last_step_time: float | None
@@ -577,8 +646,11 @@ class TrainingStore:
         merged_phases = set(state.totals.phase_seconds) | set(new.phase_seconds)
         if len(merged_phases) > MAX_PHASES:
             raise ReportError("limit", f"more than {MAX_PHASES} phases for one rank")
+        if len(state.totals.comm_groups.keys() | new.comm_groups.keys()) > MAX_COMM_GROUPS:
+            raise ReportError("limit", f"more than {MAX_COMM_GROUPS} comm_groups for one rank")
         if previous is None:
             state.resets += 1
+            state.totals.forget_group_positions()
         state.totals.add_difference(new, previous or _ZERO)
         state.last_checkpoint = self._checkpoint(report, previous or _ZERO, state.last_checkpoint)
         if previous is not None:

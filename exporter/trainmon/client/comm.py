@@ -1,0 +1,91 @@
+"""The one interface between the reporter and whatever measures communication.
+
+Standard library only. ``Reporter`` holds a ``CommSource`` (``Reporter.instrument``
+makes one: ``trainmon.client.distributed.CommMeter``, which imports torch) and
+hands it a ``CommSink`` (itself) to add what completed. Neither side imports the
+other: the torch side knows the reporter only as this protocol.
+
+Per process group the source keeps ``GroupTotals``, cumulative, named by the
+group's parallelism dimension (``dp``, ``tp``, ``pp``, ``cp``, ``ep``...) where
+there is one; they travel as the report's ``comm_groups`` (docs/protocol.md,
+"Measured communication").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from trainmon.client.watchdog import InFlight
+
+
+class CommSink(Protocol):
+    """What a communication source adds its completed intervals to (``Reporter``)."""
+
+    def add_comm(self, seconds: float, exposed_seconds: float | None = None,
+                 nbytes: int = 0) -> None: ...
+
+
+@dataclass
+class GroupTotals:
+    """What one process group (one parallelism dimension) carried so far."""
+
+    #: Collectives launched on it (point-to-point sends and receives included).
+    collectives: int = 0
+    #: Bytes of their buffers (what this rank contributes).
+    bytes: int = 0
+    #: Seconds with one of its collectives in flight (their union, on the CPU clock;
+    #: on the GPU timeline the sum of their intervals).
+    seconds: float = 0.0
+    #: Seconds the rank waited for them; None while nothing tells.
+    exposed_seconds: float | None = None
+    #: The lowest global rank of the group (with the name, it tells the group apart
+    #: from the other groups of its dimension).
+    root: int | None = None
+
+    def wire(self, step_seconds: float) -> dict[str, object]:
+        """The report's ``comm_groups`` value (``seq`` is the launch count). Exposed
+        time is sent as at most the group's seconds in flight and the rank's step
+        seconds, as the protocol demands (a wait before the first step, such as
+        FSDP's first all-gather, or clipped by an earlier fold, exceeds them); all
+        three only grow, so the value sent does too."""
+        value: dict[str, object] = {
+            "collectives": self.collectives, "bytes": self.bytes, "seconds": self.seconds,
+        }
+        if self.exposed_seconds is not None:
+            value["exposed_seconds"] = min(self.exposed_seconds, self.seconds, step_seconds)
+        if self.collectives:
+            value["seq"] = self.collectives
+        if self.root is not None:
+            value["root"] = self.root
+        return value
+
+
+class CommSource(Protocol):
+    """Communication measured by instrumentation, folded into the totals.
+
+    ``fold()`` hands what completed since the last call to the sink's
+    ``add_comm``; ``step()``, the sender thread and ``close()`` call it. It must
+    not block (events still in flight wait for the next call).
+    """
+
+    def fold(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def in_flight(self, thread: int | None = None) -> InFlight | None:
+        """The collective ``thread`` waits in, else the oldest launched and not
+        completed, for the stall watchdog (``trainmon.client.watchdog``); None when
+        none is, or when it cannot tell."""
+        ...
+
+    def launched_collectives(self) -> int | None:
+        """Collectives launched so far (the report's ``collective_seq``); None when it
+        does not count them."""
+        ...
+
+    def groups(self, step_seconds: float) -> dict[str, dict[str, object]] | None:
+        """The report's ``comm_groups``: each group's totals (``GroupTotals.wire``,
+        exposed time at most ``step_seconds``, the rank's); None before any group
+        carried anything."""
+        ...
