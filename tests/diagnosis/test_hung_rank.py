@@ -122,7 +122,8 @@ def test_a_rank_blocked_in_its_dataset_is_named_with_its_frame_and_the_other_wai
     assert "rank 1 holds the job" in hung["message"] and "__getitem__" in hung["message"]
     assert "all_reduce #" in hung["message"]
     per_rank = hung["values"]["ranks"]
-    assert "1|data_loader|" in per_rank and "0|collective|all_reduce|" in per_rank
+    # the collective with its process group: DDP's is the data-parallel one
+    assert "1|data_loader|" in per_rank and "0|collective|dp:all_reduce|" in per_rank
     assert resumed.value("trainmon_training_stalled", job=JOB, rank="0") == 0.0
 
 
