@@ -87,9 +87,11 @@ bench: $(VENV)/.test-installed debian-packages
 	@export TRAINMON_BENCH_RESULTS=$(abspath $(BENCH_RESULTS))/headline.jsonl; \
 	for script in bench/*.py; do \
 		name=$$(basename $$script .py); \
-		case $$name in __init__|benchlib|headline|fleet_sim|fleet_scale|node_scrape|gpu_baseline_exporter|gpm_check|nvml_call_cost) continue;; esac; \
+		case $$name in __init__|benchlib|headline|fleet_sim|fleet_scale|node_scrape|gpu_baseline_exporter|gpm_check|nvml_call_cost|diagnosis_score) continue;; esac; \
 		echo "== python -m bench.$$name"; $(BIN)/python -m bench.$$name || exit 1; \
 	done; \
+	echo "== python -m bench.diagnosis_score (the whole labelled suite, about 50 min)"; \
+	$(BIN)/python -m bench.diagnosis_score --json $(BENCH_RESULTS)/diagnosis_score.json || exit 1; \
 	echo "== python -m bench.node_scrape --collectors default --scrapes 1200"; \
 	$(BIN)/python -m bench.node_scrape --collectors default --scrapes 1200 || exit 1; \
 	for engine in prometheus victoriametrics; do \
