@@ -62,7 +62,6 @@ import json
 import logging
 import math
 import os
-import subprocess
 import sys
 import tempfile
 import threading
@@ -78,7 +77,8 @@ import yaml
 
 from bench import benchlib, headline
 from testkit import parallel_launch
-from testkit.daemon import Daemon, free_port, trainmon_command, wait_ready
+from testkit.daemon import Daemon
+from testkit.daemon import serve as serve_daemon
 from testkit.exposition import Scrape, parse
 
 log = logging.getLogger(__name__)
@@ -668,20 +668,7 @@ def serve(folder: Path) -> Daemon:
         "diagnosis": {"window_seconds": WINDOW_SECONDS},
     }}))
     log_path = folder / "trainmon.log"
-    port = free_port()
-    with log_path.open("w") as log_file:  # the child keeps its own descriptor
-        process = subprocess.Popen(
-            [*trainmon_command(), "serve", "--config", str(config_path),
-             "--listen", f"127.0.0.1:{port}"],
-            stdout=log_file, stderr=subprocess.STDOUT, text=True, cwd=benchlib.ROOT,
-            env={**os.environ, "STATE_DIRECTORY": str(folder)})
-    daemon = Daemon(process, port, log_path, config_path)
-    try:
-        wait_ready(daemon)
-    except AssertionError:
-        daemon.stop()
-        raise
-    return daemon
+    return serve_daemon(config_path, log_path, state_directory=folder, cwd=benchlib.ROOT)
 
 
 class Active:

@@ -133,6 +133,29 @@ def wait_ready(daemon: Daemon, timeout: float = READY_TIMEOUT_SECONDS) -> None:
     raise AssertionError(f"trainmon did not become ready in {timeout}s:\n{daemon.log()}")
 
 
+def serve(config_path: Path, log_path: Path, *, state_directory: Path | None = None,
+          cwd: Path | None = None) -> Daemon:
+    """``trainmon serve --config config_path`` on a free loopback port, its output in
+    ``log_path``, its ledger in ``state_directory`` (never the machine's own), once it
+    answers ``/healthz``."""
+    port = free_port()
+    env = dict(os.environ)
+    if state_directory is not None:
+        env["STATE_DIRECTORY"] = str(state_directory)
+    with log_path.open("w") as log_file:  # the child keeps its own descriptor
+        process = subprocess.Popen(
+            [*trainmon_command(), "serve", "--config", str(config_path),
+             "--listen", f"127.0.0.1:{port}"],
+            stdout=log_file, stderr=subprocess.STDOUT, text=True, cwd=cwd, env=env)
+    daemon = Daemon(process, port, log_path, config_path)
+    try:
+        wait_ready(daemon)
+    except AssertionError:
+        daemon.stop()
+        raise
+    return daemon
+
+
 def wait_for_run(daemon: Daemon, job: str, timeout: float = RUN_VISIBLE_TIMEOUT_SECONDS) -> None:
     """Until the daemon's ledger (``GET /api/v1/runs``) holds a run of ``job``."""
     deadline = time.monotonic() + timeout

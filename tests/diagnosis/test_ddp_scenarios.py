@@ -46,7 +46,8 @@ from typing import Any
 import pytest
 import yaml
 
-from testkit.daemon import Daemon, free_port, trainmon_command, wait_ready
+from testkit.daemon import Daemon, free_port, trainmon_command
+from testkit.daemon import serve as serve_daemon
 from testkit.ddp_job import SCENARIOS, parameter_count
 from testkit.exposition import Scrape, parse
 from testkit.netns import NetworkLab, VethLink, unavailable_reason
@@ -167,19 +168,7 @@ def serve(directory: Path, config: Mapping[str, object]) -> Daemon:
     config_path = directory / "trainmon.yml"
     config_path.write_text(yaml.safe_dump(dict(config)))
     log_path = directory / "trainmon.log"
-    port = free_port()
-    process = subprocess.Popen(
-        [*trainmon_command(), "serve", "--config", str(config_path),
-         "--listen", f"127.0.0.1:{port}"],
-        stdout=log_path.open("w"), stderr=subprocess.STDOUT, text=True,
-    )
-    daemon = Daemon(process, port, log_path, config_path)
-    try:
-        wait_ready(daemon)
-    except AssertionError:
-        daemon.stop()
-        raise
-    return daemon
+    return serve_daemon(config_path, log_path, state_directory=log_path.parent)
 
 
 def start_job(directory: Path, scenario: str, socket: Path,
