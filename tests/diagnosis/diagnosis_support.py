@@ -369,6 +369,12 @@ class StarvedNode:
     def __init__(self) -> None:
         self.source = ContractSource()
         self.requests = 0
+        # a job that has stepped for a while: past the diagnosis' warm-up steps
+        for rank, wait in (("0", 0.02), ("1", 0.2)):
+            key = {"job": "vit", "rank": rank}
+            self.source.add("trainmon_training_step_seconds_count", 100, **key)
+            self.source.add("trainmon_training_step_seconds_sum", 50.0, **key)
+            self.source.add("trainmon_training_data_wait_seconds_total", 100 * wait, **key)
 
     def advance(self) -> None:
         s = self.source

@@ -40,7 +40,8 @@ Group names (``GroupNames``): the mesh dimension a group serves (``DeviceMesh``
 dimension names, found on the instrumented model's DTensor parameters and FSDP2
 meshes); ``dp`` for DDP's and FSDP's groups; ``pp`` for point-to-point ops on a
 group without a mesh name; else a ``mesh_<dim>`` description's dimension,
-``world`` for the default group, the group's description. At most
+``world`` for the default group, the group's description (``group`` without one:
+``new_group(ranks)``; the lowest rank tells such groups apart). At most
 ``MAX_COMM_GROUPS`` names; later groups share ``other``.
 """
 
@@ -117,6 +118,8 @@ FUNCTIONAL_COLLECTIVES: dict[str, str] = {
 #: The name of groups past ``MAX_COMM_GROUPS``, and of waits whose launch is unknown.
 OTHER_GROUP = "other"
 DEFAULT_GROUP = "world"
+#: Groups made without a description (``new_group(ranks)``): told apart by their root.
+ANONYMOUS_GROUP = "group"
 #: Functional collectives launched and not yet waited for, at most (results never
 #: waited for are forgotten oldest first).
 MAX_PENDING_TENSORS = 4096
@@ -243,7 +246,9 @@ def _described(group: object) -> str:
         return description[len("mesh_"):]
     if group is dist.group.WORLD or description == "default_pg":
         return DEFAULT_GROUP
-    return description or OTHER_GROUP
+    if description in ("", "undefined"):  # a new_group() without a description
+        return ANONYMOUS_GROUP
+    return description
 
 
 def _lowest_rank(group: object) -> int | None:

@@ -104,7 +104,8 @@ class DiagnosisCollector(Collector):
         while len(self._snapshots) > 1 and self._snapshots[1].at <= horizon:
             self._snapshots.popleft()
         window = Window(list(self._snapshots))
-        self._verdicts = diagnose(measure(window, self._config.comm_phases), self._config)
+        measured = measure(window, self._config.comm_phases, self._config.warmup_steps)
+        self._verdicts = diagnose(measured, self._config)
         self._window_seconds = window.seconds
 
     def collect(self) -> Iterable[Metric]:

@@ -246,13 +246,14 @@ class NodeMeasurements:
     goodput: tuple[JobGoodput, ...] = ()
 
 
-def measure(window: Window, comm_phases: Sequence[str] = ("comm",)) -> NodeMeasurements:
+def measure(window: Window, comm_phases: Sequence[str] = ("comm",),
+            warmup_steps: int = 0) -> NodeMeasurements:
     """Everything the rules and the report need, from one window."""
     return NodeMeasurements(
         window_seconds=window.seconds,
         wall_time=window.last.wall,
         gpus=_gpus(window),
-        ranks=_ranks(window, tuple(comm_phases)),
+        ranks=_ranks(window, tuple(comm_phases), warmup_steps),
         disks=_disks(window),
         links=_links(window),
         processes=tuple(
@@ -325,13 +326,15 @@ def _pipes(window: Window, gpu: str) -> tuple[tuple[str, float], ...]:
     return tuple(sorted(pipes))
 
 
-def _ranks(window: Window, comm_phases: tuple[str, ...]) -> tuple[RankState, ...]:
+def _ranks(window: Window, comm_phases: tuple[str, ...],
+           warmup_steps: int) -> tuple[RankState, ...]:
+    """Each rank's state over the window, its first ``warmup_steps`` steps left out (a
+    first step carries the rendezvous, compilation and the first batch)."""
     info = {
         (labels_dict["job"], labels_dict["rank"]): labels_dict
         for labels in window.latest("trainmon_training_rank_info")
         if "job" in (labels_dict := dict(labels)) and "rank" in labels_dict
     }
-    halves = window.halves()
     last_step = window.latest("trainmon_training_last_step_timestamp_seconds")
     last_report = window.latest("trainmon_training_last_report_timestamp_seconds")
     stall_since = window.latest("trainmon_training_stall_start_timestamp_seconds")
@@ -344,14 +347,11 @@ def _ranks(window: Window, comm_phases: tuple[str, ...]) -> tuple[RankState, ...
             collective=found.get("collective", ""),
             seq=found.get("seq", ""), frame=found.get("frame", ""),
             since=stall_since.get(rank_labels), group=found.get("group", ""))
-    exposed_by_group: dict[tuple[str, str], list[tuple[str, float]]] = {}
-    for group_labels in window.label_sets("trainmon_training_group_comm_exposed_seconds_total"):
-        found = dict(group_labels)
-        value = window.increase("trainmon_training_group_comm_exposed_seconds_total",
-                                group_labels)
-        if value is not None:
-            exposed_by_group.setdefault((found.get("job", ""), found.get("rank", "")), []
-                                        ).append((found.get("group", ""), value))
+    group_labels: dict[tuple[str, str], list[tuple[str, Labels]]] = {}
+    for labels in window.label_sets("trainmon_training_group_comm_exposed_seconds_total"):
+        found = dict(labels)
+        group_labels.setdefault((found.get("job", ""), found.get("rank", "")), []).append(
+            (found.get("group", ""), labels))
     seqs_by_rank: dict[tuple[str, str], list[tuple[str, str, int]]] = {}
     for seq_labels, value in window.latest("trainmon_training_group_collective_seq").items():
         found = dict(seq_labels)
@@ -363,18 +363,24 @@ def _ranks(window: Window, comm_phases: tuple[str, ...]) -> tuple[RankState, ...
             continue
         labels_dict = dict(labels)
         job, rank = labels_dict.get("job", ""), labels_dict.get("rank", "")
+        own = window.from_count("trainmon_training_step_seconds_count", labels, warmup_steps)
+        halves = own.halves()
         phases = {phase: labels_of({**labels_dict, "phase": phase}) for phase in comm_phases}
-        comm = [window.increase("trainmon_training_phase_seconds_total", key)
+        comm = [own.increase("trainmon_training_phase_seconds_total", key)
                 for key in phases.values()]
+        group_exposed = [
+            (group, exposed) for group, key in group_labels.get((job, rank), ())
+            if (exposed := own.increase("trainmon_training_group_comm_exposed_seconds_total",
+                                        key)) is not None]
         extra = info.get((job, rank), {})
         ranks.append(RankState(
             job=job,
             rank=rank,
             gpu=extra.get("gpu", ""),
             pid=extra.get("pid", ""),
-            steps=window.increase("trainmon_training_step_seconds_count", labels) or 0.0,
-            step_seconds=window.increase("trainmon_training_step_seconds_sum", labels) or 0.0,
-            data_wait_seconds=window.increase(
+            steps=own.increase("trainmon_training_step_seconds_count", labels) or 0.0,
+            step_seconds=own.increase("trainmon_training_step_seconds_sum", labels) or 0.0,
+            data_wait_seconds=own.increase(
                 "trainmon_training_data_wait_seconds_total", labels) or 0.0,
             comm_seconds=sum(value for value in comm if value is not None),
             reports_comm=any(
@@ -385,12 +391,12 @@ def _ranks(window: Window, comm_phases: tuple[str, ...]) -> tuple[RankState, ...
             data_wait_recent=_wait_ratio(halves[1], labels) if halves else None,
             last_step_timestamp=last_step.get(labels),
             last_report_timestamp=last_report.get(labels),
-            measured_comm_seconds=window.increase("trainmon_training_comm_seconds_total", labels),
-            exposed_comm_seconds=window.increase(
+            measured_comm_seconds=own.increase("trainmon_training_comm_seconds_total", labels),
+            exposed_comm_seconds=own.increase(
                 "trainmon_training_comm_exposed_seconds_total", labels),
-            comm_bytes=window.increase("trainmon_training_comm_bytes_total", labels),
+            comm_bytes=own.increase("trainmon_training_comm_bytes_total", labels),
             stall=stalls.get(labels_of({"job": job, "rank": rank})),
-            group_exposed=tuple(sorted(exposed_by_group.get((job, rank), ()))),
+            group_exposed=tuple(sorted(group_exposed)),
             group_seqs=tuple(sorted(seqs_by_rank.get((job, rank), ()))),
         ))
     ranks.sort(key=lambda state: (state.job, _numeric_first(state.rank)))

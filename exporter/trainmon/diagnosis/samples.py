@@ -102,6 +102,14 @@ class Window:
         )
         return Window(self.snapshots[: middle + 1]), Window(self.snapshots[middle:])
 
+    def from_count(self, name: str, labels: Labels, count: float) -> Window:
+        """The snapshots from the first in which the counter ``name{labels}`` reached
+        ``count`` on (the last snapshot alone if it never did: nothing increases)."""
+        for index, snapshot in enumerate(self.snapshots):
+            if snapshot.series(name).get(labels, -1.0) >= count:
+                return Window(self.snapshots[index:])
+        return Window(self.snapshots[-1:])
+
     def latest(self, name: str) -> Mapping[Labels, float]:
         """The newest snapshot's series of ``name``."""
         return self.last.series(name)

@@ -27,6 +27,9 @@ class DiagnosisConfig:
     window_seconds: float = field(default=60.0, metadata=setting(minimum=5, maximum=3600))
     #: Fewer steps than this in the window (all ranks together): kind ``none``.
     min_steps: int = field(default=3, metadata=setting(minimum=1, maximum=1_000_000))
+    #: A rank's first steps left out of its evidence: the rendezvous, compilation, the
+    #: first batch and the first collectives make them unlike the rest.
+    warmup_steps: int = field(default=5, metadata=setting(minimum=0, maximum=1_000_000))
     #: storage: data wait / step time of the worst rank at or above this.
     data_wait_ratio: float = field(default=contract.DATA_WAIT_RATIO, metadata=RATIO)
     #: storage, second rule: a GPU sawtooth at or above this ...

@@ -175,7 +175,7 @@ def build_report(
     window: Window, config: DiagnosisConfig, source: Source, lang: str = "en"
 ) -> Report:
     """Measure and diagnose ``window``: the whole report."""
-    node = measure(window, config.comm_phases)
+    node = measure(window, config.comm_phases, config.warmup_steps)
     verdicts = diagnose(node, config)
     on_node = node_findings(node, verdicts)
     status, reason = _status(node, verdicts, on_node)
