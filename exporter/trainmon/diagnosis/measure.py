@@ -244,6 +244,9 @@ class NodeMeasurements:
     nccl: tuple[NcclState, ...]
     platform: PlatformMeasurements = field(default_factory=PlatformMeasurements)
     goodput: tuple[JobGoodput, ...] = ()
+    #: (job, rank, Unix time its run said it ended) of the ranks whose run ended, which
+    #: ``ranks`` leaves out.
+    ended_ranks: tuple[tuple[str, str, float], ...] = ()
 
 
 def measure(window: Window, comm_phases: Sequence[str] = ("comm",),
@@ -254,6 +257,10 @@ def measure(window: Window, comm_phases: Sequence[str] = ("comm",),
         wall_time=window.last.wall,
         gpus=_gpus(window),
         ranks=_ranks(window, tuple(comm_phases), warmup_steps),
+        ended_ranks=tuple(sorted(
+            (dict(labels).get("job", ""), dict(labels).get("rank", ""), ended)
+            for labels, ended in window.latest(
+                "trainmon_training_rank_end_timestamp_seconds").items())),
         disks=_disks(window),
         links=_links(window),
         processes=tuple(

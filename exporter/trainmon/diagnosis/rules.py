@@ -97,7 +97,7 @@ NVML the host's). The others form pseudo-jobs named
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from trainmon import contract
@@ -112,12 +112,21 @@ from trainmon.diagnosis.measure import (
     RankState,
 )
 from trainmon.diagnosis.thresholds import DiagnosisConfig
-from trainmon.training.stalls import COLLECTIVE, SILENT_SECONDS, holding_rank, missing_rank
+from trainmon.training.stalls import (
+    COLLECTIVE,
+    GONE,
+    SILENT_SECONDS,
+    holding_rank,
+    missing_rank,
+)
 
 KINDS = ("compute", "communication", "storage", "scheduling", "none")
 #: A reporter that sent anything this recently is alive (it sends about every
 #: second): its rank can be stalled; a silent one has finished or died.
 ALIVE_SECONDS = SILENT_SECONDS
+#: A rank silent this long while the job's other ranks ended after its last report was
+#: lost first (its reporter sends every second or faster).
+LOST_SILENT_SECONDS = 5.0
 #: Verdicts that name a bottleneck worth acting on (``doctor`` exits 1).
 ACTIONABLE_KINDS = ("communication", "storage", "scheduling")
 
@@ -214,7 +223,8 @@ def diagnose(node: NodeMeasurements, config: DiagnosisConfig) -> list[Verdict]:
         job_gpus = sorted({r.gpu for r in ranks if r.gpu} | held.get(job, set()))
         evidence = _evidence(ranks, [gpus[g] for g in job_gpus if g in gpus], busiest,
                              node.wall_time, config)
-        hung = hung_rank_finding(ranks, node.wall_time)
+        hung = hung_rank_finding(ranks, node.wall_time, {
+            rank: ended for ended_job, rank, ended in node.ended_ranks if ended_job == job})
         findings = risks.with_storage_source(
             [*([hung] if hung else []), *_job_findings(ranks, evidence, config)], mount)
         if mount is not None and any(f.code in risks.STORAGE_CODES for f in findings):
@@ -237,19 +247,22 @@ def diagnose(node: NodeMeasurements, config: DiagnosisConfig) -> list[Verdict]:
     return verdicts
 
 
-def hung_rank_finding(ranks: Sequence[RankState], wall_time: float) -> Finding | None:
+def hung_rank_finding(ranks: Sequence[RankState], wall_time: float,
+                      ended: Mapping[str, float] | None = None) -> Finding | None:
     """The ``hung_rank`` finding of a job's ranks on the node (rule 0), None while none
-    of them reports a stall. ``rank``: the rank that holds the others ("" when it is
-    on another node); ``where``: where it is (``gone`` for a silent reporter,
-    ``elsewhere`` when it is on another node); ``waiting``: the ranks waiting in a
-    collective, with its name and sequence number; ``seconds``: since the earliest
-    stalled rank's last step."""
+    of them reports a stall and none was lost. ``rank``: the rank that holds the others
+    ("" when it is on another node); ``where``: where it is (``gone`` for a silent
+    reporter, ``elsewhere`` when it is on another node); ``waiting``: the ranks waiting
+    in a collective, with its name and sequence number; ``seconds``: since the earliest
+    stalled rank's last step. ``ended``: the job's ranks whose run ended (rank -> Unix
+    time), which ``ranks`` leaves out: a rank silent while the others' runs ended after
+    its last report was lost first, and the others broke on it (``_lost_rank``)."""
     # a reporter silent for ALIVE_SECONDS is gone, whatever it said last
     gone = [rank for rank in ranks if rank.last_report_timestamp is not None
             and wall_time - rank.last_report_timestamp > ALIVE_SECONDS]
     stalled = [rank for rank in ranks if rank.stall is not None and rank not in gone]
     if not stalled and not any(rank.stall is not None for rank in gone):
-        return None
+        return _lost_rank(ranks, wall_time, ended or {})
     stalls = {rank.rank: rank.stall for rank in stalled if rank.stall is not None}
     waiting = [rank for rank in stalled if stalls[rank.rank].where == COLLECTIVE]
     waits = [(rank.rank, stall.group, _root(rank, stall.group), int(stall.seq))
@@ -277,6 +290,29 @@ def hung_rank_finding(ranks: Sequence[RankState], wall_time: float) -> Finding |
         # where each rank is, for doctor's lines: rank|where|collective|seq|frame|seconds;…
         "ranks": ";".join([*(_rank_where(rank, wall_time) for rank in stalled),
                            *(_gone_where(rank, wall_time) for rank in gone)]),
+    })
+
+
+def _lost_rank(ranks: Sequence[RankState], wall_time: float,
+               ended: Mapping[str, float]) -> Finding | None:
+    """``hung_rank`` for a rank lost without a word (killed, out of memory) whose peers
+    then broke on it: on gloo a peer's collective fails at once ("connection closed by
+    peer") and its run ends crashed; on NCCL the peers wait, and their stalls name it.
+    The lost rank went silent for ``LOST_SILENT_SECONDS`` without its run ending, and
+    every other rank of the job on the node ended after its last report."""
+    if not ended:
+        return None
+    silent = [rank for rank in ranks if rank.last_report_timestamp is not None
+              and wall_time - rank.last_report_timestamp > LOST_SILENT_SECONDS
+              and rank.last_report_timestamp < min(ended.values())]
+    if len(silent) != 1 or len(silent) != len(ranks):
+        return None
+    lost = silent[0]
+    return Finding("scheduling", "hung_rank", {
+        "rank": lost.rank, "where": GONE, "frame": "", "phase": "", "waiting": "",
+        "collective": "", "group": "", "seq": "",
+        "seconds": wall_time - (lost.last_report_timestamp or wall_time),
+        "ranks": _gone_where(lost, wall_time),
     })
 
 
