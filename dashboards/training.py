@@ -63,6 +63,7 @@ DATA_WAIT = f"trainmon_training_data_wait_seconds_total{{{JOB}}}"
 #: collective in flight, the exposed part of them, and the collectives' bytes.
 COMM_MEASURED = f"trainmon_training_comm_seconds_total{{{JOB}}}"
 COMM_EXPOSED = f"trainmon_training_comm_exposed_seconds_total{{{JOB}}}"
+GROUP_EXPOSED = f"trainmon_training_group_comm_exposed_seconds_total{{{JOB}}}"
 COMM_BYTES = f"trainmon_training_comm_bytes_total{{{JOB}}}"
 #: Step time of the ranks that measure their exposed communication.
 MEASURED_STEP = f"sum(rate({STEP_SUM}[{RATE}]) and on(node, rank) {COMM_EXPOSED})"
@@ -453,6 +454,20 @@ def _comm_row(board: Board, variant: Variant) -> None:
         minimum=0, steps=(Step(None, "green"), Step(promql.COMM_LIMIT, "red")),
     ), width=8)
     board.add(timeseries(
+        "Exposed communication by parallelism dimension", "percentunit",
+        "The exposed communication of the ranks that measure it, split by the process "
+        "group it waits in, named by its mesh dimension (trainmon_training_group_comm_"
+        "exposed_seconds_total: dp data parallel, tp tensor parallel, pp pipeline stages, "
+        "cp context parallel, world the default group), as a share of their step time. "
+        "Data-parallel waits are what the network and bucket sizes tune; tensor-parallel "
+        "waits are on the critical path by design (keep the TP group inside a node); "
+        "pipeline waits are the schedule's bubbles (more microbatches). The dashed line is "
+        "the 30 % communication verdict.",
+        [Query(f"sum by (group) (rate({GROUP_EXPOSED}[{RATE}])) / on() group_left() "
+               f"{MEASURED_STEP}", "{{group}}")],
+        minimum=0, steps=(Step(None, "green"), Step(promql.COMM_LIMIT, "red")),
+    ), width=8)
+    board.add(timeseries(
         "Effective bandwidth vs link rate", "Bps",
         "Bytes of the collectives' buffers per second a collective was in flight, per rank "
         "(rate of trainmon_training_comm_bytes_total over trainmon_training_comm_seconds_total), "
@@ -471,7 +486,7 @@ def _comm_row(board: Board, variant: Variant) -> None:
                   "{{node}} NIC link rate"),
         ],
         minimum=0,
-    ), width=8)
+    ), width=12)
     board.add(timeseries(
         "Step time by phase", "percentunit",
         "Every named phase (comm, checkpoint, …) as a share of step time. Good: comm well "
@@ -502,7 +517,7 @@ def _comm_row(board: Board, variant: Variant) -> None:
         minimum=0,
         # Open the node behind a series in Node detail.
     ).data_links([variant.series_link(NODE, "node")]),
-        width=12)
+        width=24)
 
 
 def _gpu_row(board: Board, variant: Variant) -> None:

@@ -147,6 +147,31 @@ def test_comm_fields_are_absent_until_measured(reporter: Reporter) -> None:
     assert "comm_exposed_seconds" not in report  # exposed never said: unknown
 
 
+def test_communication_added_per_group_travels_in_comm_groups(reporter: Reporter) -> None:
+    reporter.add_comm(0.5, exposed_seconds=0.2, nbytes=100, group="tp", collectives=4)
+    reporter.add_comm(0.25, nbytes=50, group="dp")
+    reporter.add_comm(0.1, group="bad name")  # not a label: counted as other
+    reporter.step()
+    report = reporter.report()
+    groups = report["comm_groups"]
+    assert isinstance(groups, dict) and set(groups) == {"tp", "dp", "other"}
+    assert groups["tp"]["collectives"] == 4 and groups["tp"]["bytes"] == 100
+    assert groups["tp"]["seconds"] == 0.5
+    # exposed time is sent as at most the rank's step seconds (here a few microseconds)
+    assert groups["tp"]["exposed_seconds"] == min(0.2, report["step_seconds"])
+    assert "exposed_seconds" not in groups["dp"]  # never said: unknown
+    parsed = parse_report(json.dumps(report).encode())  # the daemon takes it
+    assert parsed.comm_groups is not None and parsed.comm_groups["dp"].bytes == 50
+
+
+def test_groups_past_the_protocols_limit_are_counted_as_other(reporter: Reporter) -> None:
+    for index in range(12):
+        reporter.add_comm(0.01, nbytes=1, group=f"g{index}")
+    groups = reporter.report()["comm_groups"]
+    assert isinstance(groups, dict) and len(groups) == 8 and groups["other"]["bytes"] == 5
+    parse_report(json.dumps(reporter.report()).encode())
+
+
 def test_exposed_counts_when_the_step_ends_and_never_exceeds_it(reporter: Reporter) -> None:
     reporter.step()  # a step of a few microseconds follows
     reporter.add_comm(2.0, exposed_seconds=5.0, nbytes=8)  # exposed > seconds: clamped to 2.0

@@ -61,8 +61,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
+from trainmon.client.comm import OTHER_GROUP, group_name
 from trainmon.client.watchdog import InFlight
-from trainmon.training.report_fields import LABEL_PATTERN, MAX_COMM_GROUPS, MAX_GROUP_NAME_LENGTH
+from trainmon.training.report_fields import MAX_COMM_GROUPS, MAX_GROUP_NAME_LENGTH
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +116,6 @@ FUNCTIONAL_COLLECTIVES: dict[str, str] = {
     "broadcast": "broadcast",
     "broadcast_": "broadcast",
 }
-#: The name of groups past ``MAX_COMM_GROUPS``, and of waits whose launch is unknown.
-OTHER_GROUP = "other"
 DEFAULT_GROUP = "world"
 #: Groups made without a description (``new_group(ranks)``): told apart by their root.
 ANONYMOUS_GROUP = "group"
@@ -225,9 +224,7 @@ class GroupNames:
     def _admit(self, name: str, group: object) -> str:
         """``name`` if it is used already or a slot is left, else ``OTHER_GROUP``
         (lock held)."""
-        name = _UNSAFE.sub("_", name)[:MAX_GROUP_NAME_LENGTH] or OTHER_GROUP
-        if not LABEL_PATTERN.fullmatch(name):
-            name = OTHER_GROUP
+        name = group_name(_UNSAFE.sub("_", name)) if name else OTHER_GROUP
         if name not in self._used:
             if len(self._used) >= MAX_COMM_GROUPS - 1 and name != OTHER_GROUP:
                 name = OTHER_GROUP

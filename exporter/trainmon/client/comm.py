@@ -17,6 +17,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from trainmon.client.watchdog import InFlight
+from trainmon.training.report_fields import LABEL_PATTERN, MAX_COMM_GROUPS, MAX_GROUP_NAME_LENGTH
+
+#: Where groups past ``MAX_COMM_GROUPS`` (and names the protocol refuses) are counted.
+OTHER_GROUP = "other"
 
 
 class CommSink(Protocol):
@@ -59,6 +63,36 @@ class GroupTotals:
         if self.root is not None:
             value["root"] = self.root
         return value
+
+
+def group_name(name: str) -> str:
+    """``name`` as the protocol takes it, else ``OTHER_GROUP``."""
+    name = name[:MAX_GROUP_NAME_LENGTH]
+    return name if LABEL_PATTERN.fullmatch(name) else OTHER_GROUP
+
+
+def merged_groups(*sources: dict[str, dict[str, object]] | None
+                  ) -> dict[str, dict[str, object]] | None:
+    """The ``comm_groups`` of several sources in one (the instrumentation's and
+    ``Reporter.add_comm``'s): a group's counts and seconds added, its last sequence
+    number the highest; past ``MAX_COMM_GROUPS`` names, the rest in ``OTHER_GROUP``."""
+    present = [groups for groups in sources if groups]
+    if len(present) < 2:
+        return present[0] if present else None
+    merged: dict[str, dict[str, object]] = {}
+    for groups in present:
+        for name, value in groups.items():
+            if name not in merged and len(merged) >= MAX_COMM_GROUPS - 1:
+                name = OTHER_GROUP
+            into = merged.setdefault(name, {"collectives": 0, "bytes": 0, "seconds": 0.0})
+            for key, number in value.items():
+                if key == "root":
+                    into.setdefault(key, number)
+                elif key == "seq":
+                    into[key] = max(int(into.get(key, 0)), int(number))  # type: ignore[call-overload]
+                else:
+                    into[key] = into.get(key, 0) + number  # type: ignore[operator]
+    return merged
 
 
 class CommSource(Protocol):

@@ -72,8 +72,8 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel
 
 from trainmon.client import collectives
-from trainmon.client.collectives import OTHER_GROUP, Launch
-from trainmon.client.comm import CommSink, GroupTotals
+from trainmon.client.collectives import Launch
+from trainmon.client.comm import OTHER_GROUP, CommSink, GroupTotals
 from trainmon.client.watchdog import InFlight
 from trainmon.logthrottle import LogThrottle
 

@@ -59,7 +59,13 @@ from typing import Any, TypeVar
 
 from trainmon.client.agreement import RunAgreement, Settlement
 from trainmon.client.batches import samples_in, tuple_length_mistake
-from trainmon.client.comm import CommSource
+from trainmon.client.comm import (
+    OTHER_GROUP,
+    CommSource,
+    GroupTotals,
+    group_name,
+    merged_groups,
+)
 from trainmon.client.ending import ProcessEnding
 from trainmon.client.identity import detect_gpu, named_identity, rank_identity
 from trainmon.client.run import DataPaths, RunDescriber, launcher_run_id, process_run_id
@@ -77,6 +83,7 @@ from trainmon.training.protocol import (
 )
 from trainmon.training.report_fields import (
     DEFAULT_MAX_LABEL_LENGTH,
+    MAX_COMM_GROUPS,
     MAX_PATH_BYTES,
     MAX_PHASES,
     PROTOCOL_VERSION,
@@ -194,6 +201,8 @@ class Reporter:
         # Exposed comm of the step in progress, committed by step() (at most
         # the step's duration, so the total never exceeds step_seconds).
         self._pending_exposed = 0.0
+        #: Per group, what ``add_comm(group=...)`` added.
+        self._groups: dict[str, GroupTotals] = {}
         # Set by instrument(); step() folds it when present.
         self._comm_source: CommSource | None = None
         # Checkpoints: None until the first checkpoint()/checkpoint_saved(),
@@ -385,11 +394,16 @@ class Reporter:
         self.add_phase(CHECKPOINT_PHASE, seconds)
 
     def add_comm(
-        self, seconds: float, exposed_seconds: float | None = None, nbytes: int = 0
+        self, seconds: float, exposed_seconds: float | None = None, nbytes: int = 0,
+        *, group: str | None = None, collectives: int = 1,
     ) -> None:
         """Add measured communication: ``seconds`` with a collective in flight,
         of which ``exposed_seconds`` the rank waited with its own compute done
         (``None``: not known), moving ``nbytes`` bytes of collective buffers.
+        ``group`` names the process group (parallelism dimension: ``dp``, ``tp``,
+        ``pp``...) it belongs to, which then counts ``collectives`` more collectives
+        and travels in the report's ``comm_groups`` (a name the protocol refuses, or one
+        past ``MAX_COMM_GROUPS``, is counted as ``other``).
 
         Thread-safe (collective callbacks arrive on backend threads). From the
         first call on, reports carry ``comm_seconds`` and ``comm_bytes``; from
@@ -416,6 +430,21 @@ class Reporter:
                 if self._comm_exposed is None:
                     self._comm_exposed = 0.0
                 self._pending_exposed += exposed
+            if group is not None:
+                self._add_group(str(group), seconds, exposed, count, collectives)
+
+    def _add_group(self, name: str, seconds: float, exposed: float | None, nbytes: int,
+                   collectives: int) -> None:
+        """``add_comm``'s share of one group (lock held)."""
+        name = group_name(name)
+        if name not in self._groups and len(self._groups) >= MAX_COMM_GROUPS - 1:
+            name = OTHER_GROUP
+        totals = self._groups.setdefault(name, GroupTotals())
+        totals.collectives += collectives if collectives.__class__ is int and collectives > 0 else 0
+        totals.bytes += nbytes
+        totals.seconds += seconds
+        if exposed is not None:
+            totals.exposed_seconds = (totals.exposed_seconds or 0.0) + exposed
 
     def instrument(
         self,
@@ -609,7 +638,10 @@ class Reporter:
                 "checkpoint_path": self._checkpoint_path if saved else None,
                 "last_step_time": None,
                 "collective_seq": None if source is None else source.launched_collectives(),
-                "comm_groups": None if source is None else source.groups(self._step_seconds),
+                "comm_groups": merged_groups(
+                    None if source is None else source.groups(self._step_seconds),
+                    {name: totals.wire(self._step_seconds)
+                     for name, totals in self._groups.items()}),
             }
         if last_step is not None:
             values["last_step_time"] = time.time() - (_perf_counter() - last_step)

@@ -7,7 +7,8 @@ exercises exactly the path a training job uses. Each rank also measures its
 communication as ``Reporter.instrument`` would, through ``add_comm``: the
 ``comm`` phase is the exposed part (the rank waits with its compute done),
 ``overlapped_comm_seconds`` more of collectives run hidden under compute, and
-``comm_bytes`` bytes of gradient buckets move each step:
+``comm_bytes`` bytes of gradient buckets move each step, all of it in the
+data-parallel group (``dp`` of ``comm_groups``, ``BUCKETS_PER_STEP`` all-reduces):
 
 - ``demo-starved`` on GPUs 0–3: 0.4 s steps of which 0.14 s wait for data
   (data-wait ratio ≈ 0.35), the input pipeline cannot keep up; the GPU demo's
@@ -71,6 +72,8 @@ RANKS_PER_JOB = 4
 JITTER = 0.10
 #: Seconds between two checkpoints of a rank (the first comes after
 #: ``FIRST_CHECKPOINT_SECONDS``, so a fresh demo shows one soon).
+#: Gradient buckets all-reduced per step (the dp group's collectives).
+BUCKETS_PER_STEP = 4
 CHECKPOINT_INTERVAL_SECONDS = 30.0
 FIRST_CHECKPOINT_SECONDS = 5.0
 
@@ -256,7 +259,7 @@ def _train(
                 pause(comm)
             exposed = time.perf_counter() - started
             reporter.add_comm(exposed + job.overlapped_comm_seconds, exposed_seconds=exposed,
-                              nbytes=job.comm_bytes)
+                              nbytes=job.comm_bytes, group="dp", collectives=BUCKETS_PER_STEP)
             if stopping.is_set():
                 break
             reporter.step(samples=batch_size)
