@@ -431,3 +431,38 @@ def test_goodput_series_are_kept_for_the_jobs_booked_last_and_the_rest_counted(
                                                 "bucket")}
     assert jobs == {"b", "c"}
     assert exposition.value("trainmon_ledger_goodput_evicted_jobs_total") == 1.0
+
+
+def test_a_runs_exposed_communication_is_kept_per_parallelism_dimension(
+        clocks: Clocks, tmp_path: Path) -> None:
+    """A 2-D job's rank waits 20 % of its steps in tensor-parallel collectives and 5 % in
+    data-parallel ones: the run's summary says so, dimension by dimension."""
+    path = tmp_path / "ledger.sqlite3"
+    training, ledger = make_recorder(clocks, path, flush_seconds=3600.0)()
+    ledger.start()
+    try:
+        started = clocks.wall
+        send(training, description(run="run-2d", started=started), step(0, run="run-2d"))
+        ledger.tick()
+        for index in range(1, 6):
+            clocks.advance(10)
+            seconds = index * 100 * 0.1  # 100 steps of 0.1 s per interval
+            send(training, step(index * 100, run="run-2d", comm_seconds=0.3 * seconds,
+                                comm_exposed_seconds=0.25 * seconds, comm_groups={
+                                    "tp": {"collectives": index * 400, "bytes": index * 10,
+                                           "seconds": 0.2 * seconds,
+                                           "exposed_seconds": 0.2 * seconds},
+                                    "dp": {"collectives": index * 100, "bytes": index * 10,
+                                           "seconds": 0.1 * seconds,
+                                           "exposed_seconds": 0.05 * seconds}}))
+            ledger.tick()
+        send(training, description(run="run-2d", started=started, ended="finished"))
+        ledger.tick()
+    finally:
+        ledger.stop()
+        training.stop()
+    with Ledger.open(path) as reader:
+        record = only(reader.runs(job="resnet50"))
+    assert record.summary["comm_exposed_ratio_by_group"] == {
+        "dp": pytest.approx(0.05), "tp": pytest.approx(0.2)}
+    assert record.summary["comm_exposed_ratio"] == pytest.approx(0.25)

@@ -200,3 +200,16 @@ def test_a_multi_node_run_adds_up_its_gpu_seconds() -> None:
     assert merged.summary["gpu_seconds"] == {"productive": 80.0, "data_wait": 10.0,
                                              "stalled": 10.0}
     assert merged.summary["goodput_ratio"] == pytest.approx(0.8)
+
+
+def test_exposed_communication_is_compared_per_parallelism_dimension() -> None:
+    a = view("run-a", summary_=summary(comm_exposed_ratio=0.25,
+                                       comm_exposed_ratio_by_group={"tp": 0.2, "dp": 0.05}))
+    b = view("run-b", started=STARTED + 7200, summary_=summary(
+        comm_exposed_ratio=0.1, comm_exposed_ratio_by_group={"tp": 0.05, "dp": 0.05}))
+    comparison = compare(a, b)
+    assert (comparison.phases["comm_exposed.tp"].a,
+            comparison.phases["comm_exposed.tp"].b) == (0.2, 0.05)
+    assert (comparison.phases["comm_exposed.dp"].a,
+            comparison.phases["comm_exposed.dp"].b) == (0.05, 0.05)
+    assert list(comparison.phases)[:3] == ["data_wait", "comm_exposed", "comm_exposed.dp"]

@@ -42,6 +42,9 @@ class StepTotals(Protocol):
     #: None where the rank does not measure communication (unknown, not zero).
     @property
     def comm_exposed_seconds(self) -> float | None: ...
+    #: Per process group, what it carried (``trainmon.training.report_fields.CommGroup``).
+    @property
+    def comm_groups(self) -> Mapping[str, GroupSeen]: ...
     #: None where the rank does not report checkpoints.
     @property
     def checkpoints(self) -> int | None: ...
@@ -52,6 +55,13 @@ class StepTotals(Protocol):
     def covers(self: _Totals, earlier: _Totals) -> bool:
         """True when no total is below ``earlier``'s (the same reporter, no reset)."""
         ...
+
+
+class GroupSeen(Protocol):
+    """One process group's totals of a rank (``trainmon.training.report_fields.CommGroup``)."""
+
+    @property
+    def exposed_seconds(self) -> float | None: ...
 
 
 class CheckpointSeen(Protocol):

@@ -929,7 +929,7 @@ def _difference(now: StepTotals, before: StepTotals | None) -> Progress | None:
             steps=now.steps, samples=now.samples, step_seconds=now.step_seconds,
             data_wait_seconds=now.data_wait_seconds, step_buckets=list(now.step_buckets),
             phase_seconds=dict(now.phase_seconds), comm_exposed_seconds=now.comm_exposed_seconds,
-            checkpoints=now.checkpoints)
+            checkpoints=now.checkpoints, group_exposed_seconds=_group_exposed(now, None))
     if not now.covers(before):
         return None
     exposed = None
@@ -948,7 +948,20 @@ def _difference(now: StepTotals, before: StepTotals | None) -> Progress | None:
                        for name, seconds in now.phase_seconds.items()},
         comm_exposed_seconds=exposed,
         checkpoints=checkpoints,
+        group_exposed_seconds=_group_exposed(now, before),
     )
+
+
+def _group_exposed(now: StepTotals, before: StepTotals | None) -> dict[str, float]:
+    """The increase of each group's exposed seconds (those that say it)."""
+    increase = {}
+    for name, group in now.comm_groups.items():
+        if group.exposed_seconds is None:
+            continue
+        earlier = before.comm_groups.get(name) if before is not None else None
+        previous = earlier.exposed_seconds if earlier is not None else None
+        increase[name] = max(group.exposed_seconds - (previous or 0.0), 0.0)
+    return increase
 
 
 def _number(value: object) -> float:

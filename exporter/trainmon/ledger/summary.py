@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 
 from trainmon.contract import STEP_BUCKET_COUNT, STEP_SECONDS_BOUNDS
 from trainmon.ledger.goodput import BUCKETS, goodput_ratio
+from trainmon.training.report_fields import MAX_COMM_GROUPS
 from trainmon.training.stalls import holding_rank
 
 #: Rate buckets kept per run before neighbours are merged.
@@ -80,6 +81,8 @@ class Progress:
     comm_exposed_seconds: float | None = None
     #: Checkpoint saves completed; None when the rank does not report checkpoints.
     checkpoints: int | None = None
+    #: Exposed communication per process group (parallelism dimension), where known.
+    group_exposed_seconds: Mapping[str, float] = field(default_factory=dict)
 
 
 def verdict_gap(seconds: float) -> float:
@@ -118,6 +121,8 @@ class RunTotals:
     #: ``until`` (None while it lasts), the rank that ``holds`` the job, ``where`` it
     #: is and its innermost ``frame``, and where each stalled rank was (``ranks``).
     stalls: list[dict[str, object]] = field(default_factory=list)
+    #: The run's exposed communication per process group (``dp``, ``tp``, ``pp``...).
+    group_exposed_seconds: dict[str, float] = field(default_factory=dict)
 
     def resumed(self) -> RunTotals:
         """What a restarted daemon keeps of a stored run: the rate buckets, verdicts and
@@ -125,6 +130,7 @@ class RunTotals:
         cumulative totals, which a fresh store takes whole, already hold the run's
         counts so far."""
         return RunTotals(buckets=list(self.buckets), intervals=self.intervals,
+                         group_exposed_seconds=dict(self.group_exposed_seconds),
                          stalls=[dict(stall) for stall in self.stalls],
                          verdict_seconds=dict(self.verdict_seconds),
                          final_verdict=self.final_verdict,
@@ -146,6 +152,11 @@ class RunTotals:
                 progress.comm_exposed_seconds
         if progress.checkpoints is not None:
             self.checkpoints = (self.checkpoints or 0) + progress.checkpoints
+        for group, seconds in progress.group_exposed_seconds.items():
+            if group in self.group_exposed_seconds or len(
+                    self.group_exposed_seconds) < MAX_COMM_GROUPS:
+                self.group_exposed_seconds[group] = (
+                    self.group_exposed_seconds.get(group, 0.0) + seconds)
 
     def add_gpu_seconds(self, booked: Mapping[str, float]) -> None:
         """GPU-seconds a rank's booking just booked, per bucket."""
@@ -225,6 +236,9 @@ class RunTotals:
             "step_seconds_p95": histogram_quantile(0.95, self.step_buckets),
             "data_wait_ratio": self.data_wait_seconds / step if step > 0 else None,
             "comm_exposed_ratio": comm / step if step > 0 and comm is not None else None,
+            "comm_exposed_ratio_by_group": {
+                group: seconds / step for group, seconds
+                in sorted(self.group_exposed_seconds.items())} if step > 0 else {},
             "phase_ratios": {name: seconds / step for name, seconds
                              in sorted(self.phase_seconds.items())} if step > 0 else {},
             "verdicts": dict(sorted(self.verdict_seconds.items())),
@@ -253,7 +267,7 @@ class RunTotals:
             "intervals": self.intervals, "verdict_seconds": self.verdict_seconds,
             "final_verdict": self.final_verdict, "checkpoints": self.checkpoints,
             "last_checkpoint": self.last_checkpoint, "gpu_seconds": self.gpu_seconds,
-            "stalls": self.stalls,
+            "stalls": self.stalls, "group_exposed_seconds": self.group_exposed_seconds,
         }
 
     @classmethod
@@ -283,6 +297,10 @@ class RunTotals:
                     state.get("gpu_seconds") or {}).items()},  # type: ignore[attr-defined]
                 stalls=[dict(stall) for stall in state.get("stalls") or []  # type: ignore[attr-defined]
                         if isinstance(stall, Mapping)][-MAX_RECORDED_STALLS:],
+                # absent from the states of older daemons
+                group_exposed_seconds={str(k): float(v) for k, v in list((
+                    state.get("group_exposed_seconds") or {}).items()  # type: ignore[attr-defined]
+                    )[:MAX_COMM_GROUPS]},
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             return cls()

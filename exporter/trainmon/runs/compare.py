@@ -295,6 +295,11 @@ def _phases(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Movement]:
         "data_wait": _movement(a, b, "data_wait_ratio"),
         "comm_exposed": _movement(a, b, "comm_exposed_ratio"),
     }
+    groups_a = dict(a.get("comm_exposed_ratio_by_group") or {})
+    groups_b = dict(b.get("comm_exposed_ratio_by_group") or {})
+    for name in sorted(groups_a.keys() | groups_b.keys()):
+        phases[f"comm_exposed.{name}"] = Movement(number(groups_a.get(name)),
+                                                  number(groups_b.get(name)))
     ratios_a = dict(a.get("phase_ratios") or {})
     ratios_b = dict(b.get("phase_ratios") or {})
     for name in sorted(ratios_a.keys() | ratios_b.keys()):
@@ -404,6 +409,8 @@ def phase_words(name: str) -> str:
         return "data wait"
     if name == "comm_exposed":
         return "exposed comm"
+    if name.startswith("comm_exposed."):  # one parallelism dimension's share
+        return f"  in {name.removeprefix('comm_exposed.')}"
     return f"{name.removeprefix('phase.')} phase"
 
 
