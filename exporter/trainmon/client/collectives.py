@@ -23,8 +23,9 @@ authority for what (docs/protocol.md, "Measured communication"):
   waited for. While a thread waits, ``waiting_in`` says in which collective (op,
   group, sequence number, since when): the stall watchdog shows a rank blocked
   in C++ as waiting in that collective, not as its own code.
-- **In flight**: a launch's interval ends at its work's completion (its
-  future's callback), else when it is waited for.
+- **In flight**: a launch's interval ends when it is waited for, or, for a work
+  nobody waits for, when a fold (each ``step()``) sees it completed: no callback per
+  collective on the CPU (on CUDA, the future's callback records the completion event).
 - **DDP gradient buckets** stay with the communication hook (``distributed``),
   whose launches do not count here again.
 - **CUDA** (NCCL): a wait is a stream synchronisation, not a block, so waits
@@ -143,6 +144,8 @@ class Launch:
     since: float = 0.0
     #: On CUDA, its events (``distributed._Record``); completion finishes it.
     record: Any = None
+    #: The CPU work (a weak reference), for a fold to see it completed un-waited.
+    work: Any = None
     #: ``perf_counter`` seconds when the launching call returned: a wait that starts
     #: within ``IMMEDIATE_WAIT_SECONDS`` of it is the synchronous call's own.
     returned: float = 0.0
@@ -369,7 +372,10 @@ def _timed_method(original: Callable[..., Any], op: str,
         if work is not None:
             try:
                 _works[work] = launch
-                work.get_future().then(functools.partial(_completed, launch))
+                if launch.record is not None:  # CUDA: the completion event, on its stream
+                    work.get_future().then(functools.partial(_completed, launch))
+                else:  # CPU: it ends when waited for, or a fold sees it completed
+                    launch.work = weakref.ref(work)
             except (AttributeError, RuntimeError, TypeError):  # no future for this op/backend
                 pass
         return work
@@ -379,11 +385,21 @@ def _timed_method(original: Callable[..., Any], op: str,
 
 
 def _completed(launch: Launch, _future: object) -> None:
-    """A work's future completed (a backend thread)."""
-    if launch.record is not None:
-        launch.record.finish()
-    elif launch.end is None:
+    """A CUDA work's future completed (a backend thread): its completion event."""
+    launch.record.finish()
+
+
+def ended_unwaited(launch: Launch) -> bool:
+    """Whether a CPU launch nobody waited for has ended (its work completed, or gone);
+    then its end is now, as a fold sees it."""
+    work = launch.work() if launch.work is not None else None
+    try:
+        done = work is None or bool(work.is_completed())
+    except RuntimeError:  # the work failed: it ended
+        done = True
+    if done and launch.end is None:
         launch.end = _clock()
+    return done
 
 
 def _timed_wait(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -317,7 +317,8 @@ class CommMeter:
                 self._collectives = [r for r in self._collectives if id(r) not in finished]
         launches: list[Launch] = []
         if self._launches:
-            launches = [launch for launch in self._launches if launch.end is not None]
+            launches = [launch for launch in self._launches
+                        if launch.end is not None or collectives.ended_unwaited(launch)]
             if launches:
                 self._launches = [launch for launch in self._launches if launch.end is None]
         waits, self._waits = self._waits, []
