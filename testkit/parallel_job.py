@@ -42,15 +42,15 @@ after the rank's first step, once):
   thirds of a step is data wait.
 - ``communication``: a 5.3 M-parameter MLP (21 MB of gradients; fsdp2_tp: 10 MB of
   parameter shards per rank and collective over ``dp``), or for ``pipeline`` a boundary
-  activation ``WIDEN``-fold wider (21 MB forward and back per step), over the link the
+  activation ``WIDEN``-fold wider (10.5 MB forward and as much back per step), over the link the
   launcher shapes to 300 Mbit/s between two network namespaces (``GLOO_SOCKET_IFNAME``).
 - ``slow_rank``: the rank's device time is ``SLOW_RANK_FACTOR`` times the others'.
 - ``hang_loader``: the rank's Dataset ``__getitem__`` blocks until ``--release`` exists.
 - ``hang_collective``: the rank enters ``dist.barrier`` on a side group of itself and the
-  next rank, made by every rank at the start, after its optimizer step; the next rank
-  never enters it: it and the others wait in the job's regular collective of the next
-  step (DDP's all-reduce, FSDP's all-gather, the pipeline's recv). Not released: a
-  deadlock, which ends at the group's ``--timeout`` (the barrier raises).
+  next rank, made by every rank at the start, after its optimizer step (Lightning:
+  before it); the next rank never enters it: it and the others wait in the job's regular
+  collective of the next step (DDP's all-reduce, FSDP's all-gather, the pipeline's recv).
+  Not released: a deadlock, which ends at the group's ``--timeout`` (the barrier raises).
 - ``hang_lock``: between backward and the optimizer step, the rank waits for a lock
   nobody releases (as ``testkit.ddp_job hang --lock-rank``), until ``--release``.
 - ``hang_checkpoint``: the rank alone enters ``with reporter.checkpoint(path)`` after its
@@ -86,10 +86,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import faulthandler
 import gc
 import json
 import os
 import random
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -155,10 +157,14 @@ class Markers:
 
     def write(self, name: str, when: float) -> None:
         if self.directory is not None:
-            path = self.directory / f"rank-{self.rank}.{name}"
-            partial = path.with_suffix(".partial")
-            partial.write_text(repr(when))
-            partial.replace(path)
+            write_whole(self.directory / f"rank-{self.rank}.{name}", repr(when))
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that a reader never sees half of it."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    partial.replace(path)
 
 
 class Truth:
@@ -188,13 +194,11 @@ class Truth:
 
     def _write_every(self) -> None:
         assert self.path is not None
-        partial = self.path.with_suffix(".partial")
         while True:
             closing = self._closed.wait(TRUTH_EVERY_SECONDS)
             with self._lock:
                 text = json.dumps(self.values)
-            partial.write_text(text)
-            partial.replace(self.path)
+            write_whole(self.path, text)
             if closing:
                 return
 
@@ -283,6 +287,19 @@ def pace_factor(args: argparse.Namespace, step: int, rows: int) -> float:
     return factor * rows / BATCH if "varlen" in args.confounders else factor
 
 
+class Pace:
+    """The ``DeviceTime`` modules of a model, each with the seconds it was built with."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.built = [(module, module.seconds) for module in model.modules()
+                      if isinstance(module, DeviceTime)]
+
+    def scale(self, factor: float) -> None:
+        """Device time ``factor`` times the built one, from now on."""
+        for module, seconds in self.built:
+            module.seconds = seconds * factor
+
+
 @dataclass
 class Parallel:
     """What a kind built on this rank: its training step (zero_grad, forward, backward),
@@ -297,16 +314,10 @@ class Parallel:
     sharded: bool
     shard: int
     shards: int
-    device_times: list[tuple[DeviceTime, float]] = field(init=False, default_factory=list)
+    pace: Pace = field(init=False)
 
     def __post_init__(self) -> None:
-        self.device_times = [(module, module.seconds) for module in self.state.modules()
-                             if isinstance(module, DeviceTime)]
-
-    def pace(self, factor: float) -> None:
-        """Device time ``factor`` times the built one, from now on."""
-        for module, seconds in self.device_times:
-            module.seconds = seconds * factor
+        self.pace = Pace(self.state)
 
     def checkpoint(self, folder: Path, rank: int) -> Path:
         """Where this rank's checkpoint goes in ``folder`` (a DCP folder when sharded)."""
@@ -315,9 +326,9 @@ class Parallel:
     def save(self, path: Path) -> None:
         """Save a checkpoint to ``path`` (every rank at once)."""
         if self.sharded:
-            import torch.distributed.checkpoint as dcp
+            from torch.distributed.checkpoint.state_dict_saver import save
 
-            dcp.save(self.state.state_dict(), checkpoint_id=path)
+            save(self.state.state_dict(), checkpoint_id=path)
         else:
             torch.save(self.state.state_dict(), path)
 
@@ -354,7 +365,7 @@ def build_ddp(args: argparse.Namespace, rank: int, reporter: Any) -> Parallel:
     return data_parallel(model, optimizer, net, False, rank, dist.get_world_size())
 
 
-def linear_layers(net: nn.Sequential) -> list[str]:
+def linear_layers(net: nn.Module) -> list[str]:
     """Names of the linear layers of ``build_model``'s MLP, the head last."""
     return [name for name, layer in net.named_children() if isinstance(layer, nn.Linear)]
 
@@ -424,12 +435,13 @@ def build_pipeline(args: argparse.Namespace, rank: int, reporter: Any) -> Parall
     rank's step, the length of a GPipe forward in microbatch slots."""
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
-    layers = list(build_model(job_scenario(args), rank))
-    device = DeviceTime(layers[0].seconds / (MICROBATCHES + 1))
+    scenario = job_scenario(args)
+    layers = list(build_model(scenario, rank).children())[1:]  # its own DeviceTime left out
+    device = DeviceTime(scenario.device_seconds[rank] / (MICROBATCHES + 1))
     widen = WIDEN if args.fault == "communication" else 1
     first = rank == 0
-    net = (nn.Sequential(device, *layers[1:3], Widen(widen)) if first
-           else nn.Sequential(Narrow(widen), device, *layers[3:]))
+    net = (nn.Sequential(device, *layers[:2], Widen(widen)) if first
+           else nn.Sequential(Narrow(widen), device, *layers[2:]))
     net = reporter.instrument(net)
     stage = PipelineStage(net, rank, dist.get_world_size(), torch.device("cpu"))
     schedule = ScheduleGPipe(stage, MICROBATCHES, loss_fn=nn.functional.cross_entropy)
@@ -505,7 +517,7 @@ def run_loop(args: argparse.Namespace, rank: int, fault: Fault) -> dict[str, Any
     held.acquire()  # another thread's lock, never released (hang_lock)
     began = last = time.monotonic()
     for step, (features, labels) in enumerate(reporter.track(loader), start=1):
-        parallel.pace(pace_factor(args, step, len(labels)))
+        parallel.pace.scale(pace_factor(args, step, len(labels)))
         parallel.train_step(features, labels)
         if fault.starts("hang_lock"):
             wait_for_the_lock(held, fault)
@@ -528,7 +540,7 @@ def run_loop(args: argparse.Namespace, rank: int, fault: Fault) -> dict[str, Any
                      step_seconds=truth.values["step_seconds"] + now - last)
         last = now
         if "eval" in args.confounders and step % args.eval_every == 0:
-            parallel.pace(pace_factor(args, step, BATCH))
+            parallel.pace.scale(pace_factor(args, step, BATCH))
             for eval_features, eval_labels in evaluation:
                 parallel.evaluate(eval_features, eval_labels)
         if step >= args.steps or now - began > args.max_seconds:
@@ -563,35 +575,32 @@ def run_lightning(args: argparse.Namespace, rank: int, fault: Fault) -> dict[str
         def __init__(self) -> None:
             super().__init__()
             self.net = build_model(scenario, rank)
-            self.device_times = [(self.net[0], self.net[0].seconds)]
+            self.pace = Pace(self.net)
             self.side: Any = None
             self.last = 0.0
 
         def setup(self, stage: str) -> None:
             self.side = side_group(args)  # the process group is up by now
 
-        def pace(self, factor: float) -> None:
-            for module, seconds in self.device_times:
-                module.seconds = seconds * factor
-
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
             features, labels = batch
-            self.pace(pace_factor(args, batch_idx + 1, len(labels)))
+            self.pace.scale(pace_factor(args, batch_idx + 1, len(labels)))
             loss: torch.Tensor = nn.functional.cross_entropy(self.net(features), labels)
             return loss
 
         def validation_step(self, batch: Any, batch_idx: int) -> None:
-            self.pace(pace_factor(args, self.global_step, BATCH))
+            self.pace.scale(pace_factor(args, self.global_step, BATCH))
             self.net(batch[0])
 
         def on_before_optimizer_step(self, optimizer: Any) -> None:
+            # The module's hooks that come before TrainmonCallback's step() (the module's
+            # on_train_batch_end runs after the callbacks'): the hung step does not count.
             if fault.starts("hang_lock"):
                 wait_for_the_lock(held, fault)
+            if fault.starts("hang_collective"):
+                dist.barrier(group=self.side)  # the peer never enters it
 
         def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-            # after TrainmonCallback's step() (callbacks run before the module's hook)
-            if fault.starts("hang_collective"):
-                dist.barrier(group=self.side)
             fault.stepped()
             now = time.monotonic()
             truth.update(steps=batch_idx + 1, data_wait_seconds=samples.read_seconds,
@@ -669,6 +678,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.fault_rank is None:
         args.fault_rank = ranks - 1
     torch.set_num_threads(1)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1: stacks to the log
     fault = Fault(args.fault, rank == args.fault_rank, args.fault_at, args.timeout,
                   args.release, Markers(args.markers, rank), Truth(args, rank))
     try:

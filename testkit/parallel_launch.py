@@ -76,7 +76,7 @@ LINK_CIDRS = ("10.203.0.1/24", "10.203.0.2/24")
 #: Longest wait for the fault rank's first step before a signal fault is given up.
 FIRST_STEP_TIMEOUT_SECONDS = 300.0
 #: How long ``stop()`` lets the ranks end on SIGTERM before it kills them.
-STOP_GRACE_SECONDS = 10.0
+STOP_GRACE_SECONDS = 5.0
 #: How much of each rank's log ``logs()`` shows.
 LOG_TAIL_CHARACTERS = 6000
 
@@ -345,11 +345,9 @@ def launch(spec: JobSpec, endpoint: str, workdir: Path, *, lab: NetworkLab | Non
     ``NamespacesUnavailable`` for a ``communication`` job where no namespace can be made."""
     folder = Path(workdir) / spec.job_name
     folder.mkdir(parents=True, exist_ok=True)
-    for stale in ("release", "markers"):
-        path = folder / stale
-        if path.is_dir():
-            shutil.rmtree(path)
-        path.unlink(missing_ok=True)
+    shutil.rmtree(folder / "markers", ignore_errors=True)  # of an earlier job of this name
+    for stale in (folder / "release", *folder.glob("truth-*.json")):
+        stale.unlink(missing_ok=True)
     ranks = world_size(spec.kind)
     own_lab: NetworkLab | None = None
     if spec.fault != "communication":

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 
 #: From the launch to every rank's first steps in /metrics (imports, rendezvous, first
 #: step, first report), on a loaded 2-core machine.
-STEPS_DEADLINE_SECONDS = 90.0
+STEPS_DEADLINE_SECONDS = 120.0
 #: From the hang to the stall in /metrics: the watchdog's floor (10 s) plus reports.
 STALL_DEADLINE_SECONDS = 45.0
 POLL_SECONDS = 0.5
@@ -75,8 +75,9 @@ def test_every_rank_of_a_healthy_job_reports_its_steps(
                 now > before for now, before in zip(steps(s, spec.job_name, ranks), first,
                                                     strict=True)),
             STEPS_DEADLINE_SECONDS / 3, "more steps from every rank")
-        truth = job.truth()
-    assert [entry.get("steps", 0) > 0 for entry in truth] == [True] * ranks, truth
+        # each rank's own account (rewritten every second) counts its steps too
+        wait_for_metrics(server, job, lambda s: all(t.get("steps") for t in job.truth()),
+                         STEPS_DEADLINE_SECONDS / 3, "steps in every rank's truth")
 
 
 def test_a_blocked_loader_on_the_2d_job_makes_its_rank_report_a_stall(
