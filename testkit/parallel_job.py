@@ -37,7 +37,7 @@ lightning    2      ``Trainer(strategy=DDPStrategy(gloo), accelerator="cpu")`` w
 FAULT (on ``--fault-rank``, default the last rank; hangs begin ``--fault-at`` seconds
 after the rank's first step, once):
 
-- ``healthy``: device time only.
+- ``healthy``: device time only (``HEALTHY_DEVICE_SECONDS``).
 - ``storage``: the Dataset sleeps ``STORAGE_SAMPLE_SECONDS`` per sample: about two
   thirds of a step is data wait.
 - ``communication``: a 5.3 M-parameter MLP (21 MB of gradients; fsdp2_tp: 10 MB of
@@ -63,8 +63,8 @@ Every hang polls every ``RELEASE_POLL_SECONDS`` and gives up (raises) after
 
 Confounders (``--confounders eval,checkpoint,warmup,varlen``), healthy on every rank:
 
-- ``eval``: every ``--eval-every`` steps, ``EVAL_BATCHES`` forwards without gradients
-  (about 4 s), no ``step()`` between (Lightning: its validation loop);
+- ``eval``: every ``--eval-every`` steps, ``eval_batches`` forwards without gradients
+  (about ``EVAL_SECONDS``), no ``step()`` between (Lightning: its validation loop);
 - ``checkpoint``: every ``--checkpoint-every`` steps every rank saves within
   ``reporter.checkpoint(path)``: ``torch.save`` of its state dict (DCP for the FSDP
   kinds; Lightning: ``ModelCheckpoint``, rank 0 writing), then ``--checkpoint-seconds``
@@ -122,11 +122,18 @@ WARMUP_STEPS = 20
 WARMUP_FACTOR = 3.0
 #: Rows of a ``varlen`` batch, smallest and largest (``BATCH`` is the middle).
 VARLEN_ROWS = (4, 12)
-EVAL_BATCHES = 40
+#: An evaluation pause of the ``eval`` confounder, seconds: its forwards are as many as
+#: the job's device time per forward fits in it (every rank the same number).
+EVAL_SECONDS = 4.0
 MICROBATCHES = 4
 #: How much wider the pipeline's boundary activation is in the ``communication`` job:
 #: 8 rows × 256 × 1280 × 4 bytes = 10.5 MB forward and as much back per step.
 WIDEN = 1280
+#: A healthy job's device time per step: compute-bound on a loaded 2-core machine too,
+#: where FSDP2's six collectives a step take 20-30 ms and Lightning's own loop about
+#: 15 ms (with the faults' 0.1 s, those alone reach the 30 % communication and 20 %
+#: data-wait verdicts).
+HEALTHY_DEVICE_SECONDS = 0.25
 RELEASE_POLL_SECONDS = 0.1
 TRUTH_EVERY_SECONDS = 1.0
 
@@ -135,7 +142,7 @@ def job_scenario(args: argparse.Namespace) -> Scenario:
     """The shape of this job's MLP, device time by rank and per-sample read time (the
     pipeline's ``communication`` keeps the small MLP: its bytes are activations)."""
     base = SCENARIOS["communication" if args.fault == "communication" else "healthy"]
-    seconds = base.device_seconds[0]
+    seconds = HEALTHY_DEVICE_SECONDS if args.fault == "healthy" else base.device_seconds[0]
     return replace(
         base,
         widths=SCENARIOS["healthy"].widths if args.kind == "pipeline" else base.widths,
@@ -144,6 +151,11 @@ def job_scenario(args: argparse.Namespace) -> Scenario:
             else seconds for rank in range(world_size(args.kind))),
         sample_seconds=STORAGE_SAMPLE_SECONDS if args.fault == "storage" else 0.0,
     )
+
+
+def eval_batches(scenario: Scenario) -> int:
+    """The forwards of one evaluation pause: about ``EVAL_SECONDS`` of device time."""
+    return max(1, round(EVAL_SECONDS / max(max(scenario.device_seconds), 0.01)))
 
 
 class Markers:
@@ -510,7 +522,7 @@ def run_loop(args: argparse.Namespace, rank: int, fault: Fault) -> dict[str, Any
     generator = torch.Generator().manual_seed(7)
     evaluation = [(torch.randn(BATCH, scenario.widths[0], generator=generator),
                    torch.randint(0, CLASSES, (BATCH,), generator=generator))
-                  for _ in range(EVAL_BATCHES)]
+                  for _ in range(eval_batches(scenario))]
     args.output.mkdir(parents=True, exist_ok=True)
     truth = fault.truth
     held = threading.Lock()
@@ -617,7 +629,7 @@ def run_lightning(args: argparse.Namespace, rank: int, fault: Fault) -> dict[str
                                                       "varlen" in args.confounders))
     generator = torch.Generator().manual_seed(7)
     evaluation = DataLoader(torch.utils.data.TensorDataset(
-        torch.randn(BATCH * EVAL_BATCHES, scenario.widths[0], generator=generator)),
+        torch.randn(BATCH * eval_batches(scenario), scenario.widths[0], generator=generator)),
         batch_size=BATCH)
     callbacks: list[Any] = [TrainmonCallback(interval_seconds=0.2)]
     if "checkpoint" in args.confounders:
@@ -633,7 +645,7 @@ def run_lightning(args: argparse.Namespace, rank: int, fault: Fault) -> dict[str
         max_time=datetime.timedelta(seconds=args.max_seconds),
         val_check_interval=args.eval_every if validating else None,
         check_val_every_n_epoch=None if validating else 1,
-        limit_val_batches=EVAL_BATCHES if validating else 0, num_sanity_val_steps=0,
+        limit_val_batches=eval_batches(scenario) if validating else 0, num_sanity_val_steps=0,
         use_distributed_sampler=False, logger=False, callbacks=callbacks,
         enable_checkpointing="checkpoint" in args.confounders, enable_progress_bar=False,
         enable_model_summary=False, default_root_dir=args.output,

@@ -50,6 +50,18 @@ def test_a_pipeline_waiting_for_its_stages_has_bubbles_not_communication() -> No
     assert job_verdicts(result) == {"pp-job": "scheduling"}
 
 
+def test_a_pipeline_waiting_longer_than_its_neighbour_computes_waits_for_the_wire() -> None:
+    # each stage computes 0.03 s a step and waits 0.27 s for the other: no neighbour's
+    # compute lasts that long, so most of it is activations and gradients in transit
+    node = pipeline(0.0)
+    for rank in node.ranks.values():
+        rank.wait, rank.work, rank.comm = 0.0, 0.03, 0.27
+    result = node.run()
+    assert job_verdicts(result) == {"pp-job": "communication"}
+    assert "comm_exposed" in findings(result, "pp-job")
+    assert "straggler" not in findings(result, "pp-job")
+
+
 def test_a_pipeline_with_small_bubbles_is_compute() -> None:
     result = pipeline(0.2).run()
     assert job_verdicts(result) == {"pp-job": "compute"}

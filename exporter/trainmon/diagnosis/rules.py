@@ -402,15 +402,15 @@ def _evidence(
     measuring = [rank for rank in stepping if rank.exposed_comm_seconds is not None]
     # Each rank's own wait (measured exposed, else its comm phase); ranks with
     # neither do not tell, and are left out rather than counted as 0.
-    # The pipeline's waits for its neighbouring stages are its bubbles, not
-    # communication: they are kept apart (the ``pipeline_bubble`` finding).
-    comm_waits = [(_comm_wait(rank) or 0.0) / rank.step_seconds for rank in stepping
+    # A pipeline stage's waits for its neighbours (the pp group) are bubbles as far as
+    # the neighbours' compute explains them, the rest is transfer: communication.
+    bubble = _bubbles(stepping)
+    comm_waits = [(_comm_wait(rank, bubble) or 0.0) / rank.step_seconds for rank in stepping
                   if rank.comm_wait_seconds is not None]
-    bubbles = [_group_exposed(rank, contract.PIPELINE_GROUP) / rank.step_seconds
-               for rank in stepping if dict(rank.group_exposed).get(contract.PIPELINE_GROUP)
-               is not None]
+    bubbles = [bubble[rank.rank] / rank.step_seconds for rank in stepping
+               if rank.rank in bubble]
     least_waiting = min((rank for rank in stepping if rank.comm_wait_seconds is not None),
-                        key=lambda rank: (_comm_wait(rank) or 0.0) / rank.step_seconds,
+                        key=lambda rank: (_comm_wait(rank, bubble) or 0.0) / rank.step_seconds,
                         default=None)
     overlapped = [
         max(0.0, rank.measured_comm_seconds - (rank.exposed_comm_seconds or 0.0))
@@ -445,7 +445,7 @@ def _evidence(
         comm_bytes_per_second=_median(bandwidths) if bandwidths else None,
         straggler_ratio=straggler,
         straggler_rank=straggler_rank,
-        comm_group=_busiest_group(least_waiting),
+        comm_group=_busiest_group(least_waiting, bubble),
         pipeline_bubble_ratio=min(1.0, min(bubbles)) if bubbles else None,
         gpu_utilization_ratio=mean_utilization,
         gpus=tuple(gpu.gpu for gpu in gpus),
@@ -535,24 +535,42 @@ def _median(values: Iterable[float]) -> float:
     return (data[middle - 1] + data[middle]) / 2
 
 
-def _group_exposed(rank: RankState, group: str) -> float:
-    return dict(rank.group_exposed).get(group, 0.0)
+def _bubbles(ranks: Sequence[RankState]) -> dict[str, float]:
+    """Per pipeline rank, the seconds of its waits for its neighbouring stages (the
+    ``pp`` group's exposed time) that the other stages' compute explains: at most the
+    most work per step (step - data wait - exposed communication) of any other rank,
+    per step. A stage cannot wait for a neighbour's compute longer than that compute
+    takes; what it waits beyond it, the activations and gradients were on the wire."""
+    work = {rank.rank: max(0.0, rank.step_seconds - rank.data_wait_seconds
+                           - (rank.comm_wait_seconds or 0.0)) / rank.steps
+            for rank in ranks if rank.steps > 0}
+    bubbles = {}
+    for rank in ranks:
+        waited = dict(rank.group_exposed).get(contract.PIPELINE_GROUP)
+        if waited is None or rank.steps <= 0:
+            continue
+        others = max((seconds for name, seconds in work.items() if name != rank.rank),
+                     default=0.0)
+        bubbles[rank.rank] = min(waited, others * rank.steps)
+    return bubbles
 
 
-def _comm_wait(rank: RankState) -> float | None:
+def _comm_wait(rank: RankState, bubbles: Mapping[str, float]) -> float | None:
     """The rank's wait for communication, its pipeline bubbles left out."""
     wait = rank.comm_wait_seconds
     if wait is None:
         return None
-    return max(0.0, wait - _group_exposed(rank, contract.PIPELINE_GROUP))
+    return max(0.0, wait - bubbles.get(rank.rank, 0.0))
 
 
-def _busiest_group(rank: RankState | None) -> str:
+def _busiest_group(rank: RankState | None, bubbles: Mapping[str, float]) -> str:
     """The group ``rank`` waits in most, pipeline bubbles left out ("" when unknown)."""
     if rank is None:
         return ""
-    waits = [(seconds, group) for group, seconds in rank.group_exposed
-             if group != contract.PIPELINE_GROUP and seconds > 0]
+    waits = [(seconds - (bubbles.get(rank.rank, 0.0)
+                         if group == contract.PIPELINE_GROUP else 0.0), group)
+             for group, seconds in rank.group_exposed]
+    waits = [(seconds, group) for seconds, group in waits if seconds > 0]
     return max(waits)[1] if waits else ""
 
 
