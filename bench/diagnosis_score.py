@@ -835,8 +835,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"cases at a time (default {DEFAULT_PARALLEL}, --quick: all)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write every observation")
     parser.add_argument("--list", action="store_true", help="print the suite and exit")
-    parser.add_argument("--rescore", type=Path, metavar="JSON",
-                        help="grade the observations of an earlier --json again; run nothing")
+    parser.add_argument("--rescore", type=Path, metavar="JSON", nargs="+",
+                        help="grade the observations of earlier --json files again; run "
+                             "nothing (a case in a later file replaces the same case in an "
+                             "earlier one: a rerun of some cases)")
     parser.add_argument("--workdir", type=Path, metavar="DIR",
                         help="keep the daemon's and the ranks' logs in DIR (a new folder; "
                              "default: a temporary one, removed)")
@@ -848,8 +850,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--parallel must be at least 1")
 
     if args.rescore is not None:
-        document = json.loads(args.rescore.read_text())
-        records = [record_from_json(case) for case in document["cases"]]
+        by_name: dict[str, CaseRecord] = {}
+        for path in args.rescore:
+            for case in json.loads(path.read_text())["cases"]:
+                record = record_from_json(case)
+                by_name[record.case.name] = record
+        records = list(by_name.values())
         print_report(records, score(records))
         return 0
 
