@@ -147,7 +147,11 @@ def serve(config_path: Path, log_path: Path, *, state_directory: Path | None = N
             [*trainmon_command(), "serve", "--config", str(config_path),
              "--listen", f"127.0.0.1:{port}"],
             stdout=log_file, stderr=subprocess.STDOUT, text=True, cwd=cwd, env=env)
-    daemon = Daemon(process, port, log_path, config_path)
+    return ready(Daemon(process, port, log_path, config_path))
+
+
+def ready(daemon: Daemon) -> Daemon:
+    """``daemon`` once it answers ``/healthz``; stopped if it never does."""
     try:
         wait_ready(daemon)
     except AssertionError:

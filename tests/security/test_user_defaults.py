@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 import trainmon
-from testkit.daemon import Daemon, free_port, wait_for_run, wait_ready
+from testkit.daemon import Daemon, free_port, ready, wait_for_run
 from tests.security.security_support import LocalUser
 from trainmon.paths import SYSTEM_RUNTIME_DIRECTORY, SYSTEM_STATE_DIRECTORY, socket_listening
 
@@ -106,13 +106,7 @@ def serve_as(python: str, user: LocalUser | None, folder: Path,
         stdout=log_path.open("w"), stderr=subprocess.STDOUT, text=True, env=dict(env),
         cwd="/", user=uid, group=gid, extra_groups=groups,
     )
-    daemon = Daemon(process, port, log_path, config)
-    try:
-        wait_ready(daemon)
-    except AssertionError:
-        daemon.stop()
-        raise
-    return daemon
+    return ready(Daemon(process, port, log_path, config))
 
 
 
