@@ -9,8 +9,9 @@ the per-group series the training collector exports added by hand.
 from __future__ import annotations
 
 from testkit.exposition import Scrape
-from tests.diagnosis.diagnosis_support import job_verdicts
-from tests.diagnosis.test_rules import Node, findings, healthy_job
+from tests.diagnosis.diagnosis_support import evaluated, job_verdicts
+from tests.diagnosis.test_rules import Node, diagnosing, findings, healthy_job
+from trainmon.diagnosis.thresholds import DiagnosisConfig
 
 GROUP_EXPOSED = "trainmon_training_group_comm_exposed_seconds_total"
 
@@ -123,3 +124,21 @@ def test_ranks_that_all_ended_leave_no_lost_rank() -> None:
                         job="done-job", rank=rank)
     result = node.run(ticks=2)
     assert hung_rank(result, "done-job") is None
+
+
+def test_one_long_step_of_one_rank_is_no_straggler() -> None:
+    # rank 0 reports a 10 s step (an evaluation the others report a moment later): over
+    # the window it did 1.4x the median work, but in one half of the window only
+    node = Node()
+    healthy_job(node)
+    collector = diagnosing(DiagnosisConfig(), node.source, clock=node.clock,
+                           wall_clock=node.wall)
+    evaluated(collector)
+    for tick in range(6):
+        node.tick()
+        if tick == 4:
+            node.source.add("trainmon_training_step_seconds_count", 1, job="llm", rank="0")
+            node.source.add("trainmon_training_step_seconds_sum", 10.0, job="llm", rank="0")
+        result = evaluated(collector)
+    assert result.value("trainmon_diagnosis_straggler_ratio", job="llm") > 1.25
+    assert "straggler" not in findings(result, "llm")

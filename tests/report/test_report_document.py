@@ -111,7 +111,8 @@ def test_every_section_keeps_its_keys_in_order() -> None:
     assert list(job["evidence"]) == [
         "ranks", "steps", "step_seconds", "data_wait_ratio", "worst_data_wait_rank",
         "comm_ratio", "comm_source", "comm_overlapped_ratio", "comm_bytes_per_second",
-        "straggler_ratio", "straggler_rank", "comm_group", "pipeline_bubble_ratio",
+        "straggler_ratio", "straggler_rank", "straggler_steady", "comm_group",
+        "pipeline_bubble_ratio",
         "gpu_utilization_ratio", "gpus", "idle_gpus",
         "sawtooth_ratio", "stalled_ranks", "seconds_since_last_step", "busiest_link",
         "busiest_link_utilization", "sm_active_ratio", "sm_occupancy_ratio",

@@ -35,7 +35,7 @@ A value a source does not provide is ``None``, never zero.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from trainmon.diagnosis.platform_signals import (
@@ -153,6 +153,10 @@ class RankState:
     comm_bytes: float | None = None
     #: Where it is while its client reports it stalled; None while it steps.
     stall: RankStall | None = None
+    #: Work per step (step - data wait - communication waited for) in the earlier and
+    #: the later half of the window; None where a half does not tell.
+    work_earlier: float | None = None
+    work_recent: float | None = None
     #: Per process group (``dp``, ``tp``, ``pp``...), the exposed seconds over the
     #: window (``trainmon_training_group_comm_exposed_seconds_total``).
     group_exposed: tuple[tuple[str, float], ...] = ()
@@ -396,6 +400,8 @@ def _ranks(window: Window, comm_phases: tuple[str, ...],
             ),
             data_wait_earlier=_wait_ratio(halves[0], labels) if halves else None,
             data_wait_recent=_wait_ratio(halves[1], labels) if halves else None,
+            work_earlier=_work(halves[0], labels, phases) if halves else None,
+            work_recent=_work(halves[1], labels, phases) if halves else None,
             last_step_timestamp=last_step.get(labels),
             last_report_timestamp=last_report.get(labels),
             measured_comm_seconds=own.increase("trainmon_training_comm_seconds_total", labels),
@@ -416,6 +422,21 @@ def _ended(window: Window, labels: Labels) -> bool:
         if labels in snapshot.series("trainmon_training_step_seconds_count"):
             return labels in snapshot.series("trainmon_training_rank_end_timestamp_seconds")
     return False
+
+
+def _work(window: Window, labels: Labels, phases: Mapping[str, Labels]) -> float | None:
+    """Work per step over ``window``: step - data wait - the communication waited for
+    (measured exposed, else the comm phases, as ``RankState.comm_wait_seconds``)."""
+    steps = window.increase("trainmon_training_step_seconds_count", labels)
+    step = window.increase("trainmon_training_step_seconds_sum", labels)
+    if not steps or step is None:
+        return None
+    wait = window.increase("trainmon_training_data_wait_seconds_total", labels) or 0.0
+    comm = window.increase("trainmon_training_comm_exposed_seconds_total", labels)
+    if comm is None:
+        comm = sum(value for key in phases.values() if (
+            value := window.increase("trainmon_training_phase_seconds_total", key)) is not None)
+    return max(0.0, step - wait - comm) / steps
 
 
 def _wait_ratio(window: Window, labels: Labels) -> float | None:

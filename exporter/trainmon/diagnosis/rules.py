@@ -153,6 +153,10 @@ class Evidence:
     comm_bytes_per_second: float | None = None
     straggler_ratio: float | None = None
     straggler_rank: str = ""
+    #: Whether the straggler led in each half of the window too (True where the halves
+    #: do not tell): one long step (an evaluation, a save reported by one rank a
+    #: moment before the others) is no straggler.
+    straggler_steady: bool = True
     #: The process group (parallelism dimension) the rank that waits least waits in
     #: most (``dp``, ``tp``...; "" where the ranks do not report groups).
     comm_group: str = ""
@@ -423,8 +427,8 @@ def _evidence(
     ]
     # Only ranks with ``min_steps`` steps of their own in the window are compared:
     # a rank that has just (re)started has only its slow first steps to show.
-    straggler_rank, straggler = _straggler(
-        [rank for rank in stepping if rank.steps >= config.min_steps])
+    compared = [rank for rank in stepping if rank.steps >= config.min_steps]
+    straggler_rank, straggler = _straggler(compared)
     mean_utilization, idle_gpus = _gpu_usage(gpus, config)
     activity = _gpm_activity(gpus)
     memory = {gpu.gpu: ratio for gpu in gpus if (ratio := gpu.memory_used_ratio) is not None}
@@ -445,6 +449,7 @@ def _evidence(
         comm_bytes_per_second=_median(bandwidths) if bandwidths else None,
         straggler_ratio=straggler,
         straggler_rank=straggler_rank,
+        straggler_steady=_steady_straggler(compared, straggler_rank, config.straggler_factor),
         comm_group=_busiest_group(least_waiting, bubble),
         pipeline_bubble_ratio=min(1.0, min(bubbles)) if bubbles else None,
         gpu_utilization_ratio=mean_utilization,
@@ -533,6 +538,19 @@ def _median(values: Iterable[float]) -> float:
     if len(data) % 2:
         return data[middle]
     return (data[middle - 1] + data[middle]) / 2
+
+
+def _steady_straggler(ranks: Sequence[RankState], slowest: str, factor: float) -> bool:
+    """Whether ``slowest`` also did ``factor`` times the median work per step in each
+    half of the window, where every rank's halves tell."""
+    for half in ("work_earlier", "work_recent"):
+        work = {rank.rank: getattr(rank, half) for rank in ranks}
+        if not slowest or None in work.values() or len(work) < 2:
+            return True
+        median = _median(work.values())
+        if median > 0 and work.get(slowest, 0.0) < factor * median:
+            return False
+    return True
 
 
 def _bubbles(ranks: Sequence[RankState]) -> dict[str, float]:
@@ -635,7 +653,9 @@ def _bottleneck_findings(
         findings.append(Finding("storage", "sawtooth_data_wait", {
             "sawtooth": evidence.sawtooth_ratio or 0.0, "ratio": wait,
             "threshold": config.sawtooth_ratio}))
-    if evidence.straggler_ratio is not None and evidence.straggler_ratio >= config.straggler_factor:
+    if (evidence.straggler_ratio is not None
+            and evidence.straggler_ratio >= config.straggler_factor
+            and evidence.straggler_steady):
         findings.append(Finding("scheduling", "straggler", {
             "rank": evidence.straggler_rank, "factor": evidence.straggler_ratio,
             "threshold": config.straggler_factor}))
