@@ -9,8 +9,14 @@ the per-group series the training collector exports added by hand.
 from __future__ import annotations
 
 from testkit.exposition import Scrape
-from tests.diagnosis.diagnosis_support import evaluated, job_verdicts
-from tests.diagnosis.test_rules import Node, diagnosing, findings, healthy_job
+from tests.diagnosis.diagnosis_support import (
+    Node,
+    diagnosing,
+    evaluated,
+    findings,
+    healthy_job,
+    job_verdicts,
+)
 from trainmon.diagnosis.thresholds import DiagnosisConfig
 
 GROUP_EXPOSED = "trainmon_training_group_comm_exposed_seconds_total"

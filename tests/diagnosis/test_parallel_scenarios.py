@@ -22,6 +22,9 @@ fsdp2_tp hang_loader        rank 3's Dataset blocks in __getitem__       hung_ra
 fsdp2_tp hang_collective    rank 3 enters a barrier its peer never       hung_rank 3, in a
                             joins                                        collective
 fsdp2_tp storage            the Dataset sleeps most of each step         storage
+pipeline communication      the stages in two network namespaces; 10.5   communication (not
+                            MB of activations each way per step over a   bubbles)
+                            300 Mbit/s link (skipped without namespaces)
 pipeline healthy + eval,    evaluation pauses, checkpoints, warm-up,     compute, and no
 checkpoint, warmup, varlen  variable-length batches                      finding of another
                                                                          kind
@@ -44,6 +47,7 @@ import yaml
 
 from testkit.daemon import Daemon, serve, trainmon_command
 from testkit.exposition import Scrape, parse
+from testkit.netns import unavailable_reason
 from testkit.parallel_launch import JobSpec, RunningJob, launch
 
 pytestmark = pytest.mark.integration
@@ -206,17 +210,22 @@ def test_hangs_are_named_with_the_collective_group_and_sequence_number(
     assert "never join" in json.dumps(barrier["advice"])
 
 
-def test_storage_is_named_and_a_confounded_healthy_pipeline_stays_silent(
+def test_storage_and_communication_are_named_and_a_confounded_healthy_pipeline_stays_silent(
         node: tuple[Daemon, Path]) -> None:
     daemon, _ = node
+    reason = unavailable_reason()
     specs = [JobSpec("fsdp2_tp", "storage", job="tp-storage"),
              JobSpec("pipeline", "healthy", job="pp-healthy",
                      confounders=("eval", "checkpoint", "warmup", "varlen"))]
+    if reason is None:  # the stages in two namespaces over a 300 Mbit/s link
+        specs.append(JobSpec("pipeline", "communication", job="pp-comm"))
     jobs = start(node, *specs)
     try:
         wait_until(daemon, jobs, {
             "tp-storage": lambda s: verdict(s, "tp-storage") == "storage",
             "pp-healthy": lambda s: verdict(s, "pp-healthy") == "compute",
+            **({"pp-comm": lambda s: verdict(s, "pp-comm") == "communication"}
+               if reason is None else {}),
         }, VERDICT_DEADLINE_SECONDS)
         deadline = time.monotonic() + SILENT_SECONDS
         loud: list[dict[str, str]] = []

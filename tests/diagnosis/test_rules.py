@@ -7,136 +7,22 @@ injected clock moves time, so each rule is shown to fire and not to fire.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
-
 import pytest
 
 from testkit.exposition import Scrape, scrape
-from tests.diagnosis.diagnosis_support import ContractSource, evaluated, job_verdicts
+from tests.diagnosis.diagnosis_support import (
+    ContractSource,
+    Node,
+    diagnosing,
+    evaluated,
+    findings,
+    healthy_job,
+    job_verdicts,
+)
 from trainmon.collectors.diagnosis import DiagnosisCollector
 from trainmon.config import parse_config
-from trainmon.core.collector import Collector
-from trainmon.core.registry import CollectorRegistry
 from trainmon.diagnosis.thresholds import DiagnosisConfig
 from trainmon.section import ConfigError
-
-
-def diagnosing(
-    config: DiagnosisConfig,
-    *sources: Collector,
-    clock: Callable[[], float],
-    wall_clock: Callable[[], float],
-) -> CollectorRegistry:
-    """The sources, then the diagnosis reading them, in a registry as the daemon has them."""
-    return CollectorRegistry(
-        [*sources, DiagnosisCollector(config, clock=clock, wall_clock=wall_clock)]
-    )
-
-WALL = 1_700_000_000.0
-
-
-@dataclass
-class Rank:
-    """Per-step seconds of one simulated rank."""
-
-    wait: float = 0.01
-    work: float = 0.2
-    comm: float = 0.02
-    gpu: str = ""
-    pid: str = ""
-    stepping: bool = True
-    comm_phase: bool = True
-    #: Measured inside the job (Reporter.instrument): ``comm`` is then the exposed
-    #: part, ``overlapped`` more seconds of collectives hidden under compute, and
-    #: ``comm_bytes`` the bytes per step.
-    measured: bool = False
-    overlapped: float = 0.0
-    comm_bytes: float = 0.0
-    #: Seconds of compute that the comm phase's timer also covers (a phase
-    #: wrapped around backward and its allreduce).
-    phase_covers_work: float = 0.0
-
-
-@dataclass
-class Node:
-    """A simulated node: ranks, GPU utilization, links; ``tick`` advances 5 s."""
-
-    ranks: dict[tuple[str, str], Rank] = field(default_factory=dict)
-    gpus: dict[str, float] = field(default_factory=dict)
-    sawtooth: dict[str, float] = field(default_factory=dict)
-    #: GPM readings of GPUs that have GPM: (SM active, SM occupancy, tensor
-    #: active, DRAM active), 0-1; GPUs left out export no GPM series.
-    gpm: dict[str, tuple[float, float, float, float]] = field(default_factory=dict)
-    #: ``trainmon_gpu_pipe_active_ratio`` by GPU and pipe.
-    pipes: dict[str, dict[str, float]] = field(default_factory=dict)
-    #: (used, total) memory bytes by GPU.
-    memory: dict[str, tuple[float, float]] = field(default_factory=dict)
-    now: float = 1000.0
-    source: ContractSource = field(default_factory=ContractSource)
-
-    def clock(self) -> float:
-        return self.now
-
-    def wall(self) -> float:
-        return WALL + self.now
-
-    def tick(self, seconds: float = 5.0) -> None:
-        self.now += seconds
-        s = self.source
-        for (job, rank), r in self.ranks.items():
-            key = {"job": job, "rank": rank}
-            s.set("trainmon_training_rank_info", 1, **key, gpu=r.gpu, pid=r.pid)
-            step = r.wait + r.work + r.comm
-            steps = seconds / step if r.stepping else 0.0
-            s.add("trainmon_training_step_seconds_count", steps, **key)
-            s.add("trainmon_training_step_seconds_sum", steps * step, **key)
-            s.add("trainmon_training_data_wait_seconds_total", steps * r.wait, **key)
-            if r.comm_phase:
-                s.add("trainmon_training_phase_seconds_total",
-                      steps * (r.comm + r.phase_covers_work), **key, phase="comm")
-            if r.measured:
-                s.add("trainmon_training_comm_seconds_total", steps * (r.comm + r.overlapped),
-                      **key)
-                s.add("trainmon_training_comm_exposed_seconds_total", steps * r.comm, **key)
-                s.add("trainmon_training_comm_bytes_total", steps * r.comm_bytes, **key)
-            if r.stepping or ("trainmon_training_last_step_timestamp_seconds" not in s.samples):
-                s.set("trainmon_training_last_step_timestamp_seconds", self.wall(), **key)
-        for gpu, utilization in self.gpus.items():
-            s.set("trainmon_gpu_utilization_ratio", utilization, gpu=gpu)
-            s.set("trainmon_gpu_sawtooth_ratio", self.sawtooth.get(gpu, 0.0), gpu=gpu)
-        for gpu, (sm_active, occupancy, tensor, dram) in self.gpm.items():
-            s.set("trainmon_gpu_sm_active_ratio", sm_active, gpu=gpu)
-            s.set("trainmon_gpu_sm_occupancy_ratio", occupancy, gpu=gpu)
-            s.set("trainmon_gpu_tensor_active_ratio", tensor, gpu=gpu)
-            s.set("trainmon_gpu_dram_active_ratio", dram, gpu=gpu)
-        for gpu, pipes in self.pipes.items():
-            for pipe, ratio in pipes.items():
-                s.set("trainmon_gpu_pipe_active_ratio", ratio, gpu=gpu, pipe=pipe)
-        for gpu, (used, total) in self.memory.items():
-            s.set("trainmon_gpu_memory_used_bytes", used, gpu=gpu)
-            s.set("trainmon_gpu_memory_total_bytes", total, gpu=gpu)
-
-    def run(self, config: DiagnosisConfig | None = None, ticks: int = 6) -> Scrape:
-        collector = diagnosing(config or DiagnosisConfig(), self.source,
-                                       clock=self.clock, wall_clock=self.wall)
-        result = evaluated(collector)
-        for _ in range(ticks):
-            self.tick()
-            result = evaluated(collector)
-        return result
-
-
-def findings(result: Scrape, job: str) -> set[str]:
-    return {row["finding"] for row in result.labelsets("trainmon_diagnosis_finding_info")
-            if row["job"] == job}
-
-
-def healthy_job(node: Node, job: str = "llm", ranks: int = 4, first_gpu: int = 0) -> None:
-    for index in range(ranks):
-        gpu = str(first_gpu + index)
-        node.ranks[(job, str(index))] = Rank(gpu=gpu, pid=str(5000 + first_gpu + index))
-        node.gpus[gpu] = 0.95
 
 
 def test_compute_when_gpus_are_busy_and_nothing_waits() -> None:
