@@ -449,7 +449,8 @@ def diagnosing(
         [*sources, DiagnosisCollector(config, clock=clock, wall_clock=wall_clock)]
     )
 
-WALL = 1_700_000_000.0
+#: The simulated node's Unix time at its clock's zero.
+NODE_WALL = 1_700_000_000.0
 
 
 @dataclass
@@ -495,7 +496,7 @@ class Node:
         return self.now
 
     def wall(self) -> float:
-        return WALL + self.now
+        return NODE_WALL + self.now
 
     def tick(self, seconds: float = 5.0) -> None:
         self.now += seconds
