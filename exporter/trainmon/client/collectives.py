@@ -64,7 +64,7 @@ from torch.distributed import distributed_c10d as c10d
 
 from trainmon.client.comm import OTHER_GROUP, group_name
 from trainmon.client.watchdog import InFlight
-from trainmon.training.report_fields import MAX_COMM_GROUPS, MAX_GROUP_NAME_LENGTH
+from trainmon.training.report_fields import MAX_COMM_GROUPS
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +194,7 @@ class GroupNames:
                     group = mesh.get_group(dim)
                 except (RuntimeError, ValueError, KeyError):
                     continue
-                self.assign(group, _short_dim(name))
+                self.assign(group, name)
 
     def name(self, group: object, *, point_to_point: bool = False) -> str:
         """The name of ``group`` (None: the default group)."""
@@ -234,10 +234,6 @@ class GroupNames:
             self._used.add(name)
             self._roots.setdefault(name, _lowest_rank(group))
         return name
-
-
-def _short_dim(name: str) -> str:
-    return name[:MAX_GROUP_NAME_LENGTH]
 
 
 def _described(group: object) -> str:

@@ -543,10 +543,12 @@ def _median(values: Iterable[float]) -> float:
 def _steady_straggler(ranks: Sequence[RankState], slowest: str, factor: float) -> bool:
     """Whether ``slowest`` also did ``factor`` times the median work per step in each
     half of the window, where every rank's halves tell."""
+    if not slowest or len(ranks) < 2:
+        return True
     for half in ("work_earlier", "work_recent"):
         work = {rank.rank: getattr(rank, half) for rank in ranks}
-        if not slowest or None in work.values() or len(work) < 2:
-            return True
+        if None in work.values():  # this half does not tell
+            continue
         median = _median(work.values())
         if median > 0 and work.get(slowest, 0.0) < factor * median:
             return False
