@@ -28,6 +28,7 @@ import pytest
 from testkit.daemon import free_port
 from testkit.processes import run_all
 from trainmon.client import Reporter
+from trainmon.client.comm import merged_groups
 from trainmon.training.protocol import StepReport, parse, parse_report
 
 JOB_TIMEOUT_SECONDS = 150
@@ -405,3 +406,16 @@ def test_nccl_single_gpu_job_reports_gpu_timed_comm(sink: ReportSink, mode: str)
         assert steps - 2 <= report.comm_bytes // grad_bytes <= steps
         assert report.comm_exposed_seconds is not None
         assert report.comm_exposed_seconds <= report.comm_seconds
+
+
+def test_one_group_from_two_sources_stays_within_the_step() -> None:
+    """The instrumentation's and add_comm's totals of one group merge; their exposed time,
+    each within the rank's step alone, is sent within it again."""
+    measured = {"dp": {"collectives": 2, "bytes": 8, "seconds": 9.0, "exposed_seconds": 1.0,
+                       "seq": 2}}
+    added = {"dp": {"collectives": 1, "bytes": 8, "seconds": 9.0, "exposed_seconds": 1.0,
+                    "seq": 1}, "tp": {"collectives": 1, "bytes": 4, "seconds": 0.5}}
+    merged = merged_groups(1.5, measured, added)
+    assert merged == {"dp": {"collectives": 3, "bytes": 16, "seconds": 18.0,
+                             "exposed_seconds": 1.5, "seq": 2},
+                      "tp": {"collectives": 1, "bytes": 4, "seconds": 0.5}}

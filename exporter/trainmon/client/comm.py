@@ -71,11 +71,13 @@ def group_name(name: str) -> str:
     return name if LABEL_PATTERN.fullmatch(name) else OTHER_GROUP
 
 
-def merged_groups(*sources: dict[str, dict[str, object]] | None
+def merged_groups(step_seconds: float, *sources: dict[str, dict[str, object]] | None
                   ) -> dict[str, dict[str, object]] | None:
     """The ``comm_groups`` of several sources in one (the instrumentation's and
     ``Reporter.add_comm``'s): a group's counts and seconds added, its last sequence
-    number the highest; past ``MAX_COMM_GROUPS`` names, the rest in ``OTHER_GROUP``."""
+    number the highest, its exposed time again at most its seconds and
+    ``step_seconds`` (two sources' each within the step may add up past it); past
+    ``MAX_COMM_GROUPS`` names, the rest in ``OTHER_GROUP``."""
     present = [groups for groups in sources if groups]
     if len(present) < 2:
         return present[0] if present else None
@@ -92,6 +94,11 @@ def merged_groups(*sources: dict[str, dict[str, object]] | None
                     into[key] = max(int(into.get(key, 0)), int(number))  # type: ignore[call-overload]
                 else:
                     into[key] = into.get(key, 0) + number  # type: ignore[operator]
+    for value in merged.values():
+        if "exposed_seconds" in value:
+            value["exposed_seconds"] = min(float(value["exposed_seconds"]),  # type: ignore[arg-type]
+                                           float(value["seconds"]),  # type: ignore[arg-type]
+                                           step_seconds)
     return merged
 
 

@@ -639,6 +639,7 @@ class Reporter:
                 "last_step_time": None,
                 "collective_seq": None if source is None else source.launched_collectives(),
                 "comm_groups": merged_groups(
+                    self._step_seconds,
                     None if source is None else source.groups(self._step_seconds),
                     {name: totals.wire(self._step_seconds)
                      for name, totals in self._groups.items()}),
