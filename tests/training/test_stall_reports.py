@@ -123,6 +123,24 @@ def test_a_stall_holds_until_the_ranks_steps_move_on() -> None:
     assert cleared.labelsets("trainmon_training_stall_info") == []
 
 
+def test_a_stall_claiming_more_steps_than_its_rank_reported_clears_at_the_next_step() -> None:
+    training = collector()
+    try:
+        result = ingest_payload(training.store, encoded(report(), stall(steps=10_000_000)),
+                                "http", 128)
+        assert not result.errors, result.errors
+        held = scrape(training)
+        buckets = [0] * STEP_BUCKET_COUNT
+        buckets[4] = 11
+        moved_on = report(steps=11, samples=352, step_seconds=2.2, step_buckets=buckets)
+        ingest_payload(training.store, encoded(moved_on), "http", 128)
+        cleared = scrape(training)
+    finally:
+        training.stop()
+    assert held.value("trainmon_training_stalled", job="resnet50", rank="0") == 1.0
+    assert cleared.value("trainmon_training_stalled", job="resnet50", rank="0") == 0.0
+
+
 def test_a_stall_of_a_rank_that_never_reported_or_of_another_writer_is_refused() -> None:
     training = collector()
     try:

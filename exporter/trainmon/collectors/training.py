@@ -120,6 +120,17 @@ class TrainingConfig:
     max_label_length: int = field(default=128, metadata=setting(minimum=8, maximum=1024))
     #: Jobs one writer may hold at once (its oldest makes room for its next).
     max_jobs_per_writer: int = field(default=16, metadata=setting(minimum=1, maximum=100_000))
+    #: Ranks one untrusted writer may report at once, over all its jobs (its further
+    #: new ranks are refused, ``limit``, until some expire).
+    max_ranks_per_writer: int = field(default=256, metadata=setting(minimum=1,
+                                                                    maximum=1_000_000))
+    #: Distinct runs (job, run id) one untrusted writer's ranks and descriptions may
+    #: name at once.
+    max_runs_per_writer: int = field(default=32, metadata=setting(minimum=1, maximum=100_000))
+    #: Bytes of run descriptions one untrusted writer may hold at once
+    #: (``trainmon.training.store.description_size``).
+    max_description_bytes_per_writer: int = field(
+        default=1 << 20, metadata=setting(minimum=64 << 10, maximum=1 << 30))
     #: Writers (``uid:N``, ``token:NAME``) that may report for any job, beside
     #: root and the daemon itself (docs/security.md).
     trusted_writers: tuple[str, ...] = field(default=(), metadata=setting(parse=_writers))
@@ -150,6 +161,9 @@ class TrainingCollector(Collector):
             max_jobs=config.max_jobs,
             max_ranks_per_job=config.max_ranks_per_job,
             max_jobs_per_writer=config.max_jobs_per_writer,
+            max_ranks_per_writer=config.max_ranks_per_writer,
+            max_runs_per_writer=config.max_runs_per_writer,
+            max_description_bytes_per_writer=config.max_description_bytes_per_writer,
             # The daemon's own user (its demo jobs report over the socket) is trusted too.
             trusted_writers=(*config.trusted_writers, uid_writer(os.geteuid())),
             window_seconds=config.window_seconds,

@@ -88,6 +88,9 @@ TRANSPORTS = ("unix", "http")
 MAX_ENDED_RUNS = 4096
 #: How often ingestion also sweeps expired ranks (seconds).
 EXPIRY_INTERVAL_SECONDS = 1.0
+#: Bytes a run description is counted for beside its text (``description_size``): what
+#: Python spends on the object and its containers, whatever their content.
+DESCRIPTION_OVERHEAD_BYTES = 1024
 
 
 @dataclass
@@ -394,6 +397,29 @@ class _Job:
     #: rank -> (latest description, monotonic time it arrived), least recent first.
     descriptions: OrderedDict[int, tuple[DescribedRank, float]] = field(
         default_factory=OrderedDict)
+    #: run id -> the ranks and descriptions that name it (the job's distinct runs).
+    runs: dict[str, int] = field(default_factory=dict)
+    #: ``description_size`` of its descriptions, summed.
+    description_bytes: int = 0
+
+    def name_run(self, run: str | None, count: int) -> None:
+        """Count ``count`` (+1 or -1) more ranks or descriptions naming ``run``."""
+        if run is None:
+            return
+        left = self.runs.get(run, 0) + count
+        if left > 0:
+            self.runs[run] = left
+        else:
+            self.runs.pop(run, None)
+
+    def drop_rank(self, rank: int) -> None:
+        state = self.ranks.pop(rank)
+        self.name_run(state.run, -1)
+
+    def drop_description(self, rank: int) -> None:
+        kept, _ = self.descriptions.pop(rank)
+        self.name_run(kept.description.run, -1)
+        self.description_bytes -= description_size(kept.description)
 
 
 class TrainingStore:
@@ -418,6 +444,9 @@ class TrainingStore:
         max_jobs: int = 64,
         max_ranks_per_job: int = 1024,
         max_jobs_per_writer: int = 16,
+        max_ranks_per_writer: int = 256,
+        max_runs_per_writer: int = 32,
+        max_description_bytes_per_writer: int = 1 << 20,
         trusted_writers: Iterable[str] = (),
         window_seconds: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
@@ -427,6 +456,9 @@ class TrainingStore:
         self._max_jobs = max_jobs
         self._max_ranks = max_ranks_per_job
         self._max_jobs_per_writer = min(max_jobs_per_writer, max_jobs)
+        self._max_ranks_per_writer = max_ranks_per_writer
+        self._max_runs_per_writer = max_runs_per_writer
+        self._max_description_bytes = max_description_bytes_per_writer
         self._trusted = frozenset({LOCAL_WRITER, ROOT_WRITER, *trusted_writers})
         self._window = window_seconds
         self._clock = clock
@@ -455,11 +487,18 @@ class TrainingStore:
             now = self._clock()
             self._maybe_expire(now)
             job = self._admit(description.job, identity)
+            previous = job.descriptions.get(description.rank)
+            if identity not in self._trusted:
+                self._within_budget(job, description.job, identity, description=description,
+                                    replaced=None if previous is None else previous[0])
             kept = DescribedRank(redacted, sender_pid, received, owner=job.owner)
-            job.descriptions.pop(description.rank, None)
+            if previous is not None:
+                job.drop_description(description.rank)
             job.descriptions[description.rank] = (kept, now)
+            job.name_run(description.run, 1)
+            job.description_bytes += description_size(description)
             while len(job.descriptions) > self._max_ranks:
-                job.descriptions.popitem(last=False)
+                job.drop_description(next(iter(job.descriptions)))
             if description.ended is not None:
                 # Remembered beyond the description itself: a rank's next run may
                 # replace it before the ledger's recorder has read it.
@@ -496,6 +535,10 @@ class TrainingStore:
             reported = state.reporters[latest]
             if reported.steps > stall.steps:
                 return  # its steps moved on since: the stall is over
+            if stall.steps > reported.steps:
+                # a rank cannot be stalled after steps it never reported: its next step
+                # report would never pass such a claim, and the stall would never clear
+                stall = replace(stall, steps=reported.steps)
             state.stall, state.stall_received = stall, self._wall_clock()
             self._accepted[transport] += 1
 
@@ -528,9 +571,14 @@ class TrainingStore:
             self._maybe_expire(now)
             job = self._admit(report.job, identity)
             state = job.ranks.get(report.rank)
+            if identity not in self._trusted:
+                self._within_budget(job, report.job, identity, report=report, rank=state)
             if state is None:
                 self._add_rank(job, report, now, sender_pid)
             else:
+                if report.run is not None and report.run != state.run:
+                    job.name_run(state.run, -1)
+                    job.name_run(report.run, 1)
                 self._update_rank(state, report, now, sender_pid)
                 job.ranks.move_to_end(report.rank)
             self._jobs.move_to_end(report.job)
@@ -608,12 +656,70 @@ class TrainingStore:
         job = self._jobs.pop(name)
         self._evicted[reason] += len(job.ranks)
 
+    def _within_budget(
+        self,
+        job: _Job,
+        name: str,
+        identity: str,
+        *,
+        report: StepReport | None = None,
+        rank: _Rank | None = None,
+        description: RunDescription | None = None,
+        replaced: DescribedRank | None = None,
+    ) -> None:
+        """Raise ``ReportError`` (``limit``) when ``report`` (of the existing ``rank``, or
+        a new rank when None) or ``description`` (replacing ``replaced``) would take
+        ``identity`` past one of its writer budgets: ranks, distinct runs, description
+        bytes (docs/security.md); a job ``_admit`` made for it alone goes again. Linear
+        in the writer's jobs, at most ``max_jobs_per_writer``."""
+        try:
+            self._check_budget(job, identity, report, rank, description, replaced)
+        except ReportError:
+            if not job.ranks and not job.descriptions:
+                del self._jobs[name]
+            raise
+
+    def _check_budget(
+        self,
+        job: _Job,
+        identity: str,
+        report: StepReport | None,
+        rank: _Rank | None,
+        description: RunDescription | None,
+        replaced: DescribedRank | None,
+    ) -> None:
+        own = [held for held in self._jobs.values() if held.owner == identity]
+        run = report.run if report is not None else description.run if description else None
+        if report is not None and rank is None:
+            ranks = sum(len(held.ranks) for held in own)
+            if ranks >= self._max_ranks_per_writer:
+                raise ReportError("limit", f"{identity} reports {ranks} ranks already "
+                                  f"(collectors.training.max_ranks_per_writer)")
+        if run is not None and run not in job.runs:
+            runs = sum(len(held.runs) for held in own)
+            leaving = rank.run if rank is not None else \
+                replaced.description.run if replaced is not None else None
+            if leaving is not None and job.runs.get(leaving) == 1:
+                runs -= 1  # the run it names now is named by nothing else
+            if runs >= self._max_runs_per_writer:
+                raise ReportError("limit", f"{identity} has {runs} runs already "
+                                  f"(collectors.training.max_runs_per_writer)")
+        if description is not None:
+            held_bytes = sum(held.description_bytes for held in own)
+            if replaced is not None:
+                held_bytes -= description_size(replaced.description)
+            size = description_size(description)
+            if held_bytes + size > self._max_description_bytes:
+                raise ReportError(
+                    "limit", f"{identity}'s run descriptions would hold {held_bytes + size} "
+                    "bytes (collectors.training.max_description_bytes_per_writer)")
+
     def _add_rank(
         self, job: _Job, report: StepReport, now: float, sender_pid: int | None
     ) -> None:
         ranks = job.ranks
         if len(ranks) >= self._max_ranks:
-            ranks.popitem(last=False)
+            job.drop_rank(next(iter(ranks)))
             self._evicted["max_ranks"] += 1
         totals = Totals.of(report)
         state = _Rank(
@@ -635,6 +741,7 @@ class TrainingStore:
         state.window.append((now - report.step_seconds, 0.0, 0.0))
         state.window.append((now, totals.step_seconds, totals.data_wait_seconds))
         ranks[report.rank] = state
+        job.name_run(report.run, 1)
 
     def _update_rank(
         self, state: _Rank, report: StepReport, now: float, sender_pid: int | None
@@ -731,15 +838,26 @@ class TrainingStore:
         for name in list(self._jobs):
             job = self._jobs[name]
             for rank in [rank for rank, state in job.ranks.items() if state.last_seen < deadline]:
-                del job.ranks[rank]
+                job.drop_rank(rank)
                 self._evicted["ttl"] += 1
             for rank in [rank for rank, (_, seen) in job.descriptions.items()
                          if seen < deadline]:
-                del job.descriptions[rank]
+                job.drop_description(rank)
             if not job.ranks and not job.descriptions:
                 del self._jobs[name]
         while self._ended and next(iter(self._ended.values()))[1] < deadline:
             self._ended.popitem(last=False)
+
+
+def description_size(description: RunDescription) -> int:
+    """About the bytes ``description`` holds: its keys and values, its paths, plus
+    ``DESCRIPTION_OVERHEAD_BYTES``. Bounded by the protocol's caps; cheap (no encoding)."""
+    size = DESCRIPTION_OVERHEAD_BYTES + len(description.job) + len(description.run)
+    for section in (description.config, description.environment, description.framework,
+                    description.versions):
+        for key, value in section.items():
+            size += len(key) + len(str(value))
+    return size + sum(len(path) for path in description.data_paths)
 
 
 def redact(description: RunDescription) -> RunDescription:
