@@ -21,10 +21,40 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from trainmon.ledger.config import LedgerConfig
-from trainmon.ledger.feed import ReportingRank, RunDescribed, TrainingSnapshot
+from trainmon.ledger.feed import DescribingRank, ReportingRank, RunDescribed, TrainingSnapshot
 from trainmon.ledger.goodput import RankBooking
 from trainmon.ledger.records import RunRecord, combined_end_reason
 from trainmon.ledger.summary import RunTotals
+
+
+class SnapshotIndex:
+    """One tick's snapshot indexed once, so that each run's lookups cost its own ranks,
+    not the whole store (a tick stays linear in the store's size)."""
+
+    def __init__(self, snapshot: TrainingSnapshot) -> None:
+        self.snapshot = snapshot
+        #: (job, run, owner) -> rank -> that rank's latest description of the run.
+        self._described: dict[tuple[str, str, str], dict[int, DescribingRank]] = {}
+        #: job -> the ranks with a description or a report in the store.
+        self._present: dict[str, set[int]] = {}
+        #: (job, rank, owner) -> the pid of the rank's latest report.
+        self._pids: dict[tuple[str, int, str], int | None] = {}
+        for (job, rank), kept in snapshot.descriptions.items():
+            self._described.setdefault((job, kept.description.run, kept.owner), {})[rank] = kept
+            self._present.setdefault(job, set()).add(rank)
+        for view in snapshot.ranks:
+            self._present.setdefault(view.job, set()).add(view.rank)
+            self._pids[(view.job, view.rank, view.owner)] = view.pid
+
+    def described(self, run: RecordedRun) -> Mapping[int, DescribingRank]:
+        """rank -> its description of ``run``, of the run's owner."""
+        return self._described.get((run.job, run.run, run.owner), {})
+
+    def present(self, job: str) -> set[int]:
+        return self._present.get(job, set())
+
+    def pid(self, job: str, rank: int, owner: str) -> int | None:
+        return self._pids.get((job, rank, owner))
 
 
 @dataclass
@@ -62,6 +92,10 @@ class RecordedRun:
     resumed: bool = False
     #: rank -> Unix time of its latest report (where its booking ends when the run does).
     last_reports: dict[int, float] = field(default_factory=dict)
+    #: What its record said when last handed to the file (None: to be written), and
+    #: the recorder's monotonic time then.
+    written_fingerprint: int | None = None
+    written_at: float = float("-inf")
 
     def record(self, node: str, wall: float, config: LedgerConfig) -> RunRecord:
         started = self.started if self.started is not None else self.first_seen
@@ -84,26 +118,23 @@ class RecordedRun:
 def decide_end(
     run: RecordedRun,
     live: Sequence[ReportingRank],
-    snapshot: TrainingSnapshot,
+    index: SnapshotIndex,
     wall: float,
     stall_seconds: float,
 ) -> None:
-    """Set ``run.end_reason`` and ``run.ended`` from this tick's ``snapshot``
+    """Set ``run.end_reason`` and ``run.ended`` from this tick's snapshot, indexed
     (module docstring): ended, stalled, or going on (both None)."""
-    described = {rank: kept.description for (job, rank), kept
-                 in snapshot.descriptions.items()
-                 if job == run.job and kept.description.run == run.run
-                 and kept.owner == run.owner}
+    described = {rank: kept.description for rank, kept in index.described(run).items()}
     for rank, description in described.items():
         if description.ended is not None:
             run.said[rank] = description.ended
     running = [d for d in described.values() if d.ended is None]
     if not live and not running:
-        run.end_reason = end_reason(run, live, snapshot)
+        run.end_reason = end_reason(run, live, index)
         run.ended = wall if run.last_report is None else min(run.last_report, wall)
         return
     if described and not running and (run.said or run.announced):
-        run.end_reason, run.ended = end_reason(run, live, snapshot), wall
+        run.end_reason, run.ended = end_reason(run, live, index), wall
         return
     since = run.last_progress if run.last_progress is not None else (
         run.started if run.started is not None else run.first_seen)
@@ -114,14 +145,13 @@ def decide_end(
 
 
 def end_reason(
-    run: RecordedRun, live: Sequence[ReportingRank], snapshot: TrainingSnapshot
+    run: RecordedRun, live: Sequence[ReportingRank], index: SnapshotIndex
 ) -> str:
     """How the run ended on this node (module docstring): what its ranks said,
     ``lost`` for a rank that went silent without a word."""
     reasons = set(run.said.values())
     reporting = {view.rank for view in live}
-    present = {rank for job, rank in snapshot.descriptions if job == run.job} | {
-        view.rank for view in snapshot.ranks if view.job == run.job}
+    present = index.present(run.job)
     for rank in run.ranks - run.said.keys() - reporting:
         # gone from the store, or on with another run without an end announced
         moved_on_after_an_end = run.announced and rank in present

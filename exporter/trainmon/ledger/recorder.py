@@ -63,6 +63,7 @@ counted per rule in ``readings().pruned``.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -72,12 +73,13 @@ from dataclasses import dataclass, field
 
 from trainmon.background import BackgroundThread
 from trainmon.ledger.config import LedgerConfig
-from trainmon.ledger.ending import RecordedRun, decide_end
+from trainmon.ledger.ending import RecordedRun, SnapshotIndex, decide_end
 from trainmon.ledger.feed import (
     DescribingRank,
     ReportingRank,
     StepTotals,
     StorageResolver,
+    TrainingSnapshot,
     TrainingSource,
 )
 from trainmon.ledger.goodput import RankBooking, RankTotals, empty_buckets, goodput_ratio
@@ -97,6 +99,9 @@ log = logging.getLogger(__name__)
 REOPEN_SECONDS = 30.0
 #: Seconds between two retention passes.
 PRUNE_SECONDS = 3600.0
+#: Seconds after which a run's record is written again although only the clock moved
+#: (its duration and ``updated``; a changed record is written at the next tick).
+REWRITE_SECONDS = 60.0
 #: Ended runs remembered so that a lingering description does not reopen them.
 MAX_CLOSED = 4096
 #: ``reason`` of ``trainmon_ledger_write_errors_total`` (``LedgerError.reason``).
@@ -131,10 +136,13 @@ MAX_IDLE_GAP_SECONDS = 60.0
 
 @dataclass
 class _Redo:
-    """What a crashed or preempted run left for its job's next run to redo."""
+    """What a crashed or preempted run left for its owner's next run of the job to redo
+    (another owner's run of the same job name redoes nothing of it)."""
 
     ended: float
     crashed: tuple[str, str]
+    #: The writer identity of the crashed run (``trainmon.training.writers``).
+    owner: str
     #: rank -> its steps after its latest checkpoint.
     steps: dict[int, int]
     #: The run that redoes them, once one started.
@@ -156,14 +164,17 @@ class RunEnd:
     #: The run's goodput on this node, once it is closed (None: a stalled run, or none
     #: booked).
     goodput: float | None = None
+    #: The writer identity that owned the run ("" when not known).
+    owner: str = ""
 
 
 @dataclass(frozen=True)
 class RecorderReadings:
     """What the recorder exports, read at one instant (``RunRecorder.readings``)."""
 
-    #: (job, run, changed) of every run in memory that knows what changed, by (job, run).
-    changes: tuple[tuple[str, str, str], ...]
+    #: (job, owner, run, changed) of every run in memory that knows what changed, by
+    #: (job, run).
+    changes: tuple[tuple[str, str, str, str], ...]
     #: The latest ends within ``RUN_END_EXPORT_SECONDS``, by (job, run).
     ends: tuple[RunEnd, ...]
     #: The file is open and its last write succeeded.
@@ -183,6 +194,9 @@ class RecorderReadings:
     goodput_evicted_jobs: int = 0
     #: job -> its team (``trainmon.ledger.holding``), for the jobs of ``gpu_seconds``.
     teams: Mapping[str, str] = field(default_factory=dict)
+    #: job -> the writer identity its GPU-seconds, goodput and team are booked for, for
+    #: the jobs of ``gpu_seconds`` (a job name that changes owner starts them again).
+    owners: Mapping[str, str] = field(default_factory=dict)
     #: GPU-seconds of processes not booked to the job they name: another user's job.
     refused_idle_seconds: float = 0.0
     #: job -> the tensor pipes' active share while productive, where GPM tells
@@ -212,6 +226,8 @@ class RunRecorder:
         self._wall_clock = wall_clock
         self._node = config.node_name
         self._lock = threading.Lock()
+        #: Held for a whole tick, the file's write included (``_lock`` is not).
+        self._tick_lock = threading.Lock()
         self._thread = BackgroundThread("ledger-recorder", self._loop)
         self._errors = LogThrottle(clock=clock)
         self._ledger: Ledger | None = None
@@ -250,10 +266,14 @@ class RunRecorder:
         self._goodput_history: dict[str, deque[tuple[float, float, float]]] = {}
         #: Jobs whose GPU-seconds were dropped for newer ones (``MAX_GOODPUT_JOBS``).
         self._goodput_evicted = 0
-        #: job -> what its latest crashed or preempted run left to redo.
-        self._redo: OrderedDict[str, _Redo] = OrderedDict()
-        #: job -> the writer identity its GPU-seconds are booked for (the first booked).
+        #: (job, owner) -> what the owner's latest crashed or preempted run of the job
+        #: left to redo.
+        self._redo: OrderedDict[tuple[str, str], _Redo] = OrderedDict()
+        #: job -> the writer identity its GPU-seconds are booked for (the latest booked;
+        #: a change starts the job's counters, window and team again).
         self._job_owners: dict[str, str] = {}
+        #: (job, run) -> the owner of each run closed lately (those of ``_recent_ends``).
+        self._end_owners: dict[tuple[str, str], str] = {}
         #: job -> its team, as its processes or its owner tell.
         self._teams: dict[str, str] = {}
         #: Jobs booked only from GPUs their processes hold, per writer identity.
@@ -291,42 +311,66 @@ class RunRecorder:
     # -- the recorder -------------------------------------------------------------
 
     def tick(self) -> None:
-        """Read the training store, update every run, write the changed records."""
+        """Read the training store, update every run, write the changed records.
+
+        Linear in the store's size (``SnapshotIndex``); a run whose record did not
+        change but for the clock is written again only every ``REWRITE_SECONDS``. The
+        file is written outside ``_lock``, which scrapes and ``/healthz`` take: they
+        never wait for the disk (``_tick_lock`` keeps ticks one at a time)."""
         snapshot = self._training.snapshot()
-        with self._lock:
-            now, wall = self._clock(), self._wall_clock()
-            self._ensure_open(now)
-            live = self._progress(snapshot.ranks, snapshot.descriptions, now, wall)
-            self._take_verdicts()
-            updates = []
-            for key, run in list(self._runs.items()):
-                ended = snapshot.ended_runs.get(key)
-                if ended is not None and ended.owner == run.owner:
-                    # even if the rank's next run replaced the line: its word stays
-                    run.announced = True
-                    for rank, reason in ended.said.items():
-                        run.said.setdefault(rank, reason)
-                decide_end(run, live.get(key, []), snapshot, wall, self.config.stall_seconds)
-                if run.end_reason in FINAL_END_REASONS:
-                    self._close_bookings(run, wall)
-                self._describe(run, snapshot.descriptions, snapshot.ranks)
+        with self._tick_lock:
+            with self._lock:
+                now, wall = self._clock(), self._wall_clock()
+                updates = self._update(snapshot, now, wall)
+                ledger = self._ledger
+            written = _store(ledger, updates)
+            with self._lock:
+                self._written(written, updates, wall)
+                self._publish_recording()
+
+    def _update(self, snapshot: TrainingSnapshot, now: float, wall: float
+                ) -> list[RecordUpdate]:
+        """The tick's work on the runs in memory; the records to write."""
+        self._ensure_open(now)
+        index = SnapshotIndex(snapshot)
+        live = self._progress(snapshot.ranks, snapshot.descriptions, now, wall)
+        self._take_verdicts()
+        updates = []
+        for key, run in list(self._runs.items()):
+            ended = snapshot.ended_runs.get(key)
+            if ended is not None and ended.owner == run.owner:
+                # even if the rank's next run replaced the line: its word stays
+                run.announced = True
+                for rank, reason in ended.said.items():
+                    run.said.setdefault(rank, reason)
+            decide_end(run, live.get(key, []), index, wall, self.config.stall_seconds)
+            if run.end_reason in FINAL_END_REASONS:
+                self._close_bookings(run, wall)
+            self._describe(run, index)
+            state = run.state()
+            fingerprint = hash(json.dumps([state, run.end_reason, run.ended, run.changed,
+                                           run.config_hash, run.started, run.world_size,
+                                           sorted(run.ranks), id(run.source)],
+                                          sort_keys=True, default=str))
+            if fingerprint != run.written_fingerprint \
+                    or now - run.written_at >= REWRITE_SECONDS:
                 record = run.record(self._node, wall, self.config)
-                updates.append(RecordUpdate(record, run.state()))
-                if run.end_reason in FINAL_END_REASONS:
-                    del self._runs[key]
-                    self._closed[key] = None
-                    while len(self._closed) > MAX_CLOSED:
-                        self._closed.popitem(last=False)
-                    self._recent_ends.pop(key, None)
-                    self._recent_ends[key] = (run.end_reason, record.ended or wall,
-                                              goodput_ratio(run.totals.gpu_seconds))
-            while self._recent_ends and (
-                    len(self._recent_ends) > MAX_EXPORTED_RUN_ENDS
-                    or wall - next(iter(self._recent_ends.values()))[1] > RUN_END_EXPORT_SECONDS):
-                self._recent_ends.popitem(last=False)
-            self._book_idle(snapshot.ranks, wall)
-            self._write(updates, now, wall)
-            self._publish_recording()
+                updates.append(RecordUpdate(record, state))
+                run.written_fingerprint, run.written_at = fingerprint, now
+            if run.end_reason in FINAL_END_REASONS:
+                del self._runs[key]
+                self._closed[key] = None
+                while len(self._closed) > MAX_CLOSED:
+                    self._closed.popitem(last=False)
+                self._recent_ends.pop(key, None)
+                self._recent_ends[key] = (run.end_reason, run.ended or wall,
+                                          goodput_ratio(run.totals.gpu_seconds))
+        while self._recent_ends and (
+                len(self._recent_ends) > MAX_EXPORTED_RUN_ENDS
+                or wall - next(iter(self._recent_ends.values()))[1] > RUN_END_EXPORT_SECONDS):
+            self._recent_ends.popitem(last=False)
+        self._book_idle(snapshot.ranks, wall)
+        return updates
 
     def _take_verdicts(self) -> None:
         """Add the verdict time the evaluations counted since the last tick to the runs."""
@@ -467,35 +511,45 @@ class RunRecorder:
     def _close_bookings(self, run: RecordedRun, wall: float) -> None:
         """The run ended: each rank's time up to its last report that its booking has
         not covered is booked. A crashed or preempted run leaves the steps after each
-        rank's latest checkpoint for the job's next run to redo."""
+        rank's latest checkpoint for its owner's next run of the job to redo (never
+        another owner's: a run's word about its steps cannot make another user's run
+        book lost progress)."""
         for rank, booking in run.bookings.items():
             left = min(run.last_reports.get(rank, run.ended or wall), wall)
-            self._add_booked(run, booking.close(max(left, booking.booked_until)), wall)
+            self._add_booked(run, booking.close(max(left, booking.booked_until)), wall,
+                             closing=True)
+        key = (run.job, run.run)
+        self._end_owners = {kept: owner for kept, owner in self._end_owners.items()
+                            if kept in self._recent_ends}
+        self._end_owners[key] = run.owner
         if run.end_reason in LOSING_END_REASONS and run.bookings:
-            self._redo.pop(run.job, None)
-            redo = self._redo[run.job] = _Redo(
-                wall, (run.job, run.run),
+            self._redo.pop((run.job, run.owner), None)
+            redo = self._redo[(run.job, run.owner)] = _Redo(
+                wall, key, run.owner,
                 {rank: booking.steps_since_checkpoint() for rank, booking
                  in run.bookings.items()})
             while len(self._redo) > MAX_GOODPUT_JOBS:
                 self._redo.popitem(last=False)
             # the restart may have reported in the tick that learnt of the crash
             began = run.first_seen if run.started is None else run.started
-            for key, other in self._runs.items():
-                if other.job == run.job and other is not run and other.end_reason is None \
+            for other_key, other in self._runs.items():
+                if other.job == run.job and other.owner == redo.owner and other is not run \
+                        and other.end_reason is None \
                         and (other.first_seen if other.started is None else other.started) \
                         > began and not other.resumed:
-                    redo.restarted = key
+                    redo.restarted = other_key
                     for rank, booking in other.bookings.items():
                         booking.redo_steps = redo.steps_of(rank)
                     break
 
     def _steps_to_redo(self, run: RecordedRun, rank: int, wall: float) -> int:
-        """The steps rank ``rank`` of ``run`` redoes: those its job's crashed run did after
-        the rank's latest checkpoint, for the first run of the job that starts within
-        ``REDO_HORIZON_SECONDS`` of the crash (0 for any other)."""
-        redo = self._redo.get(run.job)
-        if redo is None or wall - redo.ended > REDO_HORIZON_SECONDS \
+        """The steps rank ``rank`` of ``run`` redoes: those its owner's crashed run of the
+        job did after the rank's latest checkpoint, for the owner's first run of the job
+        that starts within ``REDO_HORIZON_SECONDS`` of the crash (0 for any other, and
+        for every run of another owner)."""
+        redo = self._redo.get((run.job, run.owner))
+        if redo is None or redo.owner != run.owner \
+                or wall - redo.ended > REDO_HORIZON_SECONDS \
                 or redo.crashed == (run.job, run.run):
             return 0
         if redo.restarted is None:
@@ -504,19 +558,32 @@ class RunRecorder:
             return 0
         return redo.steps_of(rank)
 
-    def _add_booked(self, run: RecordedRun, booked: Mapping[str, float], wall: float) -> None:
+    def _add_booked(self, run: RecordedRun, booked: Mapping[str, float], wall: float, *,
+                    closing: bool = False) -> None:
+        """Add ``booked`` to the run and to its job's counters. The job's counters are
+        its owner's: the first booking of another owner (the training store vouches for
+        the job's owner) starts them again; the closing bookings of a run whose job name
+        another owner booked since reach the run's record only."""
         if not booked:
             return
         run.totals.add_gpu_seconds(booked)
-        if self._job_owners.get(run.job) != run.owner:
+        held = self._job_owners.get(run.job)
+        if closing and held is not None and held != run.owner:
+            return
+        if held != run.owner:
             # the training store vouches for the job's owner: its runs take the job over
             self._forget_idle_job(run.job)
-            self._job_owners[run.job] = run.owner
+        self._add_job_seconds(run.job, run.owner, booked, wall)
         self._teams.setdefault(run.job, owner_team(run.owner))
-        self._add_job_seconds(run.job, booked, wall)
 
-    def _add_job_seconds(self, job: str, booked: Mapping[str, float], wall: float) -> None:
-        """Add ``booked`` to the job's counters and its goodput window."""
+    def _add_job_seconds(self, job: str, owner: str, booked: Mapping[str, float],
+                         wall: float) -> None:
+        """Add ``booked`` to the job's counters and its goodput window, booked for
+        ``owner``; a job name that changed owner starts its counters, window, team and
+        tensor activity again (the previous owner's series end)."""
+        if self._job_owners.get(job, owner) != owner:
+            self._forget_job_seconds(job)
+        self._job_owners[job] = owner
         seconds = self._gpu_seconds.pop(job, None) or empty_buckets()
         history = self._goodput_history.setdefault(job, deque())
         if not history:  # the window starts before the job's first booking in it
@@ -525,15 +592,22 @@ class RunRecorder:
             seconds[bucket] += value
         self._gpu_seconds[job] = seconds  # the latest booked last
         while len(self._gpu_seconds) > MAX_GOODPUT_JOBS:
-            evicted, _ = self._gpu_seconds.popitem(last=False)
-            self._goodput_history.pop(evicted, None)
+            evicted = next(iter(self._gpu_seconds))
+            self._forget_job_seconds(evicted)
             self._forget_idle_job(evicted)
             self._job_owners.pop(evicted, None)
-            self._teams.pop(evicted, None)
             self._goodput_evicted += 1
         history.append((wall, seconds["productive"], sum(seconds.values())))
         while history and wall - history[0][0] > GOODPUT_WINDOW_SECONDS:
             history.popleft()
+
+    def _forget_job_seconds(self, job: str) -> None:
+        """Drop the job's counters, goodput window, team and tensor activity."""
+        self._gpu_seconds.pop(job, None)
+        self._goodput_history.pop(job, None)
+        self._teams.pop(job, None)
+        self._tensor.pop(job, None)
+        self._tensor_sums.pop(job, None)
 
     def _book_idle(self, ranks: Sequence[ReportingRank], wall: float) -> None:
         """Book ``idle_allocated``: the GPUs that a job's processes hold and on which no
@@ -562,13 +636,17 @@ class RunRecorder:
                     gpus.add(view.gpu)
         idle: dict[str, set[int]] = {}
         idle_owner: dict[str, str] = {}
+        # the teams the processes tell, named once the bookings (which start a job that
+        # changed owner again) are done: a covered process's team wins over the rest
+        told: dict[str, str] = {}
+        idle_told: dict[str, str] = {}
         for holding in holdings:
             if holding.job is None or holding.uid is None:
                 continue
             pids, gpus = covered.get(holding.job, (set(), set()))
             if holding.pid in pids or str(holding.gpu) in gpus:
                 if holding.team:
-                    self._teams[holding.job] = holding.team
+                    told[holding.job] = holding.team
                 continue
             identity = uid_writer(holding.uid)
             owner = owners.get(holding.job) or self._job_owners.get(holding.job) or identity
@@ -579,20 +657,22 @@ class RunRecorder:
             idle.setdefault(holding.job, set()).add(holding.gpu)
             idle_owner[holding.job] = owner
             if holding.team:
-                self._teams.setdefault(holding.job, holding.team)
-        if interval is None or interval <= 0:
-            return
-        seconds = min(interval, MAX_IDLE_GAP_SECONDS)
-        for job, held in sorted(idle.items()):
-            owner = idle_owner[job]
-            if job not in self._gpu_seconds and job not in owners:
-                mine = self._idle_jobs.setdefault(owner, set())
-                if len(mine) >= MAX_IDLE_JOBS_PER_USER and job not in mine:
-                    self._refused_idle += seconds * len(held)
-                    continue
-                mine.add(job)
-            self._job_owners.setdefault(job, owner)
-            self._add_job_seconds(job, {"idle_allocated": seconds * len(held)}, wall)
+                idle_told.setdefault(holding.job, holding.team)
+        if interval is not None and interval > 0:
+            seconds = min(interval, MAX_IDLE_GAP_SECONDS)
+            for job, held in sorted(idle.items()):
+                owner = idle_owner[job]
+                if job not in self._gpu_seconds and job not in owners:
+                    mine = self._idle_jobs.setdefault(owner, set())
+                    if len(mine) >= MAX_IDLE_JOBS_PER_USER and job not in mine:
+                        self._refused_idle += seconds * len(held)
+                        continue
+                    mine.add(job)
+                self._add_job_seconds(job, owner, {"idle_allocated": seconds * len(held)},
+                                      wall)
+        for job, team in idle_told.items():
+            self._teams.setdefault(job, team)
+        self._teams.update(told)
 
     def _forget_idle_job(self, job: str) -> None:
         for jobs in self._idle_jobs.values():
@@ -673,15 +753,8 @@ class RunRecorder:
                 key[1], key[0], owner, self._node, holder,
                 f"; {held_back} more refused since the last such line" if held_back else "")
 
-    def _describe(
-        self,
-        run: RecordedRun,
-        descriptions: Mapping[tuple[str, int], DescribingRank],
-        ranks: Sequence[ReportingRank],
-    ) -> None:
-        mine = sorted(((rank, kept) for (job, rank), kept in descriptions.items()
-                       if job == run.job and kept.description.run == run.run
-                       and kept.owner == run.owner), key=lambda item: item[0])
+    def _describe(self, run: RecordedRun, index: SnapshotIndex) -> None:
+        mine = sorted(index.described(run).items(), key=lambda item: item[0])
         if not mine:
             return
         rank, kept = mine[0]
@@ -691,9 +764,7 @@ class RunRecorder:
         if kept.description is run.source:
             return
         description = kept.description
-        pid = next((view.pid for view in ranks
-                    if view.job == run.job and view.rank == rank and view.owner == run.owner),
-                   None)
+        pid = index.pid(run.job, rank, run.owner)
         unresolved = [path for path in description.data_paths
                       if run.storages.get(path, {}).get("storage", UNKNOWN) == UNKNOWN]
         if unresolved and pid is None and kept.sender_pid is None:
@@ -782,17 +853,21 @@ class RunRecorder:
                              ", ".join(f"{owner or '(none)'} {count}" for owner, count
                                        in sorted(pruned.by_owner.items())))
 
-    def _write(self, updates: list[RecordUpdate], now: float, wall: float) -> None:
-        if self._ledger is None or not updates:
+    def _written(self, written: tuple[WriteResult, int] | LedgerError | None,
+                 updates: list[RecordUpdate], wall: float) -> None:
+        """Take in what ``_store`` did with ``updates``: counters, errors, refused rows."""
+        if written is None:
             return
-        try:
-            result = self._ledger.write(updates)
-            self._stored_runs = self._ledger.count()
-        except LedgerError as error:
-            reason = error.reason if error.reason in self._write_errors else "other"
+        if isinstance(written, LedgerError):
+            reason = written.reason if written.reason in self._write_errors else "other"
             self._write_errors[reason] += 1
-            self._failed(error)
+            self._failed(written)
+            for update in updates:  # written again at the next tick
+                run = self._runs.get((update.record.job, update.record.run))
+                if run is not None:
+                    run.written_fingerprint = None
             return
+        result, self._stored_runs = written
         self._writes += 1
         self._last_write = wall
         self._error = None
@@ -874,19 +949,20 @@ class RunRecorder:
         """The runs' changes, the latest ends and the counters, at one instant."""
         wall = self._wall_clock()
         with self._lock:
-            changes = tuple((job, run_id, run.changed)
+            changes = tuple((job, run.owner, run_id, run.changed)
                             for (job, run_id), run in sorted(self._runs.items())
                             if run.changed is not None)
-            ended: list[tuple[float, tuple[str, str], str, float | None]] = [
-                (end, key, reason, ratio)
+            ended: list[tuple[float, tuple[str, str], str, float | None, str]] = [
+                (end, key, reason, ratio, self._end_owners.get(key, ""))
                 for key, (reason, end, ratio) in self._recent_ends.items()]
             # a stalled run goes on: its goodput is not final
-            ended += [(run.ended, key, "stalled", None) for key, run in self._runs.items()
+            ended += [(run.ended, key, "stalled", None, run.owner)
+                      for key, run in self._runs.items()
                       if run.end_reason == "stalled" and run.ended is not None]
             recent = sorted((item for item in ended if wall - item[0] <= RUN_END_EXPORT_SECONDS),
                             reverse=True)[:MAX_EXPORTED_RUN_ENDS]
-            ends = tuple(RunEnd(job, run_id, reason, end, ratio)
-                         for end, (job, run_id), reason, ratio
+            ends = tuple(RunEnd(job, run_id, reason, end, ratio, owner)
+                         for end, (job, run_id), reason, ratio, owner
                          in sorted(recent, key=lambda item: item[1]))
             goodput = {job: ratio for job, history in self._goodput_history.items()
                        if (ratio := _window_ratio(history)) is not None}
@@ -901,6 +977,7 @@ class RunRecorder:
                 productive_tensor_active=self._productive_tensor_active(goodput),
                 goodput_evicted_jobs=self._goodput_evicted,
                 teams={job: self._teams[job] for job in self._gpu_seconds if job in self._teams},
+                owners={job: self._job_owners[job] for job in self._gpu_seconds},
                 refused_idle_seconds=self._refused_idle)
 
     def health(self) -> Mapping[str, object]:
@@ -920,6 +997,18 @@ class RunRecorder:
                 state["state"] = "degraded"
                 state["error"] = self._error or f"the run ledger {self.config.file} is not open"
             return state
+
+
+def _store(ledger: Ledger | None, updates: list[RecordUpdate]
+           ) -> tuple[WriteResult, int] | LedgerError | None:
+    """Write ``updates`` to ``ledger`` (outside the recorder's lock): the result and the
+    records stored now, the error, or None when there was nothing to do."""
+    if ledger is None or not updates:
+        return None
+    try:
+        return ledger.write(updates), ledger.count()
+    except LedgerError as error:
+        return error
 
 
 def _difference(now: StepTotals, before: StepTotals | None) -> Progress | None:
