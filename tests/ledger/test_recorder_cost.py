@@ -12,6 +12,7 @@ import pytest
 
 from tests.ledger.ledger_support import Clocks, description, make_recorder, send, step
 from trainmon.ledger import recorder as recorder_module
+from trainmon.ledger.records import RunRecord
 from trainmon.ledger.store import Ledger, RecordUpdate, WriteResult
 
 RUNS = 40
@@ -62,10 +63,11 @@ def test_scrapes_and_health_never_wait_for_the_file(
     writing, release = threading.Event(), threading.Event()
     slow_write = Ledger.write
 
-    def stuck_write(self: Ledger, updates: list[RecordUpdate]) -> WriteResult:
+    def stuck_write(self: Ledger, updates: list[RecordUpdate],
+                    max_runs_per_owner: int | None = None) -> WriteResult:
         writing.set()
         assert release.wait(30.0)
-        return slow_write(self, updates)
+        return slow_write(self, updates, max_runs_per_owner)
 
     monkeypatch.setattr(Ledger, "write", stuck_write)
     clocks.advance(10)
@@ -87,3 +89,35 @@ def test_scrapes_and_health_never_wait_for_the_file(
         ledger.stop()
         training.stop()
     assert updated_times(path)["run-3"] == clocks.wall
+
+
+def test_one_owners_rows_are_capped_at_every_write_and_their_space_given_back(
+        tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    padding = {f"key_{index}": "x" * 250 for index in range(64)}  # as large as allowed
+
+    def big(run: str, started: float, owner: str) -> RecordUpdate:
+        return RecordUpdate(RunRecord(
+            job="flood", run=run, node="node-1", config_hash="sha256:0000000000000000",
+            started=started, ended=started + 1, end_reason="finished", updated=started + 1,
+            world_size=1, ranks=1, description={"config": padding}, summary={},
+            owner=owner), {})
+
+    with Ledger.open(path, readonly=False) as ledger:
+        ledger.write([big("victim-run", 1.0, "uid:1001")], max_runs_per_owner=10)
+        pruned = 0
+        for batch in range(20):  # 400 runs of 17 KB: 7 MB
+            result = ledger.write(
+                [big(f"flood-{batch}-{index}", 10.0 + batch * 20 + index, "uid:1002")
+                 for index in range(20)], max_runs_per_owner=10)
+            pruned += result.owner_limit
+            assert ledger.owners() == {"uid:1001": 1, "uid:1002": 10}
+        assert pruned == 390
+        # deleted rows' pages are reused: the file holds about 11 rows, not 401
+        assert path.stat().st_size < 1 << 20
+        ledger.write([big("last", 1000.0, "uid:1002")], max_runs_per_owner=1)
+        free = path.stat().st_size
+        reclaimed = ledger.reclaim(min_free_bytes=64 << 10)
+        assert reclaimed > 0 and path.stat().st_size < free
+        assert Path(f"{path}-wal").stat().st_size == 0
+        assert [record.run for record in ledger.runs(job="flood")] == ["last", "victim-run"]

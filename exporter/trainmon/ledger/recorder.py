@@ -99,6 +99,8 @@ log = logging.getLogger(__name__)
 REOPEN_SECONDS = 30.0
 #: Seconds between two retention passes.
 PRUNE_SECONDS = 3600.0
+#: Seconds between two reclaims of the space deleted rows left (``Ledger.reclaim``).
+RECLAIM_SECONDS = 300.0
 #: Seconds after which a run's record is written again although only the clock moved
 #: (its duration and ``updated``; a changed record is written at the next tick).
 REWRITE_SECONDS = 60.0
@@ -234,6 +236,9 @@ class RunRecorder:
         self._error: str | None = None
         self._next_open = float("-inf")
         self._next_prune = float("-inf")
+        #: Rows were deleted since the last ``Ledger.reclaim``; the next one not before.
+        self._reclaim_due = False
+        self._next_reclaim = float("-inf")
         self._runs: dict[tuple[str, str], RecordedRun] = {}
         self._closed: OrderedDict[tuple[str, str], None] = OrderedDict()
         #: (job, run, owner) refused: the row belongs to another owner.
@@ -323,7 +328,10 @@ class RunRecorder:
                 now, wall = self._clock(), self._wall_clock()
                 updates = self._update(snapshot, now, wall)
                 ledger = self._ledger
-            written = _store(ledger, updates)
+                reclaim = self._reclaim_due and now >= self._next_reclaim
+                if reclaim:
+                    self._reclaim_due, self._next_reclaim = False, now + RECLAIM_SECONDS
+            written = _store(ledger, updates, self.config.max_runs_per_owner, reclaim)
             with self._lock:
                 self._written(written, updates, wall)
                 self._publish_recording()
@@ -845,6 +853,7 @@ class RunRecorder:
                 self._pruned["age"] += pruned.age
                 self._pruned["owner_limit"] += pruned.owner_limit
                 self._pruned["max_runs"] += pruned.max_runs
+                self._reclaim_due = self._reclaim_due or pruned.total > 0
                 if pruned.total:
                     log.info("run ledger: %d runs deleted (%d ended more than %g days ago, "
                              "%d beyond max_runs_per_owner, %d beyond max_runs); per owner: %s",
@@ -853,7 +862,7 @@ class RunRecorder:
                              ", ".join(f"{owner or '(none)'} {count}" for owner, count
                                        in sorted(pruned.by_owner.items())))
 
-    def _written(self, written: tuple[WriteResult, int] | LedgerError | None,
+    def _written(self, written: tuple[WriteResult, int, int] | LedgerError | None,
                  updates: list[RecordUpdate], wall: float) -> None:
         """Take in what ``_store`` did with ``updates``: counters, errors, refused rows."""
         if written is None:
@@ -867,7 +876,13 @@ class RunRecorder:
                 if run is not None:
                     run.written_fingerprint = None
             return
-        result, self._stored_runs = written
+        result, self._stored_runs, reclaimed = written
+        if result.owner_limit:
+            self._pruned["owner_limit"] += result.owner_limit
+            self._reclaim_due = True
+        if reclaimed:
+            log.info("run ledger: %d MiB of deleted runs given back to the filesystem",
+                     reclaimed >> 20)
         self._writes += 1
         self._last_write = wall
         self._error = None
@@ -999,14 +1014,18 @@ class RunRecorder:
             return state
 
 
-def _store(ledger: Ledger | None, updates: list[RecordUpdate]
-           ) -> tuple[WriteResult, int] | LedgerError | None:
-    """Write ``updates`` to ``ledger`` (outside the recorder's lock): the result and the
-    records stored now, the error, or None when there was nothing to do."""
-    if ledger is None or not updates:
+def _store(ledger: Ledger | None, updates: list[RecordUpdate], max_runs_per_owner: int,
+           reclaim: bool) -> tuple[WriteResult, int, int] | LedgerError | None:
+    """Write ``updates`` to ``ledger`` (outside the recorder's lock), each owner kept to
+    ``max_runs_per_owner`` rows, and ``reclaim`` the space of deleted rows: the result,
+    the records stored now and the bytes given back; the error; or None when there was
+    nothing to do."""
+    if ledger is None or not (updates or reclaim):
         return None
     try:
-        return ledger.write(updates), ledger.count()
+        result = ledger.write(updates, max_runs_per_owner) if updates else WriteResult(0)
+        reclaimed = ledger.reclaim() if reclaim else 0
+        return result, ledger.count(), reclaimed
     except LedgerError as error:
         return error
 

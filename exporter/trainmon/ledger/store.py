@@ -23,11 +23,12 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainmon.ledger.files import CheckedFile, release
 from trainmon.ledger.records import COLUMNS, RunRecord
 from trainmon.ledger.schema import LedgerError, connect, describe_error
 
@@ -35,6 +36,13 @@ log = logging.getLogger(__name__)
 
 #: (job, run, node) of a row.
 RowKey = tuple[str, str, str]
+#: A record's place in the order runs are listed, newest first: (started, run, job, node),
+#: unique (the row key is in it) and unchanged while the record lives.
+RunKey = tuple[float, str, str, str]
+
+
+#: Free pages worth ``Ledger.reclaim``'s ``VACUUM`` (bytes), when also a quarter of the file.
+RECLAIM_MIN_FREE_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,8 @@ class WriteResult:
     written: int
     #: Records not written because their row belongs to another owner, with that owner.
     refused: tuple[tuple[RowKey, str], ...] = ()
+    #: Rows deleted because their owner went past ``max_runs_per_owner``.
+    owner_limit: int = 0
 
 
 @dataclass(frozen=True)
@@ -77,26 +87,36 @@ class Ledger:
     """An open ledger file; use from one thread (readers open their own)."""
 
     def __init__(self, path: Path, connection: sqlite3.Connection, readonly: bool,
-                 version: int) -> None:
+                 version: int, checked: CheckedFile | None = None) -> None:
         self.path = path
         self.readonly = readonly
         #: Schema version of the file (1: no owners, read as ``""``).
         self.version = version
         self._connection = connection
+        self._checked = checked
         columns = [name if name != "owner" or version >= 2 else "'' AS owner"
                    for name in COLUMNS]
         self._select_sql = f"SELECT {', '.join(columns)} FROM runs"
 
     @classmethod
-    def open(cls, path: Path | str, readonly: bool = True) -> Ledger:
+    def open(cls, path: Path | str, readonly: bool = True,
+             owners: Collection[int] | None = None) -> Ledger:
         """Open (and, writable, create or upgrade) the ledger; ``LedgerError`` if it is
-        not usable."""
+        not usable, also when its folders or the file could be changed or swapped by
+        a user other than ``owners`` (default: root and this process's user; readers
+        also the service user; ``trainmon.ledger.files``): a reader never serves a
+        symlinked, swapped or foreign file."""
         path = Path(path)
-        connection, version = connect(path, readonly=readonly)
-        return cls(path, connection, readonly, version)
+        connection, version, checked = connect(path, readonly=readonly, owners=owners)
+        return cls(path, connection, readonly, version, checked)
 
     def close(self) -> None:
+        """Close the connection, then the descriptors held for it (when no other ledger
+        of this process has the file open); safe to call twice."""
         self._connection.close()
+        if self._checked is not None:
+            release(self._checked)
+            self._checked = None
 
     def __enter__(self) -> Ledger:
         return self
@@ -108,9 +128,32 @@ class Ledger:
 
     def runs(self, job: str | None = None, since: float | None = None) -> list[RunRecord]:
         """Runs of ``job`` (all jobs without one) started at or after ``since``, newest first."""
+        return list(self.each_run(job=job, since=since))
+
+    def each_run(self, job: str | None = None, since: float | None = None,
+                 run: str | None = None, after: RunKey | None = None) -> Iterator[RunRecord]:
+        """``runs`` (of run id ``run`` only, if given) one row at a time, in the order of
+        ``RunKey``, newest first, from the first record past ``after``: a keyset page
+        goes on where the previous one ended, whatever was inserted since, and the
+        caller holds only the records it keeps. Read it before the ledger is closed."""
         where, parameters = _filters(job, since)
-        return self._select(f"{self._select_sql}{where} ORDER BY started DESC, run DESC",
-                            parameters)
+        clauses = [where.removeprefix(" WHERE ")] if where else []
+        if run is not None:
+            clauses.append("run = ?")
+            parameters.append(run)
+        if after is not None:
+            clauses.append("(started, run, job, node) < (?, ?, ?, ?)")
+            parameters.extend(after)
+        sql = (self._select_sql + (" WHERE " + " AND ".join(clauses) if clauses else "")
+               + " ORDER BY started DESC, run DESC, job DESC, node DESC")
+        try:
+            for row in self._connection.execute(sql, parameters):
+                yield RunRecord.from_row(row)
+        except sqlite3.Error as error:
+            raise LedgerError.of(f"cannot read the ledger {self.path}", error) from None
+        except (ValueError, KeyError, TypeError) as error:
+            raise LedgerError(f"the ledger {self.path} holds a malformed record: {error}") \
+                from None
 
     def get(self, run: str, job: str | None = None) -> list[RunRecord]:
         """Every record of run ``run`` (one per node that saw it; locally one per job)."""
@@ -160,9 +203,13 @@ class Ledger:
 
     # -- writing (the recorder) ---------------------------------------------------
 
-    def write(self, updates: Iterable[RecordUpdate]) -> WriteResult:
+    def write(self, updates: Iterable[RecordUpdate],
+              max_runs_per_owner: int | None = None) -> WriteResult:
         """Insert or update the given records in one transaction, except those whose row
-        belongs to another non-empty owner (``WriteResult.refused``)."""
+        belongs to another non-empty owner (``WriteResult.refused``); an owner that
+        holds more than ``max_runs_per_owner`` rows then loses its oldest, in the same
+        transaction (``prune``'s rule, kept at every write: one writer's rows, and so
+        its share of the file, stay bounded between two retention passes)."""
         pending = list(updates)
         if not pending:
             return WriteResult(0)
@@ -174,10 +221,10 @@ class Ledger:
                f"ON CONFLICT (job, run, node) DO UPDATE SET {assignments} "
                "WHERE runs.owner IN ('', excluded.owner)")
         refused: list[tuple[RowKey, str]] = []
-        written = 0
+        written = owner_limit = 0
 
         def upsert() -> None:
-            nonlocal written
+            nonlocal written, owner_limit
             rows = []
             for update in pending:
                 record = update.record
@@ -191,9 +238,39 @@ class Ledger:
             if rows:
                 self._connection.executemany(sql, rows)
             written = len(rows)
+            if max_runs_per_owner is not None:
+                for owner in {update.record.owner for update in pending} - {""}:
+                    owner_limit += self._keep_newest(owner, max_runs_per_owner)
 
         self._transaction(upsert)
-        return WriteResult(written, tuple(refused))
+        return WriteResult(written, tuple(refused), owner_limit)
+
+    def _keep_newest(self, owner: str, count: int) -> int:
+        """Delete ``owner``'s rows but its newest ``count`` (by start); how many went."""
+        cursor = self._connection.execute(
+            "DELETE FROM runs WHERE rowid IN (SELECT rowid FROM runs WHERE owner = ? "
+            "ORDER BY started DESC, run DESC LIMIT -1 OFFSET ?)", [owner, count])
+        return max(cursor.rowcount, 0)
+
+    def reclaim(self, min_free_bytes: int = RECLAIM_MIN_FREE_BYTES) -> int:
+        """Give the space of deleted rows back to the filesystem: ``VACUUM`` when at
+        least ``min_free_bytes`` and a quarter of the file are free pages (SQLite
+        reuses them, but never shrinks the file by itself), and a truncating
+        checkpoint of the write-ahead log. The bytes given back."""
+        if self.readonly:
+            raise LedgerError(f"{self.path} is open read-only")
+        try:
+            page_size = self._connection.execute("PRAGMA page_size").fetchone()[0]
+            pages = self._connection.execute("PRAGMA page_count").fetchone()[0]
+            free = self._connection.execute("PRAGMA freelist_count").fetchone()[0]
+            reclaimed = 0
+            if free * page_size >= min_free_bytes and free * 4 >= pages:
+                self._connection.execute("VACUUM")
+                reclaimed = free * page_size
+            self._connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.Error as error:
+            raise LedgerError.of(f"cannot reclaim the space of {self.path}", error) from None
+        return int(reclaimed)
 
     def prune(self, *, now: float, retention_seconds: float, max_runs: int,
               max_runs_per_owner: int | None = None) -> Pruned:
