@@ -12,8 +12,14 @@ asks ``trainmon.node.mounts.MountResolver`` (cached mount tables, in the
 reporting process's mount namespace) what storage it is on, so the push path
 never touches ``/proc``.
 
-Runs: ``trainmon_training_run_info{job,run,config_hash}`` and
-``trainmon_training_run_start_timestamp_seconds{job,run}`` come from the run
+Owners: every series of a job carries ``owner`` beside ``job``, the writer
+identity that holds the job in the store (``uid:<n>``, ``token:<name>``,
+``local``; ``trainmon.training.writers``); on one node a job has one owner,
+across nodes ``(job, owner)`` is what the rules aggregate (docs/security.md,
+"Owners across nodes").
+
+Runs: ``trainmon_training_run_info{job,owner,run,config_hash}`` and
+``trainmon_training_run_start_timestamp_seconds{job,owner,run}`` come from the run
 descriptions in the store (one series per job and run, however many ranks
 describe it; a run whose description says it ended is no longer live). The
 run ledger's recorder (``trainmon.ledger.recorder``, wired by
@@ -21,14 +27,14 @@ run ledger's recorder (``trainmon.ledger.recorder``, wired by
 ``trainmon_training_run_changes_info``, which needs the ledger's history.
 
 Process groups: a report's ``comm_groups`` (communication per dp, tp, pp...
-group of a DeviceMesh) become ``trainmon_training_group_*{job,rank,group}``, the
+group of a DeviceMesh) become ``trainmon_training_group_*{job,owner,rank,group}``, the
 store's monotonic totals per group (``_GroupFamilies``); a stalled collective's
 group is the ``group`` label of ``trainmon_training_stall_info``.
 
 Ended ranks: a rank whose run said it ended (its description's ``ended``;
 ``Reporter.close()`` sends it after the final totals) keeps its series, with
 those final totals, until the TTL, and gets
-``trainmon_training_rank_end_timestamp_seconds{job,rank}``: the diagnosis
+``trainmon_training_rank_end_timestamp_seconds{job,owner,rank}``: the diagnosis
 and ``doctor`` leave it out, so an ended job is not taken for a live one that
 stopped stepping. Which run a rank is in: that of its latest report, else
 that of its description; the first report of its next run makes it live again.
@@ -38,6 +44,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pwd
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -56,7 +63,7 @@ from trainmon.core.collector import Collector
 from trainmon.core.entry import CollectorEntry, Wiring
 from trainmon.core.routes import PushHandler, PushRequest, PushResponse
 from trainmon.logthrottle import LogThrottle
-from trainmon.node.mounts import MountResolver, PathStorage
+from trainmon.node.mounts import MountResolver, PathStorage, Viewer
 from trainmon.paths import default_socket_path
 from trainmon.section import Auto, Section, setting
 from trainmon.training.protocol import STEPS_PATH
@@ -64,12 +71,17 @@ from trainmon.training.receiver import SocketReceiver, StepPushHandler, read_tok
 from trainmon.training.report_fields import CommGroup
 from trainmon.training.stalls import frame_text
 from trainmon.training.store import LastCheckpoint, RankView, TrainingStore, TrainingStoreView
-from trainmon.training.writers import uid_writer
+from trainmon.training.writers import LOCAL_WRITER, ROOT_WRITER, uid_writer, writer_uid
 
 log = logging.getLogger(__name__)
 
 _BUCKET_BOUNDS = [repr(bound) for bound in STEP_SECONDS_BOUNDS] + ["+Inf"]
-_RANK = ["job", "rank"]
+#: The labels of a job: its name and its owner, the writer identity that holds the job on
+#: this node (``trainmon.training.writers``: ``uid:<n>``, ``token:<name>``, ``local``),
+#: so that rules across nodes keep one user's series of a job name apart from another's
+#: (docs/security.md, "Owners across nodes").
+_JOB = ["job", "owner"]
+_RANK = [*_JOB, "rank"]
 
 
 #: A writer identity in ``trusted_writers`` (``trainmon.training.writers``).
@@ -256,6 +268,11 @@ class TrainingCollector(Collector):
             state["socket_error"] = self._socket_error
         if self._token_error is not None:
             state["token_error"] = self._token_error
+        if self._config.socket is not None and not state["socket_listening"]:
+            # HTTP pushes still work, but every report sent to the socket is lost
+            state["state"] = "degraded"
+            state["error"] = self._socket_error or (
+                f"the training socket {self._config.socket} is not being drained")
         return state
 
     def collect(self) -> Iterable[Metric]:
@@ -265,10 +282,12 @@ class TrainingCollector(Collector):
         yield from _run_families(snapshot)
         yield from self._intake_families(snapshot)
 
-    def storage_of(self, path: str, pid: int | None, sender_pid: int | None) -> PathStorage:
-        """The storage of a path a training process named (its mount namespace when the
-        kernel vouches for the sender); ``unknown`` when it cannot be told."""
-        return self._storage(path, pid, sender_pid)
+    def storage_of(self, path: str, pid: int | None, sender_pid: int | None,
+                   owner: str = LOCAL_WRITER) -> PathStorage:
+        """The storage of a path a training process of writer ``owner`` named (its mount
+        namespace when the kernel vouches for the sender), looked up with that writer's
+        permissions (``path_viewer``); ``unknown`` when it cannot be told."""
+        return self._storage(path, pid, sender_pid, owner)
 
     def _checkpoint_families(self, snapshot: TrainingStoreView) -> Iterable[Metric]:
         count = CounterMetricFamily(
@@ -285,52 +304,55 @@ class TrainingCollector(Collector):
         last_time = GaugeMetricFamily(
             "trainmon_training_last_checkpoint_timestamp_seconds",
             "Unix time at which the job's latest checkpoint on this node (any rank) completed.",
-            labels=["job"],
+            labels=_JOB,
         )
         last_duration = GaugeMetricFamily(
             "trainmon_training_last_checkpoint_duration_seconds",
             "Seconds the job's latest checkpoint on this node took to save "
             "(the mean when a report covered several).",
-            labels=["job"],
+            labels=_JOB,
         )
         storage = GaugeMetricFamily(
             "trainmon_training_checkpoint_storage_info",
             "Where the job's latest checkpoint path lives: its mount point, filesystem type "
             "and storage kind (local_disk, cloud_disk, network_fs, object_store, ephemeral, "
             "unknown); always 1.",
-            labels=["job", "mountpoint", "fstype", "storage"],
+            labels=[*_JOB, "mountpoint", "fstype", "storage"],
         )
-        latest: dict[str, LastCheckpoint] = {}
-        latest_path: dict[str, tuple[LastCheckpoint, RankView]] = {}
+        latest: dict[tuple[str, str], LastCheckpoint] = {}
+        latest_path: dict[tuple[str, str], tuple[LastCheckpoint, RankView]] = {}
         for view in snapshot.ranks:
             totals = view.totals
-            labels = [view.job, str(view.rank)]
+            labels = [view.job, view.owner, str(view.rank)]
             if totals.checkpoints is not None:
                 count.add_metric(labels, totals.checkpoints)
                 seconds.add_metric(labels, totals.checkpoint_seconds or 0.0)
             last = view.last_checkpoint
             if last is None:
                 continue
-            if view.job not in latest or last.time > latest[view.job].time:
-                latest[view.job] = last
+            job = (view.job, view.owner)
+            if job not in latest or last.time > latest[job].time:
+                latest[job] = last
             if last.path is not None and (
-                view.job not in latest_path or last.time > latest_path[view.job][0].time
+                job not in latest_path or last.time > latest_path[job][0].time
             ):
-                latest_path[view.job] = (last, view)
+                latest_path[job] = (last, view)
         for job, last in latest.items():
-            last_time.add_metric([job], last.time)
-            last_duration.add_metric([job], last.duration_seconds)
+            last_time.add_metric(list(job), last.time)
+            last_duration.add_metric(list(job), last.duration_seconds)
         for job, (last, view) in latest_path.items():
             assert last.path is not None
-            where = self._storage(last.path, view.pid, view.sender_pid)
-            storage.add_metric([job, where.mountpoint, where.fstype, where.storage], 1.0)
+            where = self._storage(last.path, view.pid, view.sender_pid, view.owner)
+            storage.add_metric([*job, where.mountpoint, where.fstype, where.storage], 1.0)
         return [count, seconds, last_time, last_duration, storage]
 
-    def _storage(self, path: str, pid: int | None, sender_pid: int | None) -> PathStorage:
+    def _storage(self, path: str, pid: int | None, sender_pid: int | None,
+                 owner: str) -> PathStorage:
         """The storage of ``path``; ``unknown`` (logged, rate-limited) when sysfs or
         procfs cannot be read, so one unreadable file never fails the scrape."""
         try:
-            where = self._mounts.resolve(path, pid, sender_pid=sender_pid)
+            where = self._mounts.resolve(path, pid, sender_pid=sender_pid,
+                                         viewer=path_viewer(owner))
         except OSError as error:
             if self._mount_errors.allow("resolve", str(error)):
                 log.warning("cannot tell the storage of checkpoint path %s: %s", path, error)
@@ -370,12 +392,12 @@ def _run_families(snapshot: TrainingStoreView) -> Iterable[Metric]:
         "trainmon_training_run_info",
         "A run of the job live on this node, with the hash of its configuration; always 1. "
         "Descriptions are in the run ledger (trainmon runs), not in labels.",
-        labels=["job", "run", "config_hash"],
+        labels=[*_JOB, "run", "config_hash"],
     )
     started = GaugeMetricFamily(
         "trainmon_training_run_start_timestamp_seconds",
         "Unix time at which the run started (its earliest rank on this node).",
-        labels=["job", "run"],
+        labels=[*_JOB, "run"],
     )
     ended = GaugeMetricFamily(
         "trainmon_training_rank_end_timestamp_seconds",
@@ -386,19 +408,19 @@ def _run_families(snapshot: TrainingStoreView) -> Iterable[Metric]:
     for view in snapshot.ranks:
         end = _run_end(view, snapshot)
         if end is not None:
-            ended.add_metric([view.job, str(view.rank)], end)
-    runs: dict[tuple[str, str], tuple[str, float]] = {}
+            ended.add_metric([view.job, view.owner, str(view.rank)], end)
+    runs: dict[tuple[str, str, str], tuple[str, float]] = {}
     for (job, _), kept in sorted(snapshot.descriptions.items()):
         description = kept.description
         if description.ended is not None:
             continue
-        key = (job, description.run)
+        key = (job, kept.owner, description.run)
         known = runs.get(key)
         if known is None or description.started < known[1]:
             runs[key] = (description.config_hash, description.started)
-    for (job, run), (config_hash, start) in sorted(runs.items()):
-        info.add_metric([job, run, config_hash], 1.0)
-        started.add_metric([job, run], start)
+    for (job, owner, run), (config_hash, start) in sorted(runs.items()):
+        info.add_metric([job, owner, run, config_hash], 1.0)
+        started.add_metric([job, owner, run], start)
     return [info, started, ended]
 
 
@@ -473,7 +495,7 @@ def _rank_families(snapshot: TrainingStoreView) -> Iterable[Metric]:
     world_size = GaugeMetricFamily(
         "trainmon_training_world_size",
         "Number of ranks the job's processes report being part of.",
-        labels=["job"],
+        labels=_JOB,
     )
     dropped = CounterMetricFamily(
         "trainmon_training_dropped_reports_total",
@@ -532,9 +554,9 @@ def _rank_families(snapshot: TrainingStoreView) -> Iterable[Metric]:
         labels=_RANK,
     )
     groups = _GroupFamilies()
-    world_sizes: dict[str, int] = {}
+    world_sizes: dict[tuple[str, str], int] = {}
     for view in snapshot.ranks:
-        labels = [view.job, str(view.rank)]
+        labels = [view.job, view.owner, str(view.rank)]
         groups.add(labels, view.totals.comm_groups)
         if view.collective_seq is not None:
             collective_seq.add_metric(labels, view.collective_seq)
@@ -576,9 +598,10 @@ def _rank_families(snapshot: TrainingStoreView) -> Iterable[Metric]:
         if totals.comm_bytes is not None:
             comm_bytes.add_metric(labels, totals.comm_bytes)
         if view.world_size is not None:
-            world_sizes[view.job] = max(world_sizes.get(view.job, 0), view.world_size)
+            job = (view.job, view.owner)
+            world_sizes[job] = max(world_sizes.get(job, 0), view.world_size)
     for job, size in world_sizes.items():
-        world_size.add_metric([job], size)
+        world_size.add_metric(list(job), size)
     return [steps, samples, step_seconds, data_wait, phases, ratio, last_step, last_report, info,
             world_size, dropped, resets, comm, comm_exposed, comm_bytes, stalled, stall_since,
             stall_info, collective_seq, *groups.families()]
@@ -646,3 +669,26 @@ def _build(config: TrainingConfig, wiring: Wiring) -> Collector:
 
 
 ENTRY = CollectorEntry("training", TrainingConfig, _build)
+
+
+#: The user whose permissions a path named by a token writer is looked up with: only
+#: what everyone may see (``nobody``).
+NOBODY_UID = 65534
+
+
+def path_viewer(owner: str) -> Viewer | None:
+    """Whose permissions the paths writer ``owner`` names are looked up with
+    (``trainmon.node.mounts``, docs/security.md): the daemon's own for itself and root;
+    the user's (and its groups') for ``uid:N``; a user without a name on this node, or
+    a token, sees what everyone may."""
+    if owner in (LOCAL_WRITER, ROOT_WRITER, uid_writer(os.geteuid())):
+        return None
+    uid = writer_uid(owner)
+    if uid is None:
+        return Viewer(NOBODY_UID)
+    try:
+        user = pwd.getpwuid(uid)
+        groups = frozenset(os.getgrouplist(user.pw_name, user.pw_gid))
+    except (KeyError, OSError):
+        groups = frozenset()
+    return Viewer(uid, groups)

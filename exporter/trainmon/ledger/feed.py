@@ -214,4 +214,8 @@ class StorageResolver(Protocol):
     """The storage of a path a training process named, in its mount namespace
     (``TrainingCollector.storage_of``); ``unknown`` when it cannot be told."""
 
-    def __call__(self, path: str, pid: int | None, sender_pid: int | None) -> PathLocation: ...
+    def __call__(self, path: str, pid: int | None, sender_pid: int | None,
+                 owner: str) -> PathLocation:
+        """``owner``: the writer identity that named the path, whose permissions it is
+        looked up with."""
+        ...

@@ -701,7 +701,7 @@ class RunRecorder:
                     not in (None, UNKNOWN):
                 where = {key: kept.get(key) for key in ("mountpoint", "fstype", "storage")}
             else:
-                found = self._storage_of(last.path, view.pid, view.sender_pid)
+                found = self._storage_of(last.path, view.pid, view.sender_pid, view.owner)
                 where = {"mountpoint": found.mountpoint, "fstype": found.fstype,
                          "storage": found.storage}
             entry.update(where)
@@ -780,7 +780,7 @@ class RunRecorder:
         for path in unresolved:
             # once known, never resolved again: the reporter (and its mount namespace)
             # may be gone when its final description arrives
-            where = self._storage_of(path, pid, kept.sender_pid)
+            where = self._storage_of(path, pid, kept.sender_pid, run.owner)
             run.storages[path] = {"mountpoint": where.mountpoint, "fstype": where.fstype,
                                   "storage": where.storage}
         data_paths = [{"path": path, **run.storages[path]} for path in description.data_paths]

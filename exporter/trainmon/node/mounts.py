@@ -34,6 +34,16 @@ the daemon says whether that path survives the instance (``network_fs``,
      the kernel resolves in that process's mount namespace (this needs the
      right to inspect the process: root, or the same user).
 
+  Whose eyes: a path is looked up (stat under ``<proc>/<pid>/root``) with the
+  permissions of the user who reported it (a ``Viewer``), not the daemon's:
+  the reported pid is used only when that process runs as the viewer (or the
+  kernel named it the sender), and a path is stat-ed only when the viewer may
+  search every folder above it (owner, group and other ``x`` bits; ACLs are
+  not read, so an ACL that grants more reads ``unknown``). Otherwise a user
+  could ask a root daemon whether a path it cannot see exists (its storage
+  kind against ``unknown``). ``viewer=None``: the daemon's own permissions,
+  for trusted writers.
+
   A reporter that cannot be told apart this way gets the host's table
   (``<proc>/1/mountinfo``) only if the host sees the path (under
   ``<proc>/1/root``), else ``unknown``: never a guess from the wrong
@@ -81,6 +91,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import stat
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -144,6 +155,24 @@ class MountTable:
 
     mounts: tuple[Mount, ...]
     skipped: int = 0
+
+
+@dataclass(frozen=True)
+class Viewer:
+    """The user a path is looked up for: its uid and groups (module docstring)."""
+
+    uid: int
+    gids: frozenset[int] = frozenset()
+
+    def may_search(self, folder: os.stat_result) -> bool:
+        """Whether this user may pass through ``folder`` (its ``x`` bit for them)."""
+        if self.uid == 0:
+            return True
+        if folder.st_uid == self.uid:
+            return bool(folder.st_mode & stat.S_IXUSR)
+        if folder.st_gid in self.gids:
+            return bool(folder.st_mode & stat.S_IXGRP)
+        return bool(folder.st_mode & stat.S_IXOTH)
 
 
 @dataclass(frozen=True)
@@ -318,22 +347,27 @@ class MountResolver:
         self._kinds: dict[tuple[int, int, str, str], tuple[float, str]] = {}
 
     def resolve(
-        self, path: str, pid: int | None = None, *, sender_pid: int | None = None
+        self, path: str, pid: int | None = None, *, sender_pid: int | None = None,
+        viewer: Viewer | None = None,
     ) -> PathStorage:
         """Where ``path`` (as process ``pid`` sees it) lives.
 
         ``sender_pid``: the process the kernel says sent the report, in the
-        daemon's pid namespace. Without a readable mount table of the right
-        namespace or a matching mount, the answer is
-        ``PathStorage("", "", "unknown")``: the checkpoint exists, its storage
-        is not known.
+        daemon's pid namespace. ``viewer``: the user who reported it, whose
+        permissions the path is looked up with (None: the daemon's). Without a
+        readable mount table of the right namespace or a matching mount, the
+        answer is ``PathStorage("", "", "unknown")``: the checkpoint exists, its
+        storage is not known.
         """
         with self._lock:
             now = self._clock()
-            table = self._reporter_table(path, pid, sender_pid, now)
+            if viewer is not None and pid is not None and sender_pid is None \
+                    and not self._runs_as(pid, viewer.uid):
+                pid = None  # another user's process: its root is not this user's to probe
+            table = self._reporter_table(path, pid, sender_pid, now, viewer)
             if table is None and pid is not None:
                 # the reporter's own namespace is not known: the host's view, if it sees the path
-                if self._visible("1", path) is not True:
+                if self._visible("1", path, viewer) is not True:
                     return UNKNOWN_STORAGE
                 table = self._table("1", now)
             elif table is None:
@@ -344,14 +378,23 @@ class MountResolver:
             return PathStorage(mount.mountpoint, mount.fstype, self._kind(mount, now))
 
     def _reporter_table(
-        self, path: str, pid: int | None, sender_pid: int | None, now: float
+        self, path: str, pid: int | None, sender_pid: int | None, now: float,
+        viewer: Viewer | None,
     ) -> MountTable | None:
         """The mount table of the reporting process, where it can be told apart."""
         if sender_pid is not None and self._is_reporter(sender_pid, pid):
             return self._table(str(sender_pid), now)
-        if pid is not None and self._visible(str(pid), path) is True:
+        if pid is not None and self._visible(str(pid), path, viewer) is True:
             return self._table(str(pid), now)
         return None
+
+    def _runs_as(self, pid: int, uid: int) -> bool:
+        """Whether process ``pid`` runs as ``uid`` (its real or effective uid)."""
+        status = self._read(self._proc / str(pid) / "status")
+        for line in (status or "").splitlines():
+            if line.startswith("Uid:"):
+                return str(uid) in line.split()[1:3]
+        return False
 
     def _is_reporter(self, sender_pid: int, pid: int | None) -> bool:
         """Whether the kernel-named sender is the process that reported ``pid``:
@@ -364,14 +407,17 @@ class MountResolver:
                 return line.split()[-1] == str(pid)
         return False
 
-    def _visible(self, owner: str, path: str) -> bool | None:
+    def _visible(self, owner: str, path: str, viewer: Viewer | None = None) -> bool | None:
         """Whether ``path`` or its folder exists in the root of process ``owner``
         (``<proc>/<owner>/root``, which the kernel resolves in its mount
-        namespace); None when that cannot be checked (no permission)."""
+        namespace), as far as ``viewer`` may look; None when that cannot be
+        checked (no permission)."""
         root = str(self._proc / owner / "root")
         path = os.path.normpath(path)  # no ".." past the process's root
         for candidate in (path, os.path.dirname(path)):
             try:
+                if viewer is not None and not _searchable(root, candidate, viewer):
+                    return None
                 os.stat(root + candidate)
             except (FileNotFoundError, NotADirectoryError):
                 continue
@@ -424,3 +470,12 @@ class MountResolver:
             self._kinds.clear()
         self._kinds[key] = (now, kind)
         return kind
+
+
+def _searchable(root: str, path: str, viewer: Viewer) -> bool:
+    """Whether ``viewer`` may search every folder above ``path`` under ``root`` (each is
+    stat-ed only once the one above it is known searchable: nothing this user could not
+    reach is looked at)."""
+    parts = [part for part in path.split("/") if part][:-1]
+    folders = [root + "/" + "/".join(parts[:depth]) for depth in range(len(parts) + 1)]
+    return all(viewer.may_search(os.stat(folder)) for folder in folders)

@@ -33,3 +33,9 @@ def uid_writer(uid: int) -> str:
 def token_writer(name: str) -> str:
     """The identity of a bearer token: ``token:ci``."""
     return f"token:{name}"
+
+
+def writer_uid(writer: str) -> int | None:
+    """The user id of a ``uid:<n>`` identity; None for any other."""
+    prefix, _, number = writer.partition(":")
+    return int(number) if prefix == "uid" and number.isdigit() else None
