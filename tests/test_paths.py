@@ -129,11 +129,17 @@ def test_the_umask_only_takes_bits_away(tmp_path: Path) -> None:
 
 
 def test_an_existing_folder_is_left_as_the_admin_made_it(tmp_path: Path) -> None:
+    me = os.geteuid()
     folder = tmp_path / "trainmon"
     folder.mkdir()
+    folder.chmod(0o711)
+    assert paths.make_state_directory(folder, euid=me) == []
+    assert paths.make_runtime_directory(folder, euid=me) == []
+    assert mode(folder) == 0o711
+    # one that others may write is refused, and left as it is too
     folder.chmod(0o777)
-    assert paths.make_state_directory(folder, euid=0) == []
-    assert paths.make_runtime_directory(folder, euid=0) == []
+    with pytest.raises(paths.UnsafePathError, match=f"{folder} is writable by other users"):
+        paths.make_runtime_directory(folder, euid=me)
     assert mode(folder) == 0o777
 
 

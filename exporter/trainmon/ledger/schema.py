@@ -20,13 +20,15 @@ WAL mode, with ``FILE_MODE`` (0640) and, where the group exists, group
 writable by others is tightened to that mode, once, with a log line. SQLite
 gives its ``-wal`` and ``-shm`` files the database file's mode and owner.
 
-The database file is only ever opened through SQLite, never with ``open()``:
-closing any descriptor of a file drops every POSIX advisory lock the process
-holds on it (fcntl semantics), the writer's included, and an outside reader
-(``sqlite3 ledger.sqlite3 ".backup x"``) would then believe it the last
-connection and delete the ``-wal``/``-shm`` files under the running daemon.
-Mode and group are set by path (``chmod``/``chown``), which holds no
-descriptor.
+Before SQLite sees it (``trainmon.ledger.files``): the path's folders are
+checked from ``/`` down (root's or the daemon's, writable by no one else),
+and the file is opened without following a symlink and refused when it is
+not a regular file of one link owned by root or the daemon's user (readers:
+also the service user); after SQLite opened it, the path must still name
+that file. Mode and group are set on the daemon's own descriptors
+(``fchmod``/``fchown``), which it holds while any connection of this process
+has the file open: closing a descriptor would drop SQLite's POSIX locks
+(``trainmon.ledger.files`` says why that matters).
 
 Schema versions: 1 (the first release of the ledger) had no ``owner`` column; 2 adds ``owner``
 (the writer identity of the run, ``trainmon.training.writers``; ``''`` for
@@ -52,8 +54,18 @@ import logging
 import os
 import sqlite3
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
+
+from trainmon.ledger.files import (
+    CheckedFile,
+    UnsafeLedgerFile,
+    check_readable,
+    check_writable,
+    confirm,
+    release,
+)
+from trainmon.paths import reader_owners, trusted_owners
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +81,6 @@ FILE_MODE = 0o640
 LOOSE_BITS = stat.S_IWGRP | stat.S_IRWXO
 #: The group given the ledger file when it exists (docs/deploy.md: readers of the ledger).
 LEDGER_GROUP = "trainmon"
-#: Files SQLite keeps beside the database in WAL mode.
-SIDE_SUFFIXES = ("-wal", "-shm")
 
 #: One row per (job, run, node): description and summary as JSON text; ``state``
 #: holds the recorder's accumulators so a restarted daemon resumes a run;
@@ -173,34 +183,54 @@ def _meaning(error: sqlite3.Error) -> tuple[str, str]:
     return reason, f"{words} ({name}: {error})"
 
 
-def connect(path: Path, *, readonly: bool) -> tuple[sqlite3.Connection, int]:
-    """An open, verified connection to the ledger at ``path`` and its schema version.
+def connect(
+    path: Path, *, readonly: bool, owners: Collection[int] | None = None,
+) -> tuple[sqlite3.Connection, int, CheckedFile]:
+    """An open, verified connection to the ledger at ``path``, its schema version and
+    the checked file (``release`` it when the connection is closed).
 
     ``readonly``: the file must exist. Otherwise a missing or empty file is
     created with the schema, and a file of an older schema is upgraded (its
-    directory must exist).
+    directory must exist). ``owners``: the uids that may own the file and its
+    folders (default: root and this process's user; readers also the service
+    user, ``trainmon.paths.reader_owners``).
     """
-    exists = path.exists()
-    if readonly and not exists:
-        raise LedgerError(f"no ledger at {path}")
-    if exists and not path.is_file():
-        raise LedgerError(f"{path} is not a regular file")
-    fresh = not exists or path.stat().st_size == 0
-    if readonly and fresh:
+    if owners is None:
+        owners = reader_owners() if readonly else trusted_owners()
+    try:
+        checked = (check_readable(path, owners) if readonly
+                   else check_writable(path, owners, FILE_MODE))
+    except UnsafeLedgerFile as error:
+        raise LedgerError(str(error), error.reason) from None
+    except OSError as error:
+        raise LedgerError(f"cannot open the ledger {path}: {error.strerror or error}") \
+            from None
+    try:
+        connection, version = _connect_checked(path, checked, readonly)
+    except BaseException:
+        release(checked)
+        raise
+    return connection, version, checked
+
+
+def _connect_checked(path: Path, checked: CheckedFile,
+                     readonly: bool) -> tuple[sqlite3.Connection, int]:
+    if readonly and checked.fresh:
         raise LedgerError(f"{path} is empty: no run recorded yet")
     version = SCHEMA_VERSION
-    if not fresh:
-        version = _verify(path)
+    if not checked.fresh:
+        version = _verify(checked.path, path)
     if readonly:
-        return _open(path, "ro"), version
-    if not path.parent.is_dir():
-        raise LedgerError(f"directory {path.parent} does not exist")
-    if not fresh:
-        tighten(path)
-    connection = _open(path, "rwc")
+        connection = _open(checked.path, path, "ro")
+        _confirm(connection, checked, path)
+        return connection, version
+    if checked.fresh:
+        restrict(checked)
+    tighten(checked)
+    connection = _open(checked.path, path, "rwc")
+    _confirm(connection, checked, path)
     try:
-        if fresh:
-            restrict(path)
+        if checked.fresh:
             _create(connection)
         connection.execute("PRAGMA journal_mode=WAL")
         connection.execute("PRAGMA synchronous=NORMAL")
@@ -215,11 +245,21 @@ def connect(path: Path, *, readonly: bool) -> tuple[sqlite3.Connection, int]:
     return connection, version
 
 
-def restrict(path: Path) -> None:
-    """Give a just-created ledger file ``FILE_MODE`` (never looser than the umask made
-    it) and group ``LEDGER_GROUP`` where that group exists; by path, no descriptor."""
+def _confirm(connection: sqlite3.Connection, checked: CheckedFile, path: Path) -> None:
+    """SQLite opened the checked file, or the connection is closed and ``LedgerError``."""
     try:
-        os.chmod(path, stat.S_IMODE(path.stat().st_mode) & FILE_MODE)
+        confirm(checked, path)
+    except UnsafeLedgerFile as error:
+        connection.close()
+        raise LedgerError(str(error), error.reason) from None
+
+
+def restrict(checked: CheckedFile) -> None:
+    """Give a fresh ledger file ``FILE_MODE`` (never looser than the umask made it) and
+    group ``LEDGER_GROUP`` where that group exists, on the daemon's descriptor."""
+    path, descriptor = checked.opened[0]
+    try:
+        os.fchmod(descriptor, stat.S_IMODE(os.fstat(descriptor).st_mode) & FILE_MODE)
     except OSError as error:
         log.warning("run ledger %s: cannot set mode %o: %s", path, FILE_MODE,
                     error.strerror or error)
@@ -228,30 +268,28 @@ def restrict(path: Path) -> None:
     except KeyError:
         return
     try:
-        os.chown(path, -1, gid)
+        os.fchown(descriptor, -1, gid)
     except OSError as error:
         log.warning("run ledger %s: cannot give it group %s: %s", path, LEDGER_GROUP,
                     error.strerror or error)
 
 
-def tighten(path: Path) -> None:
+def tighten(checked: CheckedFile) -> None:
     """Take ``LOOSE_BITS`` off an existing ledger file and its ``-wal``/``-shm``
-    (one log line when it did); by path, no descriptor."""
+    (one log line when it did), on the daemon's descriptors."""
     tightened = []
-    for candidate in (path, *(path.with_name(path.name + s) for s in SIDE_SUFFIXES)):
+    for path, descriptor in checked.opened:
         try:
-            mode = stat.S_IMODE(candidate.stat().st_mode)
+            mode = stat.S_IMODE(os.fstat(descriptor).st_mode)
             if mode & LOOSE_BITS:
-                os.chmod(candidate, mode & ~LOOSE_BITS)
-                tightened.append(f"{candidate.name} {mode:o} -> {mode & ~LOOSE_BITS:o}")
-        except FileNotFoundError:
-            continue
+                os.fchmod(descriptor, mode & ~LOOSE_BITS)
+                tightened.append(f"{path.name} {mode:o} -> {mode & ~LOOSE_BITS:o}")
         except OSError as error:
-            log.warning("run ledger %s: cannot tighten its mode: %s", candidate,
+            log.warning("run ledger %s: cannot tighten its mode: %s", path,
                         error.strerror or error)
     if tightened:
         log.warning("run ledger %s was readable or writable by other users; tightened: %s",
-                    path, ", ".join(tightened))
+                    checked.path, ", ".join(tightened))
 
 
 def migrate(connection: sqlite3.Connection, version: int) -> None:
@@ -280,8 +318,9 @@ def _immediate(connection: sqlite3.Connection, work: Callable[[], None]) -> None
         raise
 
 
-def _open(path: Path, mode: str) -> sqlite3.Connection:
-    uri = f"{path.resolve().as_uri()}?mode={mode}"
+def _open(real: Path, path: Path, mode: str) -> sqlite3.Connection:
+    """A connection to the checked file ``real`` (``path`` as configured, for messages)."""
+    uri = f"{real.as_uri()}?mode={mode}"
     try:
         # One thread at a time, not always the same one: the recorder opens at
         # start and writes from its thread, under its own lock.
@@ -293,10 +332,10 @@ def _open(path: Path, mode: str) -> sqlite3.Connection:
     return connection
 
 
-def _verify(path: Path) -> int:
-    """Format, application id, schema version and integrity, on a read-only connection;
-    the schema version."""
-    connection = _open(path, "ro")
+def _verify(real: Path, path: Path) -> int:
+    """Format, application id, schema version and integrity, on a read-only connection
+    to the checked file ``real``; the schema version."""
+    connection = _open(real, path, "ro")
     try:
         try:
             application_id = connection.execute("PRAGMA application_id").fetchone()[0]
