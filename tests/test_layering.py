@@ -46,8 +46,8 @@ IMPORT_FUNCTIONS = frozenset({"import_module", "__import__"})
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("trainmon",),
     # what every layer may use: shared numbers, paths, rate-limited logs, threads,
-    # outbound HTTP deadlines, the YAML section reader
-    ("contract", "paths", "logthrottle", "background", "outbound", "section"),
+    # outbound HTTP deadlines, the YAML section reader, text made safe for a terminal
+    ("contract", "paths", "logthrottle", "background", "outbound", "section", "terminal"),
     # the collector contract, the registry and the route types
     ("core",),
     # the sources and the server, each on its own

@@ -51,6 +51,8 @@ def test_doctor_reads_the_daemon_at_the_configured_listen_address(
     assert report["source"]["snapshots"] >= 2
     assert (f"trainmon doctor: read the daemon at {daemon.url} "
             f"(listen 127.0.0.1:{daemon.port} of {config})") in done.stderr
+    assert (f"trainmon: reading the daemon at {daemon.url} (pid {daemon.process.pid} "
+            "python3, uid 0 root)") in done.stderr
     assert "in use by another running daemon" not in done.stderr
 
 
@@ -106,8 +108,8 @@ def test_runs_and_compare_read_the_daemon_when_the_ledger_file_is_missing(
     assert done.returncode == 0, done.stderr
     [run] = json.loads(done.stdout)["runs"]
     assert (run["job"], run["source"]) == ("resnet", "daemon")
-    assert (f"trainmon: reading the daemon at {daemon.url} (no readable ledger at "
-            f"{missing})") in done.stderr
+    assert (f"trainmon: reading the daemon at {daemon.url} (pid {daemon.process.pid} "
+            f"python3, uid 0 root); no readable ledger at {missing}") in done.stderr
     text = command(["runs"], {"TRAINMON_CONFIG": str(config)})
     assert run["run"] in text.stdout
     same = command(["compare", run["run"], run["run"], "--json"],

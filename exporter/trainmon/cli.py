@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainmon import __version__
 from trainmon.collectors import entries
@@ -32,6 +32,9 @@ from trainmon.http.listen import ListenAddress, parse_listen_address
 from trainmon.http.webconfig import WebConfig, load_web_config
 from trainmon.ledger.config import LedgerConfig
 from trainmon.section import ConfigError
+
+if TYPE_CHECKING:  # imported where used: it needs requests, which serve does not
+    from trainmon.local_daemon import DaemonTrust
 
 log = logging.getLogger("trainmon")
 
@@ -146,6 +149,7 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
                "daemon's listen address)")
     env_option(doctor, "--ledger", "LEDGER", "FILE",
                "run ledger for the previous-run line; default collectors.ledger.path")
+    _add_trust_option(doctor, env("TRUST_DAEMON_OWNER"))
     _add_log_level(doctor, env("LOG_LEVEL", "warning"))
 
     for name, help_text in (
@@ -168,10 +172,35 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
                    "read the runs from a Prometheus server instead of the local ledger")
         env_option(history, "--config", "CONFIG", "FILE",
                    "configuration (the ledger path, the local daemon's listen address)")
+        history.add_argument("--url", default=None, metavar="URL",
+                             help="read the runs from the daemon at URL (its /api/v1/runs)")
+        _add_trust_option(history, env("TRUST_DAEMON_OWNER"))
         _add_log_level(history, env("LOG_LEVEL", "warning"))
 
     commands.add_parser("version", help="print the version")
     return parser
+
+
+def _add_trust_option(parser: argparse.ArgumentParser, default: str) -> None:
+    """``--trust-daemon-owner``, repeatable; the environment's comma-separated list first."""
+    parser.add_argument(
+        "--trust-daemon-owner", dest="trust_daemon_owner", action="append",
+        default=[name for name in default.split(",") if name.strip()], metavar="USER",
+        help="also read a daemon on this node whose port this user (name or uid; 'any': "
+             "anyone) listens on; root, the service user and you are trusted already "
+             "[TRAINMON_TRUST_DAEMON_OWNER]")
+
+
+def _trust(args: argparse.Namespace, command: str) -> DaemonTrust | None:
+    """The owners of a local daemon the command reads; None (after the message) when
+    a name is unknown."""
+    from trainmon.local_daemon import DaemonTrust
+
+    try:
+        return DaemonTrust.default(args.trust_daemon_owner)
+    except ValueError as error:
+        print(f"trainmon {command}: {error}", file=sys.stderr)
+        return None
 
 
 def _add_log_level(parser: argparse.ArgumentParser, default: str | None) -> None:
@@ -232,12 +261,15 @@ def _doctor(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     except ConfigError as error:
         print(f"trainmon: invalid configuration: {error}", file=sys.stderr)
         return EXIT_CONFIG
+    trust = _trust(args, "doctor")
+    if trust is None:
+        return EXIT_CONFIG
     local = None if args.url else LocalDaemon.of(
         config.listen, config.collectors.training.socket, config_path, environ)
     options = DoctorOptions(
         url=args.url or None, seconds=args.seconds, lang=args.lang, json=args.json,
         ledger=Path(args.ledger) if args.ledger else config.collectors.ledger.file,
-        local_daemon=local,
+        local_daemon=local, trust=trust,
     )
     # Sampling this node for a few seconds must not write the daemon's run ledger,
     # nor try to bind the step socket a running daemon holds.
@@ -263,9 +295,13 @@ def _runs(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
     from trainmon.local_daemon import LocalDaemon
     from trainmon.runs.commands import RunSource, compare_runs, list_runs
-    from trainmon.runs.daemon import default_source
+    from trainmon.runs.daemon import default_source, open_daemon
     from trainmon.runs.local import LocalSource
     from trainmon.runs.timespec import parse_since
+
+    trust = _trust(args, args.command)
+    if trust is None:
+        return EXIT_CONFIG
 
     def open_source() -> RunSource:
         if args.prometheus:
@@ -274,11 +310,13 @@ def _runs(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             return PrometheusSource(args.prometheus)
         if args.ledger:
             return LocalSource(Path(args.ledger))
+        if args.url:
+            return open_daemon(args.url, sys.stderr, trust)
         assert ledger_path is not None and local is not None
-        return default_source(ledger_path, local.url, sys.stderr)
+        return default_source(ledger_path, local.url, sys.stderr, trust)
 
     ledger_path, local = None, None
-    if not args.ledger and not args.prometheus:
+    if not args.ledger and not args.prometheus and not args.url:
         config_path = Path(args.config) if args.config else None
         try:
             config = load_config(config_path, environ)

@@ -20,6 +20,14 @@ CLI wires it. Two ways to measure, both ending in the same
   elsewhere), the socket stays with it (sampled without it: the stderr line
   says so) and ``--url`` is the way to see step telemetry.
 
+A daemon on this node (found, or ``--url`` on a local address) is read only
+when the kernel names a trusted owner for its listening socket
+(``trainmon.local_daemon.TrustedDaemon``: root, the service user, the caller,
+``--trust-daemon-owner``); otherwise nothing is scraped, the report says why
+and the exit code is 2. A line on stderr names the pid and uid read, and the
+same socket must still listen after the last scrape. Everything printed that
+came from the daemon or the ledger goes through ``trainmon.terminal``.
+
 The report starts with the platform (instance, zone, spot state, a scheduled
 reclaim), then goes GPU → storage → network, the order an engineer checks, and
 gives each job's verdict with its evidence, its risk findings and the next
@@ -52,7 +60,7 @@ from trainmon.core.registry import CollectorRegistry
 from trainmon.diagnosis.measure import MEASURED_SAMPLES
 from trainmon.diagnosis.samples import ScrapedSamples, Window
 from trainmon.diagnosis.thresholds import DiagnosisConfig
-from trainmon.local_daemon import LocalDaemon, answers
+from trainmon.local_daemon import DaemonTrust, LocalDaemon, TrustedDaemon, UntrustedDaemon, answers
 from trainmon.report.document import report_json
 from trainmon.report.messages import heading, render, word
 from trainmon.report.model import Source, build_report, unmeasured_report
@@ -60,6 +68,7 @@ from trainmon.report.render import render_text
 from trainmon.runs.compare import signed_percent
 from trainmon.runs.regression import Regression, slower_runs
 from trainmon.runs.timespec import utc_text
+from trainmon.terminal import clean, escape_json, one_line
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +101,8 @@ class DoctorOptions:
     ledger: Path | None = None
     #: Without ``url``: the daemon expected on this node, read when it answers.
     local_daemon: LocalDaemon | None = None
+    #: Whose daemon on this node is read; None: ``DaemonTrust.default()``.
+    trust: DaemonTrust | None = None
 
 
 def run_doctor(
@@ -107,20 +118,30 @@ def run_doctor(
     """Measure, diagnose, print the report (text or JSON); return the exit code.
 
     ``err`` gets the line that says which daemon was found (or none), when
-    ``options.local_daemon`` was looked for."""
+    ``options.local_daemon`` was looked for, and which process was read (or why
+    not)."""
+    def note(line: str) -> None:
+        if err is not None:
+            err.write(clean(line) + "\n")
+
     url = options.url
     if url is None and options.local_daemon is not None:
-        url, note = find_daemon(options.local_daemon, session)
-        if err is not None:
-            err.write(f"trainmon doctor: {note}\n")
+        url, found = find_daemon(options.local_daemon, session)
+        note(f"trainmon doctor: {found}")
     source: Source = {"kind": "url", "url": metrics_url(url)} if url else {"kind": "local"}
     try:
         if url:
+            daemon = TrustedDaemon.check(url, options.trust or DaemonTrust.default())
+            note(f"trainmon: reading {daemon.describe()}")
             window = scrape_url(url, options.seconds, options.interval_seconds,
                                 timeout=options.timeout_seconds, session=session, sleep=sleep)
+            daemon.confirm()
         else:
             window = sample_collectors(local_collectors(), options.seconds,
                                        options.interval_seconds, sleep=sleep)
+    except UntrustedDaemon as error:
+        note(f"trainmon doctor: {error}")
+        report = unmeasured_report(source, str(error), options.lang)
     except MeasurementError as error:
         report = unmeasured_report(source, str(error), options.lang)
     else:
@@ -130,7 +151,7 @@ def run_doctor(
     if options.json:
         document = {**report_json(report),
                     "previous_runs": [found.to_json() for found in regressions]}
-        out.write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+        out.write(escape_json(json.dumps(document, indent=2, ensure_ascii=False)) + "\n")
     else:
         out.write(render_text(report))
         out.write(render_history(regressions, options.lang))
@@ -142,10 +163,10 @@ def render_history(regressions: Sequence[Regression], lang: str) -> str:
     if not regressions:
         return ""
     lines = ["", heading("history", lang)]
-    lines += [f"   {found.job}: " + render(word("slower_run", lang), {
+    lines += [one_line(f"   {found.job}: " + render(word("slower_run", lang), {
         "change": signed_percent(found.change_ratio), "run": found.run,
         "previous_run": found.previous_run, "started": utc_text(found.previous_started),
-    }) for found in regressions]
+    })) for found in regressions]
     return "\n".join(lines) + "\n"
 
 

@@ -173,8 +173,25 @@ class LedgerCollector(Collector):
             "GPU-seconds of processes that hold a GPU and name a job of another user (or "
             "more jobs without reports than a user may book): not booked as idle_allocated.",
             readings.refused_idle_seconds)
+        api = self._api.counts()
+        api_refused = CounterMetricFamily(
+            "trainmon_ledger_api_refused_requests_total",
+            "Requests to GET /api/v1/runs refused, by reason: busy (MAX_CONCURRENT_REQUESTS "
+            "being answered: 503), invalid_query (a bad since, limit or cursor: 400).",
+            labels=["reason"])
+        for reason, count in api.refused.items():
+            api_refused.add_metric([reason], count)
+        api_cut = CounterMetricFamily(
+            "trainmon_ledger_api_cut_pages_total",
+            "Pages of GET /api/v1/runs that held fewer records than asked for while more "
+            "followed, by the limit that cut them: max_body_bytes (MAX_BODY_BYTES of JSON), "
+            "max_limit (a limit above MAX_LIMIT asked for).",
+            labels=["reason"])
+        for reason, count in api.cut.items():
+            api_cut.add_metric([reason], count)
         families: list[Metric] = [changes, ends, up, writes, errors, refused, pruned,
-                                  gpu_seconds, goodput, evicted, teams, tensor, refused_idle]
+                                  gpu_seconds, goodput, evicted, teams, tensor, refused_idle,
+                                  api_refused, api_cut]
         if readings.stored_runs is not None:
             stored = GaugeMetricFamily(
                 "trainmon_ledger_runs", "Run records in the node's run ledger.")

@@ -18,6 +18,7 @@ so that neither the collectors nor the contract import the HTTP server.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -58,8 +59,17 @@ class GetRequest:
 @dataclass(frozen=True)
 class JSONResponse:
     status: int
-    #: Any JSON-serialisable value (a list of records, an error object).
+    #: Any JSON-serialisable value (a list of records, an error object), or the JSON
+    #: text already encoded (``bytes``: a route that builds its body record by record).
     body: object
+    #: Further response headers (``Link``, ``Retry-After``).
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    def encoded(self) -> bytes:
+        """The body as sent: the bytes given, or the value as JSON and a newline."""
+        if isinstance(self.body, bytes):
+            return self.body
+        return json.dumps(self.body, sort_keys=True).encode() + b"\n"
 
 
 GetHandler = Callable[[GetRequest], JSONResponse]

@@ -292,8 +292,8 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception:
             log.exception("GET handler for %s failed", path)
             response = JSONResponse(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": "internal error"})
-        body = json.dumps(response.body, sort_keys=True).encode() + b"\n"
-        self._send(response.status, body, "application/json", head)
+        self._send(response.status, response.encoded(), "application/json", head,
+                   extra=response.headers)
 
     # -- plumbing -------------------------------------------------------------
 

@@ -7,7 +7,10 @@ then each job's verdict with its findings — risk findings marked
 ``[CRITICAL]``/``[WARNING]`` (``[严重]``/``[警告]``) — and the next action.
 It reads the same dataclasses as the JSON (``document``), so the two always
 agree. Every word comes from ``messages``, label values (severity, storage
-kind, provider) included; this module only lays the lines out.
+kind, provider) included; this module only lays the lines out. Each line goes
+through ``trainmon.terminal.one_line``: a label value (a stall's frame, a job
+name) can neither start a line of its own nor reach the terminal as an escape
+sequence.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from trainmon.report.messages import (
     word,
 )
 from trainmon.report.model import GPU, Checkpoint, Link, NumaBinding, Platform, Report, advice
+from trainmon.terminal import one_line
 
 
 def render_text(report: Report) -> str:
@@ -47,7 +51,7 @@ def render_text(report: Report) -> str:
         lines.append(heading("title_local", lang, seconds=source["seconds"]))
     if report.status == "unmeasured" and not report.gpus and not report.verdicts:
         lines += ["", heading("unmeasured", lang, reason=report.reason)]
-        return "\n".join(lines) + "\n"
+        return _text(lines)
 
     lines += ["", heading("platform", lang)]
     lines += _platform_lines(report.platform, lang)
@@ -91,7 +95,12 @@ def render_text(report: Report) -> str:
                  heading("risk", lang) if status == "risk" else
                  heading("healthy", lang) if status == "healthy" else
                  heading("unmeasured", lang, reason=report.reason))
-    return "\n".join(lines) + "\n"
+    return _text(lines)
+
+
+def _text(lines: list[str]) -> str:
+    """The lines as printed: one each, nothing a terminal acts on."""
+    return "".join(one_line(line) + "\n" for line in lines)
 
 
 def _verdict_lines(verdict: Verdict, lang: str) -> list[str]:

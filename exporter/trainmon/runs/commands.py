@@ -4,7 +4,12 @@ source (``trainmon.runs.daemon.default_source`` without a flag).
 
 Exit codes: 0 done; 1 the source failed at run time (Prometheus or the daemon
 unreachable or refusing); 2 usage: an unknown run, an unusable ledger file (``LedgerError``,
-its message printed as it is), a bad ``--since``.
+its message printed as it is), a bad ``--since``, a daemon on this node whose
+listener has no trusted owner (``trainmon.local_daemon.UntrustedDaemon``).
+
+What is printed went through ``trainmon.terminal``: the text renderers clean
+every line, ``--json`` escapes what a terminal would act on, and error
+messages (which may quote a daemon's answer) are cleaned.
 """
 
 from __future__ import annotations
@@ -14,12 +19,14 @@ from collections.abc import Callable
 from typing import Protocol, TextIO
 
 from trainmon.ledger import LedgerError
+from trainmon.local_daemon import UntrustedDaemon
 from trainmon.runs.compare import compare
 from trainmon.runs.daemon import DaemonError
 from trainmon.runs.local import UnknownRun
 from trainmon.runs.prometheus import PrometheusError
 from trainmon.runs.render import render_comparison, render_runs
 from trainmon.runs.view import RunView
+from trainmon.terminal import clean, escape_json
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -42,14 +49,14 @@ def _guarded(open_source: Callable[[], RunSource], work: Callable[[RunSource], s
             return EXIT_OK, work(source)
         finally:
             source.close()
-    except LedgerError as error:
-        err.write(f"trainmon: {error}\n")
+    except (LedgerError, UntrustedDaemon) as error:
+        err.write(clean(f"trainmon: {error}\n"))
         return EXIT_USAGE, ""
     except UnknownRun as error:
-        err.write(f"trainmon: {error.args[0]}\n")
+        err.write(clean(f"trainmon: {error.args[0]}\n"))
         return EXIT_USAGE, ""
     except (PrometheusError, DaemonError) as error:
-        err.write(f"trainmon: {error}\n")
+        err.write(clean(f"trainmon: {error}\n"))
         return EXIT_FAILURE, ""
 
 
@@ -59,8 +66,8 @@ def list_runs(open_source: Callable[[], RunSource], *, job: str | None, since: f
     def work(source: RunSource) -> str:
         views = source.runs(job=job, since=since)
         if as_json:
-            return json.dumps({"runs": [view.to_json() for view in views]}, indent=2,
-                              ensure_ascii=False) + "\n"
+            return escape_json(json.dumps({"runs": [view.to_json() for view in views]},
+                                          indent=2, ensure_ascii=False)) + "\n"
         return render_runs(views)
 
     code, text = _guarded(open_source, work, err)
@@ -74,7 +81,8 @@ def compare_runs(open_source: Callable[[], RunSource], run_a: str, run_b: str, *
     def work(source: RunSource) -> str:
         comparison = compare(source.run(run_a, job=job), source.run(run_b, job=job))
         if as_json:
-            return json.dumps(comparison.to_json(), indent=2, ensure_ascii=False) + "\n"
+            return escape_json(json.dumps(comparison.to_json(), indent=2,
+                                          ensure_ascii=False)) + "\n"
         return render_comparison(comparison)
 
     code, text = _guarded(open_source, work, err)

@@ -3,7 +3,9 @@
 
 ``RANKS`` is the ranks the figures cover: the job's world size when they
 cover all of it, ``8 of 16`` when only part of it (a per-node ledger; a note
-under the table says so).
+under the table says so). Every cell and line goes through
+``trainmon.terminal.one_line``: what a record says (a job name, a config
+value) cannot reach the terminal as an escape sequence or start a line.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from trainmon.runs.compare import (
 )
 from trainmon.runs.timespec import utc_text
 from trainmon.runs.view import RunView, number
+from trainmon.terminal import one_line
 
 RUNS_HEADER = ("RUN", "JOB", "STARTED", "DURATION", "RANKS", "SAMPLES/S", "STEP P50", "VERDICT",
                "GOODPUT", "LARGEST LOSS", "END")
@@ -110,7 +113,8 @@ def render_runs(views: Sequence[RunView]) -> str:
             largest_loss_text(view.summary),
             view.end_reason or "running",
         )
-        rows.append(row + ((cost_text(view.summary),) if with_cost else ()))
+        rows.append(tuple(map(one_line, row + ((cost_text(view.summary),) if with_cost
+                                                else ()))))
     widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
     table = "".join(
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
@@ -159,11 +163,12 @@ def render_comparison(comparison: Comparison) -> str:
     lines = [comparison.summary, "", _run_line("A", comparison.a), _run_line("B", comparison.b),
              "", "changes:"]
     if comparison.changes:
-        width = max(len(change.key) for change in comparison.changes)
+        width = max(len(one_line(change.key)) for change in comparison.changes)
         for change in comparison.changes:
             before = "(unset)" if change.a is None else str(change.a)
             after = "(unset)" if change.b is None else str(change.b)
-            lines.append(f"  {change.kind:<12} {change.key:<{width}}  {before} → {after}")
+            lines.append(f"  {change.kind:<12} {one_line(change.key):<{width}}  "
+                         f"{before} → {after}")
     else:
         lines.append("  unknown" if comparison.unavailable else "  none recorded")
     throughput = ("samples/s (median)" if comparison.throughput_basis == "job"
@@ -189,4 +194,4 @@ def render_comparison(comparison: Comparison) -> str:
             lambda value: "-" if value is None else money(value)))
     if comparison.unavailable:
         lines += ["", "unavailable:", *(f"  {reason}" for reason in comparison.unavailable)]
-    return "\n".join(lines) + "\n"
+    return "".join(one_line(line) + "\n" for line in lines)
