@@ -97,8 +97,10 @@ def _glance_row(board: Board) -> None:
     ), width=3, height=4)
     board.add(stat_panel(
         "Training jobs", "short",
-        "Jobs with at least one rank reporting to a daemon on these nodes.",
-        [Query(f"count(count by (job) ({promql.FLEET_JOB_RANKS}{{{FLEET}}})) or vector(0)")],
+        "Jobs with at least one rank reporting to a daemon on these nodes (a job name "
+        "two users run counts twice: each is its own job).",
+        [Query(f"count(count by (job, owner) ({promql.FLEET_JOB_RANKS}{{{FLEET}}}))"
+               " or vector(0)")],
     ), width=3, height=4)
     board.add(stat_panel(
         "Alerts firing", "short",
@@ -153,16 +155,16 @@ def _gpu_row(board: Board, variant: Variant) -> None:
 
 def _jobs_row(board: Board, variant: Variant) -> None:
     board.row("Jobs")
-    to_job = [variant.series_link(TRAINING, "job")]
+    to_job = [variant.series_link(TRAINING, "job", "owner")]
     board.add(bar_gauge(
         "Top jobs by data wait", "percentunit",
         "Jobs ranked by data wait over step time in the selected range. Good: all below "
         "10 %; above 20 % the job is storage-bound. Click a bar for the job.",
         [Query(
-            "topk(10, sum by (job) (rate(trainmon_training_data_wait_seconds_total"
-            f"{{{FLEET}}}[$__range])) / sum by (job) (rate(trainmon_training_step_seconds_sum"
-            f"{{{FLEET}}}[$__range])))",
-            "{{job}}", instant=True,
+            "topk(10, sum by (job, owner) (rate(trainmon_training_data_wait_seconds_total"
+            f"{{{FLEET}}}[$__range])) / sum by (job, owner) ("
+            f"rate(trainmon_training_step_seconds_sum{{{FLEET}}}[$__range])))",
+            "{{job}} ({{owner}})", instant=True,
         )],
         maximum=1,
         steps=(Step(None, "green"), Step(0.1, "yellow"), Step(promql.DATA_WAIT_LIMIT, "red")),
@@ -172,16 +174,16 @@ def _jobs_row(board: Board, variant: Variant) -> None:
         "Bottleneck verdict by job", "none",
         "Each job's current verdict from the daemon's diagnosis. Good: compute (the GPU is "
         "the limit) or none while a job starts.",
-        [Query(f"max by (job, kind) (trainmon_bottleneck{{{FLEET}}} == 1)")],
+        [Query(f"max by (job, owner, kind) (trainmon_bottleneck{{{FLEET}}} == 1)")],
         hidden=("Value",),
-        links=[variant.row_link(TRAINING, "job")],
+        links=[variant.row_link(TRAINING, "job", "owner")],
     ), width=8)
     board.add(timeseries(
         "Samples/s by job", "short",
         "Training throughput of every job. Good: flat lines; a dip shared by several jobs "
         "points at shared storage or network.",
-        [Query(f"sum by (job) (rate(trainmon_training_samples_total{{{FLEET}}}[{RATE}]))",
-               "{{job}}")],
+        [Query(f"sum by (job, owner) (rate(trainmon_training_samples_total{{{FLEET}}}"
+               f"[{RATE}]))", "{{job}} ({{owner}})")],
         minimum=0,
     ).data_links(to_job), width=8)
 
@@ -197,7 +199,7 @@ def _placement_row(board: Board, variant: Variant) -> None:
         [Query(promql.JOB_ZONES), Query(promql.JOB_LEAVES)],
         steps=(Step(None, "green"), Step(2, "red")),
         renames={"Value #A": "zones", "Value #B": "leaf switches"},
-        links=[variant.row_link(TRAINING, "job")],
+        links=[variant.row_link(TRAINING, "job", "owner")],
     ), width=8)
     board.add(table_panel(
         "Nodes: instance and placement", "none",

@@ -1,9 +1,10 @@
 """GPU-hours: where the fleet's GPU time goes — goodput, badput by bucket, and what it costs.
 
 Every node daemon books each second a rank holds its GPU to one bucket of the
-goodput ledger (``trainmon_job_gpu_seconds_total{job,bucket}``, docs/metrics.md);
+goodput ledger (``trainmon_job_gpu_seconds_total{job,owner,bucket}``, docs/metrics.md);
 the recording rules of ``trainmon-goodput*.rules`` (alerts/source/common.yml)
-add them up per job, team, bucket and currency over 10 minutes, an hour and a
+add them up per job (a job is its name and owner: docs/security.md, "Owners across
+nodes"), team, bucket and currency over 10 minutes, an hour and a
 day (``promql.GOODPUT_10M`` and the names beside it). Rows: the fleet (every job;
 the variables do not apply), the jobs of ``$job`` and the teams of ``$team``,
 each with its goodput, its badput by bucket and what the badput costs at the
@@ -43,6 +44,9 @@ from dashboards.variant import FLEET, GOODPUT, TRAINING, Variant
 #: Every bucket but the productive one: the losses.
 BADPUT = f'bucket!="{PRODUCTIVE}"'
 JOBS = 'job=~"$job"'
+#: A job of the fleet: its name and its owner, whom another user's job of the same
+#: name never mixes with.
+BY_JOB = "job, owner"
 TEAMS = 'team=~"$team"'
 #: Red below the goodput of TrainmonLowGoodput.
 GOODPUT_STEPS = (Step(None, "red"), Step(promql.GOODPUT_LOW, "green"))
@@ -193,7 +197,7 @@ def _top_cost(series: str, by: str, selector: str) -> str:
 
 def _jobs_row(board: Board, variant: Variant) -> None:
     board.row("Jobs ($job)")
-    to_job = variant.row_link(TRAINING, "job")
+    to_job = variant.row_link(TRAINING, "job", "owner")
     board.add(table_panel(
         "Goodput by job", "percentunit",
         "Each job's goodput over 10 minutes (the TrainmonLowGoodput measure), the last hour "
@@ -203,12 +207,12 @@ def _jobs_row(board: Board, variant: Variant) -> None:
         "says where to look (the Fleet row's buckets link their runbooks). "
         f"{DAY} Click a row for the job's Training overview.",
         [
-            Query(f"max by (job) ({promql.GOODPUT_10M}{{{JOBS}}})"),
-            Query(f"max by (job) ({promql.GOODPUT_1H}{{{JOBS}}})"),
-            Query(_day_goodput(JOB_BUCKET_GPU_HOURS_1D, "job", JOBS)),
-            Query(f"sum by (job) ({JOB_BUCKET_GPUS_10M}{{{JOBS}}})"),
-            Query(_largest_loss(JOB_BUCKET_GPUS_10M, "job", JOBS)),
-            Query(f"sum by (job) ({JOB_BUCKET_GPU_HOURS_1D}{{{JOBS}}})"),
+            Query(f"max by ({BY_JOB}) ({promql.GOODPUT_10M}{{{JOBS}}})"),
+            Query(f"max by ({BY_JOB}) ({promql.GOODPUT_1H}{{{JOBS}}})"),
+            Query(_day_goodput(JOB_BUCKET_GPU_HOURS_1D, BY_JOB, JOBS)),
+            Query(f"sum by ({BY_JOB}) ({JOB_BUCKET_GPUS_10M}{{{JOBS}}})"),
+            Query(_largest_loss(JOB_BUCKET_GPUS_10M, BY_JOB, JOBS)),
+            Query(f"sum by ({BY_JOB}) ({JOB_BUCKET_GPU_HOURS_1D}{{{JOBS}}})"),
         ],
         steps=GOODPUT_STEPS,
         renames={"Value #A": "goodput, 10 min", "Value #B": "goodput, 1 h",
@@ -224,14 +228,15 @@ def _jobs_row(board: Board, variant: Variant) -> None:
         "Badput by job", "short",
         "GPUs each job lost to badput (every bucket but productive) over 10 minutes, "
         "stacked. Good: a thin stack; a job that widens it is the one to open (click it).",
-        [Query(f"sum by (job) ({JOB_BUCKET_GPUS_10M}{{{BADPUT}, {JOBS}}})", "{{job}}")],
+        [Query(f"sum by ({BY_JOB}) ({JOB_BUCKET_GPUS_10M}{{{BADPUT}, {JOBS}}})",
+               "{{job}} ({{owner}})")],
         minimum=0, stacked=True,
-    ).data_links([variant.series_link(TRAINING, "job")]), width=8)
+    ).data_links([variant.series_link(TRAINING, "job", "owner")]), width=8)
     board.add(table_panel(
         "Top jobs by badput cost per hour", "none",
         f"The ten jobs whose badput cost most per hour, over the last hour. {PRICE} Good: "
         "short and small. Click a row for the job's Training overview.",
-        [Query(_top_cost(JOB_BUCKET_COST_PER_HOUR_1H, "job", JOBS))],
+        [Query(_top_cost(JOB_BUCKET_COST_PER_HOUR_1H, BY_JOB, JOBS))],
         renames={"Value": "badput per hour"}, column_units={"badput per hour": "none"},
         sort_by="badput per hour", decimals=2, links=[to_job],
     ), width=8)
@@ -239,7 +244,7 @@ def _jobs_row(board: Board, variant: Variant) -> None:
         "Top jobs by badput cost, last day", "none",
         f"The ten jobs whose badput cost most over the last day. {PRICE} {DAY} Good: short "
         "and small. Click a row for the job's Training overview.",
-        [Query(_top_cost(JOB_BUCKET_COST_1D, "job", JOBS))],
+        [Query(_top_cost(JOB_BUCKET_COST_1D, BY_JOB, JOBS))],
         renames={"Value": "badput, last day"}, column_units={"badput, last day": "none"},
         sort_by="badput, last day", decimals=2, links=[to_job],
     ), width=8)

@@ -404,13 +404,14 @@ def _ranks_row(board: Board, variant: Variant) -> None:
         "above 20 % (dashed) the rank is starved by its data loader.",
         [Query(f"trainmon_training_data_wait_ratio{{{N}}}", "{{job}} rank {{rank}}")],
         minimum=0, steps=(Step(None, "green"), Step(promql.DATA_WAIT_LIMIT, "red")),
-    ).data_links([variant.series_link(TRAINING, "job")]))
+    ).data_links([variant.series_link(TRAINING, "job", "owner")]))
     board.add(timeseries(
         "Mean step time per rank", "s",
         "Each rank's mean step duration. Good: equal for all ranks of a job.",
-        [Query(f"sum by (job, rank) (rate(trainmon_training_step_seconds_sum{{{N}}}[{RATE}]))"
-               f" / sum by (job, rank) (rate(trainmon_training_step_seconds_count{{{N}}}"
-               f"[{RATE}]))", "{{job}} rank {{rank}}")],
+        [Query(f"sum by (job, owner, rank) (rate(trainmon_training_step_seconds_sum{{{N}}}"
+               f"[{RATE}])) / sum by (job, owner, rank) ("
+               f"rate(trainmon_training_step_seconds_count{{{N}}}[{RATE}]))",
+               "{{job}} rank {{rank}}")],
         minimum=0,
     ))
     board.add(table_panel(
@@ -419,7 +420,7 @@ def _ranks_row(board: Board, variant: Variant) -> None:
         "it. Good: one rank per GPU; an empty gpu means the client could not tell.",
         [Query(f"trainmon_training_rank_info{{{N}}}")],
         hidden=("Value", "instance"),
-        links=[variant.row_link(TRAINING, "job")],
+        links=[variant.row_link(TRAINING, "job", "owner")],
     ))
     board.add(table_panel(
         "Processes on the GPUs", "none",

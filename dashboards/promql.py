@@ -7,7 +7,11 @@ Label conventions (docs/dashboards.md, "Labels the queries rely on"):
 * ``gpu`` is the NVML index as a decimal string, in trainmon and dcgm-exporter alike;
 * ``job`` on ``trainmon_training_*`` series is the training job's name: trainmon
   is scraped with ``honor_labels: true`` so the pushed label wins over the
-  scrape job's. On every other series ``job`` is the scrape job.
+  scrape job's. On every other series ``job`` is the scrape job;
+* ``owner`` on the series of a training job (training, diagnosis, goodput) is the
+  writer identity that holds the job on its node (docs/security.md, "Owners across
+  nodes"): a job across nodes is (job, owner), and a panel of one job selects both,
+  so another user's job of the same name never mixes into it.
 
 Thresholds named here are the ones ``trainmon doctor`` and the alert rules use
 (docs/diagnosis.md, "Thresholds"): each is read from ``trainmon.contract``,
@@ -96,8 +100,10 @@ JOB_LEAVES = "job:trainmon_placement_leaves:count"
 
 #: Nodes running the node daemon: its node collectors report, a cloud puller's do not.
 NODE_VARIABLE = 'label_values(trainmon_collector_success{collector=~"gpu|network|disk"}, node)'
+#: The selected job and its owner (the job's recording rules, over every node).
+OWNED_JOB = 'job="$job", owner="$owner"'
 #: Training series of the selected job (and node filter) in the Training overview.
-JOB = 'job="$job", node=~"$node"'
+JOB = f'{OWNED_JOB}, node=~"$node"'
 #: One row per (node, gpu) used by a rank of the selected job: ``X and on(node, gpu) JOB_GPUS``.
 JOB_GPUS = f"trainmon_training_rank_info{{{JOB}}}"
 #: GPUs of the selected node in the Node detail.

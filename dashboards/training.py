@@ -33,6 +33,7 @@ from dashboards.panels import (
 from dashboards.promql import (
     JOB,
     JOB_GPUS,
+    OWNED_JOB,
     comm_wait_ratio,
     job_gpus,
     job_ratio,
@@ -50,7 +51,7 @@ VERDICTS = (
     ("scheduling", 4, "scheduling 调 — idle GPUs, stragglers, stalls", "purple"),
 )
 VERDICT = "max(\n  " + "\n  or ".join(
-    f'(trainmon_bottleneck{{job="$job", kind="{kind}"}} == 1) * {code}'
+    f'(trainmon_bottleneck{{{OWNED_JOB}, kind="{kind}"}} == 1) * {code}'
     for kind, code, _, _ in VERDICTS
 ) + "\n)"
 VERDICT_MAPPINGS = value_mappings({str(code): (text, color) for _, code, text, color in VERDICTS})
@@ -72,25 +73,26 @@ RANK_MEAN_STEP = (
     f" / sum by (node, rank) (rate({STEP_COUNT}[{RATE}]))"
 )
 RANK_LEGEND = "rank {{rank}} ({{node}})"
-#: The straggler recording rule of the job: labelled job, rank, instance (no node).
-STRAGGLER = f'{promql.STRAGGLER_RATIO}{{job="$job"}}'
+#: The straggler recording rule of the job: labelled job, owner, rank, instance (no node).
+STRAGGLER = f'{promql.STRAGGLER_RATIO}{{{OWNED_JOB}}}'
 #: Each run of the job by its start (ms, for Grafana's "value as time"), with the
 #: keys that changed since the job's previous run in the ledger (`changed`; one
 #: node's answer where nodes differ).
-RUN_START = 'max by (job, run) (trainmon_training_run_start_timestamp_seconds{job="$job"}) * 1000'
+RUN_START = (f"max by (job, owner, run) (trainmon_training_run_start_timestamp_seconds"
+             f"{{{OWNED_JOB}}}) * 1000")
 RUN_STARTS = (
     f"  {RUN_START}\n"
-    "* on (job, run) group_left (changed)\n"
-    '  topk by (job, run) (1, trainmon_training_run_changes_info{job="$job"})\n'
+    "* on (job, owner, run) group_left (changed)\n"
+    f"  topk by (job, owner, run) (1, trainmon_training_run_changes_info{{{OWNED_JOB}}})\n"
     f"or\n  {RUN_START}"
 )
 #: Each end of a run of the job (ms) with the ledger's reason, per node that saw it:
 #: the clean ends, and the others (crashed, preempted, lost, stalled).
 RUN_END = "trainmon_training_run_end_timestamp_seconds"
-RUN_FINISHES = (f'max by (job, run, reason, goodput) '
-                f'({RUN_END}{{job="$job", reason="finished"}}) * 1000')
-RUN_FAILURES = (f'max by (job, run, reason, goodput) '
-                f'({RUN_END}{{job="$job", reason!="finished"}}) * 1000')
+RUN_FINISHES = (f'max by (job, owner, run, reason, goodput) '
+                f'({RUN_END}{{{OWNED_JOB}, reason="finished"}}) * 1000')
+RUN_FAILURES = (f'max by (job, owner, run, reason, goodput) '
+                f'({RUN_END}{{{OWNED_JOB}, reason!="finished"}}) * 1000')
 #: How the run ledger names each end reason, for the markers' text.
 RUN_END_TEXT = (
     "How the run ended, as the run ledger of a node that saw it says: finished (its ranks "
@@ -101,9 +103,9 @@ RUN_END_TEXT = (
     "the Goodput row shows the job's, and its GPUs by bucket, at the marker."
 )
 #: The job's goodput recording rules (over all its nodes: $node does not apply).
-JOB_GOODPUT_10M = f'{promql.GOODPUT_10M}{{job="$job"}}'
-JOB_GOODPUT_1H = f'{promql.GOODPUT_1H}{{job="$job"}}'
-JOB_BUCKET_GPUS = f'{promql.JOB_BUCKET_GPUS_10M}{{job="$job"}}'
+JOB_GOODPUT_10M = f'{promql.GOODPUT_10M}{{{OWNED_JOB}}}'
+JOB_GOODPUT_1H = f'{promql.GOODPUT_1H}{{{OWNED_JOB}}}'
+JOB_BUCKET_GPUS = f'{promql.JOB_BUCKET_GPUS_10M}{{{OWNED_JOB}}}'
 
 #: What the job's ranks cost per second (price per GPU hour of their node × ranks
 #: there, one GPU per rank) over its samples per second, per million samples.
@@ -128,7 +130,14 @@ def build(variant: Variant) -> Board:
         "The job name the training processes report (Reporter(job=...)).",
     ))
     board.variable(query_variable(
-        "node", "Node", 'label_values(trainmon_training_rank_info{job="$job"}, node)',
+        "owner", "Owner",
+        'label_values(trainmon_training_steps_total{job="$job"}, owner)',
+        "Whose job: the writer identity that holds the job on its nodes (uid:<n>, "
+        "token:<name>, local). Other users may run jobs of the same name; each is its own "
+        "job here (docs/security.md, \"Owners across nodes\").",
+    ))
+    board.variable(query_variable(
+        "node", "Node", f"label_values(trainmon_training_rank_info{{{OWNED_JOB}}}, node)",
         "Nodes the job's ranks run on; narrow it to look at one node's ranks.", multi=True,
     ))
     board.annotation(PromAnnotation(
@@ -300,7 +309,7 @@ def _runs_row(board: Board) -> None:
         f"({promql.RUN_VS_BEST}). Good: about 100 %; below {keep:.0%} (red) for 15 minutes "
         "TrainmonThroughputRegression fires — run `trainmon compare <best run> <this run>`. "
         "Empty for a first run, a changed config and the first 10 minutes of a run.",
-        [Query(f'{promql.RUN_VS_BEST}{{job="$job"}}', "{{run}} vs {{best_run}}",
+        [Query(f'{promql.RUN_VS_BEST}{{{OWNED_JOB}}}', "{{run}} vs {{best_run}}",
                instant=True)],
         steps=(Step(None, "red"), Step(keep, "green")), show_name=True,
     ), width=6, height=7)
@@ -312,10 +321,10 @@ def _runs_row(board: Board) -> None:
         "run's line at or above the dashed best; a run start marker above the chart names "
         "the keys that changed since the previous run.",
         [
-            Query(f'{promql.RUN_PER_RANK}{{job="$job"}}', "run {{run}}"),
+            Query(f'{promql.RUN_PER_RANK}{{{OWNED_JOB}}}', "run {{run}}"),
             Query(
-                f'{promql.RUN_BEST_COMPARABLE}{{job="$job"}}'
-                f' and on (job, config_hash) {promql.RUN_PER_RANK}{{job="$job"}}',
+                f'{promql.RUN_BEST_COMPARABLE}{{{OWNED_JOB}}}'
+                f' and on (job, owner, config_hash) {promql.RUN_PER_RANK}{{{OWNED_JOB}}}',
                 "best earlier run {{best_run}} (same config)",
             ),
         ],
@@ -569,7 +578,7 @@ def _alerts_row(board: Board, variant: Variant) -> None:
         "Trainmon alerts (pending and firing) whose job is this one or whose node runs one of "
         "its ranks. Good: empty. Each alert's runbook_url gives the next step.",
         [Query(
-            f'ALERTS{{alertname=~"Trainmon.*", job="$job"}}'
+            f'ALERTS{{alertname=~"Trainmon.*", {OWNED_JOB}}}'
             f' or (ALERTS{{alertname=~"Trainmon.*"}} and on(node) {JOB_GPUS})',
         )],
         hidden=("Value",),

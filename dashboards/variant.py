@@ -82,15 +82,18 @@ class Variant:
             since=since,
         )
 
-    def series_link(self, kind: str, label: str) -> LinkBuilder:
-        """A data link from a series to the ``kind`` dashboard of its ``label`` (node, job)."""
-        value = f"${{__field.labels.{label}}}"
-        return link(f"{TITLES[kind]} of {value}", dashboard_url(self.uid(kind), **{label: value}))
+    def series_link(self, kind: str, label: str, *more: str) -> LinkBuilder:
+        """A data link from a series to the ``kind`` dashboard of its ``label`` (node, job),
+        and of its ``more`` labels (a job's ``owner``)."""
+        values = {name: f"${{__field.labels.{name}}}" for name in (label, *more)}
+        return link(f"{TITLES[kind]} of {values[label]}",
+                    dashboard_url(self.uid(kind), **values))
 
-    def row_link(self, kind: str, field: str) -> LinkBuilder:
-        """A data link from a table row to the ``kind`` dashboard of its ``field`` column."""
-        value = f"${{__data.fields.{field}}}"
-        return link(TITLES[kind], dashboard_url(self.uid(kind), **{field: value}))
+    def row_link(self, kind: str, field: str, *more: str) -> LinkBuilder:
+        """A data link from a table row to the ``kind`` dashboard of its ``field`` column
+        (and of its ``more`` columns)."""
+        values = {name: f"${{__data.fields.{name}}}" for name in (field, *more)}
+        return link(TITLES[kind], dashboard_url(self.uid(kind), **values))
 
     @property
     def tags(self) -> list[str]:

@@ -160,7 +160,10 @@ def test_at_most_the_latest_ends_are_exported(clocks: Clocks, tmp_path: Path) ->
 
 
 def run_ends(ledger) -> dict[tuple[str, str, str], float]:  # type: ignore[no-untyped-def]
-    """``trainmon_training_run_end_timestamp_seconds`` by (job, run, reason)."""
-    return {key[:3]: value for key, value in scrape(ledger).series(
-        "trainmon_training_run_end_timestamp_seconds", "job", "run", "reason",
-        "goodput").items()}
+    """``trainmon_training_run_end_timestamp_seconds`` by (job, run, reason), each run's
+    owner the in-process writer that reported it."""
+    ends = scrape(ledger).series(
+        "trainmon_training_run_end_timestamp_seconds", "job", "run", "reason", "goodput",
+        "owner")
+    assert {key[4] for key in ends} <= {"local"}, ends
+    return {key[:3]: value for key, value in ends.items()}

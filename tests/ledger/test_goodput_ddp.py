@@ -91,8 +91,8 @@ def scrape_after_the_ends(daemon: Daemon, job: str, ends: Mapping[str, str] | No
 
 def job_seconds(scrape: Scrape, job: str) -> dict[str, float]:
     """``job``'s GPU-seconds per bucket in ``scrape``."""
-    return {bucket: value for (name, bucket), value in scrape.series(
-        "trainmon_job_gpu_seconds_total", "job", "bucket").items() if name == job}
+    return {bucket: value for (name, _, bucket), value in scrape.series(
+        "trainmon_job_gpu_seconds_total", "job", "owner", "bucket").items() if name == job}
 
 
 def booked_after_the_end(daemon: Daemon) -> dict[str, float]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from testkit.exposition import scrape
+from testkit.exposition import Scrape, scrape
 from tests.ledger.ledger_support import Clocks, description, make_recorder, send, step
 from trainmon.ledger.holding import GpuHolding
 from trainmon.ledger.recorder import MAX_IDLE_JOBS_PER_USER
@@ -51,7 +51,7 @@ def test_a_process_that_holds_a_gpu_and_never_reports_is_idle_allocated(
 ) -> None:
     notebook = GpuHolding(gpu=2, pid=5000, uid=1000, job="notebook", team="vision")
     exposition = run_ticks(clocks, tmp_path, [notebook])
-    seconds = exposition.series("trainmon_job_gpu_seconds_total", "job", "bucket")
+    seconds = job_seconds(exposition)
     assert seconds[("notebook", "idle_allocated")] == pytest.approx((TICKS - 1) * TICK)
     assert sum(value for (job, _), value in seconds.items() if job == "notebook") \
         == pytest.approx((TICKS - 1) * TICK)
@@ -67,7 +67,7 @@ def test_a_gpu_of_a_reporting_job_without_a_reporting_rank_is_idle_the_others_no
     holdings = [GpuHolding(gpu=0, pid=4242, uid=1000, job="resnet50", team="ml"),
                 GpuHolding(gpu=1, pid=4243, uid=1000, job="resnet50", team="ml")]
     exposition = run_ticks(clocks, tmp_path, holdings, reporting=True)
-    seconds = exposition.series("trainmon_job_gpu_seconds_total", "job", "bucket")
+    seconds = job_seconds(exposition)
     assert seconds[("resnet50", "idle_allocated")] == pytest.approx((TICKS - 1) * TICK)
     stepped = sum(value for (job, bucket), value in seconds.items()
                   if job == "resnet50" and bucket != "idle_allocated")
@@ -91,7 +91,7 @@ def test_another_users_process_cannot_book_into_a_job_it_does_not_own(
     counted."""
     intruder = GpuHolding(gpu=3, pid=6000, uid=1001, job="resnet50", team="other")
     exposition = run_ticks(clocks, tmp_path, [intruder], reporting=True)
-    seconds = exposition.series("trainmon_job_gpu_seconds_total", "job", "bucket")
+    seconds = job_seconds(exposition)
     assert seconds[("resnet50", "idle_allocated")] == 0.0
     assert exposition.value("trainmon_ledger_refused_idle_gpu_seconds_total") \
         == pytest.approx((TICKS - 1) * TICK)
@@ -105,8 +105,7 @@ def test_one_user_books_at_most_a_few_jobs_without_reports(
     holdings = [GpuHolding(gpu=index, pid=7000 + index, uid=1002, job=job, team="")
                 for index, job in enumerate(jobs)]
     exposition = run_ticks(clocks, tmp_path, holdings)
-    booked = {job for job, bucket in exposition.series(
-        "trainmon_job_gpu_seconds_total", "job", "bucket")}
+    booked = {job for job, bucket in job_seconds(exposition)}
     assert booked == set(jobs[:MAX_IDLE_JOBS_PER_USER])
     assert exposition.value("trainmon_ledger_refused_idle_gpu_seconds_total") \
         == pytest.approx(2 * (TICKS - 1) * TICK)
@@ -117,7 +116,15 @@ def test_a_process_whose_environment_cannot_be_read_books_nothing(
 ) -> None:
     unknown = GpuHolding(gpu=0, pid=8000, uid=1000, job=None, team="")
     exposition = run_ticks(clocks, tmp_path, [unknown])
-    assert exposition.series("trainmon_job_gpu_seconds_total", "job", "bucket") == {}
+    assert job_seconds(exposition) == {}
+
+
+def job_seconds(exposition: Scrape) -> dict[tuple[str, str], float]:
+    """``trainmon_job_gpu_seconds_total`` by (job, bucket); every job is uid 1000's or
+    1002's, the users of these tests."""
+    seconds = exposition.series("trainmon_job_gpu_seconds_total", "job", "owner", "bucket")
+    assert {owner for _, owner, _ in seconds} <= {"uid:1000", "uid:1002"}, seconds
+    return {(job, bucket): value for (job, _, bucket), value in seconds.items()}
 
 
 def _user(uid: int) -> str:

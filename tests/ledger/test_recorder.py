@@ -49,13 +49,14 @@ def test_two_runs_are_measured_compared_and_finished(clocks: Clocks, tmp_path: P
         run_job(clocks, training, ledger, run="run-b", rate_steps=50, end=False,
                 environment={"NCCL_IB_DISABLE": "1"})
         exposition = scrape(ledger)
-        assert exposition.series("trainmon_training_run_changes_info", "job", "run",
-                                 "changed") == {("resnet50", "run-b", "NCCL_IB_DISABLE"): 1.0}
+        assert exposition.series("trainmon_training_run_changes_info", "job", "owner", "run",
+                                 "changed") == {
+            ("resnet50", "local", "run-b", "NCCL_IB_DISABLE"): 1.0}
         assert exposition.value("trainmon_ledger_price_per_gpu_hour", currency="CNY") == 2.0
         assert exposition.value("trainmon_ledger_up") == 1.0
-        assert scrape(training).series("trainmon_training_run_info", "job", "run",
+        assert scrape(training).series("trainmon_training_run_info", "job", "owner", "run",
                                        "config_hash") == {
-            ("resnet50", "run-b", description()["config_hash"]): 1.0}
+            ("resnet50", "local", "run-b", description()["config_hash"]): 1.0}
     finally:
         ledger.stop()
         training.stop()
@@ -339,8 +340,9 @@ def test_each_runs_gpu_seconds_add_up_and_a_stall_is_booked_stalled(
             send(training, step(steps))
             ledger.tick()
         exposition = scrape(ledger)
-        seconds = exposition.series("trainmon_job_gpu_seconds_total", "job", "bucket")
-        goodput = exposition.value("trainmon_job_goodput_ratio", job="resnet50")
+        seconds = {(job, bucket): value for (job, _, bucket), value in exposition.series(
+            "trainmon_job_gpu_seconds_total", "job", "owner", "bucket").items()}
+        goodput = exposition.value("trainmon_job_goodput_ratio", job="resnet50", owner="local")
         send(training, description(started=started, ended="finished"))
         ledger.tick()
     finally:
@@ -427,8 +429,8 @@ def test_goodput_series_are_kept_for_the_jobs_booked_last_and_the_rest_counted(
     finally:
         ledger.stop()
         training.stop()
-    jobs = {job for job, _ in exposition.series("trainmon_job_gpu_seconds_total", "job",
-                                                "bucket")}
+    jobs = {job for job, _, _ in exposition.series("trainmon_job_gpu_seconds_total", "job",
+                                                   "owner", "bucket")}
     assert jobs == {"b", "c"}
     assert exposition.value("trainmon_ledger_goodput_evicted_jobs_total") == 1.0
 

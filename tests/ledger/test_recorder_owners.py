@@ -11,7 +11,10 @@ import pytest
 
 from testkit.exposition import scrape
 from tests.ledger.ledger_support import Clocks, description, make_recorder, only, send, step
+from trainmon.collectors.ledger import LedgerCollector
+from trainmon.collectors.training import TrainingCollector
 from trainmon.ledger import Ledger, RecordUpdate, RunRecord
+from trainmon.ledger.holding import owner_team
 
 
 def test_each_run_is_recorded_with_its_owner(tmp_path: Path) -> None:
@@ -143,3 +146,100 @@ def test_the_recorders_retention_spares_the_smaller_owner(
                     *(("uid:2000", f"f{i}") for i in range(5, 9))]
     [line] = [r.getMessage() for r in caplog.records if "deleted" in r.getMessage()]
     assert "uid:2000 3" in line, line
+
+
+def run_for(clocks: Clocks, training: TrainingCollector, ledger: LedgerCollector, *,
+            identity: str, run: str, reporter: str, steps: list[int], end: str | None,
+            **reported: object) -> None:
+    """A run of job ``train`` by ``identity``: its description, a report of each of
+    ``steps`` 10 s apart (0.1 s steps, a quarter of each waiting for data and a tenth
+    communicating unless ``reported`` says otherwise), then its end, a tick after each."""
+    started = clocks.wall
+    described = {"job": "train", "run": run, "reporter_id": reporter}
+    send(training, description(started=started, **described),
+         step(0, **described, **reported), identity=identity)
+    ledger.tick()
+    for count in steps:
+        clocks.advance(10)
+        send(training, step(count, **described, **reported), identity=identity)
+        ledger.tick()
+    if end is not None:
+        send(training, description(started=started, ended=end, **described),
+             identity=identity)
+        ledger.tick()
+
+
+def expire(clocks: Clocks, ledger: LedgerCollector) -> None:
+    """Past the training store's TTL (60 s here): the job name is free for anyone."""
+    clocks.advance(61)
+    ledger.tick()
+
+
+@pytest.mark.parametrize("restarter", ["uid:1002", "uid:1001"], ids=["same owner", "another"])
+def test_a_crash_is_redone_only_by_its_owners_next_run(tmp_path: Path, restarter: str) -> None:
+    """uid 1002 runs job ``train`` for 10 s claiming 10 000 000 steps and says it
+    crashed; the next run of ``train`` within the hour redoes its steps as lost progress
+    only if it is uid 1002's own: uid 1001's run books its steps as productive."""
+    clocks = Clocks()
+    path = tmp_path / "ledger.sqlite3"
+    training, ledger = make_recorder(clocks, path, flush_seconds=3600.0)()
+    ledger.start()
+    try:
+        run_for(clocks, training, ledger, identity="uid:1002", run="forged",
+                reporter="f" * 16, steps=[10_000_000], end="crashed", seconds_per_step=1e-6)
+        expire(clocks, ledger)
+        run_for(clocks, training, ledger, identity=restarter, run="victim",
+                reporter="b" * 16, steps=[100, 200, 300], end=None)
+        exposition = scrape(ledger)
+    finally:
+        ledger.stop()
+        training.stop()
+    seconds = exposition.series("trainmon_job_gpu_seconds_total", "job", "owner", "bucket")
+    with Ledger.open(path) as reader:
+        [record] = [r for r in reader.runs(job="train") if r.run == "victim"]
+    booked = record.summary["gpu_seconds"]
+    assert isinstance(booked, dict)
+    # 300 steps of 0.1 s, 65 % of each neither data wait nor communication
+    if restarter == "uid:1001":
+        assert booked["lost_progress"] == 0.0
+        assert booked["productive"] == pytest.approx(300 * 0.1 * 0.65)
+        assert seconds[("train", "uid:1001", "lost_progress")] == 0.0
+    else:
+        assert booked["productive"] == 0.0
+        assert booked["lost_progress"] == pytest.approx(300 * 0.1 * 0.65)
+    assert {owner for _, owner, _ in seconds} == {restarter}
+
+
+def test_a_job_name_taken_by_another_owner_starts_its_team_and_goodput_again(
+        tmp_path: Path) -> None:
+    """uid 1000's ``train`` is all productive; once it expired, uid 1001
+    runs its own ``train`` at 65 % productive: the node's series of ``train`` are uid
+    1001's alone, its GPU-seconds, its goodput window and its team."""
+    clocks = Clocks()
+    training, ledger = make_recorder(clocks, tmp_path / "ledger.sqlite3",
+                                     flush_seconds=3600.0)()
+    ledger.start()
+    try:
+        run_for(clocks, training, ledger, identity="uid:1000", run="first",
+                reporter="a" * 16, steps=[100, 200, 300], end="finished",
+                data_wait_seconds=0.0, phase_seconds={"comm": 0.0})
+        before = scrape(ledger)
+        expire(clocks, ledger)
+        run_for(clocks, training, ledger, identity="uid:1001", run="second",
+                reporter="b" * 16, steps=[100, 200, 300], end=None)
+        after = scrape(ledger)
+    finally:
+        ledger.stop()
+        training.stop()
+    # the first owner's run was all productive, and its series were its own
+    assert before.value("trainmon_job_goodput_ratio", job="train", owner="uid:1000") == 1.0
+    assert before.labelsets("trainmon_job_team_info") == [
+        {"job": "train", "owner": "uid:1000", "team": owner_team("uid:1000")}]
+    seconds = after.series("trainmon_job_gpu_seconds_total", "job", "owner", "bucket")
+    assert {owner for _, owner, _ in seconds} == {"uid:1001"}
+    assert sum(seconds.values()) == pytest.approx(30.0)  # the second run's 30 s alone
+    assert seconds[("train", "uid:1001", "productive")] == pytest.approx(30 * 0.65)
+    assert after.series("trainmon_job_goodput_ratio", "job", "owner") == {
+        ("train", "uid:1001"): pytest.approx(0.65)}
+    assert after.labelsets("trainmon_job_team_info") == [
+        {"job": "train", "owner": "uid:1001", "team": owner_team("uid:1001")}]

@@ -18,21 +18,23 @@ closer together than ``evaluation_seconds`` (an explicit
 ``CollectorRegistry.evaluate()``) keep the last verdicts: at most 20
 evaluations, and snapshots, per window.
 Exports, per job (a training job's name, or ``pod:…``/``slurm:…``/``pid:…``
-for GPU processes that report no steps):
+for GPU processes that report no steps) and its ``owner`` (the writer identity
+whose training series the verdict read, their ``owner`` label; empty for the
+pseudo-jobs, which no writer reports: docs/security.md, "Owners across nodes"):
 
-- ``trainmon_bottleneck{job,kind}``: 1 for the verdict, 0 for the other kinds
+- ``trainmon_bottleneck{job,owner,kind}``: 1 for the verdict, 0 for the other kinds
   (``compute``, ``communication``, ``storage``, ``scheduling``, ``none``);
-- ``trainmon_diagnosis_finding_info{job,kind,finding,rank}``: every rule that
+- ``trainmon_diagnosis_finding_info{job,owner,kind,finding,rank}``: every rule that
   fired; ``rank`` is the rank it names (the straggler, the worst data wait),
   empty for the others. The risk findings of ``trainmon.diagnosis.risks``
   (``spot_reclaim``, ``checkpoint_overdue``, ``checkpoint_missing``,
   ``checkpoint_local_disk``, ``numa_far``, ``nccl_over_sockets``) are exported
   the same way beside the verdict's; their severity is fixed per finding (docs/diagnosis.md);
 - evidence gauges ``trainmon_diagnosis_{data_wait,comm,gpu_utilization,
-  straggler}_ratio{job}``, ``..._idle_gpus{job}``, ``..._stalled_ranks{job}``,
-  ``..._step_seconds{job}``, the GPM activity of the job's GPUs
-  ``trainmon_diagnosis_{sm_active,sm_occupancy,tensor_active,dram_active}_ratio{job}``
-  (GPUs with GPM only) and ``trainmon_diagnosis_memory_used_ratio{job}`` (omitted
+  straggler}_ratio{job,owner}``, ``..._idle_gpus``, ``..._stalled_ranks``,
+  ``..._step_seconds``, the GPM activity of the job's GPUs
+  ``trainmon_diagnosis_{sm_active,sm_occupancy,tensor_active,dram_active}_ratio``
+  (GPUs with GPM only) and ``trainmon_diagnosis_memory_used_ratio`` (omitted
   where the sources do not tell);
 - ``trainmon_diagnosis_window_seconds``: the span of the evidence.
 
@@ -44,7 +46,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
@@ -84,6 +86,8 @@ class DiagnosisCollector(Collector):
         self._interval = config.window_seconds / EVALUATIONS_PER_WINDOW
         self.evaluation_seconds = self._interval
         self._verdicts: list[Verdict] = []
+        #: job -> the owner of the training series its verdict read (jobs of _verdicts).
+        self._owners: dict[str, str] = {}
         self._window_seconds = 0.0
 
     def health(self) -> dict[str, object]:
@@ -106,31 +110,50 @@ class DiagnosisCollector(Collector):
         window = Window(list(self._snapshots))
         measured = measure(window, self._config.comm_phases, self._config.warmup_steps)
         self._verdicts = diagnose(measured, self._config)
+        self._owners = _job_owners(families, self._owners, {v.job for v in self._verdicts})
         self._window_seconds = window.seconds
 
     def collect(self) -> Iterable[Metric]:
         """The families of the latest verdicts (none before the first evaluation)."""
         if not self._snapshots:
             return []
-        return verdict_families(self._verdicts, self._window_seconds)
+        return verdict_families(self._verdicts, self._window_seconds, self._owners)
 
 
-def verdict_families(verdicts: Sequence[Verdict], window_seconds: float) -> list[Metric]:
-    """The exported families of a list of verdicts."""
+def _job_owners(families: Sequence[Metric], before: Mapping[str, str],
+                jobs: set[str]) -> dict[str, str]:
+    """job -> owner of each of ``jobs``: the ``owner`` label of its training series in
+    ``families`` (one owner per job on a node: the training store's), else the one it had
+    at an earlier evaluation (its ranks gone, still in the window)."""
+    owners: dict[str, str] = {}
+    for family in families:
+        if not family.name.startswith("trainmon_training_"):
+            continue
+        for sample in family.samples:
+            job, owner = sample.labels.get("job"), sample.labels.get("owner")
+            if job in jobs and owner is not None:
+                owners.setdefault(job, owner)
+    return {job: owners.get(job, before.get(job, "")) for job in jobs}
+
+
+def verdict_families(verdicts: Sequence[Verdict], window_seconds: float,
+                     owners: Mapping[str, str]) -> list[Metric]:
+    """The exported families of a list of verdicts, each job labelled with its owner
+    (``owners``; empty where none is known)."""
     bottleneck = GaugeMetricFamily(
         "trainmon_bottleneck",
         "1 for the kind that holds the job back now (compute, communication, storage, "
         "scheduling, none), 0 for the others; docs/diagnosis.md has the rules.",
-        labels=["job", "kind"],
+        labels=["job", "owner", "kind"],
     )
     findings = GaugeMetricFamily(
         "trainmon_diagnosis_finding_info",
         "A diagnosis rule that fired for the job (the verdict is the first in rule order), "
         "with the rank it names (straggler, data_wait; empty for the others); always 1.",
-        labels=["job", "kind", "finding", "rank"],
+        labels=["job", "owner", "kind", "finding", "rank"],
     )
     gauges = {
-        name: GaugeMetricFamily(name, help_text, labels=["job"])
+        name: GaugeMetricFamily(name, help_text, labels=["job", "owner"])
         for name, help_text in (
             ("trainmon_diagnosis_data_wait_ratio",
              "Data wait / step time of the job's worst rank over the window."),
@@ -162,12 +185,13 @@ def verdict_families(verdicts: Sequence[Verdict], window_seconds: float) -> list
         )
     }
     for verdict in verdicts:
+        job = [verdict.job, owners.get(verdict.job, "")]
         for kind in KINDS:
-            bottleneck.add_metric([verdict.job, kind], 1.0 if kind == verdict.kind else 0.0)
+            bottleneck.add_metric([*job, kind], 1.0 if kind == verdict.kind else 0.0)
         for finding in verdict.findings:
             rank = finding.values.get("rank", "")
             findings.add_metric(
-                [verdict.job, finding.kind, finding.code, rank if isinstance(rank, str) else ""],
+                [*job, finding.kind, finding.code, rank if isinstance(rank, str) else ""],
                 1.0)
         evidence = verdict.evidence
         values = {
@@ -188,7 +212,7 @@ def verdict_families(verdicts: Sequence[Verdict], window_seconds: float) -> list
         }
         for name, value in values.items():
             if value is not None:
-                gauges[name].add_metric([verdict.job], value)
+                gauges[name].add_metric(job, value)
     window = GaugeMetricFamily(
         "trainmon_diagnosis_window_seconds",
         "Span of the samples behind the current verdicts, seconds.",

@@ -86,7 +86,7 @@ class LedgerCollector(Collector):
             "What changed from the job's previous run in the ledger: the sorted, "
             "comma-joined names of config keys, environment variables, data, versions.<name> "
             "and world_size that differ (empty for the first run); always 1.",
-            labels=["job", "run", "changed"],
+            labels=["job", "owner", "run", "changed"],
         )
         ends = GaugeMetricFamily(
             "trainmon_training_run_end_timestamp_seconds",
@@ -95,14 +95,14 @@ class LedgerCollector(Collector):
             "(no step for stall_seconds; gone when steps resume); for an hour after the "
             "end, the latest 16 runs. goodput: the closed run's productive share of its "
             "GPU-seconds on this node as a percentage (62%), empty while unknown.",
-            labels=["job", "run", "reason", "goodput"],
+            labels=["job", "owner", "run", "reason", "goodput"],
         )
         readings = self.recorder.readings()
-        for job, run_id, changed in readings.changes:
-            changes.add_metric([job, run_id, _truncate(changed)], 1.0)
+        for job, owner, run_id, changed in readings.changes:
+            changes.add_metric([job, owner, run_id, _truncate(changed)], 1.0)
         for end in readings.ends:
             share = "" if end.goodput is None else f"{end.goodput:.0%}"
-            ends.add_metric([end.job, end.run, end.reason, share], end.ended)
+            ends.add_metric([end.job, end.owner, end.run, end.reason, share], end.ended)
         up = GaugeMetricFamily(
             "trainmon_ledger_up",
             "1 while the run ledger file is open and its last write succeeded; 0 when it "
@@ -138,16 +138,20 @@ class LedgerCollector(Collector):
             "GPU-seconds the job's ranks on this node held their GPUs, by bucket of the "
             "goodput ledger (productive, data_wait, comm_exposed, checkpoint, stalled, "
             "startup, other, ...); the buckets of a job add up to its GPU-seconds. Since the "
-            f"daemon started, the latest {MAX_GOODPUT_JOBS} jobs.",
-            labels=["job", "bucket"])
+            f"daemon started, the latest {MAX_GOODPUT_JOBS} jobs; owner: the writer identity "
+            "the job's GPU-seconds are booked for (a job name taken by another owner starts "
+            "again).",
+            labels=["job", "owner", "bucket"])
+        owners = readings.owners
         for job, seconds in readings.gpu_seconds.items():
             for bucket in BUCKETS:
-                gpu_seconds.add_metric([job, bucket], seconds.get(bucket, 0.0))
+                gpu_seconds.add_metric([job, owners.get(job, ""), bucket],
+                                       seconds.get(bucket, 0.0))
         goodput = _gauge_by_job(
             "trainmon_job_goodput_ratio",
             "Productive GPU-seconds of the job's ranks on this node over all they held, "
             f"in the last {GOODPUT_WINDOW_SECONDS / 60:g} minutes (0-1).",
-            readings.goodput)
+            readings.goodput, owners)
         evicted = _counter(
             "trainmon_ledger_goodput_evicted_jobs_total",
             "Jobs whose trainmon_job_gpu_seconds_total series were dropped to keep the "
@@ -158,16 +162,16 @@ class LedgerCollector(Collector):
             "The team of a job of trainmon_job_gpu_seconds_total: the Kubernetes namespace "
             "of its processes, else their Slurm account, else the user who runs them or "
             "owns its reports; always 1.",
-            labels=["job", "team"])
+            labels=["job", "owner", "team"])
         for job, team in readings.teams.items():
             if team:
-                teams.add_metric([job, team], 1.0)
+                teams.add_metric([job, owners.get(job, ""), team], 1.0)
         tensor = _gauge_by_job(
             "trainmon_job_productive_tensor_active_ratio",
             "Share of the job's productive GPU time with a tensor-core pipe active (GPM): "
             "the mean tensor activity of its GPUs over the goodput window divided by its "
             "goodput ratio, at most 1; only for jobs on GPUs with GPM.",
-            readings.productive_tensor_active)
+            readings.productive_tensor_active, owners)
         refused_idle = _counter(
             "trainmon_ledger_refused_idle_gpu_seconds_total",
             "GPU-seconds of processes that hold a GPU and name a job of another user (or "
@@ -279,10 +283,10 @@ def _counter(name: str, documentation: str, value: float) -> CounterMetricFamily
     return family
 
 
-def _gauge_by_job(name: str, documentation: str, values: Mapping[str, float]
-                  ) -> GaugeMetricFamily:
-    """A gauge family with one series per job."""
-    family = GaugeMetricFamily(name, documentation, labels=["job"])
+def _gauge_by_job(name: str, documentation: str, values: Mapping[str, float],
+                  owners: Mapping[str, str]) -> GaugeMetricFamily:
+    """A gauge family with one series per job, labelled with the job's owner."""
+    family = GaugeMetricFamily(name, documentation, labels=["job", "owner"])
     for job, value in values.items():
-        family.add_metric([job], value)
+        family.add_metric([job, owners.get(job, "")], value)
     return family

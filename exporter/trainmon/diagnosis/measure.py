@@ -348,16 +348,20 @@ def _ranks(window: Window, comm_phases: tuple[str, ...],
     }
     last_step = window.latest("trainmon_training_last_step_timestamp_seconds")
     last_report = window.latest("trainmon_training_last_report_timestamp_seconds")
-    stall_since = window.latest("trainmon_training_stall_start_timestamp_seconds")
+    # by (job, rank): the rank's series carry more labels (its owner) than these two
+    stall_since = {(names.get("job", ""), names.get("rank", "")): value
+                   for labels, value in window.latest(
+                       "trainmon_training_stall_start_timestamp_seconds").items()
+                   for names in (dict(labels),)}
     stalls = {}
     for stall_labels in window.latest("trainmon_training_stall_info"):
         found = dict(stall_labels)
-        rank_labels = labels_of({"job": found.get("job", ""), "rank": found.get("rank", "")})
-        stalls[rank_labels] = RankStall(
+        rank_key = (found.get("job", ""), found.get("rank", ""))
+        stalls[labels_of({"job": rank_key[0], "rank": rank_key[1]})] = RankStall(
             where=found.get("where", ""), phase=found.get("phase", ""),
             collective=found.get("collective", ""),
             seq=found.get("seq", ""), frame=found.get("frame", ""),
-            since=stall_since.get(rank_labels), group=found.get("group", ""))
+            since=stall_since.get(rank_key), group=found.get("group", ""))
     group_labels: dict[tuple[str, str], list[tuple[str, Labels]]] = {}
     for labels in window.label_sets("trainmon_training_group_comm_exposed_seconds_total"):
         found = dict(labels)
