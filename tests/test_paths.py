@@ -168,6 +168,96 @@ def test_a_folder_in_tmp_others_may_write_or_a_symlink_is_refused(
     assert made == [world_writable / f"trainmon-{me}"]
 
 
+@pytest.mark.usefixtures("root_only")
+def test_every_folder_from_the_root_down_is_checked(tmp_path: Path) -> None:
+    """``mv run run.root; mkdir run``: a folder of root's below a user's is the user's."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, USER, USER)
+    run = theirs / "run"
+    run.mkdir(mode=0o755)
+    with pytest.raises(paths.UnsafePathError) as refused:
+        paths.check_folder(run, euid=0)
+    assert refused.value.component == theirs
+    assert f"{theirs} belongs to uid {USER} (owner no passwd entry, mode 0755)" in str(
+        refused.value)
+    # nothing is made below it either
+    with pytest.raises(paths.UnsafePathError, match=f"{theirs} belongs to uid {USER}"):
+        paths.make_runtime_directory(run / "trainmon" / "sockets", euid=0)
+    assert not (run / "trainmon").exists()
+    # the user's own daemon may use it: the folders are the user's or root's
+    assert paths.check_folder(run, euid=USER) == run
+
+
+def test_a_folder_its_group_may_write_is_refused(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o775)  # as umask 002 makes them, even where the group is the user's own
+    (shared / "trainmon").mkdir()
+    with pytest.raises(paths.UnsafePathError, match=f"{shared} is writable by other users "
+                       r"\(owner .*, mode 0775\)"):
+        paths.check_folder(shared / "trainmon")
+    with pytest.raises(paths.UnsafePathError, match="writable by other users"):
+        paths.check_folder(shared)
+
+
+def test_a_sticky_folder_is_a_way_through_never_the_folder_itself(
+        world_writable: Path) -> None:
+    me = os.geteuid()
+    mine = world_writable / "mine"
+    mine.mkdir(mode=0o700)
+    assert paths.check_folder(mine) == mine
+    with pytest.raises(paths.UnsafePathError, match=f"{world_writable} is writable by other"):
+        paths.check_folder(world_writable)
+    # without the sticky bit anyone may rename "mine" away: refused on the way too
+    world_writable.chmod(0o777)
+    with pytest.raises(paths.UnsafePathError, match=f"{world_writable} is writable by other"):
+        paths.check_folder(mine)
+    world_writable.chmod(0o1777)
+    if me == 0:  # a sticky folder of another user: its owner may remove what is in it
+        os.chown(world_writable, USER, USER)
+        with pytest.raises(paths.UnsafePathError,
+                           match=f"{world_writable} belongs to uid {USER}"):
+            paths.check_folder(mine)
+
+
+def test_symlinks_on_the_way_are_followed_and_their_targets_checked(
+        tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    (real / "trainmon").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(real)
+    (tmp_path / "relative").symlink_to("real/../real/trainmon")
+    assert paths.check_folder(tmp_path / "link" / "trainmon") == real / "trainmon"
+    assert paths.check_folder(tmp_path / "relative") == real / "trainmon"
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    with pytest.raises(OSError, match="too many symlinks"):
+        paths.check_folder(tmp_path / "loop")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(NotADirectoryError):
+        paths.check_folder(tmp_path / "file" / "trainmon")
+    with pytest.raises(FileNotFoundError):
+        paths.check_folder(tmp_path / "absent")
+
+
+@pytest.mark.usefixtures("root_only")
+def test_a_symlink_to_a_users_folder_is_that_users_folder(tmp_path: Path) -> None:
+    theirs = tmp_path / "theirs"
+    (theirs / "run").mkdir(parents=True)
+    os.chown(theirs, USER, USER)
+    (tmp_path / "run").symlink_to(theirs / "run")  # root's link, in root's folder
+    with pytest.raises(paths.UnsafePathError, match=f"{theirs} belongs to uid {USER}"):
+        paths.check_folder(tmp_path / "run", euid=0)
+
+
+def test_a_relative_path_is_checked_from_the_working_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "state").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert paths.check_folder(Path("state")) == tmp_path / "state"
+    assert paths.make_state_directory(Path("state/trainmon"), euid=os.geteuid()) == [
+        tmp_path / "state" / "trainmon"]
+
+
 def bound(path: Path) -> socket.socket:
     path.parent.mkdir(parents=True, exist_ok=True)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

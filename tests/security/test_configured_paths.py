@@ -36,7 +36,8 @@ from testkit.daemon import Daemon, free_port, ready
 from testkit.exposition import parse
 from tests.ledger.ledger_support import description, step
 from tests.security.security_support import AsUser, LocalUser
-from trainmon.ledger import Ledger, RecordUpdate, RunRecord
+from trainmon.ledger import Ledger, LedgerError, RecordUpdate, RunRecord
+from trainmon.ledger.files import held_descriptors
 from trainmon.paths import socket_listening
 
 pytestmark = pytest.mark.integration
@@ -229,8 +230,9 @@ def test_a_ledger_the_user_swapped_is_not_served_through_the_api(
     wait_until(lambda: health_of(daemon, "ledger")["recording_runs"] == 1,
                "the run recorded", daemon)
 
-    # mallory replaces whatever is there with her forged ledger
-    as_shell(mallory, f"mv -f {forged} {path}")
+    # mallory replaces whatever is there with her forged ledger (and drops the -wal and
+    # -shm that would lay root's pages over it)
+    as_shell(mallory, f"mv -f {forged} {path} && rm -f {path}-wal {path}-shm")
     status, body = daemon.get("/api/v1/runs")
     assert status == 503, body
     assert "forged-job" not in body
@@ -310,3 +312,87 @@ def test_an_outside_reader_of_the_held_file_sees_every_commit(tmp_path: Path) ->
         writer.write([RecordUpdate(record, {"n": 2})])
         with closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as check:
             assert check.execute("SELECT state FROM runs").fetchone()[0] == '{"n":2}'
+
+
+# -- the file itself, in a folder that passes ------------------------------------------
+
+
+def ledger_with_a_run(path: Path) -> Path:
+    record = RunRecord(job="j", run="r", node="n", config_hash="", started=1.0,
+                       ended=None, end_reason=None, updated=1.0, world_size=1, ranks=1)
+    with Ledger.open(path, readonly=False) as ledger:
+        ledger.write([RecordUpdate(record, {})])
+    return path
+
+
+def test_a_symlinked_ledger_is_neither_written_through_nor_read(tmp_path: Path) -> None:
+    target = ledger_with_a_run(tmp_path / "elsewhere.sqlite3")
+    before = target.read_bytes()
+    link = tmp_path / "ledger.sqlite3"
+    link.symlink_to(target)
+    for readonly in (False, True):
+        with pytest.raises(LedgerError, match=f"refusing the ledger {link}: it is a symlink"):
+            Ledger.open(link, readonly=readonly)
+    dangling = tmp_path / "dangling.sqlite3"
+    dangling.symlink_to(tmp_path / "made-through-the-link")
+    with pytest.raises(LedgerError, match="it is a symlink"):
+        Ledger.open(dangling, readonly=False)
+    assert not (tmp_path / "made-through-the-link").exists()
+    assert target.read_bytes() == before
+    assert held_descriptors() == 0
+
+
+def test_a_symlinked_wal_or_a_hard_link_is_refused(tmp_path: Path) -> None:
+    path = ledger_with_a_run(tmp_path / "ledger.sqlite3")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_bytes(b"")
+    wal = tmp_path / "ledger.sqlite3-wal"
+    wal.symlink_to(elsewhere)
+    for readonly in (False, True):
+        with pytest.raises(LedgerError, match=f"refusing the ledger {wal}: it is a symlink"):
+            Ledger.open(path, readonly=readonly)
+    wal.unlink()
+    os.link(path, tmp_path / "second-name")
+    with pytest.raises(LedgerError, match="it has 2 hard links"):
+        Ledger.open(path, readonly=False)
+    assert elsewhere.read_bytes() == b"" and held_descriptors() == 0
+
+
+def test_a_fifo_in_place_of_the_ledger_is_refused_without_waiting(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    os.mkfifo(path)
+    with pytest.raises(LedgerError, match="is not a regular file"):
+        Ledger.open(path, readonly=False)
+
+
+def test_a_ledger_or_shm_of_another_user_is_refused(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a file to another uid")
+    other = 12345
+    path = ledger_with_a_run(tmp_path / "ledger.sqlite3")
+    shm = tmp_path / "ledger.sqlite3-shm"
+    shm.write_bytes(b"")
+    os.chown(shm, other, other)
+    for readonly in (False, True):
+        with pytest.raises(LedgerError, match=f"{shm}: it belongs to uid {other}"):
+            Ledger.open(path, readonly=readonly)
+    shm.unlink()
+    os.chown(path, other, other)
+    with pytest.raises(LedgerError, match=f"{path}: it belongs to uid {other}"):
+        Ledger.open(path, readonly=False)
+    # whom a caller trusts is its choice (a reader of the service user's ledger)
+    with Ledger.open(path, owners={0, other}) as reader:
+        assert reader.count() == 1
+    assert (os.stat(path).st_uid, held_descriptors()) == (other, 0)
+
+
+def test_readers_beside_the_writer_hold_no_descriptor_of_their_own(tmp_path: Path) -> None:
+    path = ledger_with_a_run(tmp_path / "ledger.sqlite3")
+    with Ledger.open(path, readonly=False):
+        held = held_descriptors()
+        assert held == 1  # the database (its -wal/-shm went with the last connection)
+        for _ in range(50):
+            with Ledger.open(path) as reader:
+                assert reader.count() == 1
+        assert held_descriptors() == held
+    assert held_descriptors() == 0
