@@ -6,7 +6,8 @@ Both transports carry the same payload (``protocol``); both end in
 ``describe``) and counts every rejection by reason.
 
 ``SocketReceiver`` owns the unix datagram socket: it creates the folder if
-missing (modes and the ``/tmp`` rule: ``trainmon.paths``), replaces a stale
+missing and refuses one that another user could change, anywhere from ``/``
+down (modes and the rule: ``trainmon.paths``), replaces a stale
 socket (refusing to touch a live one or a file that is not a socket), sets
 the socket's mode so training users can send, enlarges the receive buffer and
 drains it on its own thread, taking each datagram's sender pid from the kernel
@@ -278,13 +279,17 @@ class SocketReceiver:
         return self._thread.alive
 
     def start(self) -> None:
-        """Bind the socket (OSError on failure) and start draining it."""
+        """Bind the socket and start draining it; ``OSError`` on failure, a
+        ``trainmon.paths.UnsafePathError`` naming the folder another user could
+        change."""
         for made in make_runtime_directory(self.path.parent):
             log.info("created %s (mode %o)", made, stat.S_IMODE(os.stat(made).st_mode))
         _remove_stale_socket(self.path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
             sock.bind(str(self.path))
+            # By path (a socket's file has no descriptor to fchmod): only root and the
+            # daemon's user can change the names in its folder (checked above).
             os.chmod(self.path, self._mode)
             self.receive_buffer_bytes = _enlarge_receive_buffer(sock, self._wanted_buffer)
             # The kernel attaches each sender's pid, translated into our pid
