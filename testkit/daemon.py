@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -161,10 +162,11 @@ def ready(daemon: Daemon) -> Daemon:
 
 
 def wait_for_run(daemon: Daemon, job: str, timeout: float = RUN_VISIBLE_TIMEOUT_SECONDS) -> None:
-    """Until the daemon's ledger (``GET /api/v1/runs``) holds a run of ``job``."""
+    """Until the daemon's ledger (``GET /api/v1/runs?job=``, whose first page holds the
+    job's newest runs) holds a run of ``job``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        status, body = daemon.get("/api/v1/runs")
+        status, body = daemon.get(f"/api/v1/runs?job={urllib.parse.quote(job, safe='')}")
         if status == 200 and any(record["job"] == job for record in json.loads(body)):
             return
         time.sleep(0.1)
