@@ -63,6 +63,7 @@ daemon every user reports to it. ``TRAINMON_ENDPOINT`` overrides all of this.
 from __future__ import annotations
 
 import errno
+import functools
 import grp
 import os
 import pwd
@@ -270,11 +271,18 @@ def trusted_owners(euid: int | None = None) -> frozenset[int]:
 def reader_owners(euid: int | None = None) -> frozenset[int]:
     """``trusted_owners`` of a reader of the ledger: also the service user
     (``SERVICE_USER``) where it exists, whose daemon writes ``/var/lib/trainmon``."""
+    service = _service_uid()
+    return trusted_owners(euid) | (frozenset() if service is None else {service})
+
+
+@functools.lru_cache(maxsize=1)
+def _service_uid() -> int | None:
+    """The service user's uid, looked up once (``GET /api/v1/runs`` opens the ledger
+    on every request, and a passwd lookup may ask a directory server)."""
     try:
-        service = {pwd.getpwnam(SERVICE_USER).pw_uid}
+        return pwd.getpwnam(SERVICE_USER).pw_uid
     except KeyError:
-        service = set()
-    return trusted_owners(euid) | service
+        return None
 
 
 def check_folder(
