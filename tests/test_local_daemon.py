@@ -153,3 +153,57 @@ def test_the_url_of_a_listen_address(listen: str, url: str | None) -> None:
     from trainmon.local_daemon import loopback_url
 
     assert loopback_url(parse_listen_address(listen)) == url
+
+
+def test_the_trusted_owners_of_a_local_daemon(tmp_path: Path) -> None:
+    """Root, the caller, the owner of a system folder only root could have handed over
+    (not one in a folder others may write), and the owners named."""
+    from trainmon.local_daemon import DaemonTrust
+
+    handed = tmp_path / "var-lib-trainmon"
+    handed.mkdir()
+    os.chown(handed, 4242, 4242)
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    planted = shared / "var-lib-trainmon"
+    planted.mkdir()
+    os.chown(planted, 4343, 4343)
+    trust = DaemonTrust.default(["4444", " root "], euid=1234, folders=(handed, planted))
+    assert {0, 1234, 4242, 4444} <= trust.uids and 4343 not in trust.uids
+    assert not trust.anyone and not trust.trusts(4343)
+    assert DaemonTrust.default(["any"], euid=1234, folders=()).trusts(4343)
+    with pytest.raises(ValueError, match="no user 'no-such-user-here'"):
+        DaemonTrust.default(["no-such-user-here"], folders=())
+
+
+def test_which_addresses_stay_on_this_node() -> None:
+    import socket
+
+    from trainmon.local_daemon import is_local_address
+
+    assert all(map(is_local_address, ("127.0.0.1", "127.8.9.10", "::1", "0.0.0.0", "::")))
+    assert not any(map(is_local_address, ("192.0.2.1", "2001:db8::1", "localhost", "")))
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # the address this node would send from
+        except OSError:
+            pytest.skip("no route off this node")
+        assert is_local_address(probe.getsockname()[0])
+
+
+def test_a_remote_daemon_is_not_checked_and_an_unknown_owner_is_refused() -> None:
+    from trainmon.http.peer import ListenerOwner
+    from trainmon.local_daemon import DaemonTrust, TrustedDaemon, UntrustedDaemon
+
+    def kernel_says_nothing(host: str, port: int) -> ListenerOwner | None:
+        raise OSError(93, "Protocol not supported")
+
+    trust = DaemonTrust.default(folders=())
+    remote = TrustedDaemon.check("http://192.0.2.1:19400", trust, kernel_says_nothing)
+    assert not remote.local and remote.describe() == (
+        "the daemon at http://192.0.2.1:19400 (a remote host: its process is not checked)")
+    with pytest.raises(UntrustedDaemon, match=r"sock_diag.*--trust-daemon-owner any"):
+        TrustedDaemon.check("127.0.0.1:19400", trust, kernel_says_nothing)
+    anyone = DaemonTrust.default(["any"], folders=())
+    assert TrustedDaemon.check("http://[::1]:19400", anyone, kernel_says_nothing).listeners == ()
