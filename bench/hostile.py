@@ -27,10 +27,12 @@ as "no answer", never waited for):
    limit): series in ``/metrics`` afterwards, the time of that scrape, and
    SIGTERM-to-exit time (the daemon's last run-ledger write included); run
    last, since it ends the daemon;
-4. 100 slow connections from 127.0.0.1 sending one header line a second
-   (reopened when the daemon closes them) while a scraper on 127.0.0.2 opens a
-   fresh connection per scrape (2 s timeout, as after a Prometheus restart):
-   scrapes answered 200 out of all;
+4. 1 000 slow connections from 127.0.0.1 sending one header line a second
+   (reopened when the daemon closes them) while a scraper on the same address
+   (as ``doctor`` and node-local agents are: every local user shares loopback)
+   opens a fresh connection per scrape, once a second (2 s timeout, as after a
+   Prometheus restart): scrapes answered 200 out of all; the same probe against
+   Debian's ``prometheus-node-exporter`` where it is installed, side by side;
 5. 100 ``trainmon.client.Reporter`` objects (this tree's client, on the socket)
    flushing at the same moment, their run descriptions included: steps the
    daemon counted vs expected, and the reports the clients counted as dropped
@@ -56,6 +58,7 @@ import io
 import json
 import math
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -119,7 +122,8 @@ ROWS = (
     Row(P3, "series in /metrics afterwards"),
     Row(P3, "scrape time (s)"),
     Row(P3, "SIGTERM to exit (s)"),
-    Row(P4, "scrapes answered 200 / total", "≥ 99 %", lambda v: v >= 0.99),
+    Row(P4, "scrapes answered 200 / total", "≥ 95 %", lambda v: v >= 0.95),
+    Row(P4, "node_exporter, the same probe: answered 200 / total"),
     Row(P5, "steps counted / expected"),
     Row(P5, "reports dropped by the clients", "0", lambda v: v == 0),
     Row(P6, "lint problems", "0", lambda v: v == 0),
@@ -149,7 +153,7 @@ class Settings:
     jobs: int = 10_000
     jobs_deadline_seconds: float = 180.0
     exit_timeout_seconds: float = 30.0
-    slow_clients: int = 100
+    slow_clients: int = 1000
     slow_seconds: float = 30.0
     reporters: int = 100
     steps_per_reporter: int = 10
@@ -489,7 +493,7 @@ def probe_junk_datagrams(
 
 def open_slow(port: int) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
+    sock.bind((SLOW_SOURCE, 0))
     sock.setblocking(False)
     sock.connect_ex(("127.0.0.1", port))  # EINPROGRESS: the sends below wait for it
     return sock
@@ -545,26 +549,60 @@ def scrape_from(source: str, port: int, timeout: float) -> bool:
         connection.close()
 
 
-def probe_slow_clients(daemon: Daemon, settings: Settings) -> Report:
+#: Probe 4's slow connections and its scraper share one address.
+SLOW_SOURCE = "127.0.0.1"
+
+
+def scrapes_beside_slow_clients(port: int, settings: Settings) -> Figure:
+    """Probe 4 against whatever listens on ``port``: scrapes answered 200 of all."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 2 * settings.slow_clients + 256
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (
+            wanted if hard == resource.RLIM_INFINITY else min(wanted, hard), hard))
     stop = threading.Event()
     attacker = threading.Thread(target=slow_clients, daemon=True,
-                                args=(daemon.port, settings.slow_clients, stop))
+                                args=(port, settings.slow_clients, stop))
     attacker.start()
     answered = total = 0
     try:
-        time.sleep(1.0)  # every slow connection is open
+        stop.wait(1.0)  # every slow connection is open
         deadline = time.perf_counter() + settings.slow_seconds
         while time.perf_counter() < deadline:
             started = time.perf_counter()
             total += 1
-            answered += scrape_from(SCRAPER_SOURCE, daemon.port, timeout=2.0)
-            time.sleep(max(0.0, started + 0.5 - time.perf_counter()))
+            answered += scrape_from(SLOW_SOURCE, port, timeout=2.0)
+            stop.wait(max(0.0, started + 1.0 - time.perf_counter()))
     finally:
         stop.set()
         attacker.join(5)
     share = answered / total if total else 0.0
-    return {(P4, "scrapes answered 200 / total"): Figure(
-        f"{answered} / {total} ({share:.0%})", share)}
+    return Figure(f"{answered} / {total} ({share:.0%})", share)
+
+
+def node_exporter_beside_slow_clients(settings: Settings) -> Figure:
+    """Probe 4 against ``prometheus-node-exporter`` (netdev and diskstats), if installed."""
+    binary = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+    if binary is None:
+        return Figure("not installed")
+    port = benchlib.free_port()
+    process = subprocess.Popen(
+        [binary, "--collector.disable-defaults", "--collector.netdev", "--collector.diskstats",
+         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        benchlib.wait_ready(f"http://127.0.0.1:{port}/metrics", process)
+        return scrapes_beside_slow_clients(port, settings)
+    finally:
+        benchlib.stop(process)
+
+
+def probe_slow_clients(daemon: Daemon, settings: Settings) -> Report:
+    return {
+        (P4, "scrapes answered 200 / total"): scrapes_beside_slow_clients(daemon.port, settings),
+        (P4, "node_exporter, the same probe: answered 200 / total"):
+            node_exporter_beside_slow_clients(settings),
+    }
 
 
 def probe_reporter_burst(daemon: Daemon, settings: Settings) -> Report:
@@ -791,7 +829,8 @@ def title(probe: str, settings: Settings) -> str:
     sizes = {
         P2: f"64 KiB junk datagrams, 1/s for {settings.datagram_seconds} s",
         P3: f"{count(settings.jobs)} jobs with run descriptions",
-        P4: f"{settings.slow_clients} slow clients, {count(settings.slow_seconds)} s",
+        P4: f"{count(settings.slow_clients)} slow clients on the scraper's address, "
+            f"{count(settings.slow_seconds)} s",
         P5: f"{settings.reporters} reporters at once",
     }
     return sizes.get(probe, probe)

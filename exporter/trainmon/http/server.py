@@ -1,30 +1,30 @@
 """The HTTP server: ``/``, ``/metrics``, ``/healthz``, push routes and JSON read routes.
 
-The connection model. One thread per connection, admitted at accept by
-``trainmon.http.limits.ConnectionLimits``: at most
-``http.max_connections_per_client`` connections open at once from one client
-IP address, and ``http.max_connections`` from all together. A connection over
-either cap gets an immediate 503 with ``Retry-After: 1`` (with TLS: a close)
-from the accept loop, and neither a thread nor a slot, so neither one address
-nor many can queue a flood ahead of the scrapes behind it.
+The connection model (``trainmon.http.connections``): one selector thread
+accepts every connection, runs its TLS handshake and reads its request, head
+and body, non-blocking, under deadlines; a connection still sending costs a
+file descriptor, not a thread. Only a whole request goes to one of
+``http.max_workers`` worker threads, which runs ``_Handler`` over the bytes
+already read and writes the answer; a kept-alive connection then goes back to
+the selector. The caps (``trainmon.http.limits.ConnectionLimits``): at most
+``http.max_connections_per_client`` connections from one client IP address
+and ``http.max_connections`` from all (lowered to fit the open-file limit);
+at a full cap the longest-waiting connection makes room, and a 503 with
+``Retry-After: 1`` (with TLS: a close) goes only to a newcomer that finds
+every slot answering.
 
-An admitted connection lives under deadlines, never per-read timeouts (which a
-client trickling one byte at a time could stretch forever):
-
-- the TLS handshake runs in the connection's thread, never in the accept
-  loop, and must end within ``http.header_timeout_seconds``;
-- a request's line and headers must have arrived within
-  ``http.header_timeout_seconds``, and the whole request, body included,
-  within ``http.read_timeout_seconds``, both counted from when the server
-  starts waiting for it (the accept, or the end of the previous response): an
-  idle keep-alive connection is closed after ``header_timeout_seconds`` too;
-- the client must take each write of a response within
-  ``http.read_timeout_seconds``.
-
-A connection whose deadline runs out is closed without an answer. The server's
-own counters, ``trainmon_http_refused_connections_total{reason}`` and
-``trainmon_http_request_timeouts_total{phase}`` (an idle keep-alive close is
-not a timeout), follow the registry's families on ``/metrics``.
+Deadlines, never per-read timeouts (which a client trickling one byte at a
+time could stretch forever): the TLS handshake and the request line and
+headers within ``http.header_timeout_seconds`` (an idle keep-alive connection
+is closed after it too), the whole request within
+``http.read_timeout_seconds``, both counted from when the server starts
+waiting for it; the client must take each write of a response within
+``http.read_timeout_seconds``. A connection whose deadline runs out is closed
+without an answer. The server's own counters,
+``trainmon_http_refused_connections_total{reason}``,
+``trainmon_http_evicted_connections_total{reason}`` and
+``trainmon_http_request_timeouts_total{phase}``, follow the registry's
+families on ``/metrics``.
 
 ``/metrics`` in the text format 0.0.4 (what a client gets without asking for
 another) is written by ``trainmon.core.exposition.TextEncoder``: the bytes of
@@ -46,13 +46,11 @@ import json
 import logging
 import socket
 import socketserver
-import ssl
-import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from prometheus_client.exposition import choose_encoder, generate_latest
 
@@ -66,7 +64,8 @@ from trainmon.core.routes import (
     PushRequest,
     PushResponse,
 )
-from trainmon.http.limits import ConnectionLimits, RefusalReason
+from trainmon.http.connections import Reception, Request
+from trainmon.http.limits import ConnectionLimits, connection_budget
 from trainmon.http.listen import HTTPConfig, ListenAddress
 from trainmon.http.peer import ip_address_of, loopback_peer_uid
 from trainmon.http.webconfig import BasicAuthenticator, WebConfig
@@ -87,55 +86,14 @@ class Scrapable(Protocol):
 class _Exposition:
     """What ``/metrics`` encodes: the registry's families, then the server's own."""
 
-    def __init__(self, registry: Scrapable, limits: ConnectionLimits) -> None:
+    def __init__(self, registry: Scrapable, server: ExporterHTTPServer) -> None:
         self._registry = registry
-        self._limits = limits
+        self._server = server
 
     def collect(self) -> Iterator[Any]:
         yield from self._registry.collect()
-        yield from self._limits.collect()
-
-
-class _DeadlineReader(io.RawIOBase):
-    """Socket reads that fail once a deadline (``time.monotonic()`` seconds) has passed.
-
-    Since the last ``start``: ``received`` counts the bytes read, ``expired``
-    says whether a read ran out of time.
-    """
-
-    def __init__(self, sock: socket.socket) -> None:
-        self._sock = sock
-        self.deadline = time.monotonic()
-        self.received = 0
-        self.expired = False
-
-    def start(self, deadline: float) -> None:
-        self.deadline = deadline
-        self.received = 0
-        self.expired = False
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        remaining = self.deadline - time.monotonic()
-        if remaining <= 0:
-            self.expired = True
-            raise TimeoutError("request deadline exceeded")
-        self._sock.settimeout(remaining)
-        try:
-            count = self._sock.recv_into(buffer)
-        except TimeoutError:
-            self.expired = True
-            raise
-        self.received += count
-        return count
-
-
-#: A push body over ``http.max_request_body_bytes`` but at most this long is read and
-#: dropped before the 413 (``_Handler._discard``); a longer one is refused unread.
-MAX_DISCARDED_BODY_BYTES = 8 << 20
-DISCARD_CHUNK_BYTES = 64 << 10
+        yield from self._server.limits.collect()
+        yield from self._server.reception.collect()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -143,47 +101,42 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = f"trainmon/{__version__}"
     sys_version = ""
-    disable_nagle_algorithm = True  # headers and body go out without a delayed-ACK stall
 
     def setup(self) -> None:
-        super().setup()
-        self.rfile.close()
-        self._reader = _DeadlineReader(self.connection)
-        self.rfile = io.BufferedReader(self._reader)
-        self._requests = 0
-        self._request_deadline = 0.0
-        self._head_read = False
-        self._response_stalled = False
-        self._peer_asked = False
-        self._peer_uid: int | None = None
+        # ``request`` is a whole request the selector read (trainmon.http.connections):
+        # the handler reads from memory and writes to the connection.
+        request: Request = self.request
+        self._origin = request.connection
+        self._body = request.body
+        self.connection = request.connection.sock
+        self.rfile = io.BytesIO(request.data)
+        self._writer = request.output
+        self.wfile = self._writer
 
-    def handle_one_request(self) -> None:
-        # Both deadlines of a request, and of the idle wait before it, start now.
-        started = time.monotonic()
-        self._request_deadline = started + self.server.read_timeout
-        self._reader.start(started + self.server.header_timeout)
-        self._head_read = self._response_stalled = False
+    def handle(self) -> None:
+        """One request: the selector brings the next one of a kept-alive connection."""
+        self.close_connection = True
         try:
             # The base class catches a TimeoutError itself and closes the connection.
-            super().handle_one_request()
-        except (TimeoutError, ConnectionError, ssl.SSLError):
+            self.handle_one_request()
+        except (TimeoutError, OSError):  # ConnectionError, ssl.SSLError: the client left
             self.close_connection = True
-        if self._response_stalled:
+        if self._writer.stalled:
+            self.close_connection = True
             self.server.limits.count_timeout("response")
-        elif self._reader.expired:
-            self.close_connection = True
-            if self._head_read:
-                self.server.limits.count_timeout("body")
-            elif self._reader.received or self._requests == 0:
-                self.server.limits.count_timeout("head")
-            # else: an idle keep-alive connection, closed as it should be
-        self._requests += 1
+
+    def finish(self) -> None:
+        """Nothing to flush; the connection outlives the handler."""
 
     def parse_request(self) -> bool:
         if not super().parse_request():
             return False
-        self._head_read = True
-        self._reader.deadline = self._request_deadline  # the body may take the rest of it
+        if self._body == "unread":  # bytes of the body would be read as the next request
+            self.close_connection = True
+        return True
+
+    def handle_expect_100(self) -> bool:
+        """The selector sent ``100 Continue`` before it read the body (or answers without)."""
         return True
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -263,7 +216,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _metrics(self, head: bool) -> None:
         encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-        exposition = _Exposition(self.server.registry, self.server.limits)
+        exposition = _Exposition(self.server.registry, self.server)
         try:
             if encoder is generate_latest:  # the text format 0.0.4: the same bytes, faster
                 body = self.server.text_encoder.encode(exposition.collect())
@@ -317,34 +270,23 @@ class _Handler(BaseHTTPRequestHandler):
             "authorization": self.headers.get("Authorization"),
         }
         if length > self.server.max_body_bytes:
-            self.close_connection = True  # an unread body must not be parsed as a request
-            if length <= MAX_DISCARDED_BODY_BYTES:
-                self._discard(length)
+            # dropped (up to MAX_DISCARDED_BODY_BYTES) or never read by the selector
+            self.close_connection = True
             return PushRequest(body=b"", too_large=True, **common)
         return PushRequest(body=self.rfile.read(length), **common)
-
-    def _discard(self, length: int) -> None:
-        """Read ``length`` bytes of a refused body and drop them, under the request's
-        deadline: a client that writes its whole body before it reads (urllib,
-        requests) then gets the 413, where closing on unread bytes would reset the
-        connection under its write."""
-        while length > 0:
-            chunk = self.rfile.read(min(length, DISCARD_CHUNK_BYTES))
-            if not chunk:
-                return
-            length -= len(chunk)
 
     def _loopback_user(self) -> int | None:
         """The local user of this loopback connection's client socket, asked of the
         kernel at the connection's first push and kept while it lasts (the socket,
         and so its owner, cannot change under an open connection)."""
-        if not self._peer_asked:
-            self._peer_asked = True
+        origin = self._origin
+        if not origin.peer_asked:
+            origin.peer_asked = True
             local = self.connection.getsockname()
-            self._peer_uid = loopback_peer_uid(
+            origin.peer_uid = loopback_peer_uid(
                 str(self.client_address[0]), int(self.client_address[1]),
                 str(local[0]), int(local[1]))
-        return self._peer_uid
+        return origin.peer_uid
 
     def _send_json(self, status: int, payload: Mapping[str, object]) -> None:
         body = json.dumps(payload, sort_keys=True).encode() + b"\n"
@@ -369,12 +311,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         if self.close_connection:
             self.send_header("Connection", "close")
-        self.connection.settimeout(self.server.read_timeout)  # bounds each write to a stalled one
-        try:
-            self._end_headers_with(b"" if head else body)
-        except TimeoutError:
-            self._response_stalled = True
-            raise
+        self._end_headers_with(b"" if head else body)
 
     def _end_headers_with(self, body: bytes) -> None:
         """``end_headers()``, then ``body``, in one write: one system call, and for a
@@ -400,12 +337,14 @@ _GET_ROUTES: dict[str, Callable[[_Handler, bool], None]] = {
 }
 
 
-class ExporterHTTPServer(socketserver.ThreadingMixIn, HTTPServer):
-    """HTTPServer with connection caps, per-thread TLS handshakes and deadlines."""
+class ExporterHTTPServer(HTTPServer):
+    """HTTPServer whose connections wait on one selector thread and are answered by a
+    few workers (``trainmon.http.connections``), under caps and deadlines."""
 
-    daemon_threads = True
     allow_reuse_address = True
-    request_queue_size = 128
+    #: The listen backlog; the kernel caps it at ``net.core.somaxconn`` (4096 since
+    #: Linux 5.4). Connections queue there while the selector thread accepts a burst.
+    request_queue_size = 4096
 
     def __init__(
         self,
@@ -426,10 +365,17 @@ class ExporterHTTPServer(socketserver.ThreadingMixIn, HTTPServer):
         self.extra_headers = dict(web.headers)
         self.authenticator = BasicAuthenticator(web.basic_auth_users)
         self.tls_context = web.tls.context() if web.tls else None
-        self.limits = ConnectionLimits(http.max_connections, http.max_connections_per_client)
+        self.limits = ConnectionLimits(
+            connection_budget(http.max_connections), http.max_connections_per_client,
+            max_header_bytes=http.max_header_bytes,
+            max_buffered_body_bytes=http.max_buffered_body_bytes,
+        )
         self.text_encoder = TextEncoder()
         self.address_family = socket.AF_INET6 if ":" in listen.host else socket.AF_INET
         super().__init__((listen.host, listen.port), _Handler)
+        #: The selector thread and the workers (``trainmon.http.connections``).
+        self.reception = Reception(self.socket, self.limits, http, self._answer,
+                                    self.tls_context)
 
     def json_route(self, path: str) -> GetHandler | None:
         """The JSON read route for ``path``: exact, else the longest ``…/`` prefix."""
@@ -455,36 +401,23 @@ class ExporterHTTPServer(socketserver.ThreadingMixIn, HTTPServer):
         host, port = self.server_address[:2]
         self.server_name, self.server_port = str(host), int(port)
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        refusal = self.limits.admit(client_address[0])
-        if refusal is not None:
-            _refuse(request, refusal, plaintext=self.tls_context is None)
-            return
-        try:
-            super().process_request(request, client_address)
-        except Exception:
-            self.limits.release(client_address[0])
-            raise
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
+        """Serve until ``shutdown``: the selector thread is the caller's."""
+        self.reception.serve(poll_interval)
 
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            if self.tls_context is not None:
-                # a deadline: ssl counts this timeout over the whole handshake
-                request.settimeout(self.header_timeout)
-                try:
-                    request = self.tls_context.wrap_socket(request, server_side=True)
-                except (OSError, ssl.SSLError) as error:
-                    if isinstance(error, TimeoutError):
-                        self.limits.count_timeout("handshake")
-                    log.debug("TLS handshake with %s failed: %s", client_address[0], error)
-                    self.shutdown_request(request)
-                    return
-            super().process_request_thread(request, client_address)
-        finally:
-            self.limits.release(client_address[0])
+    def shutdown(self) -> None:
+        """Stop ``serve_forever`` and wait for it; requests already whole are still
+        answered by the workers, connections waiting for theirs are closed."""
+        self.reception.stop()
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        log.debug("connection from %s ended with an error", client_address[0], exc_info=True)
+    def server_close(self) -> None:
+        super().server_close()
+        self.reception.close()
+
+    def _answer(self, request: Request) -> bool:
+        """A worker answers one whole request; True keeps the connection open."""
+        handler = _Handler(cast(Any, request), request.connection.address, self)
+        return not handler.close_connection
 
 
 def accepts_gzip(accept_encoding: str) -> bool:
@@ -521,29 +454,6 @@ def _quality(parameters: list[str]) -> float | None:
                 return None
             return weight if 0.0 <= weight <= 1.0 else None
     return 1.0
-
-
-_REFUSAL_BODIES: dict[RefusalReason, bytes] = {
-    "max_connections": b"too many connections\n",
-    "max_connections_per_client": b"too many connections from your address\n",
-}
-
-
-def _refuse(sock: socket.socket, reason: RefusalReason, plaintext: bool) -> None:
-    """Answer 503 without reading, then close: ``reason`` is the connection cap reached."""
-    body = _REFUSAL_BODIES[reason]
-    try:
-        sock.settimeout(0.05)
-        if plaintext:
-            sock.sendall(
-                b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
-                b"Content-Length: %d\r\nConnection: close\r\nRetry-After: 1\r\n\r\n%s"
-                % (len(body), body)
-            )
-    except OSError:
-        pass
-    finally:
-        sock.close()
 
 
 def _is_loopback(host: str) -> bool:
