@@ -42,6 +42,7 @@ from testkit.prometheus import Prometheus, wait_until
 from testkit.workloads import Workload, ranks
 from tests.alerts.alerts_support.bundle import REPO, rules_path
 from trainmon import contract
+from trainmon.training.writers import uid_writer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -51,6 +52,8 @@ BALANCED_JOB = "balanced-job"
 #: (above the alert's 50 ms margin).
 SLOW_RANK, SLOW_FACTOR = "3", 3.0
 SETTLE_SECONDS = 60.0
+#: The owner of both jobs: their ranks report from this test's process.
+OWNER = uid_writer(os.geteuid())
 
 
 def training_panel(title: str) -> dict[str, Any]:
@@ -66,8 +69,9 @@ def red_step(panel: dict[str, Any]) -> float:
 
 
 def panel_query(panel: dict[str, Any], job: str) -> str:
+    """The panel's query for ``job`` of ``OWNER``, as Grafana sends it."""
     (target,) = panel["targets"]
-    return str(target["expr"]).replace("$job", job)
+    return str(target["expr"]).replace("$job", job).replace("$owner", OWNER)
 
 
 def alert_expr(alert: str) -> str:
@@ -125,6 +129,8 @@ def test_panel_alert_and_verdict_name_the_same_straggler(
     wait_until(lambda: len(straggler_series()) == 8, SETTLE_SECONDS,
                f"{contract.STRAGGLER_RATIO_SERIES} for 8 ranks; got {straggler_series()}\n"
                f"{prometheus.log()}")
+    # the rules keep the jobs' owner: the writer the daemon saw, through the scrape
+    assert {s["metric"]["owner"] for s in straggler_series()} == {OWNER}
     wait_until(lambda: daemon_verdicts(daemon)[0].get(STRAGGLER_JOB) == "scheduling",
                SETTLE_SECONDS, f"the daemon's verdict on {STRAGGLER_JOB}: "
                f"{daemon_verdicts(daemon)}")

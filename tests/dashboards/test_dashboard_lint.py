@@ -26,7 +26,7 @@ from testkit.metric_contract import (
 )
 
 UID_PREFIX = {"dcgm": "trainmon-dcgm", "tencent-cloud": "trainmon-tencent"}
-REQUIRED_VARIABLES = {"training": {"job", "node"}, "node": {"node", "gpu"}, "fleet": {"node"},
+REQUIRED_VARIABLES = {"training": {"job", "owner", "node"}, "node": {"node", "gpu"}, "fleet": {"node"},
                       "goodput": {"job", "team"}}
 OPT_IN_NOTE = "not in dcgm-exporter's default counters"
 #: Grafana 11.x/12.x write schemaVersion 39–41; older numbers get migrated on import.

@@ -44,6 +44,7 @@ so the list gets tightened when a producer lands.
 from __future__ import annotations
 
 import math
+import os
 import re
 import sys
 import time
@@ -86,6 +87,7 @@ from tests.dashboards.dashboards_support import (
     start_trainmon,
     wait_for_targets,
 )
+from trainmon.training.writers import uid_writer
 
 # No skips: a missing /usr/bin/prometheus or /usr/bin/victoria-metrics fails with the
 # install hint of testkit.prometheus.require (every start calls it), and the fake Tencent
@@ -394,11 +396,14 @@ def _selector(key: str) -> str:
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_training_job_label_survives_the_scrape(stack: Stack, engine: str) -> None:
-    """honor_labels keeps the pushed training job; other series get the scrape job."""
+    """honor_labels keeps the pushed training job and its owner (the demo's jobs report
+    over the socket as the daemon's user, this test's); other series get the scrape job."""
     api = stack.engines[engine]["dcgm"]
     now = time.time()
     jobs = api.label_values("job", "trainmon_training_steps_total", now - 60, now)
     assert jobs and "trainmon" not in jobs, jobs
+    owners = api.label_values("owner", "trainmon_training_steps_total", now - 60, now)
+    assert owners == [uid_writer(os.geteuid())], owners
     scrape_jobs = api.label_values("job", "trainmon_gpu_up", now - 60, now)
     assert scrape_jobs == ["trainmon"]
     nodes = api.label_values("node", "DCGM_FI_DEV_GPU_UTIL", now - 60, now)

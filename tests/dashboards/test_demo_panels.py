@@ -132,7 +132,7 @@ def _backfill(records: list[dict[str, Any]], until: float) -> str:
     for record in records:
         per_rank = record["summary"]["samples_per_second_median"] / record["world_size"]
         labels = (f'config_hash="{record["config_hash"]}",job="{record["job"]}",'
-                  f'run="{record["run"]}"')
+                  f'owner="{record["owner"]}",run="{record["run"]}"')
         at = record["started"] + SETTLE_SECONDS
         while at <= min(record["ended"] + BEST_1H_SECONDS, until):
             lines.append(f"{BEST_1H}{{{labels}}} {per_rank:.3f} {at:.3f}")

@@ -5,6 +5,7 @@ that leave groups out, bounded per rank, exported as ``trainmon_training_group_*
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -22,6 +23,7 @@ from trainmon.training.report_fields import (
     MAX_RANK,
     CommGroup,
 )
+from trainmon.training.writers import uid_writer
 
 Make = Callable[..., TrainingCollector]
 PROTOCOL_DOCS = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
@@ -174,7 +176,9 @@ def accept(collector: TrainingCollector, body: bytes) -> None:
     assert response.status == 200, response.payload
 
 
-RANK = {"job": "resnet50", "rank": "0"}
+#: The rank's labels: pushed from loopback by this test's own user, its job's owner.
+RANK = {"job": "resnet50", "owner": uid_writer(os.geteuid()), "rank": "0"}
+OWNER = RANK["owner"]
 
 
 def test_each_group_becomes_its_series(make_collector: Make) -> None:
@@ -199,9 +203,9 @@ def test_each_group_becomes_its_series(make_collector: Make) -> None:
     assert result.labelsets("trainmon_training_group_comm_exposed_seconds_total") == [dp]
     assert result.value("trainmon_training_group_comm_exposed_seconds_total", **dp) == 0.5
     assert result.series("trainmon_training_group_collective_seq",
-                         "job", "rank", "group", "root") == {
-        ("resnet50", "0", "dp", "1"): 40.0,
-        ("resnet50", "0", "tp", ""): 959.0,  # root unknown
+                         "job", "owner", "rank", "group", "root") == {
+        ("resnet50", OWNER, "0", "dp", "1"): 40.0,
+        ("resnet50", OWNER, "0", "tp", ""): 959.0,  # root unknown
     }
     for name in GROUP_COUNTERS:
         assert f"# TYPE {name} counter" in result.text, name
@@ -248,11 +252,11 @@ def test_a_report_with_fewer_groups_keeps_the_others_and_counts_nothing_twice(
                                   "tp": group(collectives=520, seq=520, root=0)}))
     result = scrape(collector)
     assert result.series("trainmon_training_group_collectives_total",
-                         "job", "rank", "group") == {
-        ("resnet50", "0", "dp"): 52.0, ("resnet50", "0", "tp"): 520.0}
+                         "job", "owner", "rank", "group") == {
+        ("resnet50", OWNER, "0", "dp"): 52.0, ("resnet50", OWNER, "0", "tp"): 520.0}
     assert result.series("trainmon_training_group_collective_seq",
-                         "job", "rank", "group", "root") == {
-        ("resnet50", "0", "dp", "1"): 52.0, ("resnet50", "0", "tp", "0"): 520.0}
+                         "job", "owner", "rank", "group", "root") == {
+        ("resnet50", OWNER, "0", "dp", "1"): 52.0, ("resnet50", OWNER, "0", "tp", "0"): 520.0}
     assert result.value("trainmon_training_reporter_resets_total", **RANK) == 0
 
 
@@ -289,7 +293,8 @@ def test_group_totals_stay_monotonic_across_a_new_reporter(make_collector: Make)
     assert result.value("trainmon_training_group_collectives_total", group="pp", **RANK) == 10
     # seq and root are the new process's; the group it has not reported has none
     assert result.series("trainmon_training_group_collective_seq",
-                         "job", "rank", "group", "root") == {("resnet50", "0", "dp", "4"): 12.0}
+                         "job", "owner", "rank", "group", "root") == {
+        ("resnet50", OWNER, "0", "dp", "4"): 12.0}
     assert result.value("trainmon_training_reporter_resets_total", **RANK) == 1
 
 

@@ -172,8 +172,8 @@ def test_the_stalled_collectives_group_is_a_label_of_stall_info() -> None:
         exposition = scrape(training)
     finally:
         training.stop()
-    assert exposition.series("trainmon_training_stall_info", "job", "rank", "where", "phase",
-                             "collective", "seq", "frame", "group") == {
-        ("resnet50", "1", "collective", "", "all_reduce", "311", "", "dp"): 1.0,
-        ("resnet50", "2", "collective", "", "all_reduce", "311", "", ""): 1.0,
+    assert exposition.series("trainmon_training_stall_info", "job", "owner", "rank", "where",
+                             "phase", "collective", "seq", "frame", "group") == {
+        ("resnet50", "local", "1", "collective", "", "all_reduce", "311", "", "dp"): 1.0,
+        ("resnet50", "local", "2", "collective", "", "all_reduce", "311", "", ""): 1.0,
     }

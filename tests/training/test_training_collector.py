@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from typing import cast
 
@@ -13,6 +14,10 @@ from tests.training.training_support import FakeClock, line, push, report
 from trainmon.collectors.training import TrainingCollector
 from trainmon.contract import STEP_BUCKET_COUNT
 from trainmon.training.protocol import REJECT_REASONS
+from trainmon.training.writers import uid_writer
+
+#: The owner of the jobs these tests push: from loopback, by this test's own user.
+OWNER = uid_writer(os.geteuid())
 
 Make = Callable[..., TrainingCollector]
 
@@ -38,7 +43,7 @@ def test_report_becomes_every_rank_series(make_collector: Make) -> None:
     collector = make_collector()
     accept(collector, line())
     result = scrape(collector)
-    rank = {"job": "resnet50", "rank": "0"}
+    rank = {"job": "resnet50", "owner": OWNER, "rank": "0"}
     assert result.value("trainmon_training_steps_total", **rank) == 10
     assert result.value("trainmon_training_samples_total", **rank) == 320
     assert result.value("trainmon_training_data_wait_seconds_total", **rank) == 0.5
@@ -51,9 +56,9 @@ def test_report_becomes_every_rank_series(make_collector: Make) -> None:
     assert result.value("trainmon_training_data_wait_ratio", **rank) == 0.25
     assert result.value("trainmon_training_last_step_timestamp_seconds", **rank) == 1.7e9
     assert result.labelsets("trainmon_training_rank_info") == [
-        {"job": "resnet50", "rank": "0", "gpu": "0", "pid": "4242"}
+        {"job": "resnet50", "owner": OWNER, "rank": "0", "gpu": "0", "pid": "4242"}
     ]
-    assert result.value("trainmon_training_world_size", job="resnet50") == 8
+    assert result.value("trainmon_training_world_size", job="resnet50", owner=OWNER) == 8
     assert result.value("trainmon_training_reports_total", transport="http") == 1
     for reason in REJECT_REASONS:
         assert result.value("trainmon_training_rejected_reports_total", reason=reason) == 0
@@ -64,7 +69,7 @@ def test_unknown_gpu_and_pid_are_empty_labels(make_collector: Make) -> None:
     collector = make_collector()
     accept(collector, line(gpu=None, pid=None))
     assert scrape(collector).labelsets("trainmon_training_rank_info") == [
-        {"job": "resnet50", "rank": "0", "gpu": "", "pid": ""}
+        {"job": "resnet50", "owner": OWNER, "rank": "0", "gpu": "", "pid": ""}
     ]
 
 
@@ -135,7 +140,7 @@ def test_measured_comm_is_exported_per_rank(make_collector: Make) -> None:
                              comm_bytes=4_000_000))
     accept(collector, totals(10, 5.0, 0.5, rank=1))  # measures no communication
     result = scrape(collector)
-    rank0 = {"job": "resnet50", "rank": "0"}
+    rank0 = {"job": "resnet50", "owner": OWNER, "rank": "0"}
     assert result.value("trainmon_training_comm_seconds_total", **rank0) == 2.0
     assert result.value("trainmon_training_comm_exposed_seconds_total", **rank0) == 0.5
     assert result.value("trainmon_training_comm_bytes_total", **rank0) == 4_000_000

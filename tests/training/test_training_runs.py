@@ -46,9 +46,10 @@ def test_a_run_is_one_series_however_many_ranks_describe_it(training: TrainingCo
          step(5, world_size=2))
     exposition = scrape(training)
     hash_a = description()["config_hash"]
-    assert exposition.series("trainmon_training_run_info", "job", "run", "config_hash") == {
-        ("resnet50", "run-a", hash_a): 1.0,
-        ("bert", "run-x", description(config={})["config_hash"]): 1.0,
+    assert exposition.series("trainmon_training_run_info", "job", "owner", "run",
+                             "config_hash") == {
+        ("resnet50", "local", "run-a", hash_a): 1.0,
+        ("bert", "local", "run-x", description(config={})["config_hash"]): 1.0,
     }
     assert exposition.value("trainmon_training_run_start_timestamp_seconds",
                             job="resnet50", run="run-a") == 1_700_000_005.0
