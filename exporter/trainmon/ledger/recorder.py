@@ -54,7 +54,10 @@ resumed nor overwritten: it is *refused* (counted in ``refused_runs``,
 logged rate-limited), so whoever re-uses another user's job name and run id
 after that job expired cannot rewrite the old record. Reports and
 descriptions of another owner than the one a run in memory started with are
-left out of that run.
+left out of that run. A crashed run's steps are redone (``lost_progress``)
+only by its own owner's next run of the job, and a job's GPU-seconds, goodput
+window and team are its current owner's: another owner's first booking of
+the name starts them again (``readings().owners``, the ``owner`` label).
 
 Retention runs every ``PRUNE_SECONDS`` (``Ledger.prune``: age, then
 ``max_runs_per_owner``, then ``max_runs`` from the largest owners first),
