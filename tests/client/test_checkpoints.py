@@ -23,6 +23,7 @@ from trainmon.client import Reporter
 from trainmon.collectors.training import TrainingCollector, TrainingConfig
 from trainmon.node.mounts import find_mount, parse_mountinfo
 from trainmon.training.protocol import MAX_LINE_BYTES, ReportError, parse_report
+from trainmon.training.writers import uid_writer
 
 TREE = Path(__file__).parents[1] / "node" / "fixtures" / "mounts"
 WALL_NOW = 1_700_000_100.0
@@ -51,6 +52,10 @@ def make(clock: FakeClock) -> Iterator[Make]:
     yield build
     for collector in started:
         collector.stop()
+
+
+#: The owner of the jobs ``send`` pushes: from loopback, by this test's own user.
+OWNER = uid_writer(os.geteuid())
 
 
 def send(collector: TrainingCollector, **changes: object) -> None:
@@ -212,7 +217,7 @@ def test_last_checkpoint_time_is_clamped_and_maxed_over_ranks(make: Make) -> Non
     assert result.value("trainmon_training_checkpoints_total", job="resnet50", rank="2") is None
     # the latest checkpoint's path decides the storage
     assert result.labelsets("trainmon_training_checkpoint_storage_info") == [
-        {"job": "resnet50", "mountpoint": "/data", "fstype": "xfs", "storage": "local_disk"}]
+        {"job": "resnet50", "owner": OWNER, "mountpoint": "/data", "fstype": "xfs", "storage": "local_disk"}]
     send(collector, job="future", **checkpointed(1, 1.0, when=WALL_NOW + 3600))
     assert scrape(collector).value(
         "trainmon_training_last_checkpoint_timestamp_seconds", job="future") == WALL_NOW
@@ -255,14 +260,14 @@ def test_storage_of_the_checkpoint_path(
     send(collector, pid=pid, **checkpointed(1, 1.0, path=path))
     mountpoint, fstype, storage = expected
     assert scrape(collector).labelsets("trainmon_training_checkpoint_storage_info") == [
-        {"job": "resnet50", "mountpoint": mountpoint, "fstype": fstype, "storage": storage}]
+        {"job": "resnet50", "owner": OWNER, "mountpoint": mountpoint, "fstype": fstype, "storage": storage}]
 
 
 def test_storage_unknown_without_a_mount_table(make: Make, tmp_path: Path) -> None:
     collector = make(proc_root=tmp_path / "proc", sys_root=tmp_path / "sys")
     send(collector, **checkpointed(1, 1.0))
     assert scrape(collector).labelsets("trainmon_training_checkpoint_storage_info") == [
-        {"job": "resnet50", "mountpoint": "", "fstype": "", "storage": "unknown"}]
+        {"job": "resnet50", "owner": OWNER, "mountpoint": "", "fstype": "", "storage": "unknown"}]
 
 
 def test_unreadable_sysfs_gives_unknown_not_a_failed_scrape(make: Make, tmp_path: Path) -> None:

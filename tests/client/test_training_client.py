@@ -98,7 +98,9 @@ def test_http_endpoint_with_token(start_daemon: Callable[..., object], tmp_path:
     assert good.dropped_reports == 0
     assert bad.dropped_reports == 1
     text = daemon.metrics()  # type: ignore[attr-defined]
-    assert 'trainmon_training_samples_total{job="unit",rank="0"} 3.0' in text
+    # the job is the token's: a token file of one token names it "default"
+    assert ('trainmon_training_samples_total{job="unit",owner="token:default",rank="0"} 3.0'
+            in text)
     assert 'rank="1"' not in text
     # Refused: one POST, the final totals with the ended run description (close()).
     assert 'trainmon_training_rejected_reports_total{reason="unauthorized"} 1.0' in text

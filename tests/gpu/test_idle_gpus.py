@@ -14,6 +14,7 @@ import pytest
 
 from testkit.daemon import Daemon
 from testkit.exposition import parse
+from trainmon.training.writers import uid_writer
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +44,9 @@ def test_a_gpu_held_by_a_process_that_never_reports_is_idle_allocated(
     deadline = time.monotonic() + DEADLINE_SECONDS
     while True:
         scrape = parse(daemon.metrics())
-        seconds = scrape.series("trainmon_job_gpu_seconds_total", "job", "bucket")
+        seconds = {(job, bucket): value for (job, owner, bucket), value in scrape.series(
+            "trainmon_job_gpu_seconds_total", "job", "owner", "bucket").items()
+            if owner == uid_writer(os.geteuid())}  # the user who runs the process
         if seconds.get(("notebook", "idle_allocated"), 0.0) >= 2.0:
             break
         assert time.monotonic() < deadline, daemon.log()

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from testkit.daemon import Daemon
 from trainmon.client import Reporter
+from trainmon.training.writers import uid_writer
 
 RANKS = 100
 #: Flushes of all ranks at once, after the first (which carries the descriptions).
@@ -102,6 +103,8 @@ def test_100_ranks_reporting_at_once_lose_no_report_and_no_description(
     assert [reporter.dropped_reports for reporter in reporters] == [0] * RANKS
     assert not re.search(r"^trainmon_training_rejected_reports_total\{.*\} [1-9]", text, re.M)
     assert not re.search(r"^trainmon_training_dropped_reports_total\{.*\} [1-9]", text, re.M)
-    steps = re.findall(r'^trainmon_training_steps_total\{job="burst",rank="\d+"\} (\S+)$',
-                       text, re.M)
+    # the job's owner: the kernel's word for this test's user on the socket
+    owner = uid_writer(os.geteuid())
+    steps = re.findall(rf'^trainmon_training_steps_total\{{job="burst",owner="{owner}",'
+                       r'rank="\d+"\} (\S+)$', text, re.M)
     assert [float(value) for value in steps] == [ROUNDS + 1.0] * RANKS
