@@ -322,8 +322,9 @@ def test_generator_refuses_a_training_rule_whose_window_is_not_the_contracts(
     shutil.copy(REPO / "docs" / "alerts.md", root / "docs" / "alerts.md")
     source = root / "alerts" / "source" / "common.yml"
     text = source.read_text()
-    edited = text.replace("sum by (job, rank, instance) (rate(trainmon_training_step_seconds_sum[10m]))",
-                          "sum by (job, rank, instance) (rate(trainmon_training_step_seconds_sum[5m]))")
+    edited = text.replace(
+        "sum by (job, owner, rank, instance) (rate(trainmon_training_step_seconds_sum[10m]))",
+        "sum by (job, owner, rank, instance) (rate(trainmon_training_step_seconds_sum[5m]))")
     assert edited != text
     source.write_text(edited)
     result = run_script("alerts/generate.py", "--check", cwd=root)
