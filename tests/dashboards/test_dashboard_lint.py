@@ -235,6 +235,31 @@ def test_the_dashboards_link_to_each_other(dashboards: list[Dashboard]) -> None:
                 ("node", "training"), ("goodput", "training")} <= edges, (variant, edges)
 
 
+#: A label list of an aggregation or a join: ``by (…)``, ``on (…)``, ``group_left (…)``.
+LABEL_LIST = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)")
+
+
+def test_a_query_that_takes_a_job_takes_its_owner(dashboards: list[Dashboard]) -> None:
+    """A job across nodes is (job, owner) (docs/security.md, "Owners across nodes"): a
+    query that aggregates or joins by ``job`` keeps ``owner``, one that selects the
+    Training overview's ``$job`` selects ``$owner`` too (the owner variable's own query
+    aside), and a link to a job's Training overview passes its owner."""
+    for dashboard in dashboards:
+        for query in [*panel_queries(dashboard), *annotation_queries(dashboard)]:
+            for labels in LABEL_LIST.findall(query.expr):
+                names = {name.strip() for name in labels.split(",")}
+                assert "job" not in names or "owner" in names, (dashboard.name, query.expr)
+            if 'job="$job"' in query.expr:
+                assert 'owner="$owner"' in query.expr, (dashboard.name, query.expr)
+        for variable in dashboard.variables():
+            query = str(variable.get("query", ""))
+            if 'job="$job"' in query and variable["name"] != "owner":
+                assert 'owner="$owner"' in query, (dashboard.name, variable["name"])
+        for url in _data_link_urls(dashboard):
+            if "var-job=" in url:
+                assert "var-owner=" in url, (dashboard.name, url)
+
+
 #: Options of a Prometheus annotation query that Grafana's schema model (the SDK's
 #: AnnotationQuery) has no field for; dashboards.builder.PromAnnotation writes them.
 PROMETHEUS_ANNOTATION_OPTIONS = ("step", "titleFormat", "textFormat", "tagKeys",
