@@ -26,7 +26,7 @@ slowest; 5 s timeout: the DaemonSet's liveness probe), the ledger's bytes
 (file + WAL) after two flushes, and SIGTERM to exit at the end (``TimeoutStopSec``
 is 20 s; the goal 5 s).
 
-    .venv/bin/python -m bench.hostile_floods               # about 10 minutes
+    .venv/bin/python -m bench.hostile_floods               # about 20 minutes
     .venv/bin/python -m bench.hostile_floods --quick       # a smaller flood, ~3 min
     .venv/bin/python -m bench.hostile_floods --before ''   # the working tree only
 
@@ -320,12 +320,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--floods", default=",".join(FLOODS))
     parser.add_argument("--users", default="1,4", help="user counts, comma-separated")
+    parser.add_argument("--before-users", default="1",
+                        help="user counts of the before side (four users at once take the "
+                             "before daemon to gigabytes each)")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("bench.hostile_floods needs root (it floods as other user ids)")
     settings = QUICK if args.quick else Settings()
     kinds = [kind for kind in args.floods.split(",") if kind]
-    user_counts = [int(count) for count in args.users.split(",")]
+    user_counts = {"after": [int(count) for count in args.users.split(",")],
+                   "before": [int(count) for count in args.before_users.split(",")]}
     results: dict[tuple[str, str, int], Outcome] = {}
     with tempfile.TemporaryDirectory(prefix="trainmon-floods-") as temporary, \
             before_tree(args.before) if args.before else contextlib.nullcontext() as old:
@@ -336,7 +340,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             sides.insert(0, ("before", old))
         for side, exporter in sides:
             for kind in kinds:
-                for users in user_counts:
+                for users in user_counts[side]:
                     outcome = flood_once(exporter, root / f"{side}-{kind}-{users}", kind,
                                          users, settings)
                     results[(side, kind, users)] = outcome
