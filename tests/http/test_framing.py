@@ -38,6 +38,8 @@ def test_the_head_ends_at_the_first_empty_line(received: bytes, end: int | None)
          Framing(4, False, True)),
         (b"POST / HTTP/1.0\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n",
          Framing(4, False, False)),  # no interim responses before HTTP/1.1
+        (b"POST / HTTP/1.1\r\nX-A: 1\r\n Content-Length: 4\r\nContent-Length : 5\r\n\r\n",
+         Framing(None, False, False)),  # a continuation line, and a name with a space
     ],
 )
 def test_the_body_a_head_announces(head: bytes, framing: Framing) -> None:

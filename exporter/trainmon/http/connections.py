@@ -55,7 +55,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Final
+from typing import Any, Final
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
@@ -99,7 +99,7 @@ _WAITING = (Phase.HANDSHAKE, Phase.HEAD, Phase.BODY)
 _TIMED = (*_WAITING, Phase.WRITING)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class Connection:
     """One accepted connection. Its fields belong to the selector thread while it
     waits, and to one worker while it is answered."""
@@ -130,6 +130,8 @@ class Connection:
     #: open once they are sent.
     outgoing: Outgoing = field(default_factory=Outgoing)
     keep_open: bool = False
+    #: When its worker handed it back (``time.monotonic()``).
+    answered_at: float = 0.0
     #: The local user of a loopback client, asked of the kernel once (``trainmon.http.peer``).
     peer_asked: bool = False
     peer_uid: int | None = None
@@ -137,6 +139,9 @@ class Connection:
     @property
     def tls(self) -> bool:
         return isinstance(self.sock, ssl.SSLSocket)
+
+    def __repr__(self) -> str:  # never the bytes a client sent: they reach the log
+        return f"<connection from {self.client} ({self.phase.value})>"
 
 
 @dataclass(frozen=True)
@@ -218,23 +223,43 @@ class Reception:
             threading.Thread(target=self._work, name=f"http-worker-{number}", daemon=True).start()
         try:
             while not self._stopping.is_set():
-                for key, _ in self._selector.select(self._wait_seconds(poll_interval)):
-                    if key.data is self._listener:
-                        self._accept()
-                    elif key.data is self._wake_reader:
-                        self._take_returned()
-                    elif key.data.phase is Phase.HANDSHAKE:
-                        self._handshake(key.data)
-                    elif key.data.phase in _WAITING:
-                        self._read(key.data)
-                    elif key.data.phase is Phase.WRITING:
-                        self._write(key.data)
+                ready = self._selector.select(self._wait_seconds(poll_interval))
+                self._take_returned()  # first: a connection may be ready already
+                for key, _ in ready:
+                    self._guarded(self._on_event, key.data)
                 for connection in list(self._tls_pending):
-                    self._read(connection)
+                    self._guarded(self._read, connection)
                 self._expire(time.monotonic())
                 self._resume_listener()
         finally:
             self._wind_down()
+
+    def _on_event(self, ready: object) -> None:
+        if ready is self._listener:
+            self._accept()
+        elif ready is self._wake_reader:
+            with contextlib.suppress(BlockingIOError):
+                while self._wake_reader.recv(4096):
+                    pass
+        elif isinstance(ready, Connection):
+            if ready.phase is Phase.HANDSHAKE:
+                self._handshake(ready)
+            elif ready.phase in _WAITING:
+                self._read(ready)
+            elif ready.phase is Phase.WRITING:
+                self._write(ready)
+            # else: closed or handed to a worker earlier in this turn
+
+    def _guarded(self, action: Callable[[Any], None], subject: object) -> None:
+        """``action(subject)``; a failure (a bug) closes that connection and is logged,
+        the loop and every other connection go on."""
+        try:
+            action(subject)
+        except Exception:
+            log.exception("the HTTP selector failed on %r", subject)
+            if isinstance(subject, Connection):
+                with contextlib.suppress(Exception):
+                    self._close(subject)
 
     def stop(self) -> None:
         """End ``serve`` and wait for it (at once if it never started)."""
@@ -254,7 +279,10 @@ class Reception:
     def _wait_seconds(self, poll_interval: float) -> float:
         if self._tls_pending:
             return 0.0
-        wake = self._deadlines[0][0] if self._deadlines else None
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][1] != deadlines[0][2].deadline_entry:
+            heapq.heappop(deadlines)  # superseded (a request came): no reason to wake for it
+        wake = deadlines[0][0] if deadlines else None
         if self._listener_paused_until is not None:
             wake = min(wake or self._listener_paused_until, self._listener_paused_until)
         if wake is None:
@@ -279,11 +307,13 @@ class Reception:
         return [family]
 
     def _wind_down(self) -> None:
+        with self._lock:
+            self._stopping.set()  # workers close what they finish from now on
+            returned, self._returned = list(self._returned), collections.deque()
         for connection in [*self._waiting, *self._writing]:
             self._close(connection)
-        with self._lock:
-            returned, self._returned = list(self._returned), collections.deque()
         for connection in returned:
+            self._unwatch(connection)  # an idle one its worker registered
             self._finish(connection)
         for _ in range(self._workers):
             self._queue.put(None)  # after the queued requests: those are still answered
@@ -319,7 +349,7 @@ class Reception:
                 self._limits.refuse(host, cap)
                 _refuse(sock, cap, plaintext=self._tls is None)
                 return
-            self._limits.evict(host, cap)
+            self._limits.evict(waiting.address[0], cap)
             self._close(waiting)
         sock.setblocking(False)
         try:
@@ -490,14 +520,15 @@ class Reception:
 
     # -- waits and deadlines ------------------------------------------------------
 
-    def _begin_wait(self, connection: Connection) -> None:
-        """A wait for a request begins: it goes to the back of the eviction order."""
+    def _begin_wait(self, connection: Connection, since: float | None = None) -> None:
+        """A wait for a request begins (at ``since``, else now): it goes to the back of the
+        eviction order."""
         self._waiting[connection] = None
         self._waiting_by_client.setdefault(connection.client, {})[connection] = None
-        self._restart_deadlines(connection)
+        self._restart_deadlines(connection, since)
 
-    def _restart_deadlines(self, connection: Connection) -> None:
-        now = time.monotonic()
+    def _restart_deadlines(self, connection: Connection, since: float | None = None) -> None:
+        now = time.monotonic() if since is None else since
         connection.received = 0
         connection.body_state = "none"
         connection.head_deadline = now + self._header_timeout
@@ -539,6 +570,10 @@ class Reception:
         self._tls_pending.discard(connection)
 
     def _watch(self, connection: Connection, events: int) -> None:
+        # Workers register idle kept-alive connections too (``_hand_back``): the selector
+        # keeps its registrations in a dict, one entry per descriptor, and each dict
+        # operation is atomic in CPython, so registrations of different connections from
+        # two threads cannot interfere.
         if connection.events == events:
             return
         if connection.events:
@@ -588,7 +623,7 @@ class Reception:
         if not connection.keep_open:
             self._close(connection, graceful=True)
             return
-        self._await_next_request(connection)
+        self._await_next_request(connection, time.monotonic())
 
     # -- workers ----------------------------------------------------------------------
 
@@ -613,14 +648,25 @@ class Reception:
                 self._finish(connection)
 
     def _hand_back(self, connection: Connection) -> None:
+        """Give an answered connection back to the selector thread. An idle kept-alive one
+        (nothing left to send, nothing received ahead) is registered for its next request
+        here, so the selector thread need not wake for it: it takes the connection over at
+        its next turn, before it handles any event (the idle deadline counts from now)."""
+        idle = not (connection.outgoing.queued or connection.buffer
+                    or _tls_pending_bytes(connection.sock))
         with self._lock:
             taken = not self._stopping.is_set()
             if taken:
+                connection.answered_at = time.monotonic()
                 self._returned.append(connection)
-        if taken:
-            self._wake()
-        else:
+                if idle:
+                    connection.phase = Phase.HEAD
+                    self._selector.register(connection.sock, selectors.EVENT_READ, connection)
+                    connection.events = selectors.EVENT_READ
+        if not taken:
             self._finish(connection)
+        elif not idle:
+            self._wake()
 
     def _finish(self, connection: Connection) -> None:
         """Close a connection after its last answer (in a worker, or at the end)."""
@@ -636,31 +682,25 @@ class Reception:
             self._wake_writer.send(b"\0")
 
     def _take_returned(self) -> None:
-        try:
-            while self._wake_reader.recv(4096):
-                pass
-        except BlockingIOError:
-            pass
+        """Take over the connections workers handed back (``_hand_back``)."""
+        if not self._returned:  # most turns: no lock needed to see that
+            return
         with self._lock:
             returned, self._returned = list(self._returned), collections.deque()
         for connection in returned:
-            try:
-                connection.sock.setblocking(False)
-            except OSError:
-                self._finish(connection)
-                continue
             if connection.outgoing.queued:  # the client has yet to take the whole answer
                 connection.phase = Phase.WRITING
                 self._writing.add(connection)
-                self._set_deadline(connection, time.monotonic() + self._read_timeout)
+                self._set_deadline(connection, connection.answered_at + self._read_timeout)
                 self._write(connection)
             else:
-                self._await_next_request(connection)
+                self._await_next_request(connection, connection.answered_at)
 
-    def _await_next_request(self, connection: Connection) -> None:
-        """A kept-alive connection, answered: back to waiting, bytes it sent ahead included."""
+    def _await_next_request(self, connection: Connection, since: float) -> None:
+        """A kept-alive connection, answered (at ``since``): back to waiting, bytes it sent
+        ahead included."""
         connection.phase = Phase.HEAD
-        self._begin_wait(connection)
+        self._begin_wait(connection, since)
         self._watch(connection, selectors.EVENT_READ)
         if connection.buffer:  # a pipelined request came with the last one
             connection.received = len(connection.buffer)

@@ -10,6 +10,7 @@ occurrence of each header, as the handler reads it).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -31,6 +32,12 @@ class Framing:
     expects_continue: bool
 
 
+_NO_BODY = Framing(None, False, False)
+#: A header line that ``framing_of`` reads (any case, as ``http.server`` compares them).
+_FRAMING_HEADER = re.compile(rb"^(?:content-length|transfer-encoding|expect):",
+                             re.IGNORECASE | re.MULTILINE)
+
+
 def head_end(buffer: bytearray) -> int | None:
     """The length of the request head at the start of ``buffer`` (request line, header
     lines, the empty line), or None while it is incomplete. Lines end in LF or CRLF, as
@@ -41,25 +48,27 @@ def head_end(buffer: bytearray) -> int | None:
         return None
     if not 2 <= len(buffer[:line_end].split()) <= 3:
         return line_end + 1
-    ends = [index for index in (buffer.find(b"\n\r\n", line_end), buffer.find(b"\n\n", line_end))
-            if index >= 0]
-    if not ends:
-        return None
-    first = min(ends)
-    return first + (3 if buffer[first + 1:first + 2] == b"\r" else 2)
+    crlf = buffer.find(b"\n\r\n", line_end)
+    bare = buffer.find(b"\n\n", line_end, None if crlf < 0 else crlf)
+    if bare >= 0:
+        return bare + 2
+    return None if crlf < 0 else crlf + 3
 
 
 def framing_of(head: bytes) -> Framing:
     """The body framing a request head announces (first occurrence of each header,
     as the handler reads it)."""
+    if _FRAMING_HEADER.search(head) is None:  # a scrape: no body, nothing to parse
+        return _NO_BODY
     lines = head.split(b"\n")
     words = lines[0].split()
     version = words[2] if len(words) == 3 else b"HTTP/0.9"
     seen: dict[bytes, bytes] = {}
     for line in lines[1:]:
         name, colon, value = line.partition(b":")
-        if colon:
-            seen.setdefault(name.strip().lower(), value.strip())
+        if colon and name and not name[:1].isspace() and name == name.strip():
+            # a header line as the email parser reads one (not a continuation)
+            seen.setdefault(name.lower(), value.strip())
     chunked = b"chunked" in seen.get(b"transfer-encoding", b"").lower()
     raw_length = seen.get(b"content-length")
     length: int | None = None

@@ -63,8 +63,11 @@ class HTTPConfig:
     #: among its own connections.
     max_connections_per_client: int = field(
         default=256, metadata=setting(minimum=1, maximum=100_000))
-    #: Threads that answer whole requests (a request still arriving holds none).
-    max_workers: int = field(default=8, metadata=setting(minimum=1, maximum=256))
+    #: Threads that answer whole requests (a request still arriving holds none, nor does
+    #: an answer its client reads slowly). Python runs one at a time (the GIL): more
+    #: help only while some wait, on a client past the output budget or a lock; each
+    #: costs about 250 KiB of resident memory once it has answered.
+    max_workers: int = field(default=4, metadata=setting(minimum=1, maximum=256))
     #: Largest request line and headers together (bytes); a longer head gets a 431
     #: and the connection is closed.
     max_header_bytes: int = field(
