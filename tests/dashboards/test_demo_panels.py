@@ -34,6 +34,7 @@ and pages after ``for: 15m`` more):
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -73,6 +74,7 @@ from tests.dashboards.dashboards_support import (
 from trainmon.contract import THROUGHPUT_REGRESSION_RATIO
 from trainmon.demo.history import EARLIER_RUNS
 from trainmon.demo.jobs import DEMO_JOBS
+from trainmon.training.writers import uid_writer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -127,12 +129,15 @@ def _earlier_records(ledger: Path) -> list[dict[str, Any]]:
 
 def _backfill(records: list[dict[str, Any]], until: float) -> str:
     """OpenMetrics text of BEST_1H for each earlier run, as the shipped rule records it:
-    from SETTLE_SECONDS after its start until BEST_1H_SECONDS after its end (or ``until``)."""
+    from SETTLE_SECONDS after its start until BEST_1H_SECONDS after its end (or ``until``).
+    Its owner is the demo jobs' (they report over the socket as the daemon's user, this
+    test's): the earlier runs of the same jobs, which their runs are compared with."""
+    owner = uid_writer(os.geteuid())
     lines = [f"# TYPE {BEST_1H} gauge"]
     for record in records:
         per_rank = record["summary"]["samples_per_second_median"] / record["world_size"]
         labels = (f'config_hash="{record["config_hash"]}",job="{record["job"]}",'
-                  f'owner="{record["owner"]}",run="{record["run"]}"')
+                  f'owner="{owner}",run="{record["run"]}"')
         at = record["started"] + SETTLE_SECONDS
         while at <= min(record["ended"] + BEST_1H_SECONDS, until):
             lines.append(f"{BEST_1H}{{{labels}}} {per_rank:.3f} {at:.3f}")
