@@ -20,7 +20,13 @@ system, ``/proc/<pid>/stat``) per report applied in the unix capacity run.
     .venv/bin/python -m bench.training_ingest
     .venv/bin/python -m bench.training_ingest --reports 5000 --pushgateway-reports 300
 
-Prints a markdown table for docs/benchmarks.md.
+Prints a markdown table for docs/benchmarks.md. ``--redaction`` times the secret rule
+(``trainmon.training.redaction``) in process instead, on a typical run description and
+on one full of secret-bearing text, against the rule it replaced (issue 35), and the
+daemon's whole validation of the description (``protocol.parse``); the full run prints
+that line too.
+
+    .venv/bin/python -m bench.training_ingest --redaction
 """
 
 from __future__ import annotations
@@ -30,12 +36,14 @@ import http.client
 import json
 import multiprocessing
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import timeit
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,6 +59,97 @@ RANKS_PER_SENDER = 128
 PUSHGATEWAY = "/usr/bin/prometheus-pushgateway"
 #: PUTs of the single-sender latency measurement (one sender, one group at a time).
 SINGLE_PUTS = 50
+
+
+# -- the secret rule's cost on a run description -----------------------------------
+
+#: A run description as the client builds it for a typical job.
+TYPICAL_DESCRIPTION: dict[str, Any] = {
+    "v": 1, "type": "run", "job": "llama-7b", "rank": 3, "reporter_id": "a1b2c3d4e5f60718",
+    "run": "20261201T101500Z-1a2b3c4d", "started": 1_796_120_100.0, "world_size": 64,
+    "config_hash": "sha256:0123456789abcdef",
+    "config": {
+        **{f"model.layer{index}.dim": 4096 for index in range(8)},
+        "optimizer.name": "adamw", "optimizer.betas": "[0.9,0.95]", "lr": 3e-4,
+        "lr_schedule": "cosine", "data.root": "/mnt/cfs/imagenet/train",
+        "precision": "bf16-mixed", "model.name": "llama-7b", "batch_size": 1024,
+        "tokenizer.path": "/models/llama/tokenizer.model", "seed": 42,
+        "run_name": "exp-2024-01-01-lr3e-4-bs1024", "output_dir": "/checkpoints/exp42",
+        "command": "torchrun --nproc_per_node 8 train.py --config configs/llama.yaml "
+                   "--lr 3e-4 --batch-size 1024",
+    },
+    "environment": {
+        "NCCL_DEBUG": "WARN", "NCCL_IB_HCA": "mlx5_0,mlx5_1,mlx5_2,mlx5_3",
+        "NCCL_SOCKET_IFNAME": "eth0", "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",
+        "OMP_NUM_THREADS": "8", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "TORCHELASTIC_RUN_ID": "none",
+    },
+    "data_paths": ["/mnt/cfs/imagenet/train", "/mnt/cfs/imagenet/val"],
+    "versions": {"python": "3.11.7", "trainmon": "0.9.0", "torch": "2.3.1+cu121",
+                 "cuda": "12.1", "nccl": "2.20.5"},
+    "git": None, "host": "node-1",
+    "framework": {"precision": "bf16-mixed", "accumulate_grad_batches": 4},
+}
+#: The same with presigned URLs, a webhook, credentials and tokens in its values.
+SECRET_DESCRIPTION: dict[str, Any] = {
+    **TYPICAL_DESCRIPTION,
+    "config": {
+        **TYPICAL_DESCRIPTION["config"],
+        "data.url": "https://ckpt.s3.amazonaws.com/shard.tar?X-Amz-Algorithm=AWS4-HMAC-SHA256"
+                    "&X-Amz-Credential=AKIAJQ7EXAMPLEKEY92%2F2024&X-Amz-Signature=5d41402abc",
+        "notify": "https://hooks.slack.com/services/T0FAKE123/B0FAKE456/XyZfakeHook42",
+        "mirror": "https://bob:p@ssw0rd@pypi.internal/simple",
+        "command": "python train.py --password=hunter2 --hub-token hf_QKSKJQXHiuwzHrCfmtCKl"
+                   "EzQVGhGDNabEU --lr 3e-4",
+        "llm": "sk-proj-dbpufkvkKeE2xfskKeR6iIU0C0FuzNycqXMX9DGJ_Wc401hQvJEgeyz2mCyRa",
+    },
+    "data_paths": ["/work/s3:/AKIAQ6X69ZFO9SW27FUM:je7MtGbClwBF@bucket/imagenet",
+                   "/mnt/cfs/imagenet/val"],
+}
+
+
+def _previous_rule(value: str) -> str:
+    """The rule this one replaced (URL userinfo only; 629e98b), for the comparison."""
+    if "@" not in value:
+        return value
+    value = _PREVIOUS_URL.sub(r"\1<redacted>@", value)
+    return _PREVIOUS_BARE.sub(r"\1<redacted>@", value)
+
+
+_PREVIOUS_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*:/{1,2})[^/@\s]+@")
+_PREVIOUS_BARE = re.compile(r"(^|[/\s])[^/@\s:]+:[^/@\s]+@")
+
+
+def _strings(description: dict[str, Any]) -> list[str]:
+    """Every string the daemon redacts in ``description``: values, keys, paths."""
+    found = [*description["data_paths"], *description["versions"].values()]
+    for section in ("config", "framework", "environment"):
+        found += [str(key) for key in description[section] if section != "environment"]
+        found += [value for value in description[section].values() if isinstance(value, str)]
+    return found
+
+
+def redaction_cost(repeat: int = 2000) -> list[str]:
+    """Lines: per run description, the previous and the current rule over its strings,
+    and ``protocol.parse`` of the whole line (validation with the current rule), µs."""
+    from trainmon.training.protocol import parse
+    from trainmon.training.redaction import redact_text
+
+    def best(work: Callable[[], object]) -> float:
+        return min(timeit.repeat(work, number=repeat, repeat=7)) / repeat * 1e6
+
+    lines = ["| run description | strings | previous rule | this rule | whole parse() |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+    for name, description in (("typical", TYPICAL_DESCRIPTION),
+                              ("with 8 secrets", SECRET_DESCRIPTION)):
+        strings = _strings(description)
+        line = json.dumps(description).encode()
+        before = best(lambda: [_previous_rule(text) for text in strings])  # noqa: B023
+        after = best(lambda: [redact_text(text) for text in strings])  # noqa: B023
+        whole = best(lambda: parse(line))  # noqa: B023
+        lines.append(f"| {name} ({len(line):,} bytes) | {len(strings)} | {before:.1f} µs "
+                     f"| {after:.1f} µs | {whole:.0f} µs |")
+    return lines
 
 
 # -- the step data, in both formats ------------------------------------------------
@@ -247,7 +346,12 @@ def main() -> None:
     parser.add_argument("--stress-rate", type=float, default=250.0,
                         help="reports/s per sender in the stress run")
     parser.add_argument("--rate-seconds", type=float, default=5.0)
+    parser.add_argument("--redaction", action="store_true",
+                        help="time only the secret rule on run descriptions (in process)")
     args = parser.parse_args()
+    if args.redaction:
+        print("\n".join(redaction_cost()))
+        return
     if not shutil.which(PUSHGATEWAY):
         sys.exit(f"{PUSHGATEWAY} is missing: apt-get install prometheus-pushgateway")
 
@@ -310,6 +414,8 @@ def main() -> None:
           f"(mean of {SINGLE_PUTS}, keep-alive)")
     print(f"trainmon daemon CPU (user + system) per applied report, unix capacity run: "
           f"{cpu_per_report * 1e6:.0f} µs")
+    print("\nThe secret rule per run description (in process, best of 7):\n")
+    print("\n".join(redaction_cost()))
 
 
 if __name__ == "__main__":

@@ -30,8 +30,10 @@ report. ``step()`` costs the same as without it.
 - **Frames**: innermost first, at most ``protocol.MAX_STALL_FRAMES``: the file,
   the line, the function, and the line's source (``linecache``) stripped, at most
   ``MAX_FRAME_CODE_LENGTH`` characters, ``REDACTED`` where it names a secret
-  (``protocol.is_secret_name``), URL credentials cut out (``redact_text``) as
-  in run descriptions; the daemon applies the same rules again.
+  (``protocol.is_secret_name``); the file, the function and the line go through
+  the secret rule of run descriptions (``redact_text``: URL credentials, secret
+  parameters, token shapes; a presigned-URL loader names its code by the URL)
+  before they are cut to their lengths; the daemon applies the same rules again.
 
 The stall line repeats with each report while the stall lasts; a report whose
 steps moved past the stall's clears it in the daemon, so a lost line costs
@@ -199,7 +201,7 @@ def _frame(frame: FrameType) -> dict[str, object]:
 
 
 def _text(value: str) -> str:
-    """``value`` as the protocol takes it: URL credentials cut out, no control characters,
-    no lone surrogates."""
+    """``value`` as the protocol takes it: through the secret rule (``redact_text``), no
+    control characters, no lone surrogates."""
     cleaned = _CONTROL.sub(" ", redact_text(value))
     return cleaned.encode("utf-8", "replace").decode("utf-8")

@@ -14,8 +14,9 @@ executable form. A report's fields are defined once, in
 reports from that table and ``parse`` validates them against it.
 
 Standard library only: the training-side client imports the constants,
-``encode_report`` and the secret rule (``is_secret_name``) from here, so the
-client and the daemon redact exactly the same names.
+``encode_report`` and the secret rule (``trainmon.training.redaction``, re-exported
+here: ``is_secret_name``, ``redact_text``...) from here, so the client and the
+daemon redact exactly the same way.
 """
 
 from __future__ import annotations
@@ -29,6 +30,14 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from trainmon.contract import STEP_BUCKET_COUNT
+
+# the secret rule (``trainmon.training.redaction``), re-exported for the client and the daemon
+from trainmon.training.redaction import REDACTED as REDACTED
+from trainmon.training.redaction import SECRET_NAME_PARTS as SECRET_NAME_PARTS
+from trainmon.training.redaction import is_secret_name as is_secret_name
+from trainmon.training.redaction import redact_code as redact_code
+from trainmon.training.redaction import redact_text as redact_text
+from trainmon.training.redaction import redact_value as redact_value
 from trainmon.training.report_fields import (
     COMM_GROUP_FIELDS,
     DEFAULT_MAX_LABEL_LENGTH,
@@ -107,22 +116,6 @@ RUN_END_REASONS: tuple[str, ...] = ("finished", "crashed", "preempted")
 #: Seconds between repeats of an unchanged run description (a restarted
 #: daemon learns the run within this long).
 RUN_DESCRIPTION_INTERVAL_SECONDS = 60.0
-
-#: What a secret's value is replaced with, on the client and again in the daemon.
-REDACTED = "<redacted>"
-#: Name parts that mark a credential (case-insensitive substrings). Broad on
-#: purpose: a false positive (``tokenizer``, ``max_tokens``, ``author``) costs
-#: one value in a comparison; a false negative leaks a secret into a ledger,
-#: a metric and a log.
-SECRET_NAME_PARTS: tuple[str, ...] = (
-    "TOKEN", "SECRET", "KEY", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH",
-)
-#: ``scheme://user:password@host``: the userinfo of a URL in a value; also
-#: after ``os.path.abspath`` folded the slashes (``/work/s3:/AKIA:SECRET@bucket``).
-_URL_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*:/{1,2})[^/@\s]+@")
-#: ``user:password@host`` without a scheme, at the start or after a ``/`` or a space.
-_BARE_USERINFO = re.compile(r"(^|[/\s])[^/@\s:]+:[^/@\s]+@")
-
 
 #: ``where`` of a stall line: what the rank's training thread is doing when its steps
 #: stopped (docs/protocol.md, "Stall reports").
@@ -206,8 +199,9 @@ class RunDescription:
     """One validated run description: what a reporter's run is, not how it goes.
 
     Secret-looking keys (``is_secret_name``) already hold ``REDACTED`` here,
-    whatever the sender did, and URL credentials in values are cut out
-    (``redact_value``), so nothing downstream can store or export a secret.
+    whatever the sender did, and every string (values, keys, data paths, versions)
+    went through the secret rule (``redact_text``: URL credentials, secret
+    parameters, token shapes), so nothing downstream can store or export a secret.
     """
 
     job: str
@@ -239,7 +233,8 @@ class RunDescription:
 
 @dataclass(frozen=True)
 class StallFrame:
-    """One Python frame of a stalled rank's training thread."""
+    """One Python frame of a stalled rank's training thread; its texts went through the
+    secret rule (``redact_text``, ``redact_code``)."""
 
     file: str
     line: int
@@ -275,37 +270,6 @@ class StallReport:
     #: The process group of the collective in flight (``dp``, ``tp``...; the
     #: ``comm_groups`` names of its reports); None where unknown.
     collective_group: str | None = None
-
-
-def is_secret_name(name: str) -> bool:
-    """Whether a config key or environment name looks like a credential.
-
-    Case-insensitive substrings ``SECRET_NAME_PARTS`` (``HF_TOKEN``,
-    ``aws_secret_access_key``, ``db.password``, ``NCCL_IB_AUTH``…); a dotted
-    key of a nested mapping matches when any of its parts does.
-    """
-    upper = name.upper()
-    return any(part in upper for part in SECRET_NAME_PARTS)
-
-
-def redact_value(name: str, value: ConfigValue) -> ConfigValue:
-    """``value`` as it may be sent and stored: ``REDACTED`` under a secret name,
-    URL credentials (``https://user:pw@host``) cut out of strings, else unchanged."""
-    if is_secret_name(name):
-        return REDACTED
-    if isinstance(value, str):
-        return redact_text(value)
-    return value
-
-
-def redact_text(value: str) -> str:
-    """``value`` with URL credentials cut out: ``s3://AKIA:SECRET@bucket`` →
-    ``s3://<redacted>@bucket``, also once ``abspath`` has folded the slashes, and
-    ``user:password@host`` without a scheme; any other text is unchanged."""
-    if "@" not in value:
-        return value
-    value = _URL_USERINFO.sub(r"\1" + REDACTED + "@", value)
-    return _BARE_USERINFO.sub(r"\1" + REDACTED + "@", value)
 
 
 def config_hash(config: Mapping[str, ConfigValue]) -> str:
@@ -835,10 +799,13 @@ def _object(value: object, what: str, limit: int) -> dict[str, object]:
 
 
 def _settings(value: object, what: str) -> dict[str, ConfigValue]:
-    """``config`` / ``framework``: label-charset keys to JSON scalars, secrets redacted."""
+    """``config`` / ``framework``: label-charset keys to JSON scalars, secrets redacted
+    (values under secret-looking keys whole; a key that holds a secret of its own goes
+    through the rule and back onto the charset, as the client's keys do)."""
     settings: dict[str, ConfigValue] = {}
     for key, item in _object(value, what, MAX_DESCRIPTION_KEYS).items():
-        name = _label(key, f"{what} key", MAX_DESCRIPTION_KEY_LENGTH)
+        label = _label(key, f"{what} key", MAX_DESCRIPTION_KEY_LENGTH)
+        name = sanitize_label(redact_text(label), MAX_DESCRIPTION_KEY_LENGTH)
         checked: ConfigValue
         if item is None or isinstance(item, bool):
             checked = item
@@ -856,7 +823,8 @@ def _settings(value: object, what: str) -> dict[str, ConfigValue]:
             raise ReportError(
                 "invalid_field", f"{what}.{name} must be a string, number, boolean or null"
             )
-        settings[name] = redact_value(name, checked)
+        settings.setdefault(name, REDACTED if is_secret_name(label) else
+                            redact_value(name, checked))
     return settings
 
 
@@ -908,8 +876,9 @@ def _git(value: object) -> tuple[str | None, bool | None]:
 
 
 def _build_stall(data: dict[str, object], max_label_length: int) -> StallReport:
-    """Validate a ``"type": "stall"`` line; file names and source lines are redacted
-    (URL credentials; a source line that names a secret is dropped whole)."""
+    """Validate a ``"type": "stall"`` line; each frame's file, function and source line
+    go through the secret rule (``redact_text``; a source line that names a secret is
+    dropped whole: ``redact_code``)."""
     rank, _, reporter_id = _identity(data)
     where = data.get("where")
     if where not in STALL_WHERE:
@@ -953,10 +922,12 @@ def _build_stall(data: dict[str, object], max_label_length: int) -> StallReport:
 def _frame(value: object) -> StallFrame:
     if not isinstance(value, dict):
         raise ReportError("invalid_field", "a frame must be an object")
-    code = redact_text(_text(value.get("code", ""), "frame code", MAX_FRAME_CODE_LENGTH))
+    # the same rule as run descriptions: a presigned-URL loader names its code by the
+    # URL (``co_filename``), and ``exec``'d code may name its functions anything
     return StallFrame(
         file=redact_text(_text(value.get("file"), "frame file", MAX_FRAME_FILE_LENGTH)),
         line=_integer(value, "line", 0, MAX_RANK),
-        function=_text(value.get("function"), "frame function", MAX_FRAME_FUNCTION_LENGTH),
-        code=REDACTED if is_secret_name(code) else code,
+        function=redact_text(_text(value.get("function"), "frame function",
+                                   MAX_FRAME_FUNCTION_LENGTH)),
+        code=redact_code(_text(value.get("code", ""), "frame code", MAX_FRAME_CODE_LENGTH)),
     )
