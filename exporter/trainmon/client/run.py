@@ -257,7 +257,8 @@ def capture_environment(environ: Mapping[str, str]) -> dict[str, str]:
         and len(name) <= MAX_DESCRIPTION_KEY_LENGTH and name.replace("_", "a").isalnum()
     )[:MAX_DESCRIPTION_KEYS]
     return {
-        name: str(redact_value(name, _clean(copied[name], MAX_DESCRIPTION_VALUE_LENGTH)))
+        # redacted whole, then cut: a cut first could leave part of a secret unrecognised
+        name: _clean(str(redact_value(name, copied[name])), MAX_DESCRIPTION_VALUE_LENGTH)
         for name in names
     }
 

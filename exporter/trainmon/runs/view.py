@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from trainmon.ledger import combined_end_reason
 from trainmon.ledger.goodput import goodput_ratio
-from trainmon.training.protocol import REDACTED, is_secret_name
+from trainmon.training.protocol import redact_value
 
 #: ``summary`` keys that add up over nodes.
 ADDITIVE = ("samples_per_second_median", "samples_per_second_p10", "steps", "samples",
@@ -150,21 +150,21 @@ class RunView:
 
 
 #: Description mappings whose secret-looking keys lose their values.
-SECRET_BEARING = ("config", "environment", "framework")
+SECRET_BEARING = ("config", "environment", "framework", "versions")
 
 
 def redacted(description: Mapping[str, Any]) -> dict[str, Any]:
-    """``description`` with every secret-looking key's value replaced by ``<redacted>``.
+    """``description`` with every secret-looking key's value replaced by ``<redacted>``
+    and the redaction rule applied to every string value (``redact_value``).
 
     The client and the daemon redact already; this is the last line, for records
-    written by an old or foreign client, before anything is printed.
+    written by an old or foreign client or an older daemon, before anything is printed.
     """
     clean = dict(description)
     for name in SECRET_BEARING:
         values = clean.get(name)
         if isinstance(values, Mapping):
-            clean[name] = {key: REDACTED if is_secret_name(str(key)) else value
-                           for key, value in values.items()}
+            clean[name] = {key: redact_value(str(key), value) for key, value in values.items()}
     return clean
 
 

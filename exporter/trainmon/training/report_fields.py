@@ -74,7 +74,7 @@ RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 #: - ``reporter_id``: ``REPORTER_ID_PATTERN``; ``run_id``: ``RUN_ID_PATTERN``;
 #: - ``gpu``: an NVML index, a string of 1-4 digits or such an integer (sent on as a string);
 #: - ``path``: an absolute path, at most ``MAX_PATH_BYTES`` bytes of UTF-8, no
-#:   control characters (URL credentials in it are redacted by the daemon);
+#:   control characters (secrets in it are redacted by the daemon: ``trainmon.training.redaction``);
 #: - ``buckets``: a list of ``STEP_BUCKET_COUNT`` counts (``contract.STEP_SECONDS_BOUNDS``);
 #: - ``phases``: an object of at most ``MAX_PHASES`` label-named numbers;
 #: - ``comm_groups``: an object of at most ``MAX_COMM_GROUPS`` process groups, each
