@@ -350,7 +350,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"\n{shape}\n")
     print("| flood | users | side | " + " | ".join(c.name for c in COLUMNS) + " |")
     print("| --- | ---: | --- | " + " | ".join("---:" for _ in COLUMNS) + " |")
-    for (side, kind, users), outcome in results.items():
+    def order(key: tuple[str, str, int]) -> tuple[int, int, int]:
+        side, kind, users = key
+        return FLOODS.index(kind) if kind in FLOODS else 99, users, side == "after"
+
+    for (side, kind, users), outcome in sorted(results.items(), key=lambda item: order(item[0])):
         cells = []
         for column in COLUMNS:
             text = column.text(outcome)
