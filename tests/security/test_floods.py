@@ -7,6 +7,7 @@ rule at a size the suite can afford."""
 from __future__ import annotations
 
 import json
+import signal
 import time
 import urllib.request
 from collections.abc import Callable
@@ -76,6 +77,8 @@ def test_one_users_flood_of_ranks_and_runs_is_held_to_its_budgets(
                interval=0.05)
     with urllib.request.urlopen(daemon.url + "/healthz", timeout=5) as answer:
         assert answer.status == 200
+    # its last flush done, well within the unit's TimeoutStopSec (20 s)
+    assert daemon.stop(signal.SIGTERM, timeout=5.0) == 0
 
 
 def runs_of(daemon: Daemon, job: str) -> list[dict[str, object]]:
