@@ -24,7 +24,9 @@ resident memory (``VmRSS`` every 50 ms), ``/metrics`` every second (p99 on a fre
 connection, 10 s timeout: Prometheus' default), ``/healthz`` every second (the
 slowest; 5 s timeout: the DaemonSet's liveness probe), the ledger's bytes
 (file + WAL) after two flushes, and SIGTERM to exit at the end (``TimeoutStopSec``
-is 20 s; the goal 5 s).
+is 20 s; the goal 5 s). Then a day of one writer's runs (``--churn-runs``, each of
+the largest description a line allows) written to a ledger as the recorder writes
+them: the file it can fill (the goal: 64 MB per writer per day).
 
     .venv/bin/python -m bench.hostile_floods               # about 20 minutes
     .venv/bin/python -m bench.hostile_floods --quick       # a smaller flood, ~3 min
@@ -282,6 +284,34 @@ def sigterm_to_exit(daemon: Daemon, timeout: float) -> float:
     return time.perf_counter() - started
 
 
+# -- a day of one writer's runs in the ledger ----------------------------------------------
+
+
+def ledger_churn(folder: Path, runs: int) -> tuple[float, float]:
+    """(MB of the file and its WAL, seconds) after one owner's ``runs`` records of the
+    largest size a description line allows (16 KiB), written as the recorder writes
+    them (batches of 32, the shipped ``max_runs_per_owner``) and the space reclaimed
+    as the recorder does: the ledger one writer can fill, however long it floods."""
+    from trainmon.ledger.config import LedgerConfig
+    from trainmon.ledger.records import RunRecord
+    from trainmon.ledger.store import Ledger, RecordUpdate
+
+    cap = LedgerConfig().max_runs_per_owner
+    config = {f"hyper_parameter_{index:02d}": "v" * 250 for index in range(60)}
+    started = time.perf_counter()
+    with Ledger.open(folder / "churn.sqlite3", readonly=False) as ledger:
+        for first in range(0, runs, 32):
+            ledger.write([RecordUpdate(RunRecord(
+                job="flood", run=f"run-{index}", node="node-1",
+                config_hash="sha256:0123456789abcdef", started=float(index),
+                ended=index + 1.0, end_reason="lost", updated=index + 1.0, world_size=1,
+                ranks=1, description={"config": config}, summary={}, owner="uid:42001"),
+                {}) for index in range(first, min(first + 32, runs))], cap)
+        ledger.reclaim()
+    size = sum(path.stat().st_size for path in folder.glob("churn.sqlite3*"))
+    return size / 1e6, time.perf_counter() - started
+
+
 # -- the table ----------------------------------------------------------------------------
 
 
@@ -320,6 +350,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--floods", default=",".join(FLOODS))
     parser.add_argument("--users", default="1,4", help="user counts, comma-separated")
+    parser.add_argument("--churn-runs", type=int, default=25_000,
+                        help="runs of one writer written to a ledger (a day at one new run "
+                             "every 3.5 s)")
     parser.add_argument("--before-users", default="1",
                         help="user counts of the before side (four users at once take the "
                              "before daemon to gigabytes each)")
@@ -363,6 +396,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             cells.append(text)
         print(f"| {kind} | {users} | {side} | " + " | ".join(cells) + " |")
     print("| budget | | | " + " | ".join(c.budget for c in COLUMNS) + " |")
+    if args.churn_runs:
+        with tempfile.TemporaryDirectory(prefix="trainmon-churn-") as churn:
+            megabytes, took = ledger_churn(Path(churn), args.churn_runs)
+        print(f"\nOne writer's {args.churn_runs:,} runs of the largest description in the "
+              f"ledger: {megabytes:.1f} MB (file and WAL, after the reclaim; budget 64 MB "
+              f"per writer per day {'✓' if megabytes <= 64 else '✗'}), written in {took:.0f} s")
 
 
 if __name__ == "__main__":
