@@ -77,7 +77,8 @@ ACCEPT_BACKOFF_SECONDS = 0.1
 #: Connections accepted per turn of the loop: between two turns every connection
 #: with data is read, so a complete request waits behind at most this many accepts.
 ACCEPT_BATCH = 32
-#: Bytes asked of the kernel per read, and reads per connection per turn.
+#: Bytes asked of the kernel per read (a head's: at most what ``http.max_header_bytes``
+#: leaves), and reads per connection per turn.
 READ_BYTES = 64 << 10
 READS_PER_TURN = 16
 
@@ -406,8 +407,10 @@ class Reception:
     def _read(self, connection: Connection) -> None:
         self._tls_pending.discard(connection)
         for _ in range(READS_PER_TURN):
-            wanted = READ_BYTES if connection.phase is Phase.HEAD else \
-                min(READ_BYTES, connection.body_left)
+            if connection.phase is Phase.HEAD:  # never more than a head over the limit
+                wanted = max(1, min(READ_BYTES, self._max_head + 1 - len(connection.buffer)))
+            else:
+                wanted = min(READ_BYTES, connection.body_left)
             try:
                 data = connection.sock.recv(wanted)
             except (BlockingIOError, ssl.SSLWantReadError):
@@ -501,11 +504,13 @@ class Reception:
     def _reject_head(self, connection: Connection) -> None:
         self._limits.refuse(connection.address[0], "max_header_bytes")
         body = b"request head too long\n"
+        with contextlib.suppress(OSError, ValueError):  # what already came: no reset on close
+            connection.sock.recv(READ_BYTES)
         _send_quietly(connection.sock,
                       b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
                       b"Content-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\n"
                       b"Connection: close\r\n\r\n%s" % (len(body), body))
-        self._close(connection)
+        self._close(connection, graceful=True)
 
     def _dispatch(self, connection: Connection, end: int) -> None:
         """Hand the request (the first ``end`` bytes of the buffer) to a worker."""
