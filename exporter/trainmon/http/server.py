@@ -412,7 +412,11 @@ class ExporterHTTPServer(HTTPServer):
 
     def server_close(self) -> None:
         super().server_close()
-        self.reception.close()
+        # TCPServer's __init__ closes the socket of a failed bind itself, before the
+        # reception exists (a taken port: "cannot listen on …")
+        reception: Reception | None = getattr(self, "reception", None)
+        if reception is not None:
+            reception.close()
 
     def _answer(self, request: Request) -> bool:
         """A worker answers one whole request; True keeps the connection open."""
