@@ -24,7 +24,8 @@ the listening socket and every connection waiting for its request:
    the one that began first is dropped with its connection), read and dropped
    up to ``MAX_DISCARDED_BODY_BYTES`` (the answer is a 413), left unread
    beyond (413 and a close; likewise a chunked body, 411);
-4. the whole request goes to one of ``http.max_workers`` **worker** threads,
+4. the whole request goes to one of ``http.max_workers`` **worker** threads
+   (started as requests find none idle: a node scraped now and then keeps one),
    which answers it (``answer``, the server's) with blocking writes under a
    deadline; a kept-alive connection comes back to the selector to wait for
    its next request, bytes already sent (pipelined) included.
@@ -204,6 +205,9 @@ class Reception:
         #: Connections whose answer the selector is sending; workers answering.
         self._writing: set[Connection] = set()
         self._answering = 0
+        #: Worker threads started (at most ``http.max_workers``) and those waiting for work.
+        self._started_workers = 0
+        self._idle_workers = 0
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._stopped = threading.Event()
@@ -220,8 +224,6 @@ class Reception:
         self._listener.setblocking(False)
         self._selector.register(self._listener, selectors.EVENT_READ, self._listener)
         self._selector.register(self._wake_reader, selectors.EVENT_READ, self._wake_reader)
-        for number in range(self._workers):
-            threading.Thread(target=self._work, name=f"http-worker-{number}", daemon=True).start()
         try:
             while not self._stopping.is_set():
                 ready = self._selector.select(self._wait_seconds(poll_interval))
@@ -522,6 +524,7 @@ class Reception:
         output = ResponseWriter(connection.sock, connection.outgoing, self._output_budget,
                                 self._read_timeout)
         self._queue.put(Request(connection, data, connection.body_state, output))
+        self._staff()
 
     # -- waits and deadlines ------------------------------------------------------
 
@@ -632,25 +635,49 @@ class Reception:
 
     # -- workers ----------------------------------------------------------------------
 
+    def _staff(self) -> None:
+        """Start a worker for a request just queued when none is idle, up to
+        ``http.max_workers``: a node scraped once in a while keeps one worker thread
+        (each costs its stack and its malloc arena in resident memory)."""
+        with self._lock:
+            if self._idle_workers > 0 or self._started_workers >= self._workers:
+                return
+            self._started_workers += 1
+            self._idle_workers += 1  # counted idle until its first get
+            number = self._started_workers - 1
+        threading.Thread(target=self._work, name=f"http-worker-{number}", daemon=True).start()
+
     def _work(self) -> None:
-        while (request := self._queue.get()) is not None:
-            connection = request.connection
-            connection.phase = Phase.SERVING
+        while True:
+            request = self._queue.get()
             with self._lock:
-                self._answering += 1
-            try:
-                keep = self._answer(request)
-            except Exception:  # a handler bug must not take the worker with it
-                log.exception("answering %s failed", connection.address[0])
-                keep = False
+                self._idle_workers -= 1
+            if request is None:
+                return
+            self._answer_one(request)
             with self._lock:
-                self._answering -= 1
-            connection.requests += 1
-            connection.keep_open = keep
-            if keep or connection.outgoing.queued:
-                self._hand_back(connection)
-            else:
-                self._finish(connection)
+                self._idle_workers += 1
+
+    def _answer_one(self, request: Request) -> None:
+        """Answer one whole request in this worker; the connection goes back to the
+        selector thread (kept alive, or an answer still being sent) or is closed."""
+        connection = request.connection
+        connection.phase = Phase.SERVING
+        with self._lock:
+            self._answering += 1
+        try:
+            keep = self._answer(request)
+        except Exception:  # a handler bug must not take the worker with it
+            log.exception("answering %s failed", connection.address[0])
+            keep = False
+        with self._lock:
+            self._answering -= 1
+        connection.requests += 1
+        connection.keep_open = keep
+        if keep or connection.outgoing.queued:
+            self._hand_back(connection)
+        else:
+            self._finish(connection)
 
     def _hand_back(self, connection: Connection) -> None:
         """Give an answered connection back to the selector thread. An idle kept-alive one
