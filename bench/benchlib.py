@@ -9,6 +9,7 @@ from ``/proc/<pid>/stat`` and ``/proc/<pid>/status`` (Linux only).
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -164,3 +165,19 @@ def fake_nvml_env(folder: Path, scenario: str) -> dict[str, str]:
         "FAKENVML_SCENARIO": str(scenario_path),
         "PYTHONPATH": str(ROOT),
     }
+
+
+def start_node_exporter() -> tuple[subprocess.Popen[bytes], int] | None:
+    """``prometheus-node-exporter`` with the collectors trainmon's node collectors match
+    (netdev, diskstats) on a free loopback port, once it answers: (process, port); None
+    where it is not installed (``apt-get install prometheus-node-exporter``)."""
+    binary = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+    if binary is None:
+        return None
+    port = free_port()
+    process = subprocess.Popen(
+        [binary, "--collector.disable-defaults", "--collector.netdev", "--collector.diskstats",
+         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_ready(f"http://127.0.0.1:{port}/metrics", process)
+    return process, port

@@ -582,16 +582,11 @@ def scrapes_beside_slow_clients(port: int, settings: Settings) -> Figure:
 
 def node_exporter_beside_slow_clients(settings: Settings) -> Figure:
     """Probe 4 against ``prometheus-node-exporter`` (netdev and diskstats), if installed."""
-    binary = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
-    if binary is None:
+    started = benchlib.start_node_exporter()
+    if started is None:
         return Figure("not installed")
-    port = benchlib.free_port()
-    process = subprocess.Popen(
-        [binary, "--collector.disable-defaults", "--collector.netdev", "--collector.diskstats",
-         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process, port = started
     try:
-        benchlib.wait_ready(f"http://127.0.0.1:{port}/metrics", process)
         return scrapes_beside_slow_clients(port, settings)
     finally:
         benchlib.stop(process)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -87,19 +86,12 @@ def start_trainmon(folder: Path, collectors: str, source: str | None = None) -> 
 
 
 def start_node_exporter() -> Exporter:
-    binary = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
-    if binary is None:
+    started = benchlib.start_node_exporter()
+    if started is None:
         raise SystemExit("prometheus-node-exporter is not installed (apt-get install it)")
-    port = benchlib.free_port()
-    process = subprocess.Popen(
-        [binary, "--collector.disable-defaults", "--collector.netdev", "--collector.diskstats",
-         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-        stderr=subprocess.DEVNULL,
-    )
-    exporter = Exporter("node_exporter (netdev+diskstats)", process,
-                        f"http://127.0.0.1:{port}/metrics")
-    benchlib.wait_ready(exporter.url, process)
-    return exporter
+    process, port = started
+    return Exporter("node_exporter (netdev+diskstats)", process,
+                    f"http://127.0.0.1:{port}/metrics")
 
 
 def measure_scrapes(

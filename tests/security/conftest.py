@@ -14,14 +14,13 @@ import pwd
 import secrets
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
-from tests.security.security_support import AsUser, LocalUser
+from tests.security.security_support import AsUser, LocalUser, python_for_everyone
 
 
 def _useradd(name: str) -> LocalUser:
@@ -82,16 +81,6 @@ print(json.dumps(answers))
 """
 
 
-def _python_for_everyone() -> str:
-    """A Python interpreter other users may run (the suite's own may sit in /root)."""
-    for candidate in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
-        path = Path(candidate)
-        if path.exists() and all(os.stat(parent).st_mode & 0o001
-                                 for parent in path.resolve().parents):
-            return candidate
-    pytest.skip("no Python interpreter that other local users can run")
-
-
 @pytest.fixture
 def as_user() -> AsUser:
     """``as_user(user, target, payloads, token="")``: send as ``user`` (None: as root)."""
@@ -101,7 +90,7 @@ def as_user() -> AsUser:
         extra = {} if user is None else {"user": user.uid, "group": user.gid,
                                          "extra_groups": []}
         done = subprocess.run(
-            [_python_for_everyone(), "-I", "-c", SENDER, target, token],
+            [python_for_everyone(), "-I", "-c", SENDER, target, token],
             input=json.dumps([payload.decode("latin-1") for payload in payloads]),
             capture_output=True, text=True, timeout=60, check=True, cwd="/",
             **extra,  # type: ignore[arg-type]

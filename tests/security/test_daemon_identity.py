@@ -16,7 +16,6 @@ import os
 import re
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -25,7 +24,7 @@ import pytest
 import yaml
 
 from testkit.daemon import Daemon, free_port, trainmon_command
-from tests.security.security_support import LocalUser
+from tests.security.security_support import LocalUser, python_for_everyone
 from trainmon.ledger.records import RunRecord
 from trainmon.local_daemon import DaemonTrust, TrustedDaemon, UntrustedDaemon
 
@@ -76,16 +75,6 @@ def forged_bodies(now: float) -> dict[str, str]:
         summary={"final_verdict": f"compute{ESCAPES}"}, owner="uid:0")
     return {"/metrics": metrics, "/healthz": "{}",
             "/api/v1/runs": json.dumps([record.to_json()], ensure_ascii=False)}
-
-
-def python_for_everyone() -> str:
-    """An interpreter another local user may run (the suite's may sit in /root)."""
-    for candidate in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
-        path = Path(candidate)
-        if path.exists() and all(os.stat(parent).st_mode & 0o001
-                                 for parent in path.resolve().parents):
-            return candidate
-    pytest.skip("no Python interpreter that other local users can run")
 
 
 def listen_as(user: LocalUser, port: int, bodies: Mapping[str, str]) -> subprocess.Popen[str]:
