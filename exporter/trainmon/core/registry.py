@@ -235,28 +235,33 @@ class CollectorRegistry:
         yield from families
 
     def health(self) -> dict[str, object]:
-        """JSON-serialisable state of every collector, for ``/healthz``."""
+        """JSON-serialisable state of every collector, for ``/healthz``. The registry's
+        lock is held only to read the collection states (a scrape or evaluation holds
+        it while it collects); each collector's own ``health()`` is thread-safe."""
         with self._lock:
-            report: dict[str, object] = {}
-            for collector in self._collectors:
-                state = self._states[collector.name]
-                entry: dict[str, object] = {
-                    "state": state.state,
-                    "duration_seconds": round(state.duration_seconds, 6),
-                    "last_success_timestamp": state.last_success_timestamp,
-                }
-                if state.error is not None:
-                    entry["error"] = state.error
-                try:
-                    own = dict(collector.health())
-                except Exception as error:
-                    entry["health_error"] = _describe(error)
-                else:
-                    if _severity(own.get("state")) < _severity(state.state):
-                        own.pop("state", None)
-                    entry.update(own)
-                report[collector.name] = entry
-            return {"mode": self._mode, "version": __version__, "collectors": report}
+            states = [(collector, self._states[collector.name].state,
+                       self._states[collector.name].duration_seconds,
+                       self._states[collector.name].last_success_timestamp,
+                       self._states[collector.name].error) for collector in self._collectors]
+        report: dict[str, object] = {}
+        for collector, state, duration, last_success, error in states:
+            entry: dict[str, object] = {
+                "state": state,
+                "duration_seconds": round(duration, 6),
+                "last_success_timestamp": last_success,
+            }
+            if error is not None:
+                entry["error"] = error
+            try:
+                own = dict(collector.health())
+            except Exception as problem:
+                entry["health_error"] = _describe(problem)
+            else:
+                if _severity(own.get("state")) < _severity(state):
+                    own.pop("state", None)
+                entry.update(own)
+            report[collector.name] = entry
+        return {"mode": self._mode, "version": __version__, "collectors": report}
 
     def _collect_one(self, collector: Collector, earlier: Sequence[Metric]) -> list[Metric]:
         """``collector``'s families, after showing it the ``earlier`` ones of this

@@ -999,22 +999,26 @@ class RunRecorder:
                 refused_idle_seconds=self._refused_idle)
 
     def health(self) -> Mapping[str, object]:
-        """The ``/healthz`` state of the ledger (``degraded`` while nothing reaches the file)."""
-        with self._lock:
-            state: dict[str, object] = {
-                "path": str(self.config.file),
-                "open": self._ledger is not None,
-                "recording_runs": len(self._runs),
-                "stored_runs": self._stored_runs,
-                "last_write_timestamp": self._last_write,
-            }
-            if self._error is not None:
-                state["ledger_error"] = self._error
-            if self._ledger is None or self._error is not None:
-                # recording goes on in memory, but nothing reaches the file
-                state["state"] = "degraded"
-                state["error"] = self._error or f"the run ledger {self.config.file} is not open"
-            return state
+        """The ``/healthz`` state of the ledger (``degraded`` while nothing reaches the file).
+
+        Without ``_lock``, which a tick holds while it updates the runs: ``/healthz``
+        never waits for a tick. Each value is one attribute read (atomic in CPython);
+        together they may straddle a tick, which a health answer can afford."""
+        ledger, error = self._ledger, self._error
+        state: dict[str, object] = {
+            "path": str(self.config.file),
+            "open": ledger is not None,
+            "recording_runs": len(self._runs),
+            "stored_runs": self._stored_runs,
+            "last_write_timestamp": self._last_write,
+        }
+        if error is not None:
+            state["ledger_error"] = error
+        if ledger is None or error is not None:
+            # recording goes on in memory, but nothing reaches the file
+            state["state"] = "degraded"
+            state["error"] = error or f"the run ledger {self.config.file} is not open"
+        return state
 
 
 def _store(ledger: Ledger | None, updates: list[RecordUpdate], max_runs_per_owner: int,
