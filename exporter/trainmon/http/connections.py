@@ -221,10 +221,10 @@ class Reception:
             if self._stopping.is_set():
                 return
             self._started = True
-        self._listener.setblocking(False)
-        self._selector.register(self._listener, selectors.EVENT_READ, self._listener)
-        self._selector.register(self._wake_reader, selectors.EVENT_READ, self._wake_reader)
         try:
+            self._listener.setblocking(False)
+            self._selector.register(self._listener, selectors.EVENT_READ, self._listener)
+            self._selector.register(self._wake_reader, selectors.EVENT_READ, self._wake_reader)
             while not self._stopping.is_set():
                 ready = self._selector.select(self._wait_seconds(poll_interval))
                 self._take_returned()  # first: a connection may be ready already
@@ -235,7 +235,10 @@ class Reception:
                 self._expire(time.monotonic())
                 self._resume_listener()
         finally:
-            self._wind_down()
+            try:
+                self._wind_down()
+            finally:
+                self._stopped.set()  # whatever failed: ``stop`` never waits for a dead loop
 
     def _on_event(self, ready: object) -> None:
         if ready is self._listener:
@@ -313,16 +316,16 @@ class Reception:
         with self._lock:
             self._stopping.set()  # workers close what they finish from now on
             returned, self._returned = list(self._returned), collections.deque()
-        for connection in [*self._waiting, *self._writing]:
-            self._close(connection)
-        for connection in returned:
-            self._unwatch(connection)  # an idle one its worker registered
-            self._finish(connection)
         for _ in range(self._workers):
             self._queue.put(None)  # after the queued requests: those are still answered
+        for connection in [*self._waiting, *self._writing]:
+            self._guarded(self._close, connection)
+        for connection in returned:
+            self._guarded(self._unwatch, connection)  # an idle one its worker registered
+            self._guarded(self._finish, connection)
         for key in list(self._selector.get_map().values()):
-            self._selector.unregister(key.fileobj)
-        self._stopped.set()
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self._selector.unregister(key.fileobj)
 
     # -- accept ---------------------------------------------------------------------
 
@@ -720,13 +723,17 @@ class Reception:
         with self._lock:
             returned, self._returned = list(self._returned), collections.deque()
         for connection in returned:
-            if connection.outgoing.queued:  # the client has yet to take the whole answer
-                connection.phase = Phase.WRITING
-                self._writing.add(connection)
-                self._set_deadline(connection, connection.answered_at + self._read_timeout)
-                self._write(connection)
-            else:
-                self._await_next_request(connection, connection.answered_at)
+            if connection.phase is not Phase.CLOSED:  # closed meanwhile: to make room
+                self._guarded(self._take_back, connection)
+
+    def _take_back(self, connection: Connection) -> None:
+        if connection.outgoing.queued:  # the client has yet to take the whole answer
+            connection.phase = Phase.WRITING
+            self._writing.add(connection)
+            self._set_deadline(connection, connection.answered_at + self._read_timeout)
+            self._write(connection)
+        else:
+            self._await_next_request(connection, connection.answered_at)
 
     def _await_next_request(self, connection: Connection, since: float) -> None:
         """A kept-alive connection, answered (at ``since``): back to waiting, bytes it sent
