@@ -88,8 +88,11 @@ class Node:
         wait_until(lambda: (self.value("trainmon_ledger_writes_total") or 0) >= written + count,
                    15.0, f"{count} more ledger flushes", interval=0.05)
 
-    def runs(self) -> list[dict[str, Any]]:
-        with urllib.request.urlopen(self.daemon.url + "/api/v1/runs", timeout=10) as answer:
+    def runs(self, job: str | None = None) -> list[dict[str, Any]]:
+        """The newest page of runs (of ``job``: the flood's runs fill the first pages)."""
+        query = f"?job={job}" if job else ""
+        with urllib.request.urlopen(f"{self.daemon.url}/api/v1/runs{query}",
+                                    timeout=10) as answer:
             records: list[dict[str, Any]] = json.loads(answer.read())
         return records
 
@@ -123,7 +126,7 @@ def assert_victim_untouched(node: Node) -> None:
     assert result.value("trainmon_training_steps_total", job="victim", rank="0") == 1000
     assert result.value("trainmon_training_data_wait_ratio", job="victim", rank="0") == \
         pytest.approx(0.1)
-    (record,) = [run for run in node.runs() if run["job"] == "victim"]
+    (record,) = [run for run in node.runs(job="victim") if run["job"] == "victim"]
     assert record["description"]["config"] == {"lr": 0.1}
     assert record["end_reason"] is None and record["started"] > 0
 
