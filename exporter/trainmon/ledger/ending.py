@@ -71,6 +71,8 @@ class RecordedRun:
     description: Mapping[str, object] | None = None
     #: The description it was built from, to rebuild only on change.
     source: RunDescribed | None = None
+    #: Descriptions it was built from so far (its record changed with each).
+    descriptions_taken: int = 0
     config_hash: str = ""
     started: float | None = None
     world_size: int | None = None

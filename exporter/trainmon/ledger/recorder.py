@@ -361,7 +361,7 @@ class RunRecorder:
             state = run.state()
             fingerprint = hash(json.dumps([state, run.end_reason, run.ended, run.changed,
                                            run.config_hash, run.started, run.world_size,
-                                           sorted(run.ranks), id(run.source)],
+                                           sorted(run.ranks), run.descriptions_taken],
                                           sort_keys=True, default=str))
             if fingerprint != run.written_fingerprint \
                     or now - run.written_at >= REWRITE_SECONDS:
@@ -788,6 +788,7 @@ class RunRecorder:
                                   "storage": where.storage}
         data_paths = [{"path": path, **run.storages[path]} for path in description.data_paths]
         run.source = description
+        run.descriptions_taken += 1
         run.config_hash = description.config_hash
         run.world_size = description.world_size or run.world_size
         run.description = {

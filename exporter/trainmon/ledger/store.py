@@ -136,15 +136,14 @@ class Ledger:
         ``RunKey``, newest first, from the first record past ``after``: a keyset page
         goes on where the previous one ended, whatever was inserted since, and the
         caller holds only the records it keeps. Read it before the ledger is closed."""
-        where, parameters = _filters(job, since)
-        clauses = [where.removeprefix(" WHERE ")] if where else []
+        clauses, parameters = _filters(job, since)
         if run is not None:
             clauses.append("run = ?")
             parameters.append(run)
         if after is not None:
             clauses.append("(started, run, job, node) < (?, ?, ?, ?)")
             parameters.extend(after)
-        sql = (self._select_sql + (" WHERE " + " AND ".join(clauses) if clauses else "")
+        sql = (self._select_sql + _where(clauses)
                + " ORDER BY started DESC, run DESC, job DESC, node DESC")
         try:
             for row in self._connection.execute(sql, parameters):
@@ -157,9 +156,8 @@ class Ledger:
 
     def get(self, run: str, job: str | None = None) -> list[RunRecord]:
         """Every record of run ``run`` (one per node that saw it; locally one per job)."""
-        where, parameters = _filters(job, None)
-        clause = " AND run = ?" if where else " WHERE run = ?"
-        return self._select(f"{self._select_sql}{where}{clause} ORDER BY node",
+        clauses, parameters = _filters(job, None)
+        return self._select(f"{self._select_sql}{_where([*clauses, 'run = ?'])} ORDER BY node",
                             [*parameters, run])
 
     def previous(self, job: str, config_hash: str | None, before: float) -> RunRecord | None:
@@ -355,7 +353,12 @@ class Ledger:
                 from None
 
 
-def _filters(job: str | None, since: float | None) -> tuple[str, list[object]]:
+def _where(clauses: list[str]) -> str:
+    return " WHERE " + " AND ".join(clauses) if clauses else ""
+
+
+def _filters(job: str | None, since: float | None) -> tuple[list[str], list[object]]:
+    """The conditions (and their parameters) of a ``job`` and a ``since`` filter."""
     clauses: list[str] = []
     parameters: list[object] = []
     if job is not None:
@@ -364,7 +367,7 @@ def _filters(job: str | None, since: float | None) -> tuple[str, list[object]]:
     if since is not None:
         clauses.append("started >= ?")
         parameters.append(since)
-    return (" WHERE " + " AND ".join(clauses) if clauses else ""), parameters
+    return clauses, parameters
 
 
 def _row(update: RecordUpdate) -> tuple[object, ...]:
