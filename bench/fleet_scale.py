@@ -1126,9 +1126,13 @@ def resources_table(results: Sequence[SizeResult]) -> str:
     return _table(header, rows)
 
 
-def _p50_max(seen: Sequence[float]) -> str:
-    return (f"{_ms(statistics.median(seen))} / {_ms(max(seen))} ({len(seen)})" if seen
-            else "not evaluated")
+def _p50_max(seen: Sequence[float], ran: float = 0.0) -> str:
+    """p50 / max of the durations ``seen``; without one, whether the evaluator's own
+    counter says it ran (``ran`` iterations: every reading found it half-way, as on a
+    machine so busy that iterations run back to back) or it never did."""
+    if seen:
+        return f"{_ms(statistics.median(seen))} / {_ms(max(seen))} ({len(seen)})"
+    return f"ran {ran:.0f}, not read" if ran > 0 else "not evaluated"
 
 
 def group_interval(result: SizeResult, engine: str, group: str) -> float:
@@ -1158,7 +1162,8 @@ def rules_table(results: Sequence[SizeResult]) -> str:
                 counts = r.group_iterations.get(e, {}).get(group)
                 missed = (f"{_count_text(counts['missed'])} / {counts['due']:.1f}" if counts
                           else "–")
-                row += [_p50_max(seen), share, missed]
+                ran = counts["run"] if counts and not math.isnan(counts["run"]) else 0.0
+                row += [_p50_max(seen, ran), share, missed]
         rows.append(row)
 
     def totals(label: str, cell: Callable[[SizeResult, str], str]) -> list[str]:
