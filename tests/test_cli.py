@@ -67,6 +67,45 @@ def test_check_config_rejects_a_bad_file(tmp_path: Path, text: str, message: str
     assert message in result.stderr
 
 
+THREE_ERRORS = (
+    "listen: '127.0.0.1:19999'\n"
+    "collectors:\n"
+    "  gpu: {enabeld: true}\n"
+    "  ledger: {flush_second: 5}\n"
+    "  disk: {exclude: 'sd('}\n"
+)
+
+
+def test_check_config_shows_every_error_at_once(tmp_path: Path) -> None:
+    """Three errors in three sections: three lines, each naming its key, and the
+    misspelt keys with the key they were meant to be."""
+    path = tmp_path / "bad.yml"
+    path.write_text(THREE_ERRORS)
+    result = run("check-config", str(path))
+    assert result.returncode == 2 and result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 3, result.stderr
+    assert all(line.startswith(f"{path}: collectors.") for line in lines), result.stderr
+    assert f"{path}: collectors.ledger.flush_second: unknown key, did you mean flush_seconds?" \
+        in lines
+    assert f"{path}: collectors.gpu.enabeld: unknown key, did you mean enabled?" in lines
+    assert any(line.startswith(f"{path}: collectors.disk.exclude: not a valid regular")
+               for line in lines)
+
+
+def test_serve_refuses_a_config_with_every_error_listed(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yml"
+    path.write_text(THREE_ERRORS)
+    port = free_port()
+    result = run("serve", "--config", str(path), "--listen", f"127.0.0.1:{port}")
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines()
+              if line.startswith("trainmon: invalid configuration: collectors.")]
+    assert len(errors) == 3, result.stderr
+    with socket.socket() as sock:  # nothing was left bound
+        sock.bind(("127.0.0.1", port))
+
+
 def test_check_config_lists_what_the_file_turns_on(tmp_path: Path) -> None:
     path = tmp_path / "cloud.yml"
     path.write_text(

@@ -121,6 +121,31 @@ def test_invalid_values_name_the_key_path(data: object, message: str) -> None:
     assert message in str(raised.value)
 
 
+def test_every_error_of_a_file_is_raised_at_once() -> None:
+    """One error per broken key, across sections, in the order they are read; a
+    broken section does not hide the keys after it."""
+    data = {
+        "listen": "nowhere",
+        "http": [],
+        "paths": {"prok": "/host/proc"},
+        "collectors": {"ledger": {"flush_second": 5, "max_runs": 0}, "trainng": {}},
+    }
+    with pytest.raises(ConfigError) as raised:
+        parse_config(data, environ={})
+    assert [(error.path, error.message.split(",")[0]) for error in raised.value.errors] == [
+        ("listen", "expected host:port"),
+        ("http", "expected a mapping"),
+        ("paths.prok", "unknown key"),
+        ("collectors.ledger.max_runs", "must be >= 1"),
+        ("collectors.ledger.flush_second", "unknown key"),
+        ("collectors.trainng", "unknown key"),
+    ]
+    messages = str(raised.value).splitlines()
+    assert "collectors.ledger.flush_second: unknown key, did you mean flush_seconds?" in messages
+    assert "collectors.trainng: unknown key, did you mean training?" in messages
+    assert "paths.prok: unknown key, did you mean proc?" in messages
+
+
 def test_infinite_numbers_are_rejected() -> None:
     with pytest.raises(ConfigError, match=r"collectors\.training\.ttl_seconds: expected a finite"):
         parse_config({"collectors": {"training": {"ttl_seconds": float("inf")}}})

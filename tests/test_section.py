@@ -142,11 +142,61 @@ def test_errors_name_the_key_path(data: object, message: str) -> None:
 
 
 def test_unknown_keys_are_rejected_after_the_known_ones_are_read() -> None:
-    message = error_of({"count": 2, "cuont": 3})
-    assert message.startswith("collectors.example.cuont: unknown key (known keys here: ")
+    message = error_of({"count": 2, "xyzzy": 3})
+    assert message.startswith("collectors.example.xyzzy: unknown key (known keys here: ")
     assert "count" in message and "include" in message  # the inline filter's keys count
-    assert error_of({"window": {"secs": 5}}) == (
-        "collectors.example.window.secs: unknown key (known keys here: phases, seconds)")
+    assert error_of({"window": {"frames": 5}}) == (
+        "collectors.example.window.frames: unknown key (known keys here: phases, seconds)")
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"cuont": 3}, "collectors.example.cuont: unknown key, did you mean count?"),
+        ({"exlude": "x"}, "collectors.example.exlude: unknown key, did you mean exclude?"),
+        ({"window": {"secs": 5}},
+         "collectors.example.window.secs: unknown key, did you mean seconds?"),
+    ],
+)
+def test_an_unknown_key_names_the_known_key_it_resembles(data: object, message: str) -> None:
+    assert error_of(data) == message
+
+
+def test_a_collecting_section_reports_every_error_and_raises_them_together() -> None:
+    """Given an error list, a bad field keeps its default and reading goes on; a
+    section with an error skips its ``check`` (its defaults would be checked)."""
+    errors: list[ConfigError] = []
+    root = Section({"example": {"count": 0, "cuont": 1, "verbose": True, "mode": "slow",
+                                "window": {"seconds": 1}, "labels": []}},
+                   "", {}, errors=errors)
+    read_section(Example, root.section("example"))
+    root.finish()
+    assert [str(error) for error in errors] == [
+        "example.count: must be >= 1, got 0",
+        "example.labels: expected a mapping, got a list",
+        "example.window.seconds: must be >= 5, got 1",
+        "example.cuont: unknown key, did you mean count?",
+    ]
+    with pytest.raises(ConfigError) as caught:
+        root.raise_errors()
+    assert caught.value.errors == tuple(errors)
+    assert str(caught.value).splitlines() == [str(error) for error in errors]
+    assert (caught.value.path, caught.value.message) == ("example.count", "must be >= 1, got 0")
+
+
+def test_a_collecting_section_with_one_error_raises_that_error() -> None:
+    errors: list[ConfigError] = []
+    root = Section({"x": {"level": "off"}}, "", {}, errors=errors)
+
+    @dataclass(frozen=True)
+    class Level:
+        level: Auto = "auto"
+
+    assert read_section(Level, root.section("x")) == Level()
+    with pytest.raises(ConfigError) as caught:
+        root.raise_errors()
+    assert caught.value is errors[0] and caught.value.errors == (caught.value,)
+    Section({}, "", {}, errors=[]).raise_errors()  # nothing collected: nothing raised
 
 
 def test_a_bad_value_is_reported_before_an_unknown_key() -> None:

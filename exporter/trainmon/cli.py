@@ -237,11 +237,17 @@ def _load(
     return config, web
 
 
+def _print_config_error(prefix: str, error: ConfigError) -> None:
+    """One line per error of the file, each after ``prefix``."""
+    for each in error.errors:
+        print(f"{prefix}{each}", file=sys.stderr)
+
+
 def _check_config(path: Path, environ: Mapping[str, str]) -> int:
     try:
         config, _ = _load(str(path), None, None, environ)
     except ConfigError as error:
-        print(f"{path}: {error}", file=sys.stderr)
+        _print_config_error(f"{path}: ", error)
         return EXIT_CONFIG
     enabled = [entry.name for entry in enabled_collectors(config, demo=False)]
     print(f"{path}: OK (collectors: {', '.join(enabled) or 'none'}; listen {config.listen})")
@@ -259,7 +265,7 @@ def _doctor(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     try:
         config = load_config(config_path, environ)
     except ConfigError as error:
-        print(f"trainmon: invalid configuration: {error}", file=sys.stderr)
+        _print_config_error("trainmon: invalid configuration: ", error)
         return EXIT_CONFIG
     trust = _trust(args, "doctor")
     if trust is None:
@@ -321,7 +327,7 @@ def _runs(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         try:
             config = load_config(config_path, environ)
         except ConfigError as error:
-            print(f"trainmon: invalid configuration: {error}", file=sys.stderr)
+            _print_config_error("trainmon: invalid configuration: ", error)
             return EXIT_CONFIG
         ledger_path = config.collectors.ledger.file
         local = LocalDaemon.of(
@@ -342,7 +348,7 @@ def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     try:
         config, web = _load(args.config, args.web_config_file, args.listen, environ)
     except ConfigError as error:
-        print(f"trainmon: invalid configuration: {error}", file=sys.stderr)
+        _print_config_error("trainmon: invalid configuration: ", error)
         return EXIT_CONFIG
     demo_node = None
     if args.demo:

@@ -2,7 +2,8 @@
 
 ``load_config(path)`` and ``parse_config(mapping)`` return a ``Config``; a
 missing file (``path=None``) gives the built-in defaults, which start a useful
-node daemon on any Linux machine. Errors are ``ConfigError`` with the key path.
+node daemon on any Linux machine. Errors are ``ConfigError`` with the key path;
+a file with several gets them all at once (``ConfigErrors``, one line each).
 The keys are documented in the README's configuration reference.
 
 This module only assembles: the top-level keys (``listen``,
@@ -119,16 +120,19 @@ def load_config(path: Path | None, environ: Mapping[str, str] | None = None) -> 
 
 
 def parse_config(data: object, environ: Mapping[str, str] | None = None) -> Config:
-    root = Section(data, "", environ)
-    config = Config(
-        listen=root.parsed("listen", DEFAULT_LISTEN, parse_listen_address),
-        web_config_file=root.optional_path("web_config_file"),
-        http=read_section(HTTPConfig, root.section("http")),
-        paths=read_section(PathsConfig, root.section("paths")),
-        collectors=_collectors(root.section("collectors")),
-    )
+    """The ``Config`` of ``data``, or one ``ConfigError`` naming every error in it."""
+    root = Section(data, "", environ, errors=[])
+    listen = root.attempt(
+        lambda: root.parsed("listen", DEFAULT_LISTEN, parse_listen_address), None)
+    web_config_file = root.attempt(lambda: root.optional_path("web_config_file"), None)
+    http = read_section(HTTPConfig, root.section("http"))
+    paths = read_section(PathsConfig, root.section("paths"))
+    collectors = _collectors(root.section("collectors"))
     root.finish()
-    return config
+    root.raise_errors()
+    assert listen is not None  # its error was raised above
+    return Config(listen=listen, web_config_file=web_config_file, http=http, paths=paths,
+                  collectors=collectors)
 
 
 def _collectors(section: Section) -> CollectorsConfig:

@@ -35,17 +35,27 @@ message)`` for rules between its keys; it runs once all keys are read.
 
 String values expand ``${VAR}`` from the environment (``$${`` is a literal
 ``${``); an unset variable is an error, never an empty secret.
+
+A ``Section`` given an ``errors`` list (the configuration file's root, and
+through it every section below) collects every error instead of stopping at the
+first: a field that fails keeps its default, a section with an error keeps its
+dataclass's defaults and skips its ``check``, and ``raise_errors()`` at the end
+raises them all at once (``ConfigErrors``). An unknown key says which known key
+of its section it most resembles (``difflib``)::
+
+    collectors.ledger.flush_second: unknown key, did you mean flush_seconds?
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 import re
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
@@ -64,6 +74,19 @@ class ConfigError(ValueError):
         super().__init__(f"{path}: {message}" if path else message)
         self.path = path
         self.message = message
+        #: Every error this one stands for, one per line of ``str()``: itself here.
+        self.errors: tuple[ConfigError, ...] = (self,)
+
+
+class ConfigErrors(ConfigError):
+    """Several errors of one configuration file, in the order they were read;
+    ``path`` and ``message`` are the first's, ``str()`` has one line per error."""
+
+    def __init__(self, errors: Sequence[ConfigError]) -> None:
+        first = errors[0]
+        super().__init__(first.path, first.message)
+        self.args = ("\n".join(str(error) for error in errors),)
+        self.errors = tuple(errors)
 
 
 def expand_environment(value: str, path: str, environ: Mapping[str, str]) -> str:
@@ -88,7 +111,10 @@ class Section:
         data: object,
         path: str = "",
         environ: Mapping[str, str] | None = None,
+        errors: list[ConfigError] | None = None,
     ) -> None:
+        """``errors``: None raises the first error; a list collects them all (shared
+        with the sections below), for ``raise_errors()``."""
         if data is None:
             data = {}
         if not isinstance(data, Mapping):
@@ -100,6 +126,7 @@ class Section:
         self.path = path
         self.environ: Mapping[str, str] = os.environ if environ is None else environ
         self._read: set[str] = set()
+        self._errors = errors
 
     # -- plumbing -------------------------------------------------------------
 
@@ -115,16 +142,44 @@ class Section:
         return self._data.get(key, default)
 
     def finish(self) -> None:
-        """Reject keys that no accessor read."""
-        unknown = sorted(set(self._data) - self._read)
-        if unknown:
-            known = ", ".join(sorted(self._read)) or "none"
-            raise ConfigError(self.key_path(unknown[0]), f"unknown key (known keys here: {known})")
+        """Reject keys that no accessor read, each with the known key it most resembles."""
+        known = sorted(self._read)
+        for key in sorted(set(self._data) - self._read):
+            self.report(ConfigError(self.key_path(key), _unknown_key(key, known)))
+
+    def report(self, error: ConfigError) -> None:
+        """Collect ``error`` when this section collects, else raise it."""
+        if self._errors is None:
+            raise error from None
+        self._errors.append(error)
+
+    def attempt(self, read: Callable[[], T], fallback: T) -> T:
+        """``read()``, or ``fallback`` once its ``ConfigError`` is reported."""
+        try:
+            return read()
+        except ConfigError as error:
+            self.report(error)
+            return fallback
+
+    @property
+    def error_count(self) -> int:
+        """Errors collected so far, in this section and every other of its file."""
+        return len(self._errors or ())
+
+    def raise_errors(self) -> None:
+        """Raise what was collected: the error itself if one, ``ConfigErrors`` if more."""
+        if self._errors:
+            raise self._errors[0] if len(self._errors) == 1 else ConfigErrors(self._errors)
 
     # -- accessors ------------------------------------------------------------
 
     def section(self, key: str) -> Section:
-        return Section(self.raw(key), self.key_path(key), self.environ)
+        """The mapping under ``key``; when it is not one, an empty section once reported."""
+        try:
+            return Section(self.raw(key), self.key_path(key), self.environ, self._errors)
+        except ConfigError as error:
+            self.report(error)
+            return Section({}, self.key_path(key), self.environ, self._errors)
 
     def string(self, key: str, default: str) -> str:
         value = self.optional_string(key, default)
@@ -303,16 +358,22 @@ S = TypeVar("S")
 def read_section(kind: type[S], section: Section, default: S | None = None) -> S:
     """The frozen dataclass ``kind`` read from ``section``: every field's key, then
     the unknown keys rejected, then ``kind.check`` (the module docstring has the
-    rules). ``default`` supplies the defaults (``kind()`` when None)."""
-    values = _read_fields(kind, section, kind() if default is None else default)
+    rules). ``default`` supplies the defaults (``kind()`` when None). A section
+    that collects its errors and has one returns ``default`` (``kind()``), unchecked."""
+    base = kind() if default is None else default
+    errors_before = section.error_count
+    values = _read_fields(kind, section, base)
     section.finish()
+    if section.error_count > errors_before:
+        return base
     result = kind(**values)
     check = getattr(result, "check", None)
     if check is not None:
         try:
             check()
         except Invalid as error:
-            raise ConfigError(section.key_path(error.key), error.message) from None
+            section.report(ConfigError(section.key_path(error.key), error.message))
+            return base
     return result
 
 
@@ -331,16 +392,22 @@ def _read_fields(kind: type[Any], section: Section, default: object) -> dict[str
 def _read_field(
     section: Section, key: str, hint: object, default: object, meta: Mapping[str, Any]
 ) -> object:
-    if "read" in meta:
-        value = meta["read"](section, key, default)
-    else:
-        value = _read_typed(section, key, hint, default, meta)
+    """The field's value; its error reported, the default when the section collects."""
+    try:
+        if "read" in meta:
+            value = meta["read"](section, key, default)
+        else:
+            value = _read_typed(section, key, hint, default, meta)
+    except ConfigError as error:
+        section.report(error)
+        return default
     parse = meta.get("parse")
     if parse is not None and value is not None:
         try:
             value = parse(value)
         except ValueError as error:
-            raise ConfigError(section.key_path(key), str(error)) from None
+            section.report(ConfigError(section.key_path(key), str(error)))
+            return default
     return value
 
 
@@ -392,6 +459,14 @@ def _read_typed(
                 return kind(**_read_fields(kind, section, default))
             return read_section(kind, section.section(key), default)
     raise TypeError(f"{section.key_path(key)}: no reader for a field of type {hint!r}")
+
+
+def _unknown_key(key: str, known: list[str]) -> str:
+    """The message of an unknown key: the known key it most resembles, or all of them."""
+    close = difflib.get_close_matches(key, known, n=1)
+    if close:
+        return f"unknown key, did you mean {close[0]}?"
+    return f"unknown key (known keys here: {', '.join(known) or 'none'})"
 
 
 def _is_union(hint: object) -> bool:
