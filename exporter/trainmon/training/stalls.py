@@ -11,12 +11,14 @@ it came before the collective they wait in (``missing_rank``; a rank waiting in
 a collective its peers never join is found so: they wait in collectives it has
 not reached). With none either, a rank whose reporter went silent (``gone``:
 killed, out of memory) holds them; else every stalled rank waits in a collective
-and the one that holds them is on another node (``elsewhere``). Standard library
-only.
+and the one that holds them is on another node (``elsewhere``). The frame a stall
+shows (``frame_text``) is the innermost of the rank's own code, not a library's
+(``is_library_file``); the stall line keeps the whole stack. Standard library only.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
@@ -31,8 +33,12 @@ MISSING = "missing"
 #: A rank whose reporter (which sends about once a second) sent nothing for this long
 #: is gone: finished or dead, no longer stalled.
 SILENT_SECONDS = 30.0
-#: Longest innermost-frame text (``frame_text``).
+#: Longest frame text (``frame_text``).
 MAX_FRAME_TEXT_LENGTH = 160
+#: The files of libraries (``is_library_file``), by a directory of their path.
+_LIBRARY_PATH = re.compile(
+    r"/(?:site-packages|dist-packages|torch|trainmon/client)/"
+    r"|/lib(?:64)?/(?:python\d+(?:\.\d+)?t?|pypy\d*(?:\.\d+)?)/")
 
 
 class FrameLike(Protocol):
@@ -47,12 +53,24 @@ class FrameLike(Protocol):
 
 
 def frame_text(frames: Sequence[FrameLike]) -> str:
-    """The innermost frame of a stall: ``dataset.py:42 __getitem__`` ("" without one)."""
+    """The frame a stall shows: ``dataset.py:42 __getitem__`` ("" without one). The
+    innermost of the user's own frames (``is_library_file`` false), so a rank waiting
+    inside torch names its ``loss.backward()`` line, not ``graph.py
+    _engine_run_backward``; the innermost frame when every frame is a library's."""
     if not frames:
         return ""
-    frame = frames[0]
+    frame = next((each for each in frames if not is_library_file(each.file)), frames[0])
     return f"{frame.file.rsplit('/', 1)[-1]}:{frame.line} {frame.function}"[
         :MAX_FRAME_TEXT_LENGTH]
+
+
+def is_library_file(path: str) -> bool:
+    """Whether a frame's file (as a stall line sends it, ``co_filename``) belongs to
+    a library rather than to the job's own code: installed packages (``site-packages``,
+    ``dist-packages``), the standard library (``lib/python3.11/``, frozen modules),
+    torch itself (a source checkout's ``torch/`` too) and trainmon's client. Told by
+    the path alone: the daemon does not know the job's interpreter."""
+    return path.startswith("<frozen ") or _LIBRARY_PATH.search(path) is not None
 
 
 def holding_rank(stalled: Sequence[tuple[str, str]], gone: Sequence[str],
