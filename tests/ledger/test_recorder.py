@@ -207,7 +207,9 @@ def test_a_restarted_daemon_resumes_the_run(clocks: Clocks, tmp_path: Path) -> N
     training, ledger = make()
     ledger.start()
     run_job(clocks, training, ledger, run="run-a", rate_steps=100, intervals=3, end=False)
-    # killed: no stop(); a new daemon starts with an empty store
+    # stopped (one daemon per ledger: its lock goes with it; a real kill -9 is
+    # tests/ledger/test_restart.py); a new daemon starts with an empty store
+    ledger.stop()
     training, ledger = make()
     ledger.start()
     for index in range(4, 7):

@@ -38,14 +38,29 @@ running daemon. They are held per file (``FileKey``) while any ``Ledger`` of
 this process has that file open (the recorder's, and the read-only ones of
 ``GET /api/v1/runs`` that come and go beside it) and closed only when the
 last one closes, when SQLite holds no lock on it any more.
+
+**One writer** (``lock_writer``): the daemon's recorder holds an exclusive
+``flock`` on ``<ledger>.lock`` beside the file for as long as it records into it,
+so two daemons on one node (two root daemons left with the default path, an
+upgrade that starts the new daemon before the old one stopped) never both
+write the ledger. A sibling file, not the database itself: on NFS, Linux
+emulates ``flock`` with POSIX locks, which would collide with SQLite's own.
+The lock file is made and checked as the database is (no symlink, a regular
+file of one link owned by a trusted owner, ``O_CLOEXEC``: no child inherits
+it) and says who holds it (pid, host, since when), which the refused daemon
+names. The kernel drops the lock when its holder exits, however it exits, so
+a ``kill -9``'d daemon leaves nothing to clean up. Readers never take it.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
+import socket
 import stat
 import threading
+import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +69,10 @@ from trainmon.paths import check_folder
 
 #: Files SQLite keeps beside the database in WAL mode.
 SIDE_SUFFIXES = ("-wal", "-shm")
+#: The file beside the database whose ``flock`` the recording daemon holds.
+LOCK_SUFFIX = ".lock"
+#: The most of a lock file's holder line that is read back.
+MAX_HOLDER_BYTES = 512
 #: How the daemon opens a ledger file to check it: never through a symlink, never
 #: waiting on a FIFO, never inherited by a child.
 _CHECK_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -263,6 +282,97 @@ def _trusted(shown: Path, found: os.stat_result, owners: Collection[int]) -> Non
         raise UnsafeLedgerFile(
             f"refusing the ledger {shown}: it has {found.st_nlink} hard links (another "
             "name for the same file could be written through it)")
+
+
+# -- one writer ----------------------------------------------------------------------
+
+
+class LedgerLocked(UnsafeLedgerFile):
+    """Another process holds the ledger's writer lock; ``holder`` is what it wrote of
+    itself (``""`` when that could not be read)."""
+
+    def __init__(self, message: str, holder: str) -> None:
+        super().__init__(message, "locked")
+        self.holder = holder
+
+
+@dataclass
+class WriterLock:
+    """The exclusive lock on a ledger's ``<name>.lock`` (``lock_writer``)."""
+
+    path: Path
+    descriptor: int
+
+    def release(self) -> None:
+        """Drop the lock (close its descriptor); safe to call twice."""
+        if self.descriptor >= 0:
+            os.close(self.descriptor)
+            self.descriptor = -1
+
+
+def lock_writer(path: Path, owners: Collection[int], create_mode: int) -> WriterLock:
+    """Take the writer lock of the ledger at ``path`` (module docstring), without
+    waiting, and write this process's holder line into it. ``LedgerLocked`` naming the
+    holder when another process has it; ``UnsafeLedgerFile`` when the lock file may not
+    be used (its folder, a symlink, another owner...), as for the database."""
+    real = _folder(path, owners) / (path.name + LOCK_SUFFIX)
+    shown = path.with_name(path.name + LOCK_SUFFIX)
+    before: os.stat_result | None = None
+    try:
+        descriptor = os.open(real, _LOCK_FLAGS | os.O_CREAT | os.O_EXCL, create_mode)
+    except FileExistsError:
+        before = os.lstat(real)
+        _regular(shown, before)
+        try:
+            descriptor = os.open(real, _LOCK_FLAGS)
+        except OSError as error:
+            if error.errno == errno.ELOOP:
+                raise UnsafeLedgerFile(f"refusing the ledger lock {shown}: it is a symlink") \
+                    from None
+            raise _cannot(f"cannot open the ledger lock {shown}", error) from None
+    except OSError as error:
+        raise _cannot(f"cannot create the ledger lock {shown}", error) from None
+    try:
+        _same(shown, before, os.fstat(descriptor), owners)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(descriptor)
+            raise LedgerLocked(
+                f"the run ledger {path} is held by another trainmon daemon "
+                f"({holder or 'its holder did not say who it is'}; lock {shown})",
+                holder) from None
+        _write_holder(descriptor)
+    except BaseException:
+        os.close(descriptor)
+        raise
+    return WriterLock(real, descriptor)
+
+
+#: How a lock file is opened: read-write, never through a symlink, never waiting on a
+#: FIFO, never inherited by a child.
+_LOCK_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def _write_holder(descriptor: int) -> None:
+    """Say who holds the lock (pid, host, since when) in its file; a full disk costs the
+    line, never the lock."""
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    try:
+        os.ftruncate(descriptor, 0)
+        os.pwrite(descriptor, f"pid {os.getpid()} on {socket.gethostname()} since "
+                              f"{started}\n".encode(), 0)
+    except OSError:
+        pass
+
+
+def _holder(descriptor: int) -> str:
+    """The holder line of a lock file, printable characters only."""
+    try:
+        text = os.pread(descriptor, MAX_HOLDER_BYTES, 0).decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "".join(char for char in text.strip() if char.isprintable())
 
 
 def _side_files(real: Path) -> Sequence[Path]:

@@ -76,7 +76,12 @@ from dataclasses import dataclass, field
 
 from trainmon.background import BackgroundThread
 from trainmon.ledger.config import LedgerConfig
-from trainmon.ledger.ending import RecordedRun, SnapshotIndex, decide_end
+from trainmon.ledger.ending import (
+    MAX_STARTUP_LOOKBACK_SECONDS,
+    RecordedRun,
+    SnapshotIndex,
+    decide_end,
+)
 from trainmon.ledger.feed import (
     DescribingRank,
     ReportingRank,
@@ -85,10 +90,11 @@ from trainmon.ledger.feed import (
     TrainingSnapshot,
     TrainingSource,
 )
+from trainmon.ledger.files import WriterLock
 from trainmon.ledger.goodput import RankBooking, RankTotals, empty_buckets, goodput_ratio
 from trainmon.ledger.holding import GpuHoldings, owner_team
 from trainmon.ledger.records import FINAL_END_REASONS
-from trainmon.ledger.schema import LedgerError
+from trainmon.ledger.schema import LedgerError, take_writer_lock
 from trainmon.ledger.store import Ledger, RecordUpdate, WriteResult
 from trainmon.ledger.summary import Progress, RunTotals, verdict_gap
 from trainmon.logthrottle import LogThrottle
@@ -109,6 +115,13 @@ RECLAIM_SECONDS = 300.0
 REWRITE_SECONDS = 60.0
 #: Ended runs remembered so that a lingering description does not reopen them.
 MAX_CLOSED = 4096
+#: Seconds after the ledger was opened by which a reporter must have continued a run
+#: the file holds as going on, else it is closed ``lost`` (``stall_seconds`` when
+#: shorter): a job that goes on reports within its client's interval (1 s by default).
+RESUME_GRACE_SECONDS = 120.0
+#: Runs held as going on that one opening of the ledger closes at most (the next
+#: opening closes the rest).
+MAX_LOST_WHILE_AWAY = 4096
 #: ``reason`` of ``trainmon_ledger_write_errors_total`` (``LedgerError.reason``).
 WRITE_ERROR_REASONS = ("disk_full", "read_only", "io_error", "busy", "corrupt", "other")
 #: ``reason`` of ``trainmon_ledger_pruned_runs_total`` (the rules of ``Ledger.prune``).
@@ -128,9 +141,6 @@ GOODPUT_WINDOW_SECONDS = 600.0
 LOSING_END_REASONS = ("crashed", "preempted")
 #: Seconds after such an end within which a new run of the job counts as its restart.
 REDO_HORIZON_SECONDS = 3600.0
-#: The furthest before its first report that a rank's start (its run description's
-#: ``started``, the sender's word) is taken as the start of its ``startup``.
-MAX_STARTUP_LOOKBACK_SECONDS = 600.0
 #: Jobs known only by GPUs their processes hold (no rank reports) that one user may
 #: have booked ``idle_allocated`` at once (more are not booked: docs/security.md).
 MAX_IDLE_JOBS_PER_USER = 4
@@ -236,6 +246,14 @@ class RunRecorder:
         self._thread = BackgroundThread("ledger-recorder", self._loop)
         self._errors = LogThrottle(clock=clock)
         self._ledger: Ledger | None = None
+        #: The ledger's writer lock, held from before the file is opened until it is
+        #: closed (one recording daemon per file).
+        self._writer: WriterLock | None = None
+        #: (job, run) -> owner of the runs the file held as going on when it was opened,
+        #: until a reporter continues them or they are closed ``lost`` (monotonic time
+        #: ``_away_due``).
+        self._away: dict[tuple[str, str], str] = {}
+        self._away_due = float("inf")
         self._error: str | None = None
         self._next_open = float("-inf")
         self._next_prune = float("-inf")
@@ -249,7 +267,6 @@ class RunRecorder:
         self._refused_runs = 0
         self._pruned = dict.fromkeys(PRUNE_REASONS, 0)
         self._seen: dict[tuple[str, int], tuple[str, StepTotals]] = {}
-        self._last_tick: float | None = None
         #: (job, run) -> (reason, Unix end time) of the runs closed lately, oldest first.
         #: (job, run) -> (reason, Unix end time, the run's goodput) of the runs closed
         #: lately, oldest first.
@@ -305,9 +322,16 @@ class RunRecorder:
         self._thread.stop(timeout=max(5.0, self.config.flush_seconds))
         self.tick()
         with self._lock:
-            if self._ledger is not None:
-                self._ledger.close()
-                self._ledger = None
+            self._close()
+
+    def _close(self) -> None:
+        """Close the file, then give its writer lock back."""
+        if self._ledger is not None:
+            self._ledger.close()
+            self._ledger = None
+        if self._writer is not None:
+            self._writer.release()
+            self._writer = None
 
     def _loop(self) -> None:
         while not self._thread.stopping.wait(self.config.flush_seconds):
@@ -356,11 +380,14 @@ class RunRecorder:
                     run.said.setdefault(rank, reason)
             decide_end(run, live.get(key, []), index, wall, self.config.stall_seconds)
             if run.end_reason in FINAL_END_REASONS:
+                run.close_window(set(), ending=True)
+                run.totals.close_stalls(run.ended if run.ended is not None else wall)
                 self._close_bookings(run, wall)
             self._describe(run, index)
             state = run.state()
-            fingerprint = hash(json.dumps([state, run.end_reason, run.ended, run.changed,
-                                           run.config_hash, run.started, run.world_size,
+            fingerprint = hash(json.dumps([state, run.end_reason,
+                                           run.ended, run.changed, run.config_hash,
+                                           run.start_time(), run.world_size,
                                            sorted(run.ranks), run.descriptions_taken],
                                           sort_keys=True, default=str))
             if fingerprint != run.written_fingerprint \
@@ -376,11 +403,47 @@ class RunRecorder:
                 self._recent_ends.pop(key, None)
                 self._recent_ends[key] = (run.end_reason, run.ended or wall,
                                           goodput_ratio(run.totals.gpu_seconds))
+        updates += self._close_lost_while_away(now, wall)
         while self._recent_ends and (
                 len(self._recent_ends) > MAX_EXPORTED_RUN_ENDS
                 or wall - next(iter(self._recent_ends.values()))[1] > RUN_END_EXPORT_SECONDS):
             self._recent_ends.popitem(last=False)
         self._book_idle(snapshot.ranks, wall)
+        return updates
+
+    def _close_lost_while_away(self, now: float, wall: float) -> list[RecordUpdate]:
+        """The records that close ``lost`` the runs the file held as going on when it was
+        opened and that no reporter continued by ``_away_due`` (their reporters vanished
+        while the daemon was down: restart, upgrade, reboot). One that a reporter
+        continues is resumed instead (``_run``); one closed here that a reporter
+        continues later is resumed too, its end undone."""
+        for key in [key for key in self._away if key in self._runs]:
+            del self._away[key]
+        if not self._away or now < self._away_due or self._ledger is None:
+            return []
+        away, self._away = self._away, {}
+        updates, closed = [], []
+        for (job, run_id), owner in away.items():
+            try:
+                stored = self._ledger.stored(job, run_id, self._node)
+            except LedgerError as error:
+                self._failed(error)
+                break
+            if stored is None or stored[0].end_reason in FINAL_END_REASONS \
+                    or stored[0].owner != owner:
+                continue
+            run = RecordedRun.lost_while_away(*stored)
+            updates.append(RecordUpdate(run.record(self._node, wall, self.config), run.state()))
+            ended = run.ended if run.ended is not None else wall
+            self._recent_ends.pop((job, run_id), None)
+            self._recent_ends[(job, run_id)] = ("lost", ended,
+                                                goodput_ratio(run.totals.gpu_seconds))
+            self._end_owners[(job, run_id)] = owner
+            closed.append(f"{run_id} of {job}")
+        if closed:
+            log.warning("run ledger: %d run(s) no reporter continued since the daemon started "
+                        "closed as lost at their last report: %s%s", len(closed),
+                        ", ".join(closed[:5]), " ..." if len(closed) > 5 else "")
         return updates
 
     def _take_verdicts(self) -> None:
@@ -414,12 +477,10 @@ class RunRecorder:
         now: float,
         wall: float,
     ) -> dict[tuple[str, str], list[ReportingRank]]:
-        """Add each rank's progress since the last tick to its run; the live ranks per run."""
-        interval = None if self._last_tick is None else now - self._last_tick
-        self._last_tick = now
+        """Add each rank's progress since the last tick to its run, and the span of its
+        new steps to the run's active time and open window (``RecordedRun.add_steps``);
+        the live ranks per run."""
         live: dict[tuple[str, str], list[ReportingRank]] = {}
-        samples: dict[tuple[str, str], int] = {}
-        partial: set[tuple[str, str]] = set()
         seen: dict[tuple[str, int], tuple[str, StepTotals]] = {}
         for (job, _), kept in descriptions.items():
             key = (job, kept.description.run)
@@ -437,31 +498,38 @@ class RunRecorder:
             if run is None:
                 continue
             previous = self._seen.get((view.job, view.rank))
+            first = previous is None or previous[0] != run_id
             progress = _difference(view.totals, previous[1] if previous else None)
+            restarted = progress is None  # the rank's totals went backwards
             if progress is None:
                 progress = _difference(view.totals, None)
-                partial.add(key)
             assert progress is not None
             run.totals.add(progress)
             self._book(run, view, descriptions.get((view.job, view.rank)),
-                       None if previous is None else previous[1],
-                       first=previous is None or previous[0] != run_id, wall=wall)
+                       None if previous is None else previous[1], first=first, wall=wall)
             self._note_checkpoint(run, view)
             run.ranks.add(view.rank)
             if run.world_size is None:
                 run.world_size = view.world_size
-            run.last_report = max(run.last_report or 0.0, view.last_report_time)
-            run.last_reports[view.rank] = view.last_report_time
+            first_step = None
             if progress.steps > 0:
                 run.last_progress = wall
+                end = view.last_step_time if view.last_step_time is not None \
+                    else view.last_report_time
+                fresh = first or restarted
+                after = None if fresh else run.rank_last_step.get(view.rank)
+                # the client times its steps back to back: they began step_seconds before
+                # the last one ended
+                start = after if after is not None else end - progress.step_seconds
+                run.add_steps(view.rank, progress.samples, start, end, fresh=fresh)
+                first_step = start
+            run.note_report(view.rank, view.last_report_time, first=first,
+                            first_step=first_step)
             live.setdefault(key, []).append(view)
-            samples[key] = samples.get(key, 0) + progress.samples
         self._seen = seen
         self._note_stalls(ranks, wall)
-        if interval is not None:
-            for key in live:
-                if key not in partial:
-                    self._runs[key].totals.add_bucket(samples[key], interval)
+        for key, views in live.items():
+            self._runs[key].close_window({view.rank for view in views})
         return live
 
     def _note_stalls(self, ranks: Sequence[ReportingRank], wall: float) -> None:
@@ -542,12 +610,11 @@ class RunRecorder:
             while len(self._redo) > MAX_GOODPUT_JOBS:
                 self._redo.popitem(last=False)
             # the restart may have reported in the tick that learnt of the crash
-            began = run.first_seen if run.started is None else run.started
+            began = run.start_time()
             for other_key, other in self._runs.items():
                 if other.job == run.job and other.owner == redo.owner and other is not run \
                         and other.end_reason is None \
-                        and (other.first_seen if other.started is None else other.started) \
-                        > began and not other.resumed:
+                        and other.start_time() > began and not other.resumed:
                     redo.restarted = other_key
                     for rank, booking in other.bookings.items():
                         booking.redo_steps = redo.steps_of(rank)
@@ -743,6 +810,7 @@ class RunRecorder:
             run.resumed = True
             run.totals = RunTotals.from_state(state).resumed()
             run.storages = _storages(state.get("data_storage"))
+            run.resume(state)
             log.info("resuming the ledger record of run %s of job %s", key[1], key[0])
         return run
 
@@ -769,8 +837,7 @@ class RunRecorder:
         if not mine:
             return
         rank, kept = mine[0]
-        started = min(kept.description.started for _, kept in mine)
-        run.started = started if run.started is None else min(run.started, started)
+        run.take_started(min(kept.description.started for _, kept in mine))
         run.ranks.update(rank for rank, _ in mine)
         if kept.description is run.source:
             return
@@ -808,7 +875,7 @@ class RunRecorder:
         }
         if run.changed is None and self._ledger is not None:
             try:
-                previous = self._ledger.previous(run.job, None, before=run.started)
+                previous = self._ledger.previous(run.job, None, before=run.start_time())
             except LedgerError as error:
                 self._failed(error)
             else:
@@ -832,6 +899,8 @@ class RunRecorder:
             for folder in made:
                 log.info("created %s for the run ledger", folder)
             try:
+                if self._writer is None:
+                    self._writer = take_writer_lock(self.config.file)
                 self._ledger = Ledger.open(self.config.file, readonly=False)
             except LedgerError as error:
                 self._failed(error)
@@ -841,8 +910,11 @@ class RunRecorder:
             log.info("run ledger at %s", self.config.file)
             try:
                 self._stored_runs = self._ledger.count()
+                self._away = {(job, run_id): owner for job, run_id, owner
+                              in self._ledger.unfinished(self._node, MAX_LOST_WHILE_AWAY)}
             except LedgerError as error:
                 self._failed(error)
+            self._away_due = now + min(self.config.stall_seconds, RESUME_GRACE_SECONDS)
         if self._ledger is not None and now >= self._next_prune:
             self._next_prune = now + PRUNE_SECONDS
             try:
@@ -908,8 +980,7 @@ class RunRecorder:
                      else f"opened again every {REOPEN_SECONDS:.0f} s")
             log.error("run ledger: %s (recording goes on in memory, %s)", error, retry)
         if self._ledger is not None and not self.config.file.exists():
-            self._ledger.close()
-            self._ledger = None
+            self._close()
 
 
     # -- evaluations and scrapes ------------------------------------------------------

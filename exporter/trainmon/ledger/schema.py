@@ -63,9 +63,11 @@ from pathlib import Path
 from trainmon.ledger.files import (
     CheckedFile,
     UnsafeLedgerFile,
+    WriterLock,
     check_readable,
     check_writable,
     confirm,
+    lock_writer,
     release,
 )
 from trainmon.paths import reader_owners, trusted_owners
@@ -145,7 +147,8 @@ class LedgerError(Exception):
     """The ledger file cannot be used: missing (read-only open), foreign, newer or corrupt.
 
     ``reason``: ``disk_full``, ``read_only``, ``io_error``, ``busy``, ``corrupt``
-    or ``other``, for the recorder's error counter.
+    or ``other``, for the recorder's error counter; ``locked`` when another daemon
+    holds the writer lock (``take_writer_lock``).
     """
 
     def __init__(self, message: str, reason: str = "other") -> None:
@@ -214,6 +217,20 @@ def connect(
         release(checked)
         raise
     return connection, version, checked
+
+
+def take_writer_lock(path: Path, owners: Collection[int] | None = None) -> WriterLock:
+    """The exclusive writer lock of the ledger at ``path`` (``trainmon.ledger.files``,
+    ``lock_writer``), which the recording daemon takes before it opens the file and holds
+    until it closes it; ``LedgerError`` (reason ``locked``, naming the holder) when
+    another process holds it. ``owners`` as for ``connect``; readers never take it."""
+    try:
+        return lock_writer(path, trusted_owners() if owners is None else owners, FILE_MODE)
+    except UnsafeLedgerFile as error:
+        raise LedgerError(str(error), error.reason) from None
+    except OSError as error:
+        raise LedgerError(f"cannot lock the ledger {path}: {error.strerror or error}") \
+            from None
 
 
 def _connect_checked(path: Path, checked: CheckedFile,

@@ -97,6 +97,7 @@ class Ledger:
         columns = [name if name != "owner" or version >= 2 else "'' AS owner"
                    for name in COLUMNS]
         self._select_sql = f"SELECT {', '.join(columns)} FROM runs"
+        self._select_state_sql = f"SELECT {', '.join(columns)}, state FROM runs"
 
     @classmethod
     def open(cls, path: Path | str, readonly: bool = True,
@@ -191,6 +192,30 @@ class Ledger:
             rows = self._query("SELECT owner FROM runs WHERE job = ? AND run = ? AND node = ?",
                                [job, run, node])
         return None if not rows else str(rows[0][0])
+
+    def unfinished(self, node: str, limit: int) -> list[tuple[str, str, str]]:
+        """(job, run, owner) of at most ``limit`` runs of ``node`` that the file holds as
+        going on (no end reason, or ``stalled``), the latest updated first."""
+        owner = "owner" if self.version >= 2 else "''"
+        return [(str(job), str(run), str(who)) for job, run, who in self._query(
+            f"SELECT job, run, {owner} FROM runs WHERE node = ? AND (end_reason IS NULL "
+            "OR end_reason = 'stalled') ORDER BY updated DESC LIMIT ?", [node, limit])]
+
+    def stored(self, job: str, run: str, node: str
+               ) -> tuple[RunRecord, Mapping[str, object]] | None:
+        """The record of (``job``, ``run``, ``node``) with the recorder state stored with it,
+        or None."""
+        rows = self._query(self._select_state_sql + " WHERE job = ? AND run = ? AND node = ?",
+                           [job, run, node])
+        if not rows:
+            return None
+        try:
+            record = RunRecord.from_row(rows[0][:-1])
+            state = json.loads(rows[0][-1])
+        except (ValueError, KeyError, TypeError) as error:
+            raise LedgerError(f"the ledger {self.path} holds a malformed record: {error}") \
+                from None
+        return record, state if isinstance(state, dict) else {}
 
     def owners(self) -> dict[str, int]:
         """Rows per owner."""

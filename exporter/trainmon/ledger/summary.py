@@ -5,16 +5,31 @@ The recorder (``trainmon.ledger.recorder``) reads the training store every
 node did since the previous tick (``Progress``: the increase of the rank's
 exported totals). From those:
 
-- **samples/s**: each tick interval is one bucket: the samples of all the
-  run's ranks on this node in the interval over the interval's length
-  (monotonic clock). ``samples_per_second_median`` and ``_p10`` are the
-  median and the 10th percentile (nearest rank) of those buckets. A bucket
-  to which a rank contributed its first totals (a rank seen for the first
-  time: its totals so far, not an interval's) is left out, and so is the
-  run's first full bucket (warm-up: data loader workers spawning, compilation)
-  once the run has three or more buckets. At most ``MAX_BUCKETS`` are kept;
-  beyond, neighbours are merged pairwise (interval-weighted), which keeps
-  the median meaningful over week-long runs.
+- **samples/s** (``samples_per_second``, the headline): the samples of the
+  run's ranks on this node over its *active time*, from the start of its
+  first step to the end of its last (``active_start``, ``active_end``: Unix
+  times). A rank's steps are contiguous (the client times each step from the
+  end of the previous one, the first from the start of its loop), so the
+  steps a rank did since the previous tick span exactly ``[its last step time
+  − their step seconds, its last step time]`` (``ReportingRank.last_step_time``,
+  the sender's clock): the first step's start is known to the step, however
+  late the first tick comes, and the last step's end however late the run's
+  end is noticed. The warm-up counts, as it does in the job's own
+  ``samples / elapsed`` (data loader workers spawning, compilation). The
+  figure the job itself would print; ``active_seconds`` is its denominator.
+- **spread across windows** (``samples_per_second_median`` and ``_p10``, the
+  median and the 10th percentile by nearest rank): one *window* per tick (or
+  more ticks, until every live rank of the run stepped in it), its rate the sum
+  over the ranks of each rank's samples over the real length of its steps in
+  the window (from its previous last step to its latest), so a partial window
+  (the run's last, ending at its last step) weighs only the time training
+  happened, never a whole tick. A window to which a rank contributed its
+  totals so far rather than a window's (a rank first seen once the run was
+  under way, or whose totals restarted, or the first window after a daemon
+  restart) is left out, and so is the run's first window (warm-up) once the
+  run has three or more. At most ``MAX_BUCKETS`` windows are kept; beyond,
+  neighbours are merged pairwise (length-weighted), which keeps the median
+  meaningful over week-long runs.
 - **step_seconds_p50/p95**: from the step-time histogram's bucket increases
   over the run, interpolated linearly within a bucket as PromQL's
   ``histogram_quantile`` does (the upper finite bound in the +Inf bucket).
@@ -39,7 +54,7 @@ exported totals). From those:
   over all of them (None before anything is booked);
 - **stalls**: the run's stalls, the latest ``MAX_RECORDED_STALLS``: when each
   began (its first stalled rank's last step) and ended (the first tick without a
-  stalled rank; None while it lasts), the rank that held the job and where it was
+  stalled rank, or the run's end; None while it lasts), the rank that held the job and where it was
   (``trainmon.training.stalls``), its innermost frame, and where each stalled rank
   was, from the ranks' stall reports (docs/protocol.md, "Stall reports");
 - **gpu_hours**: ranks on this node × duration / 3600 (one GPU per rank);
@@ -104,10 +119,14 @@ class RunTotals:
     step_buckets: list[int] = field(default_factory=lambda: [0] * STEP_BUCKET_COUNT)
     phase_seconds: dict[str, float] = field(default_factory=dict)
     comm_exposed_seconds: float | None = None
-    #: (samples/s, interval seconds) per counted bucket.
+    #: (samples/s, window seconds) per counted window (module docstring).
     buckets: list[tuple[float, float]] = field(default_factory=list)
-    #: Full buckets seen, counted or not (the first is the warm-up).
+    #: Windows seen, counted or not.
     intervals: int = 0
+    #: Unix time the run's first step on this node started (the earliest of its ranks').
+    active_start: float | None = None
+    #: Unix time its latest step on this node ended.
+    active_end: float | None = None
     verdict_seconds: dict[str, float] = field(default_factory=dict)
     #: The verdict kind of the latest evaluation while the run went on.
     final_verdict: str | None = None
@@ -130,6 +149,7 @@ class RunTotals:
         cumulative totals, which a fresh store takes whole, already hold the run's
         counts so far."""
         return RunTotals(buckets=list(self.buckets), intervals=self.intervals,
+                         active_start=self.active_start, active_end=self.active_end,
                          group_exposed_seconds=dict(self.group_exposed_seconds),
                          stalls=[dict(stall) for stall in self.stalls],
                          verdict_seconds=dict(self.verdict_seconds),
@@ -188,21 +208,46 @@ class RunTotals:
                         "frame": "" if held is None else held[1],
                         "ranks": {str(r): state[0] for r, state in ordered}})
 
-    def add_bucket(self, samples: int, seconds: float) -> None:
-        """One tick interval's samples of the run's ranks over its length."""
+    def note_active(self, start: float, end: float) -> None:
+        """A rank's steps spanned ``start`` to ``end`` (Unix): the run's active time
+        covers them."""
+        self.active_start = start if self.active_start is None else min(self.active_start,
+                                                                         start)
+        self.active_end = end if self.active_end is None else max(self.active_end, end)
+
+    def active_seconds(self) -> float | None:
+        """From the first step's start to the last step's end; None before a step."""
+        if self.active_start is None or self.active_end is None:
+            return None
+        return max(self.active_end - self.active_start, 0.0)
+
+    def add_window(self, rate: float, seconds: float, *, counted: bool = True) -> None:
+        """One window of the run: its samples/s (each rank's samples over the real length
+        of its steps in it, summed) and its length; ``counted`` False for a window that
+        holds a rank's totals so far (module docstring): seen, not kept."""
         if seconds <= 0:
             return
         self.intervals += 1
-        self.buckets.append((samples / seconds, seconds))
+        if not counted:
+            return
+        self.buckets.append((rate, seconds))
         if len(self.buckets) > MAX_BUCKETS:
             self.buckets = _merge_pairs(self.buckets)
+
+    def close_stalls(self, until: float) -> None:
+        """The run ended: a stall still open ends with it (at ``until``, never before it
+        began)."""
+        if self.stalls and self.stalls[-1]["until"] is None:
+            since = self.stalls[-1].get("since")
+            start = float(since) if isinstance(since, (int, float)) else until
+            self.stalls[-1]["until"] = max(until, start)
 
     def add_verdict(self, kind: str, seconds: float) -> None:
         """``seconds`` more under verdict ``kind`` (each gap already ``verdict_gap``)."""
         self.verdict_seconds[kind] = self.verdict_seconds.get(kind, 0.0) + max(seconds, 0.0)
 
     def rates(self) -> list[float]:
-        """The counted samples/s buckets (the warm-up one left out once there are three)."""
+        """The counted windows' samples/s (the warm-up one left out once there are three)."""
         rates = [rate for rate, _ in self.buckets]
         return rates[1:] if len(rates) >= 3 else rates
 
@@ -216,6 +261,7 @@ class RunTotals:
     ) -> dict[str, object]:
         rates = self.rates()
         step = self.step_seconds
+        active = self.active_seconds()
         gpu_hours = ranks * max(duration_seconds, 0.0) / 3600.0
         cost: dict[str, object] | None = None
         if price_per_gpu_hour is not None:
@@ -230,6 +276,8 @@ class RunTotals:
         if comm is None:
             comm = self.phase_seconds.get(COMM_PHASE)
         return {
+            "samples_per_second": self.samples / active if active else None,
+            "active_seconds": active,
             "samples_per_second_median": percentile(rates, 0.5),
             "samples_per_second_p10": percentile(rates, 0.1),
             "step_seconds_p50": histogram_quantile(0.5, self.step_buckets),
@@ -265,6 +313,7 @@ class RunTotals:
             "comm_exposed_seconds": self.comm_exposed_seconds,
             "buckets": [list(bucket) for bucket in self.buckets],
             "intervals": self.intervals, "verdict_seconds": self.verdict_seconds,
+            "active_start": self.active_start, "active_end": self.active_end,
             "final_verdict": self.final_verdict, "checkpoints": self.checkpoints,
             "last_checkpoint": self.last_checkpoint, "gpu_seconds": self.gpu_seconds,
             "stalls": self.stalls, "group_exposed_seconds": self.group_exposed_seconds,
@@ -286,6 +335,9 @@ class RunTotals:
                 else float(state["comm_exposed_seconds"]),  # type: ignore[arg-type]
                 buckets=[(float(r), float(s)) for r, s in state["buckets"]],  # type: ignore[attr-defined]
                 intervals=int(state["intervals"]),  # type: ignore[call-overload]
+                # absent from the states of older daemons
+                active_start=_number_or_none(state.get("active_start")),
+                active_end=_number_or_none(state.get("active_end")),
                 verdict_seconds={str(k): float(v) for k, v
                                  in state["verdict_seconds"].items()},  # type: ignore[attr-defined]
                 # absent from the states of older daemons
@@ -307,6 +359,11 @@ class RunTotals:
         if len(totals.step_buckets) != STEP_BUCKET_COUNT:
             return cls()
         return totals
+
+
+def _number_or_none(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        else None
 
 
 def _text_or_none(value: object) -> str | None:
