@@ -20,12 +20,11 @@ from tests.diagnosis.diagnosis_support import ContractSource, PlatformNode, Star
 from trainmon.core.collector import Collector, CollectorUnavailable
 from trainmon.diagnosis.finding import SEVERITIES
 from trainmon.diagnosis.thresholds import DiagnosisConfig
-from trainmon.doctor import DoctorOptions, metrics_url, render_history, run_doctor
+from trainmon.doctor import DoctorOptions, metrics_url, run_doctor
 from trainmon.node.mounts import STORAGE_KINDS
 from trainmon.platform.config import PROVIDERS
 from trainmon.report import messages as catalogue
 from trainmon.report.render import render_text
-from trainmon.runs.regression import Regression
 
 
 @pytest.fixture
@@ -435,7 +434,7 @@ def test_zh_text_translates_severities_storage_kinds_providers_and_units() -> No
     text = render_text(risky_node().diagnosed("zh"))
     for expected in ("   腾讯云, 实例 ins-7f3a", "   ! [严重] 竞价实例即将被回收",
                      "      + [严重] 运行在竞价实例上", "      + [警告] checkpoint 写在 /data（xfs，本地盘）",
-                     "任务 llm: 最近 checkpoint 在 3600 秒前 (耗时 12.5 秒, 共 4 次 checkpoint), "
+                     "任务 llm: 最近 checkpoint 在 3600 秒前 (耗时 12.5 秒, 其所有运行共 4 次 checkpoint), "
                      "/data (xfs, 本地盘)",
                      "读 200.0 MB/s, 写 0 B/s, 每次 READ 12.0 毫秒", "[跨 NUMA 节点]"):
         assert expected in text, text
@@ -448,7 +447,7 @@ def test_en_text_keeps_the_label_values() -> None:
     text = render_text(risky_node().diagnosed("en"))
     for expected in ("   tencent, instance ins-7f3a", "   ! [CRITICAL] spot instance will be",
                      "      + [WARNING] checkpoints are written to /data (xfs, local_disk)",
-                     "job llm: last checkpoint 3600 s ago (took 12.5 s, 4 checkpoints), "
+                     "job llm: last checkpoint 3600 s ago (took 12.5 s, 4 checkpoints over all its runs), "
                      "/data (xfs, local_disk)", "12.0 ms per READ", "[far]"):
         assert expected in text, text
 
@@ -475,13 +474,3 @@ def test_too_few_steps_for_a_verdict_is_singular_for_one_step() -> None:
         "only 1 step in the window (needs 3)")
     assert catalogue.finding_text("insufficient_data", {"steps": 2.0, "threshold": 3.0}, "en") == (
         "only 2 steps in the window (needs 3)")
-
-
-def test_run_history_lines_in_both_languages() -> None:
-    slower = Regression("llm", "run-9", "run-8", 1.9e9, -0.25)
-    assert render_history([], "en") == ""
-    assert render_history([slower], "en") == (
-        f"\nRun history (this node's ledger)\n   llm: {slower.text}\n")
-    assert render_history([slower], "zh") == (
-        "\n运行历史（本节点的运行台账）\n   llm: samples/s 比上一次可比的运行 run-8"
-        "（2030-03-17 17:46 UTC）−25 %；对比：trainmon compare run-8 run-9\n")

@@ -272,9 +272,14 @@ def _doctor(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         return EXIT_CONFIG
     local = None if args.url else LocalDaemon.of(
         config.listen, config.collectors.training.socket, config_path, environ)
+    from trainmon.demo.history import demo_ledger_path
+
+    # the demo keeps its runs in a ledger of its own, unless one is named
+    named = bool(args.ledger) or config.collectors.ledger.path is not None
     options = DoctorOptions(
         url=args.url or None, seconds=args.seconds, lang=args.lang, json=args.json,
         ledger=Path(args.ledger) if args.ledger else config.collectors.ledger.file,
+        demo_ledger=None if named else demo_ledger_path(config.collectors.ledger.file),
         local_daemon=local, trust=trust,
     )
     # Sampling this node for a few seconds must not write the daemon's run ledger,
@@ -482,7 +487,13 @@ def _start_demo_jobs(
     from trainmon.collectors.ledger import LedgerCollector
     from trainmon.collectors.training import TrainingCollector
     from trainmon.demo.history import EARLIER_RUNS
-    from trainmon.demo.jobs import DEMO_JOBS, restart_run_id, run_id, start_demo_jobs
+    from trainmon.demo.jobs import (
+        DEMO_JOBS,
+        restart_run_id,
+        run_id,
+        start_demo_jobs,
+        start_note,
+    )
 
     training = next((c for c in collectors if isinstance(c, TrainingCollector)), None)
     if training is None:
@@ -496,6 +507,7 @@ def _start_demo_jobs(
                                 started=started)
     if any(isinstance(c, LedgerCollector) for c in collectors):
         ledger = shlex.quote(str(config.collectors.ledger.file))
+        log.info("demo: %s", start_note(started))
         log.info("demo: its runs: trainmon runs --ledger %s", ledger)
         for earlier in EARLIER_RUNS:
             log.info("demo: what slowed %s down: trainmon compare %s %s --ledger %s "

@@ -211,6 +211,14 @@ THROUGHPUT_REGRESSION_RATIO = 0.2
 #: previous run's samples out of the rate window) before they compare it.
 THROUGHPUT_REGRESSION_WINDOW = "15m"
 
+#: How far back the best earlier run of a job is looked for (seconds): the
+#: ``[7d:1h]`` of the recording rule
+#: ``job_run:trainmon_training_samples_per_second_per_rank:best7d`` behind
+#: ``TrainmonThroughputRegression``, and ``trainmon doctor``'s "fastest comparable
+#: run" (``trainmon.runs.baseline.fastest``). A week holds the runs of last
+#: week's same weekday, and Prometheus reads 168 hourly points per run for it.
+THROUGHPUT_BEST_LOOKBACK_SECONDS = 7 * 86400.0
+
 #: Goodput (issue 26; the tuning article's aim: GPUs busy with matrix multiplies, not
 #: waiting for data, gradients or locks): a job whose productive share of the
 #: GPU-seconds it held (``job:trainmon_goodput:ratio_rate10m``) stays below this
@@ -249,6 +257,24 @@ STEP_SECONDS_BOUNDS: tuple[float, ...] = (
     0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
 )
 STEP_BUCKET_COUNT = len(STEP_SECONDS_BOUNDS) + 1
+
+#: Step protocol v1, ``step_sketch`` (docs/protocol.md): the step-time sketch the run
+#: ledger reads its step percentiles from (``trainmon.training.sketch``, DDSketch's log
+#: buckets). Fixed by the protocol version like ``STEP_SECONDS_BOUNDS``: the client
+#: counts its steps into it, the daemon's validator checks it, the training store and
+#: the run ledger merge it. Every quantile it gives is within this share (0-1) of the
+#: exact one: a bucket spans a factor (1 + a) / (1 - a), 1.0202 for 1 %.
+STEP_SKETCH_RELATIVE_ACCURACY = 0.01
+#: The most non-empty buckets one sketch holds (a report, a rank, a run); past it an
+#: end bucket is collapsed into its neighbour (the end holding fewer steps), as
+#: DDSketch's collapsing stores do. 256 buckets span at least a factor of 167
+#: (1.0202^256) of step durations, so a job's steps rarely fill them; on the wire they
+#: take at most about 6 KiB of a report line (3 KiB with counts below a million).
+STEP_SKETCH_MAX_BUCKETS = 256
+#: The step durations the sketch tells apart, seconds: a shorter step counts as
+#: ``STEP_SKETCH_MIN_SECONDS``, a longer one as ``STEP_SKETCH_MAX_SECONDS``.
+STEP_SKETCH_MIN_SECONDS = 1e-6
+STEP_SKETCH_MAX_SECONDS = 1e6
 
 #: A rank has stalled when no step of it ended for this many typical steps (the median
 #: of its steps) ...

@@ -55,32 +55,45 @@ from typing import TextIO
 
 import requests
 
+from trainmon import contract
 from trainmon.core.collector import Collector
 from trainmon.core.registry import CollectorRegistry
 from trainmon.diagnosis.measure import MEASURED_SAMPLES
 from trainmon.diagnosis.samples import ScrapedSamples, Window
 from trainmon.diagnosis.thresholds import DiagnosisConfig
+from trainmon.ledger import RunRecord
 from trainmon.local_daemon import DaemonTrust, LocalDaemon, TrustedDaemon, UntrustedDaemon, answers
 from trainmon.report.document import report_json
-from trainmon.report.messages import heading, render, word
-from trainmon.report.model import Source, build_report, unmeasured_report
+from trainmon.report.history import History, PastRun, RunHistory
+from trainmon.report.messages import reason_text
+from trainmon.report.model import Source, build_report, unmeasured_report, with_history
 from trainmon.report.render import render_text
-from trainmon.runs.compare import signed_percent
-from trainmon.runs.regression import Regression, slower_runs
-from trainmon.runs.timespec import utc_text
-from trainmon.terminal import clean, escape_json, one_line
+from trainmon.runs.baseline import rate
+from trainmon.runs.regression import RECENT_SECONDS, JobHistory, read_history
+from trainmon.runs.render import largest_loss, top_verdict
+from trainmon.runs.view import RunView, number
+from trainmon.terminal import clean, escape_json
 
 log = logging.getLogger(__name__)
 
 #: Collectors that ``doctor`` never runs in process: the verdict itself, and the
 #: cloud puller (its API calls are rate-limited and not about this node).
 LOCAL_EXCLUDED = ("diagnosis", "tencent")
+#: The samples ``doctor`` keeps of each snapshot: the engine's, and the build (whether the
+#: daemon is the demo).
+DOCTOR_SAMPLES = MEASURED_SAMPLES | {"trainmon_build_info"}
 
 Sleep = Callable[[float], None]
 
 
 class MeasurementError(Exception):
-    """The source could not be read (daemon unreachable, not Prometheus text...)."""
+    """The source could not be read (daemon unreachable, not Prometheus text...): the
+    English text, and its key in ``messages.REASONS`` with the values to word it."""
+
+    def __init__(self, code: str, target: str, detail: str) -> None:
+        self.code = code
+        self.values = (("target", target), ("detail", detail))
+        super().__init__(reason_text(code, "en", dict(self.values)))
 
 
 @dataclass(frozen=True)
@@ -97,8 +110,13 @@ class DoctorOptions:
     json: bool = False
     #: HTTP timeout of one scrape (seconds).
     timeout_seconds: float = 5.0
-    #: The node's run ledger, for the "vs the previous comparable run" line; None: none.
+    #: The node's run ledger, for the run history and the recent jobs' last runs; None:
+    #: none.
     ledger: Path | None = None
+    #: The ledger read instead when the daemon read is the demo (``trainmon serve
+    #: --demo``: ``trainmon_build_info{mode="demo"}``), which keeps its runs apart; None:
+    #: ``ledger`` whatever the daemon (a ledger given on the command line or configured).
+    demo_ledger: Path | None = None
     #: Without ``url``: the daemon expected on this node, read when it answers.
     local_daemon: LocalDaemon | None = None
     #: Whose daemon on this node is read; None: ``DaemonTrust.default()``.
@@ -114,12 +132,14 @@ def run_doctor(
     session: requests.Session | None = None,
     sleep: Sleep = time.sleep,
     err: TextIO | None = None,
+    wall_clock: Callable[[], float] = time.time,
 ) -> int:
     """Measure, diagnose, print the report (text or JSON); return the exit code.
 
     ``err`` gets the line that says which daemon was found (or none), when
     ``options.local_daemon`` was looked for, and which process was read (or why
-    not)."""
+    not), and the line naming the demo's ledger when that is read. ``wall_clock``
+    dates the ledger's runs ("finished 2 h ago")."""
     def note(line: str) -> None:
         if err is not None:
             err.write(clean(line) + "\n")
@@ -129,6 +149,7 @@ def run_doctor(
         url, found = find_daemon(options.local_daemon, session)
         note(f"trainmon doctor: {found}")
     source: Source = {"kind": "url", "url": metrics_url(url)} if url else {"kind": "local"}
+    window: Window | None = None
     try:
         if url:
             daemon = TrustedDaemon.check(url, options.trust or DaemonTrust.default())
@@ -141,33 +162,77 @@ def run_doctor(
                                        options.interval_seconds, sleep=sleep)
     except UntrustedDaemon as error:
         note(f"trainmon doctor: {error}")
-        report = unmeasured_report(source, str(error), options.lang)
+        report = unmeasured_report(source, str(error), options.lang, code="untrusted",
+                                   values=(("detail", str(error)),))
     except MeasurementError as error:
-        report = unmeasured_report(source, str(error), options.lang)
+        report = unmeasured_report(source, str(error), options.lang, code=error.code,
+                                   values=error.values)
     else:
+        assert window is not None
         report = build_report(window, config, source, options.lang)
-    regressions = [] if options.ledger is None else slower_runs(
-        options.ledger, [verdict.job for verdict in report.verdicts])
+    ledger = options.ledger
+    if options.demo_ledger is not None and window is not None and is_demo(window):
+        ledger = options.demo_ledger
+        note(f"trainmon doctor: the daemon is the demo: reading its ledger {ledger}")
+    if ledger is not None:
+        report = with_history(report, ledger_history(
+            ledger, [verdict.job for verdict in report.verdicts], wall_clock()))
     if options.json:
-        document = {**report_json(report),
-                    "previous_runs": [found.to_json() for found in regressions]}
-        out.write(escape_json(json.dumps(document, indent=2, ensure_ascii=False)) + "\n")
+        out.write(escape_json(json.dumps(report_json(report), indent=2,
+                                         ensure_ascii=False)) + "\n")
     else:
         out.write(render_text(report))
-        out.write(render_history(regressions, options.lang))
     return report.exit_code
 
 
-def render_history(regressions: Sequence[Regression], lang: str) -> str:
-    """The lines of jobs slower than their previous comparable run; "" for none."""
-    if not regressions:
-        return ""
-    lines = ["", heading("history", lang)]
-    lines += [one_line(f"   {found.job}: " + render(word("slower_run", lang), {
-        "change": signed_percent(found.change_ratio), "run": found.run,
-        "previous_run": found.previous_run, "started": utc_text(found.previous_started),
-    })) for found in regressions]
-    return "\n".join(lines) + "\n"
+def is_demo(window: Window) -> bool:
+    """The window was read from ``trainmon serve --demo``."""
+    return any(dict(labels).get("mode") == "demo"
+               for labels in window.latest("trainmon_build_info"))
+
+
+def ledger_history(path: Path, jobs: Sequence[str], now: float) -> History | None:
+    """The ledger's part of the report (``trainmon.runs.regression``) as the report's
+    facts; None without a usable ledger."""
+    found = read_history(path, jobs, now)
+    if found is None:
+        return None
+    return History(
+        ledger=str(path), now=now, threshold=contract.THROUGHPUT_REGRESSION_RATIO,
+        lookback_seconds=contract.THROUGHPUT_BEST_LOOKBACK_SECONDS,
+        recent_seconds=RECENT_SECONDS,
+        live=tuple(_run_history(entry) for entry in found.live),
+        ended=tuple(_run_history(entry) for entry in found.ended))
+
+
+def _run_history(entry: JobHistory) -> RunHistory:
+    baseline = entry.baseline
+    return RunHistory(
+        run=past_run(entry.run),
+        baseline=None if baseline is None else past_run(baseline.record),
+        baseline_finished=baseline is not None and baseline.finished,
+        change_ratio=entry.change_ratio, slower=entry.slower,
+        fastest=None if entry.fastest is None else past_run(entry.fastest),
+        fastest_change_ratio=entry.fastest_change_ratio)
+
+
+def past_run(record: RunRecord) -> PastRun:
+    """A ledger record as the report shows it."""
+    summary = record.summary
+    view = RunView.from_records([record])
+    verdict = top_verdict(summary)
+    loss = largest_loss(summary)
+    checkpoints = number(summary.get("checkpoints"))
+    return PastRun(
+        job=record.job, run=record.run, started=record.started, ended=record.ended,
+        end_reason=record.end_reason, updated=record.updated, world_size=record.world_size,
+        ranks=record.ranks, samples_per_second=rate(record),
+        verdict=None if verdict == "-" else verdict,
+        goodput_ratio=number(summary.get("goodput_ratio")),
+        largest_loss=None if loss is None else loss[0],
+        largest_loss_share=None if loss is None else loss[1],
+        checkpoint_saves=None if checkpoints is None else int(checkpoints),
+        duration_seconds=view.duration_seconds)
 
 
 def find_daemon(daemon: LocalDaemon, session: requests.Session | None = None
@@ -204,11 +269,11 @@ def scrape_url(
         try:
             response = http.get(target, timeout=timeout, headers={"Accept": "text/plain"})
             response.raise_for_status()
-            return ScrapedSamples.from_text(response.text, clock(), wall_clock(), MEASURED_SAMPLES)
+            return ScrapedSamples.from_text(response.text, clock(), wall_clock(), DOCTOR_SAMPLES)
         except requests.RequestException as error:
-            raise MeasurementError(f"cannot read {target}: {_reason(error)}") from None
+            raise MeasurementError("cannot_read", target, _reason(error)) from None
         except ValueError as error:
-            raise MeasurementError(f"{target} is not Prometheus text: {error}") from None
+            raise MeasurementError("not_prometheus", target, str(error)) from None
 
     return _sample(snapshot, seconds, interval, clock, sleep)
 
@@ -249,7 +314,7 @@ def sample_collectors(
 
     def snapshot() -> ScrapedSamples:
         return ScrapedSamples.from_families(
-            registry.collect(), clock(), wall_clock(), MEASURED_SAMPLES
+            registry.collect(), clock(), wall_clock(), DOCTOR_SAMPLES
         )
 
     try:

@@ -68,7 +68,8 @@ def test_every_section_keeps_its_keys_in_order() -> None:
     document = json.loads(json.dumps(report_json(REPORT)))
 
     assert list(document) == ["source", "lang", "platform", "gpus", "numa", "storage",
-                              "network", "jobs", "status", "reason", "exit_code"]
+                              "network", "jobs", "previous_runs", "recent_runs", "status",
+                              "reason", "exit_code"]
     assert list(document["source"]) == ["kind", "url", "seconds", "snapshots"]
     assert list(document["platform"]) == [
         "provider", "instance_id", "instance_type", "region", "zone", "labels", "spot",
@@ -104,7 +105,8 @@ def test_every_section_keeps_its_keys_in_order() -> None:
         "rate_bytes_per_second", "utilization_ratio", "port_up"]
     assert list(network["nccl"][0]) == NCCL_KEYS
     [job] = document["jobs"]
-    assert list(job) == ["job", "kind", "kind_name", "goodput", "findings", "evidence", "advice", "nccl"]
+    assert list(job) == ["job", "kind", "kind_name", "goodput", "run", "findings", "evidence",
+                         "advice", "nccl"]
     assert [list(finding) for finding in [*job["findings"], *document["platform"]["findings"]]
             ] == [FINDING_KEYS] * 3
     assert list(job["nccl"][0]) == NCCL_KEYS

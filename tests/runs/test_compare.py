@@ -6,6 +6,7 @@ import pytest
 
 from tests.runs.runs_support import STARTED, description, record, summary
 from trainmon.runs.compare import compare, count_text, coverage_text, quantity, signed_percent
+from trainmon.runs.render import render_comparison
 from trainmon.runs.view import RunView
 
 
@@ -183,8 +184,10 @@ def test_goodput_and_the_buckets_that_moved_are_in_words() -> None:
     a = view("a", summary_=summary(gpu_seconds=booked(62.0, 33.0), goodput_ratio=0.62))
     b = view("b", summary_=summary(gpu_seconds=booked(81.0, 14.0), goodput_ratio=0.81))
     comparison = compare(a, b)
-    assert "goodput 0.62 → 0.81; data_wait −19 points" in comparison.summary
-    assert "checkpoint" not in comparison.summary  # 5 % in both
+    assert comparison.summary.endswith("no recorded change in configuration, environment, "
+                                       "data, versions, world size or nodes; goodput 62 % → 81 %")
+    # the data wait is a step share: said once, as such, never as a GPU-time bucket too
+    assert "data_wait" not in comparison.summary and "checkpoint" not in comparison.summary
     assert comparison.to_json()["badput"] == {
         "data_wait": {"a": 0.33, "b": 0.14, "change_ratio": -0.5758},
         "checkpoint": {"a": 0.05, "b": 0.05, "change_ratio": 0.0}}
@@ -213,3 +216,72 @@ def test_exposed_communication_is_compared_per_parallelism_dimension() -> None:
     assert (comparison.phases["comm_exposed.dp"].a,
             comparison.phases["comm_exposed.dp"].b) == (0.05, 0.05)
     assert list(comparison.phases)[:3] == ["data_wait", "comm_exposed", "comm_exposed.dp"]
+
+
+def test_a_goodput_rise_beside_a_throughput_fall_is_explained_and_data_wait_said_once() -> None:
+    """The issue's case: more OpenMP threads made the steps slower while the share lost
+    waiting for data fell; the sentence says what changed first and one data wait."""
+    def booked(productive: float, data_wait: float) -> dict[str, float]:
+        return {"productive": productive, "data_wait": data_wait, "startup": 100.0 - (
+            productive + data_wait)}
+
+    a = view("a", description_=description(environment={"OMP_NUM_THREADS": "1"}),
+             summary_=summary(samples_per_second_median=838.0, data_wait_ratio=0.92,
+                              goodput_ratio=0.03, gpu_seconds=booked(3.0, 92.0)))
+    b = view("b", started=STARTED + 7200,
+             description_=description(environment={"OMP_NUM_THREADS": "2"}),
+             summary_=summary(samples_per_second_median=390.0, data_wait_ratio=0.82,
+                              goodput_ratio=0.12, gpu_seconds=booked(12.0, 82.0)))
+    comparison = compare(a, b)
+    assert comparison.summary == (
+        "samples/s −53 % (838 → 390); OMP_NUM_THREADS 1 → 2; data wait 92 % → 82 %; "
+        "goodput 3 % → 12 % while samples/s fell 53 %: less time is lost waiting, but each "
+        "step got slower")
+    assert comparison.to_json()["goodput"] == {"a": 0.03, "b": 0.12, "change_ratio": 3.0}
+
+
+def test_a_goodput_fall_beside_a_throughput_rise_is_explained_too() -> None:
+    a = view("a", summary_=summary(samples_per_second_median=500.0, goodput_ratio=0.9))
+    b = view("b", started=STARTED + 10,
+             summary_=summary(samples_per_second_median=600.0, goodput_ratio=0.7))
+    assert ("goodput 90 % → 70 % while samples/s rose 20 %: each step got faster, but more "
+            "time is lost waiting") in compare(a, b).summary
+
+
+def test_losses_outside_the_step_are_said_as_shares_of_the_gpu_time() -> None:
+    a = view("a", summary_=summary(goodput_ratio=0.9, gpu_seconds={
+        "productive": 90.0, "data_wait": 5.0, "stalled": 5.0}))
+    b = view("b", started=STARTED + 10, summary_=summary(goodput_ratio=0.7, gpu_seconds={
+        "productive": 70.0, "data_wait": 5.0, "stalled": 25.0}))
+    assert compare(a, b).summary.endswith("; goodput 90 % → 70 %; stalled +20 points of the "
+                                          "GPU time")
+
+
+def test_the_comm_phase_is_not_said_beside_the_exposed_communication_it_stands_for() -> None:
+    a = view("a", summary_=summary(comm_exposed_ratio=0.03, phase_ratios={"comm": 0.03}))
+    b = view("b", started=STARTED + 10, summary_=summary(comm_exposed_ratio=0.16,
+                                                         phase_ratios={"comm": 0.16}))
+    text = compare(a, b).summary
+    assert "exposed comm 3 % → 16 %" in text and "comm phase" not in text
+
+
+def test_the_exact_rate_and_the_step_mean_when_both_records_carry_them() -> None:
+    exact = {"samples_per_second": 1000.0, "step_seconds_mean": 0.25,
+             "step_seconds_p50": None, "step_seconds_p95": None}
+    a = view("a", summary_=summary(samples_per_second_median=700.0, **exact))
+    b = view("b", started=STARTED + 10, summary_=summary(
+        samples_per_second_median=710.0, **{**exact, "samples_per_second": 800.0,
+                                            "step_seconds_mean": 0.3125}))
+    comparison = compare(a, b)
+    assert comparison.throughput_key == "samples_per_second"
+    assert comparison.summary.startswith("samples/s −20 % (1 000 → 800)")
+    document = comparison.to_json()
+    assert document["step_seconds_mean"] == {"a": 0.25, "b": 0.3125, "change_ratio": 0.25}
+    assert document["step_seconds_p50"] is None
+    text = render_comparison(comparison)
+    assert "  step time (mean)       250 ms → 312 ms (+25 %)" in text
+    assert "samples/s (median)" not in text and "step time p50" not in text
+    # one record without the exact rate: both compared on the median, never one of each
+    older = view("c", summary_=summary(samples_per_second_median=700.0))
+    assert compare(older, b).throughput.to_json() == {"a": 700.0, "b": 710.0,
+                                                      "change_ratio": 0.0143}

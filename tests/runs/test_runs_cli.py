@@ -64,7 +64,7 @@ def test_compare_json_names_the_change(ledger: Path, capsys: pytest.CaptureFixtu
     assert result["changes"] == [
         {"key": "NCCL_IB_DISABLE", "kind": "environment", "a": "0", "b": "1"}]
     assert result["throughput"] == {"a": 1210.0, "b": 992.0, "change_ratio": -0.1802,
-                                    "basis": "job"}
+                                    "basis": "job", "key": "samples_per_second_median"}
     assert result["summary"].startswith("samples/s −18 % (1 210 → 992); NCCL_IB_DISABLE 0 → 1")
     assert result["a"]["run"] == "run-a" and result["b"]["description"]["environment"]
     assert set(result) >= {"step_seconds_p50", "step_seconds_p95", "phases"}
@@ -165,7 +165,7 @@ def test_figures_of_part_of_a_job_say_so_and_compare_per_rank(
     result = json.loads(capsys.readouterr().out)
     assert result["throughput"] == {"a": 1210.0 / 16, "b": 290.0 / 4,
                                     "change_ratio": round(290 / 4 / (1210 / 16) - 1, 4),
-                                    "basis": "per_rank"}
+                                    "basis": "per_rank", "key": "samples_per_second_median"}
     assert result["summary"].startswith(
         "samples/s per rank −4 % (75.6 → 72.5; run B: 4 of 16 ranks recorded)")
     assert result["summary"].endswith("; run B ended: crashed")
@@ -176,3 +176,38 @@ def test_figures_of_part_of_a_job_say_so_and_compare_per_rank(
     assert ("ended: crashed; world size 16; ranks recorded 4 of 16; nodes gpu-node-1; final "
             "verdict storage; 1 checkpoint, the last at /ckpt/step-100.pt (CFS/NFS))") in text
     assert "ended: finished; world size 16; nodes gpu-node-1)" in text
+
+
+TORCHRUN_IDS = ("4cf45b15-3a0e-4f5e-9d1b-0c2a7b6e1f00", "4cf45b15-9b77-41c2-8e0d-5a3f2c1d4e99",
+                "2249a018-7c6d-4e1f-a0b2-c3d4e5f60718")
+
+
+@pytest.fixture
+def torchrun_ledger(tmp_path: Path) -> Path:
+    """Three runs with torchrun's 36-character ids, two of them sharing 8 characters."""
+    return write_ledger(tmp_path / "ledger.sqlite3", [
+        record(run, started=STARTED + 3600 * index,
+               summary_=summary(samples_per_second_median=1000.0 - 100 * index))
+        for index, run in enumerate(TORCHRUN_IDS)])
+
+
+def test_compare_takes_a_unique_prefix_of_each_run_id(
+        torchrun_ledger: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["compare", "4cf45b15-3", "2249a018", "--json",
+                 "--ledger", str(torchrun_ledger)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["a"]["run"], result["b"]["run"]) == (TORCHRUN_IDS[0], TORCHRUN_IDS[2])
+    assert result["throughput"]["change_ratio"] == -0.2
+    # a whole id that is also the prefix of nothing else is itself
+    assert main(["compare", TORCHRUN_IDS[1], "2249", "--ledger", str(torchrun_ledger)]) == 0
+
+
+def test_an_ambiguous_prefix_lists_the_candidates(
+        torchrun_ledger: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["compare", "4cf45b15", "2249a018", "--ledger", str(torchrun_ledger)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (f"trainmon: run '4cf45b15' is ambiguous: it begins 2 run ids: "
+                            f"{TORCHRUN_IDS[0]}, {TORCHRUN_IDS[1]}; give more of the id\n")
+    assert main(["compare", "ffff", "2249a018", "--ledger", str(torchrun_ledger)]) == 2
+    assert "run 'ffff' is not in the ledger" in capsys.readouterr().err

@@ -164,6 +164,28 @@ DEMO_JOBS = (
 )
 
 
+def runs_per_start(jobs: tuple[SimulatedJob, ...] = DEMO_JOBS) -> int:
+    """Runs each start of the demo adds to its ledger: one per job, two for a job that
+    crashes (its crashed run and the restart that goes on)."""
+    return sum(1 if job.crash_after_seconds is None else 2 for job in jobs)
+
+
+def start_note(started: float, jobs: tuple[SimulatedJob, ...] = DEMO_JOBS) -> str:
+    """The start log's line on the runs this start adds: ``4 new runs in the ledger:
+    demo-starved-…T225123Z crashes on purpose 22 s after the start and goes on as
+    demo-starved-…T225145Z; …`` (the seeded history is added once)."""
+    parts = []
+    for job in jobs:
+        restart = restart_run_id(job, started)
+        if restart is None:
+            parts.append(f"{run_id(job, started)} runs until the demo stops")
+        else:
+            parts.append(f"{run_id(job, started)} crashes on purpose "
+                         f"{job.crash_after_seconds:g} s after the start and goes on as "
+                         f"{restart}")
+    return f"{runs_per_start(jobs)} new runs in the ledger: " + "; ".join(parts)
+
+
 def start_demo_jobs(
     endpoint: str, jobs: tuple[SimulatedJob, ...] = DEMO_JOBS, *, started: float | None = None
 ) -> Callable[[], None]:

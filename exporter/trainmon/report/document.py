@@ -22,6 +22,7 @@ from trainmon.diagnosis.finding import Finding
 from trainmon.diagnosis.measure import GPUState, JobGoodput, NcclState
 from trainmon.diagnosis.platform_signals import NodePlatform
 from trainmon.diagnosis.rules import Evidence, Verdict
+from trainmon.report.history import History, history_json
 from trainmon.report.messages import finding_text, kind_name, nccl_text
 from trainmon.report.model import GPU, Checkpoint, Link, NumaBinding, Report, advice
 
@@ -51,6 +52,7 @@ def report_json(report: Report) -> Json:
     """The whole report as JSON-ready data, in the document's key order."""
     lang = report.lang
     goodput = {job.job: job for job in report.goodput}
+    history = report.history
     return {
         "source": dict(report.source),
         "lang": lang,
@@ -82,7 +84,10 @@ def report_json(report: Report) -> Json:
             "links": [_link(link) for link in report.links],
             "nccl": [_nccl(problem, lang) for problem in report.nccl],
         },
-        "jobs": [_job(verdict, lang, goodput.get(verdict.job)) for verdict in report.verdicts],
+        "jobs": [_job(verdict, lang, goodput.get(verdict.job), history)
+                 for verdict in report.verdicts],
+        "previous_runs": history_json(history, () if history is None else history.live, lang),
+        "recent_runs": history_json(history, () if history is None else history.ended, lang),
         "status": report.status,
         "reason": report.reason,
         "exit_code": report.exit_code,
@@ -158,12 +163,15 @@ def _nccl(problem: NcclState, lang: str) -> Json:
             "message": nccl_text(problem.problem, problem.variable, problem.value, lang)}
 
 
-def _job(verdict: Verdict, lang: str, goodput: JobGoodput | None) -> Json:
+def _job(verdict: Verdict, lang: str, goodput: JobGoodput | None,
+         history: History | None) -> Json:
+    run = None if history is None else history.current(verdict.job)
     return {
         "job": verdict.job,
         "kind": verdict.kind,
         "kind_name": kind_name(verdict.kind, lang),
         "goodput": None if goodput is None else fields_of(goodput),
+        "run": None if run is None else run.to_json(),
         "findings": [_finding(finding, lang) for finding in verdict.findings],
         "evidence": fields_of(verdict.evidence),
         "advice": advice(verdict, lang),

@@ -87,8 +87,82 @@ HEADINGS: Mapping[str, Pair] = {
     "found": ("Bottleneck found.", "发现瓶颈。"),
     "risk": ("No bottleneck, but a risk that needs action (critical or warning above).",
              "没有瓶颈，但有需要处理的风险（见上面标为 [严重] 或 [警告] 的条目）。"),
+    "goodput_run": ("goodput {ratio} of its GPU time in run {run}; its largest loss there: "
+                    "{loss} ({share})",
+                    "运行 {run} 中有效训练占其 GPU 时间的 {ratio}；"
+                    "该运行最大的损失：{loss}（{share}）"),
+    "goodput_run_only": ("goodput {ratio} of its GPU time in run {run}",
+                         "运行 {run} 中有效训练占其 GPU 时间的 {ratio}"),
     "history": ("Run history (this node's ledger)", "运行历史（本节点的运行台账）"),
+    "recent": ("The last run of each job that ended within {hours:.0f} h (this node's ledger)",
+               "{hours:.0f} 小时内结束的各任务的最近一次运行（本节点的运行台账）"),
+    "ended": ("No training job runs on this node now; its jobs' last runs are above.",
+              "本节点现在没有训练任务在运行；各任务最近一次运行见上。"),
     "unmeasured": ("Could not measure: {reason}", "无法测量：{reason}"),
+}
+
+#: Why ``doctor`` could not measure, by ``Report.reason_code`` (the JSON's ``reason`` is the
+#: English text).
+REASONS: Mapping[str, Pair] = {
+    "no_gpu_no_job": ("no GPU and no training job seen (is NVML present? do jobs report?)",
+                      "没有发现 GPU，也没有发现训练任务（NVML 是否存在？任务是否在上报？）"),
+    "too_few_steps": ("the jobs made too few steps in the window; sample longer",
+                      "窗口内各任务完成的步数太少；请延长采样时间"),
+    "cannot_read": ("cannot read {target}: {detail}", "无法读取 {target}：{detail}"),
+    "not_prometheus": ("{target} is not Prometheus text: {detail}",
+                       "{target} 返回的不是 Prometheus 文本：{detail}"),
+    "untrusted": ("{detail}", "不读取该守护进程：{detail}"),
+}
+
+#: How a run ended (``trainmon.ledger.END_REASONS``; ``running``: still recorded as running).
+END_WORDS: Mapping[str, Pair] = {
+    "finished": ("finished", "正常结束"),
+    "crashed": ("crashed", "崩溃"),
+    "preempted": ("preempted", "被抢占"),
+    "lost": ("lost", "失联"),
+    "stalled": ("stalled", "停滞"),
+    "running": ("still recorded as running", "仍记录为运行中"),
+}
+
+#: The run history of ``doctor`` (``report.history``): each job's run against its baseline.
+HISTORY: Mapping[str, Pair] = {
+    "run": ("{job}: run {run} at {rate} samples/s", "{job}：运行 {run}，{rate} samples/s"),
+    "run_ended": ("{job}: run {run} {end} {ago} after {duration}: {rate} samples/s, verdict "
+                  "{verdict}, goodput {goodput}",
+                  "{job}：运行 {run} 于 {ago}{end}，运行了 {duration}：{rate} samples/s，"
+                  "结论 {verdict}，有效训练 {goodput}"),
+    "run_running": ("{job}: run {run} {end}, last updated {ago}: {rate} samples/s, verdict "
+                    "{verdict}, goodput {goodput}",
+                    "{job}：运行 {run} {end}，最近一次更新在 {ago}：{rate} samples/s，"
+                    "结论 {verdict}，有效训练 {goodput}"),
+    "compared": ("{change} compared with run {baseline} ({end} {ago}, same world size "
+                 "{world_size} on {nodes} node{nodes_plural})",
+                 "与运行 {baseline} 相比 {change}（{ago}{end}，同样的 world size {world_size}，"
+                 "{nodes} 个节点）"),
+    "fallback": ("; no comparable run finished, so its rate over the whole run",
+                 "；没有可比的运行正常结束，所以用它整个运行的速率"),
+    "slower": ("slower by more than {threshold}", "慢了超过 {threshold}"),
+    "no_baseline": ("no earlier comparable run (same config, world size {world_size} on "
+                    "{nodes} node{nodes_plural}, ended, with a rate)",
+                    "没有更早的可比运行（同样的配置、world size {world_size}、{nodes} 个节点，"
+                    "已结束且有速率）"),
+    "fastest": ("{change} compared with the fastest comparable run of the last {days:.0f} "
+                "days, {fastest} ({end} {ago})",
+                "与最近 {days:.0f} 天内最快的可比运行 {fastest}（{ago}{end}）相比 {change}"),
+    "commands": ("see: {commands}", "查看：{commands}"),
+    "checkpoint_saves": ("{count:.0f} checkpoint save{count_plural} by its ranks in run {run}",
+                         "运行 {run} 中其各 rank 共保存 {count:.0f} 次 checkpoint"),
+    "checkpoints_all_runs": ("{count:.0f} checkpoint{count_plural} over all its runs",
+                             "其所有运行共 {count:.0f} 次 checkpoint"),
+    "unknown": ("?", "未知"),
+}
+
+#: ``12 min ago`` (``ago_text``): the unit by the size of the age.
+AGO: Mapping[str, Pair] = {
+    "seconds": ("{value:.0f} s ago", "{value:.0f} 秒前"),
+    "minutes": ("{value:.0f} min ago", "{value:.0f} 分钟前"),
+    "hours": ("{value:.0f} h ago", "{value:.0f} 小时前"),
+    "days": ("{value:.0f} d ago", "{value:.0f} 天前"),
 }
 
 #: Words of the measurement lines.
@@ -614,6 +688,34 @@ def word(key: str, lang: str) -> str:
     return pick(WORDS[key], lang)
 
 
+def history_text(key: str, lang: str, **values: object) -> str:
+    """A line or clause of the run history (``HISTORY``), numbers made plural as in
+    ``count_text``."""
+    return render(pick(HISTORY[key], lang), _with_derived_values(values))
+
+
+def end_word(reason: str | None, lang: str) -> str:
+    """How a run ended, in words (``running`` for None)."""
+    key = reason or "running"
+    return pick(END_WORDS.get(key, (key, key)), lang)
+
+
+def ago_text(seconds: float, lang: str) -> str:
+    """``40 s ago``, ``12 min ago``, ``2 h ago``, ``3 d ago`` (rounded down past a minute)."""
+    seconds = max(0.0, seconds)
+    for key, unit, below in (("seconds", 1.0, 60.0), ("minutes", 60.0, 3600.0),
+                             ("hours", 3600.0, 86400.0)):
+        if seconds < below:
+            return render(pick(AGO[key], lang), {"value": seconds // unit})
+    return render(pick(AGO["days"], lang), {"value": seconds // 86400.0})
+
+
+def reason_text(code: str, lang: str, values: Mapping[str, object] | None = None) -> str:
+    """Why nothing could be measured (``REASONS``), in ``lang``."""
+    pair = REASONS.get(code)
+    return code if pair is None else render(pick(pair, lang), values or {})
+
+
 def kind_name(kind: str, lang: str) -> str:
     return pick(KIND_NAMES.get(kind, (kind, kind)), lang)
 
@@ -735,7 +837,8 @@ def _hung_rank_text(values: Mapping[str, object], lang: str
     waiting = str(values.get("waiting", ""))
     waiting_text = ""
     if waiting:
-        collective = str(values.get("collective", "")) or "a collective"
+        collective = str(values.get("collective", "")) or pick(("a collective", "集合通信"),
+                                                               lang)
         seq = str(values.get("seq", ""))
         named = f"{collective} #{seq}" if seq else collective
         seconds = float(values.get("seconds", 0.0) or 0.0)  # type: ignore[arg-type]

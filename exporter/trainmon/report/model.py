@@ -14,6 +14,7 @@ text; both take their words from ``messages`` in ``lang``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypedDict
@@ -47,11 +48,14 @@ from trainmon.diagnosis.rules import (
 )
 from trainmon.diagnosis.samples import Window
 from trainmon.diagnosis.thresholds import DiagnosisConfig
-from trainmon.report.messages import EXTRA_ADVICE, advice_text
+from trainmon.report.history import History
+from trainmon.report.messages import EXTRA_ADVICE, advice_text, reason_text
 
 #: ``status`` → ``doctor`` exit code: ``risk`` is no bottleneck but a critical or
-#: warning finding (a spot reclaim, an overdue checkpoint...), which needs action too.
-EXIT_CODES = {"healthy": 0, "bottleneck": 1, "risk": 1, "unmeasured": 2}
+#: warning finding (a spot reclaim, an overdue checkpoint...), which needs action too;
+#: ``ended``: no GPU and no job now, but the ledger shows how the node's recent jobs
+#: ended (doctor after the job), which is an answer.
+EXIT_CODES = {"healthy": 0, "ended": 0, "bottleneck": 1, "risk": 1, "unmeasured": 2}
 #: A checkpoint whose storage is unknown (no ``trainmon_training_checkpoint_storage_info``).
 NO_STORAGE = CheckpointStorage("", "", "")
 
@@ -152,13 +156,27 @@ class Report:
     verdicts: tuple[Verdict, ...] = ()
     #: Each job's goodput, where the run ledger books it (a daemon's ``/metrics``).
     goodput: tuple[JobGoodput, ...] = ()
-    status: str = "unmeasured"  # "healthy", "bottleneck", "risk" or "unmeasured"
-    #: Why nothing could be measured; empty otherwise.
+    #: "healthy", "bottleneck", "risk", "ended" (``EXIT_CODES``) or "unmeasured".
+    status: str = "unmeasured"
+    #: Why nothing could be measured (English, the document's ``reason``); empty otherwise.
     reason: str = ""
+    #: ``reason``'s key in ``messages.REASONS`` and its values, for the text in ``lang``;
+    #: empty: ``reason`` as it is.
+    reason_code: str = ""
+    reason_values: tuple[tuple[str, str], ...] = ()
+    #: The node's run ledger: each job's run against its baseline, the recent jobs'
+    #: last runs (``trainmon doctor`` adds it, ``with_history``); None: no usable ledger.
+    history: History | None = None
 
     @property
     def exit_code(self) -> int:
         return EXIT_CODES[self.status]
+
+    def reason_in(self, lang: str) -> str:
+        """``reason`` in ``lang``."""
+        if not self.reason_code:
+            return self.reason
+        return reason_text(self.reason_code, lang, dict(self.reason_values))
 
     @property
     def waiting_for_data(self) -> tuple[Verdict, ...]:
@@ -178,7 +196,7 @@ def build_report(
     node = measure(window, config.comm_phases, config.warmup_steps)
     verdicts = diagnose(node, config)
     on_node = node_findings(node, verdicts)
-    status, reason = _status(node, verdicts, on_node)
+    status, reason_code = _status(node, verdicts, on_node)
     platform = node.platform
     return Report(
         source={**source, "seconds": round(window.seconds, 3),
@@ -196,14 +214,31 @@ def build_report(
         verdicts=tuple(verdicts),
         goodput=node.goodput,
         status=status,
-        reason=reason,
+        reason=reason_text(reason_code, "en") if reason_code else "",
+        reason_code=reason_code,
     )
 
 
-def unmeasured_report(source: Source, reason: str, lang: str = "en") -> Report:
-    """The report when the source could not be read at all."""
+def unmeasured_report(source: Source, reason: str, lang: str = "en", *,
+                      code: str = "", values: tuple[tuple[str, str], ...] = ()) -> Report:
+    """The report when the source could not be read at all: ``reason`` in English, and
+    its ``messages.REASONS`` key and values when it has one."""
     return Report(source=source, lang=lang,
-                  platform=_platform(PlatformMeasurements().node, (), None), reason=reason)
+                  platform=_platform(PlatformMeasurements().node, (), None), reason=reason,
+                  reason_code=code, reason_values=values)
+
+
+def with_history(report: Report, history: History | None) -> Report:
+    """``report`` with the node's run ledger; a node where nothing could be measured
+    because no GPU and no job is there now, but whose ledger shows how its jobs ended
+    lately, is ``ended`` (exit 0: the answer is that history)."""
+    if history is None:
+        return report
+    status, reason, code = report.status, report.reason, report.reason_code
+    if status == "unmeasured" and code == "no_gpu_no_job" and history.ended:
+        status, reason, code = "ended", "", ""
+    return dataclasses.replace(report, history=history, status=status, reason=reason,
+                               reason_code=code)
 
 
 def advice(verdict: Verdict, lang: str) -> str:
@@ -235,7 +270,7 @@ def _status(node: NodeMeasurements, verdicts: Sequence[Verdict],
             on_node: Sequence[Finding]) -> tuple[str, str]:
     """``bottleneck`` if any verdict needs action; ``risk`` if none does but a critical
     or warning finding stands; ``healthy`` if something was measured and nothing needs
-    action; else ``unmeasured`` with the reason."""
+    action; else ``unmeasured`` with the reason's key (``messages.REASONS``)."""
     if any(verdict.kind in ACTIONABLE_KINDS for verdict in verdicts):
         return "bottleneck", ""
     findings = [*on_node, *(f for verdict in verdicts for f in verdict.findings)]
@@ -245,10 +280,10 @@ def _status(node: NodeMeasurements, verdicts: Sequence[Verdict],
     if any(verdict.kind == "compute" for verdict in verdicts):
         return "healthy", ""
     if reporting:
-        return "unmeasured", "the jobs made too few steps in the window; sample longer"
+        return "unmeasured", "too_few_steps"
     if node.gpus:
         return "healthy", ""
-    return "unmeasured", "no GPU and no training job seen (is NVML present? do jobs report?)"
+    return "unmeasured", "no_gpu_no_job"
 
 
 def _platform(platform: NodePlatform, on_node: Sequence[Finding],

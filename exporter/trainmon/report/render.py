@@ -20,10 +20,11 @@ from trainmon.diagnosis.measure import DiskState, JobGoodput
 from trainmon.diagnosis.platform_signals import NfsMount
 from trainmon.diagnosis.risks import utc_text
 from trainmon.diagnosis.rules import Verdict
+from trainmon.report.history import PastRun, history_lines, recent_lines
 from trainmon.report.messages import (
-    count_text,
     finding_text,
     heading,
+    history_text,
     hung_rank_lines,
     kind_name,
     nccl_text,
@@ -49,8 +50,10 @@ def render_text(report: Report) -> str:
         lines.append(heading("title_url", lang, url=source["url"], seconds=source["seconds"]))
     else:
         lines.append(heading("title_local", lang, seconds=source["seconds"]))
-    if report.status == "unmeasured" and not report.gpus and not report.verdicts:
-        lines += ["", heading("unmeasured", lang, reason=report.reason)]
+    if report.status in ("unmeasured", "ended") and not report.gpus and not report.verdicts:
+        lines += recent_lines(report.history, lang)
+        lines += ["", heading("ended", lang) if report.status == "ended"
+                  else heading("unmeasured", lang, reason=report.reason_in(lang))]
         return _text(lines)
 
     lines += ["", heading("platform", lang)]
@@ -69,7 +72,8 @@ def render_text(report: Report) -> str:
                      f"(rank {waiting.evidence.worst_data_wait_rank})")
     lines += [_disk_line(disk, lang) for disk in report.disks]
     lines += [_nfs_line(mount, lang) for mount in report.nfs]
-    lines += [_checkpoint_line(checkpoint, lang) for checkpoint in report.checkpoints]
+    lines += [_checkpoint_line(checkpoint, lang, _current(report, checkpoint.state.job))
+              for checkpoint in report.checkpoints]
     if not (report.waiting_for_data or report.disks or report.nfs or report.checkpoints):
         lines.append(f"   {heading('no_disks', lang)}")
 
@@ -87,15 +91,23 @@ def render_text(report: Report) -> str:
     goodput = {job.job: job for job in report.goodput}
     for verdict in report.verdicts:
         head, *rest = _verdict_lines(verdict, lang)
-        line = goodput_line(goodput.get(verdict.job), lang)
+        line = goodput_line(goodput.get(verdict.job), lang, _current(report, verdict.job))
         lines += [head, *([line] if line else []), *rest]
+    lines += history_lines(report.history, lang)
+    lines += recent_lines(report.history, lang)
     lines.append("")
     status = report.status
     lines.append(heading("found", lang) if status == "bottleneck" else
                  heading("risk", lang) if status == "risk" else
                  heading("healthy", lang) if status == "healthy" else
-                 heading("unmeasured", lang, reason=report.reason))
+                 heading("ended", lang) if status == "ended" else
+                 heading("unmeasured", lang, reason=report.reason_in(lang)))
     return _text(lines)
+
+
+def _current(report: Report, job: str) -> PastRun | None:
+    """The run of ``job`` that goes on, as the node's ledger records it."""
+    return None if report.history is None else report.history.current(job)
 
 
 def _text(lines: list[str]) -> str:
@@ -120,9 +132,18 @@ def _verdict_lines(verdict: Verdict, lang: str) -> list[str]:
     return lines
 
 
-def goodput_line(goodput: JobGoodput | None, lang: str) -> str | None:
+def goodput_line(goodput: JobGoodput | None, lang: str, run: PastRun | None = None
+                 ) -> str | None:
     """``      goodput 42 % of its GPU time (largest loss: data_wait, 38 % …)``; None
-    without a goodput."""
+    without a goodput. With the run that goes on (``run``, from the node's ledger): that
+    run's goodput and largest loss, not a window's that may span the run before."""
+    if run is not None and run.goodput_ratio is not None:
+        ratio = f"{run.goodput_ratio * 100:.0f} %"
+        if run.largest_loss is None or run.largest_loss_share is None:
+            return f"      {heading('goodput_run_only', lang, ratio=ratio, run=run.run)}"
+        return "      " + heading("goodput_run", lang, ratio=ratio, run=run.run,
+                                    loss=run.largest_loss,
+                                    share=f"{run.largest_loss_share * 100:.0f} %")
     if goodput is None or goodput.ratio is None:
         return None
     ratio = f"{goodput.ratio * 100:.0f} %"
@@ -206,8 +227,11 @@ def _nfs_line(mount: NfsMount, lang: str) -> str:
     return line
 
 
-def _checkpoint_line(checkpoint: Checkpoint, lang: str) -> str:
-    """``job llm: last checkpoint 300 s ago (took 12.0 s, 4 checkpoints), /mnt/cfs (…)``."""
+def _checkpoint_line(checkpoint: Checkpoint, lang: str, run: PastRun | None = None) -> str:
+    """``job llm: last checkpoint 300 s ago (took 12.0 s, 8 checkpoint saves by its ranks
+    in run r-7), /mnt/cfs (…)``: the count of the run that goes on (``run``, from the
+    node's ledger), else the job's counter, which spans all its runs since the daemon
+    started."""
     state, storage = checkpoint.state, checkpoint.storage
     line = f"   {word('job', lang)} {state.job}: "
     if checkpoint.age_seconds is None:
@@ -216,8 +240,12 @@ def _checkpoint_line(checkpoint: Checkpoint, lang: str) -> str:
         details = []
         if state.last_duration_seconds is not None:
             details.append(render(word("took", lang), {"seconds": state.last_duration_seconds}))
-        if state.checkpoints is not None:
-            details.append(count_text("checkpoints", state.checkpoints, lang))
+        if run is not None and run.checkpoint_saves is not None:
+            details.append(history_text("checkpoint_saves", lang,
+                                        count=run.checkpoint_saves, run=run.run))
+        elif state.checkpoints is not None:
+            details.append(history_text("checkpoints_all_runs", lang,
+                                        count=state.checkpoints))
         line += (render(word("checkpoint_age", lang), {"age": checkpoint.age_seconds})
                  + (f" ({', '.join(details)})" if details else ""))
     if storage.mountpoint:

@@ -2,8 +2,13 @@
 local daemon or Prometheus), printing text or ``--json``; the CLI builds the
 source (``trainmon.runs.daemon.default_source`` without a flag).
 
+A run is named by its id or by a unique prefix of it (``trainmon compare 4cf45b15
+2249a018`` for torchrun's 36-character ids: ``resolve_run``); a prefix that
+begins several run ids is an error that lists them.
+
 Exit codes: 0 done; 1 the source failed at run time (Prometheus or the daemon
-unreachable or refusing); 2 usage: an unknown run, an unusable ledger file (``LedgerError``,
+unreachable or refusing); 2 usage: an unknown run or an ambiguous prefix, an
+unusable ledger file (``LedgerError``,
 its message printed as it is), a bad ``--since``, a daemon on this node whose
 listener has no trusted owner (``trainmon.local_daemon.UntrustedDaemon``).
 
@@ -31,6 +36,8 @@ from trainmon.terminal import clean, escape_json
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+#: Run ids an ambiguous prefix error lists before "and N more".
+MAX_LISTED_CANDIDATES = 10
 
 
 class RunSource(Protocol):
@@ -79,7 +86,7 @@ def compare_runs(open_source: Callable[[], RunSource], run_a: str, run_b: str, *
                  job: str | None, as_json: bool, out: TextIO, err: TextIO) -> int:
     """``trainmon compare RUN_A RUN_B``: A is the reference."""
     def work(source: RunSource) -> str:
-        comparison = compare(source.run(run_a, job=job), source.run(run_b, job=job))
+        comparison = compare(resolve_run(source, run_a, job), resolve_run(source, run_b, job))
         if as_json:
             return escape_json(json.dumps(comparison.to_json(), indent=2,
                                           ensure_ascii=False)) + "\n"
@@ -88,3 +95,30 @@ def compare_runs(open_source: Callable[[], RunSource], run_a: str, run_b: str, *
     code, text = _guarded(open_source, work, err)
     out.write(text)
     return code
+
+
+def resolve_run(source: RunSource, run: str, job: str | None) -> RunView:
+    """The run whose id is ``run``, else the one run whose id begins with it (of ``job``
+    when given); ``UnknownRun`` when none does, or, naming them, when several do."""
+    try:
+        return source.run(run, job=job)
+    except UnknownRun as unknown:
+        if not run:
+            raise
+        candidates = sorted({(view.run, view.job) for view in source.runs(job=job)
+                             if view.run.startswith(run)})
+        if not candidates:
+            raise unknown from None
+        ids = sorted({found for found, _ in candidates})
+        if len(ids) > 1:
+            listed = ", ".join(ids[:MAX_LISTED_CANDIDATES])
+            more = len(ids) - MAX_LISTED_CANDIDATES
+            raise UnknownRun(
+                f"run {run!r} is ambiguous: it begins {len(ids)} run ids: {listed}"
+                + (f" and {more} more" if more > 0 else "")
+                + "; give more of the id") from None
+        if len(candidates) > 1:
+            jobs = ", ".join(sorted(name for _, name in candidates))
+            raise UnknownRun(f"run {run!r} ({ids[0]}) belongs to several jobs ({jobs}): "
+                             "give --job") from None
+        return source.run(ids[0], job=job)

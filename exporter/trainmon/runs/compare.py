@@ -18,14 +18,28 @@ compare equal, and a redacted value against an absent one is "changed
 (redacted)". A detail one side's source could not tell (its description is
 unavailable) is listed in ``unavailable``, never reported as "no change".
 
-Throughput change = b / a − 1 of ``samples_per_second_median``: job-wide
-(``basis`` ``job``) when the figures of both runs cover all their ranks;
-when either covers only part of its job (``RunView.partial``: a per-node
-ledger), per rank (``per_rank``: samples/s over the ranks each figure
-covers), so that one node's share never reads as the job slowing down. The
-sentence comes first in words: "samples/s −18 % (1 210 → 992);
-NCCL_IB_DISABLE 0 → 1; data moved from local NVMe/disk to CFS/NFS", and ends
-with a run that did not finish cleanly ("run B ended: crashed").
+Throughput change = b / a − 1 of the runs' samples/s: the exact rate
+(``samples_per_second``: samples over the run's active time) when both
+records carry it, else the median of their rate windows
+(``samples_per_second_median``, records of older daemons), never one of each;
+job-wide (``basis`` ``job``) when the figures of both runs cover all their
+ranks; when either covers only part of its job (``RunView.partial``: a
+per-node ledger), per rank (``per_rank``: samples/s over the ranks each figure
+covers), so that one node's share never reads as the job slowing down. Step
+time: the p50 and p95 where both records carry them, else the mean step
+(``step_seconds_mean``), named as what it is.
+
+The sentence says it in words, in this order: the throughput, then each
+change (the variables that moved: "samples/s −18 % (1 210 → 992);
+NCCL_IB_DISABLE 0 → 1; data moved from local NVMe/disk to CFS/NFS"), then
+the step's shares that moved by 5 points or more (data wait, exposed
+communication, each phase — one figure each: a phase that stands for
+exposed communication is not said twice), then the goodput as a percentage
+and the GPU-time losses that are not step shares (stalls, startup, redone
+work...), then the cost, and last a run that did not finish cleanly ("run B
+ended: crashed"). A goodput that moved against the throughput is explained,
+not cheered: "goodput 3 % → 12 % while samples/s fell 53 %: less time is lost
+waiting, but each step got slower".
 """
 
 from __future__ import annotations
@@ -35,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainmon.ledger.goodput import BUCKETS
-from trainmon.runs.view import RunView, number
+from trainmon.runs.view import RunView, number, throughput_key
 from trainmon.training.protocol import REDACTED, is_secret_name
 
 #: Environment names that identify a run rather than configure it.
@@ -53,6 +67,12 @@ STORAGE_WORDS = {
 
 #: Phase shares that moved by less than this (0-1) stay out of the sentence.
 PHASE_SENTENCE_MIN_MOVE = 0.05
+#: A throughput move smaller than this (0-1) is noise: a goodput move beside it needs no
+#: explaining.
+THROUGHPUT_NOISE = 0.05
+#: Goodput buckets that are shares of the step as well (the step's data wait, exposed
+#: communication and checkpoint phase): the sentence says them once, as step shares.
+STEP_SHARE_BUCKETS = frozenset({"data_wait", "comm_exposed", "checkpoint"})
 #: Changes named in the sentence before "and N more".
 SENTENCE_MAX_CHANGES = 6
 #: ``Comparison.throughput_basis``: job-wide figures, or per rank (module docstring).
@@ -106,6 +126,8 @@ class Comparison:
     b: RunView
     changes: tuple[Change, ...]
     throughput: Movement
+    #: The step time p50/p95, or both the mean step when either run lacks percentiles
+    #: (``step_basis``).
     step_seconds_p50: Movement
     step_seconds_p95: Movement
     #: Phase shares (0-1) by name: ``data_wait``, ``comm_exposed`` and each phase.
@@ -118,6 +140,11 @@ class Comparison:
     summary: str
     #: What ``throughput`` compares: ``job`` or ``per_rank`` (``THROUGHPUT_BASES``).
     throughput_basis: str = "job"
+    #: The summary key ``throughput`` compares: ``samples_per_second`` (exact) or
+    #: ``samples_per_second_median``.
+    throughput_key: str = "samples_per_second_median"
+    #: ``percentiles`` (p50 and p95) or ``mean`` (both movements are the mean step).
+    step_basis: str = "percentiles"
     #: The productive share of the runs' GPU-seconds (their ``goodput_ratio``).
     goodput: Movement = Movement(None, None)
     #: Each bucket of the goodput ledger but ``productive``: its share (0-1) of the runs'
@@ -132,9 +159,14 @@ class Comparison:
             "a": self.a.to_json(),
             "b": self.b.to_json(),
             "changes": [change.to_json() for change in self.changes],
-            "throughput": {**self.throughput.to_json(), "basis": self.throughput_basis},
-            "step_seconds_p50": self.step_seconds_p50.to_json(),
-            "step_seconds_p95": self.step_seconds_p95.to_json(),
+            "throughput": {**self.throughput.to_json(), "basis": self.throughput_basis,
+                           "key": self.throughput_key},
+            "step_seconds_p50": None if self.step_basis == "mean"
+            else self.step_seconds_p50.to_json(),
+            "step_seconds_p95": None if self.step_basis == "mean"
+            else self.step_seconds_p95.to_json(),
+            "step_seconds_mean": self.step_seconds_p50.to_json()
+            if self.step_basis == "mean" else None,
             "phases": {name: movement.to_json() for name, movement in self.phases.items()},
             "goodput": self.goodput.to_json(),
             "badput": {name: movement.to_json() for name, movement in self.badput.items()},
@@ -174,11 +206,13 @@ def compare(a: RunView, b: RunView) -> Comparison:
 
     phases = _phases(a.summary, b.summary)
     cost, currency = _cost(a.summary, b.summary)
-    throughput, basis = _throughput(a, b)
+    key = throughput_key(a.summary, b.summary)
+    throughput, basis = _throughput(a, b, key)
+    p50, p95, step_basis = _steps(a.summary, b.summary)
     comparison = Comparison(
         a=a, b=b, changes=tuple(changes), throughput=throughput, throughput_basis=basis,
-        step_seconds_p50=_movement(a.summary, b.summary, "step_seconds_p50"),
-        step_seconds_p95=_movement(a.summary, b.summary, "step_seconds_p95"),
+        throughput_key=key, step_seconds_p50=p50, step_seconds_p95=p95,
+        step_basis=step_basis,
         phases=phases, cost_per_million_samples=cost, currency=currency,
         unavailable=tuple(unavailable), summary="",
         goodput=_movement(a.summary, b.summary, "goodput_ratio"),
@@ -191,17 +225,30 @@ def _movement(a: Mapping[str, Any], b: Mapping[str, Any], key: str) -> Movement:
     return Movement(number(a.get(key)), number(b.get(key)))
 
 
-def _throughput(a: RunView, b: RunView) -> tuple[Movement, str]:
-    """The median samples/s of both runs: job-wide when neither covers only part of its
-    job, else per rank covered."""
+def _throughput(a: RunView, b: RunView, key: str) -> tuple[Movement, str]:
+    """The samples/s (``key``) of both runs: job-wide when neither covers only part of
+    its job, else per rank covered."""
     if not a.partial and not b.partial:
-        return _movement(a.summary, b.summary, "samples_per_second_median"), "job"
-    return Movement(per_rank(a), per_rank(b)), "per_rank"
+        return _movement(a.summary, b.summary, key), "job"
+    return Movement(per_rank(a, key), per_rank(b, key)), "per_rank"
 
 
-def per_rank(view: RunView) -> float | None:
-    """Median samples/s over the ranks the figure covers; None when either is unknown."""
-    rate = number(view.summary.get("samples_per_second_median"))
+def _steps(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[Movement, Movement, str]:
+    """Step time p50 and p95 of both runs, or (either lacking a p50) the mean step of
+    both, twice."""
+    p50 = _movement(a, b, "step_seconds_p50")
+    if p50.a is not None and p50.b is not None:
+        return p50, _movement(a, b, "step_seconds_p95"), "percentiles"
+    mean = _movement(a, b, "step_seconds_mean")
+    if mean.a is not None or mean.b is not None:
+        return mean, mean, "mean"
+    return p50, _movement(a, b, "step_seconds_p95"), "percentiles"
+
+
+def per_rank(view: RunView, key: str = "samples_per_second_median") -> float | None:
+    """samples/s (``key``) over the ranks the figure covers; None when either is
+    unknown."""
+    rate = number(view.summary.get(key))
     return None if rate is None or not view.ranks else rate / view.ranks
 
 
@@ -342,15 +389,9 @@ def _cost(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[Movement | None, 
 
 
 def sentence(comparison: Comparison) -> str:
-    """The comparison in one line, throughput first, then each change."""
+    """The comparison in one line: throughput, changes, step shares, goodput, cost, ends
+    (module docstring)."""
     parts = [_throughput_words(comparison)]
-    goodput = comparison.goodput
-    if goodput.a is not None and goodput.b is not None:
-        parts.append(f"goodput {goodput.a:.2f} → {goodput.b:.2f}")
-        for name, movement in comparison.badput.items():
-            move = (movement.b or 0.0) - (movement.a or 0.0)
-            if abs(move) >= PHASE_SENTENCE_MIN_MOVE:
-                parts.append(f"{name} {signed_points(move)}")
     change_words = [_change_words(change, comparison) for change in comparison.changes]
     if len(change_words) > SENTENCE_MAX_CHANGES:
         extra = len(change_words) - SENTENCE_MAX_CHANGES
@@ -362,10 +403,11 @@ def sentence(comparison: Comparison) -> str:
     else:
         parts.append("no recorded change in configuration, environment, data, versions, "
                      "world size or nodes")
-    for name, movement in comparison.phases.items():
-        if (movement.a is not None and movement.b is not None
-                and abs(movement.b - movement.a) >= PHASE_SENTENCE_MIN_MOVE):
-            parts.append(f"{phase_words(name)} {percent(movement.a)} → {percent(movement.b)}")
+    for name, movement in sentence_phases(comparison).items():
+        assert movement.a is not None and movement.b is not None
+        parts.append(f"{phase_words(name).strip()} {percent(movement.a)} → "
+                     f"{percent(movement.b)}")
+    parts += _goodput_words(comparison)
     if comparison.cost_per_million_samples is not None:
         cost = comparison.cost_per_million_samples
         if cost.a is not None and cost.b is not None:
@@ -375,6 +417,52 @@ def sentence(comparison: Comparison) -> str:
         if view.end_reason not in (None, "finished"):
             parts.append(f"run {label} ended: {view.end_reason}")
     return "; ".join(parts)
+
+
+def sentence_phases(comparison: Comparison) -> dict[str, Movement]:
+    """The step shares the sentence names: known in both runs, moved by
+    ``PHASE_SENTENCE_MIN_MOVE`` or more; the ``comm`` phase left out when the exposed
+    communication is measured, which it stands in for otherwise (one figure each)."""
+    moved = {name: movement for name, movement in comparison.phases.items()
+             if movement.a is not None and movement.b is not None
+             and abs(movement.b - movement.a) >= PHASE_SENTENCE_MIN_MOVE}
+    if "comm_exposed" in comparison.phases:
+        moved.pop("phase.comm", None)
+    return moved
+
+
+def loss_buckets(comparison: Comparison) -> dict[str, Movement]:
+    """The GPU-time losses beside the goodput that are not step shares (stalls, startup,
+    redone work, idle GPUs, waiting for a straggler...): the step shares are said as
+    such, once."""
+    return {name: movement for name, movement in comparison.badput.items()
+            if name not in STEP_SHARE_BUCKETS}
+
+
+def _goodput_words(comparison: Comparison) -> list[str]:
+    """``goodput 62 % → 81 %``, explained when it moved against the throughput, and the
+    other losses that moved by 5 points or more."""
+    goodput = comparison.goodput
+    if goodput.a is None or goodput.b is None:
+        return []
+    text = f"goodput {percent(goodput.a)} → {percent(goodput.b)}"
+    move = goodput.b - goodput.a
+    ratio = comparison.throughput.change_ratio
+    if ratio is not None and abs(move) >= PHASE_SENTENCE_MIN_MOVE and abs(ratio) >= (
+            THROUGHPUT_NOISE):
+        amount = f"{abs(round(ratio * 100))} %"
+        if move > 0 and ratio < 0:
+            text += (f" while samples/s fell {amount}: less time is lost waiting, but each "
+                     "step got slower")
+        elif move < 0 and ratio > 0:
+            text += (f" while samples/s rose {amount}: each step got faster, but more time "
+                     "is lost waiting")
+    words = [text]
+    for name, movement in loss_buckets(comparison).items():
+        change = (movement.b or 0.0) - (movement.a or 0.0)
+        if abs(change) >= PHASE_SENTENCE_MIN_MOVE:
+            words.append(f"{name} {signed_points(change)} of the GPU time")
+    return words
 
 
 def _throughput_words(comparison: Comparison) -> str:

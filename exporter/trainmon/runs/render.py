@@ -18,6 +18,7 @@ from trainmon.runs.compare import (
     Movement,
     count_text,
     coverage_text,
+    loss_buckets,
     money,
     percent,
     phase_words,
@@ -79,18 +80,25 @@ def goodput_text(summary: Mapping[str, Any]) -> str:
     return "-" if ratio is None else f"{ratio:.0%}"
 
 
-def largest_loss_text(summary: Mapping[str, Any]) -> str:
-    """The bucket other than ``productive`` with the most GPU-seconds and its share:
-    ``data_wait 31%`` (``-`` when nothing was lost or nothing booked)."""
+def largest_loss(summary: Mapping[str, Any]) -> tuple[str, float] | None:
+    """The bucket other than ``productive`` with the most GPU-seconds and its share (0-1)
+    of them; None when nothing was lost or nothing booked."""
     seconds = {bucket: number(value) or 0.0
                for bucket, value in dict(summary.get("gpu_seconds") or {}).items()}
     held = sum(seconds.values())
     losses = {bucket: value for bucket, value in seconds.items()
               if bucket != "productive" and value > 0}
     if held <= 0 or not losses:
-        return "-"
+        return None
     bucket = max(sorted(losses), key=lambda name: losses[name])
-    return f"{bucket} {losses[bucket] / held:.0%}"
+    return bucket, losses[bucket] / held
+
+
+def largest_loss_text(summary: Mapping[str, Any]) -> str:
+    """``largest_loss`` as ``data_wait 31%`` (``-`` when nothing was lost or nothing
+    booked)."""
+    found = largest_loss(summary)
+    return "-" if found is None else f"{found[0]} {found[1]:.0%}"
 
 
 def render_runs(views: Sequence[RunView]) -> str:
@@ -171,12 +179,16 @@ def render_comparison(comparison: Comparison) -> str:
                          f"{before} → {after}")
     else:
         lines.append("  unknown" if comparison.unavailable else "  none recorded")
-    throughput = ("samples/s (median)" if comparison.throughput_basis == "job"
-                  else "samples/s per rank")
-    lines += ["", "measured:",
-              _movement_line(throughput, comparison.throughput, quantity),
-              _movement_line("step time p50", comparison.step_seconds_p50, seconds_text),
-              _movement_line("step time p95", comparison.step_seconds_p95, seconds_text)]
+    throughput = "samples/s" if comparison.throughput_basis == "job" else "samples/s per rank"
+    if comparison.throughput_key != "samples_per_second":
+        throughput += " (median)"
+    lines += ["", "measured:", _movement_line(throughput, comparison.throughput, quantity)]
+    if comparison.step_basis == "mean":
+        lines.append(_movement_line("step time (mean)", comparison.step_seconds_p50,
+                                    seconds_text))
+    else:
+        lines += [_movement_line("step time p50", comparison.step_seconds_p50, seconds_text),
+                  _movement_line("step time p95", comparison.step_seconds_p95, seconds_text)]
 
     def share(value: float | None) -> str:
         return "-" if value is None else percent(value)
@@ -186,8 +198,9 @@ def render_comparison(comparison: Comparison) -> str:
     if comparison.goodput.a is not None or comparison.goodput.b is not None:
         lines.append(f"  {'goodput':<22} {share(comparison.goodput.a)} → "
                      f"{share(comparison.goodput.b)}")
-        for name, movement in comparison.badput.items():
-            lines.append(f"  {'  ' + name:<22} {share(movement.a)} → {share(movement.b)}")
+        for name, movement in loss_buckets(comparison).items():
+            lines.append(f"  {'  ' + name:<22} {share(movement.a)} → {share(movement.b)} "
+                         "of the GPU time")
     if comparison.cost_per_million_samples is not None:
         lines.append(_movement_line(
             f"cost/M samples ({comparison.currency})", comparison.cost_per_million_samples,

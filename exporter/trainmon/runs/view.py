@@ -31,10 +31,14 @@ from trainmon.ledger.goodput import goodput_ratio
 from trainmon.training.protocol import redact_value
 
 #: ``summary`` keys that add up over nodes.
-ADDITIVE = ("samples_per_second_median", "samples_per_second_p10", "steps", "samples",
-            "gpu_hours", "checkpoints")
+ADDITIVE = ("samples_per_second", "samples_per_second_median", "samples_per_second_p10",
+            "steps", "samples", "gpu_hours", "checkpoints")
 #: ``summary`` keys averaged over nodes, weighted by their steps.
-WEIGHTED = ("step_seconds_p50", "step_seconds_p95", "data_wait_ratio", "comm_exposed_ratio")
+WEIGHTED = ("step_seconds_p50", "step_seconds_p95", "step_seconds_mean", "data_wait_ratio",
+            "comm_exposed_ratio")
+#: The run's samples/s, best first: the exact job-wide rate (samples over the run's
+#: active time), else the median of the rate buckets that older records carry.
+THROUGHPUT_KEYS = ("samples_per_second", "samples_per_second_median")
 
 
 class RecordLike(Protocol):
@@ -173,6 +177,25 @@ def number(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return float(value)
+
+
+def samples_per_second(summary: Mapping[str, Any]) -> float | None:
+    """The run's samples/s: its exact rate where the record has one, else the median of
+    its rate buckets (``THROUGHPUT_KEYS``); None when neither is known."""
+    for key in THROUGHPUT_KEYS:
+        value = number(summary.get(key))
+        if value is not None:
+            return value
+    return None
+
+
+def throughput_key(*summaries: Mapping[str, Any]) -> str:
+    """The first of ``THROUGHPUT_KEYS`` that every summary has (so that two runs are
+    compared on one measure); the median's when they share none."""
+    for key in THROUGHPUT_KEYS:
+        if all(number(summary.get(key)) is not None for summary in summaries):
+            return key
+    return THROUGHPUT_KEYS[-1]
 
 
 def merge_summaries(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -1,0 +1,282 @@
+"""The run ledger in ``doctor``'s report: each job's run against its baseline.
+
+``doctor`` reads the node's ledger (``trainmon.runs.regression``) and hands
+the report plain facts, defined here so that the report stays below the
+ledger's commands:
+
+- ``History.live``: for each job diagnosed now, its latest run and the run it
+  is measured against (``trainmon.runs.baseline``: which, and why), with the
+  ``trainmon compare`` to run; the report's per-run figures (checkpoint saves
+  and goodput of the run that goes on) come from the same record;
+- ``History.ended``: doctor after the job: the last run of each job that
+  ended lately, how it ended, its samples/s, verdict and goodput, and the
+  ``trainmon runs`` / ``trainmon compare`` commands.
+
+``history_lines`` and ``recent_lines`` write them in the report's language
+(words from ``messages``); ``history_json`` is their part of the ``--json``
+document.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import dataclass
+
+from trainmon.report.messages import (
+    ago_text,
+    end_word,
+    heading,
+    history_text,
+    kind_name,
+)
+
+#: Samples/s with a thin space between thousands, as ``trainmon runs`` writes them.
+_UNKNOWN = "?"
+
+
+@dataclass(frozen=True)
+class PastRun:
+    """One run as the node's ledger recorded it (this node's ranks)."""
+
+    job: str
+    run: str
+    started: float
+    ended: float | None
+    #: ``trainmon.ledger.END_REASONS``; None while recorded as running.
+    end_reason: str | None
+    #: Unix time of the record's latest update.
+    updated: float
+    world_size: int | None
+    #: The ranks recorded on this node.
+    ranks: int
+    samples_per_second: float | None
+    #: The verdict the run held longest (as ``trainmon runs`` shows it); None: none.
+    verdict: str | None = None
+    goodput_ratio: float | None = None
+    #: Its largest bucket other than ``productive`` and that bucket's share (0-1).
+    largest_loss: str | None = None
+    largest_loss_share: float | None = None
+    #: Checkpoint saves its ranks completed (the ledger's ``checkpoints``); None: none
+    #: reported.
+    checkpoint_saves: int | None = None
+    duration_seconds: float | None = None
+
+    @property
+    def nodes(self) -> int | None:
+        """The nodes it spanned, with as many ranks on each as on this one."""
+        if self.world_size is None or self.ranks <= 0:
+            return None
+        return math.ceil(self.world_size / self.ranks)
+
+    def to_json(self) -> dict[str, object]:
+        return {"job": self.job, "run": self.run, "started": self.started,
+                "ended": self.ended, "end_reason": self.end_reason,
+                "world_size": self.world_size, "ranks": self.ranks,
+                "samples_per_second": self.samples_per_second, "verdict": self.verdict,
+                "goodput_ratio": self.goodput_ratio, "checkpoint_saves": self.checkpoint_saves}
+
+
+@dataclass(frozen=True)
+class RunHistory:
+    """A job's latest run and what it is measured against."""
+
+    run: PastRun
+    #: The previous comparable run (None: there is none).
+    baseline: PastRun | None
+    #: The baseline finished; False: no comparable run did, the newest that ended otherwise.
+    baseline_finished: bool
+    #: samples/s per rank against the baseline's, less 1 (negative: slower).
+    change_ratio: float | None
+    #: Slower than the baseline by more than the regression share.
+    slower: bool
+    #: The fastest comparable run of the look-back when the run is much slower than it too.
+    fastest: PastRun | None = None
+    fastest_change_ratio: float | None = None
+
+    @property
+    def job(self) -> str:
+        return self.run.job
+
+
+@dataclass(frozen=True)
+class History:
+    """What ``doctor`` shows of the node's ledger."""
+
+    #: The ledger file read (the commands shown name it).
+    ledger: str
+    #: Unix time the ledger was read (ages are counted from it).
+    now: float
+    #: The regression share (``contract.THROUGHPUT_REGRESSION_RATIO``) and the fastest
+    #: run's look-back (seconds), for the words.
+    threshold: float
+    lookback_seconds: float
+    #: How far back ``ended`` looks (seconds).
+    recent_seconds: float
+    live: tuple[RunHistory, ...] = ()
+    ended: tuple[RunHistory, ...] = ()
+
+    def current(self, job: str) -> PastRun | None:
+        """The run of ``job`` that goes on, as the ledger records it; None when its latest
+        record has ended (the live run is not recorded yet) or there is none."""
+        found = next((entry.run for entry in self.live if entry.job == job), None)
+        return found if found is not None and found.end_reason is None else None
+
+
+def rate_text(value: float | None) -> str:
+    """``1 210``, ``99.5``, ``0.123``; ``?`` when unknown (``trainmon runs``' format)."""
+    if value is None:
+        return _UNKNOWN
+    if abs(value) >= 100:
+        return f"{value:,.0f}".replace(",", " ")
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    return f"{value:.3g}"
+
+
+def signed_percent(ratio: float | None) -> str:
+    """``-0.183`` → ``−18 %``; ``?`` when unknown."""
+    if ratio is None:
+        return _UNKNOWN
+    value = round(ratio * 100)
+    return "±0 %" if value == 0 else f"{'+' if value > 0 else '−'}{abs(value)} %"
+
+
+def percent_text(ratio: float | None) -> str:
+    return _UNKNOWN if ratio is None else f"{ratio * 100:.0f} %"
+
+
+def duration_text(seconds: float | None) -> str:
+    """``95`` → ``1m35s``, ``7260`` → ``2h01m`` (``trainmon runs``' format)."""
+    if seconds is None:
+        return _UNKNOWN
+    whole = max(0, round(seconds))
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
+
+
+def compare_command(history: History, entry: RunHistory, against: PastRun) -> str:
+    return (f"trainmon compare {shlex.quote(against.run)} {shlex.quote(entry.run.run)} "
+            f"--ledger {shlex.quote(history.ledger)}")
+
+
+def runs_command(history: History, entry: RunHistory) -> str:
+    return (f"trainmon runs --job {shlex.quote(entry.job)} "
+            f"--ledger {shlex.quote(history.ledger)}")
+
+
+def _ended_words(history: History, run: PastRun, lang: str) -> dict[str, str]:
+    at = run.ended if run.ended is not None else run.updated
+    return {"end": end_word(run.end_reason, lang), "ago": ago_text(history.now - at, lang)}
+
+
+def _nodes(run: PastRun) -> dict[str, object]:
+    nodes = run.nodes
+    return {"world_size": _UNKNOWN if run.world_size is None else run.world_size,
+            "nodes": _UNKNOWN if nodes is None else nodes,
+            "nodes_plural": "" if nodes == 1 else "s"}
+
+
+def comparison_text(history: History, entry: RunHistory, lang: str) -> str:
+    """``−22 % compared with run vit-1 (finished 2 h ago, same world size 8 on 1 node):
+    slower by more than 20 %``, or that there is no comparable run."""
+    baseline = entry.baseline
+    if baseline is None:
+        return history_text("no_baseline", lang, **_nodes(entry.run))
+    text = history_text("compared", lang, change=signed_percent(entry.change_ratio),
+                        baseline=baseline.run, **_ended_words(history, baseline, lang),
+                        **_nodes(baseline))
+    if not entry.baseline_finished:
+        text += history_text("fallback", lang)
+    if entry.slower:
+        text += ": " if lang != "zh" else "："
+        text += history_text("slower", lang, threshold=percent_text(history.threshold))
+    return text
+
+
+def fastest_text(history: History, entry: RunHistory, lang: str) -> str | None:
+    """The fastest comparable run of the look-back when the run is much slower than it."""
+    if entry.fastest is None:
+        return None
+    return history_text(
+        "fastest", lang, change=signed_percent(entry.fastest_change_ratio),
+        days=history.lookback_seconds / 86400, fastest=entry.fastest.run,
+        **_ended_words(history, entry.fastest, lang))
+
+
+def _commands(history: History, entry: RunHistory, *, with_runs: bool) -> list[str]:
+    commands = [runs_command(history, entry)] if with_runs else []
+    for against in (entry.baseline, entry.fastest):
+        if against is not None:
+            commands.append(compare_command(history, entry, against))
+    return commands
+
+
+def history_lines(history: History | None, lang: str) -> list[str]:
+    """The "Run history" section: a line per diagnosed job with a run in the ledger."""
+    if history is None or not history.live:
+        return []
+    separator = "；" if lang == "zh" else "; "
+    lines = ["", heading("history", lang)]
+    for entry in history.live:
+        head = history_text("run", lang, job=entry.job, run=entry.run.run,
+                            rate=rate_text(entry.run.samples_per_second))
+        line = f"   {head}{'，' if lang == 'zh' else ', '}{comparison_text(history, entry, lang)}"
+        commands = _commands(history, entry, with_runs=False)
+        if commands and entry.baseline is not None:
+            line += separator + compare_command(history, entry, entry.baseline)
+        lines.append(line)
+        if (fastest := fastest_text(history, entry, lang)) is not None:
+            assert entry.fastest is not None
+            lines.append(f"      {fastest}{separator}"
+                         f"{compare_command(history, entry, entry.fastest)}")
+    return lines
+
+
+def recent_lines(history: History | None, lang: str) -> list[str]:
+    """Doctor after the job: the last run of each job that ended lately."""
+    if history is None or not history.ended:
+        return []
+    lines = ["", heading("recent", lang, hours=history.recent_seconds / 3600)]
+    for entry in history.ended:
+        run = entry.run
+        key = "run_running" if run.end_reason is None else "run_ended"
+        lines.append("   " + history_text(
+            key, lang, job=entry.job, run=run.run, rate=rate_text(run.samples_per_second),
+            duration=duration_text(run.duration_seconds),
+            verdict=_UNKNOWN if run.verdict is None else kind_name(run.verdict, lang),
+            goodput=percent_text(run.goodput_ratio), **_ended_words(history, run, lang)))
+        lines.append("      " + comparison_text(history, entry, lang))
+        if (fastest := fastest_text(history, entry, lang)) is not None:
+            lines.append("      " + fastest)
+        lines.append("      " + history_text(
+            "commands", lang,
+            commands=("；" if lang == "zh" else "; ").join(
+                _commands(history, entry, with_runs=True))))
+    return lines
+
+
+def history_json(history: History | None, entries: tuple[RunHistory, ...], lang: str
+                 ) -> list[dict[str, object]]:
+    """``previous_runs`` / ``recent_runs`` of the ``--json`` document."""
+    if history is None:
+        return []
+    return [{
+        **entry.run.to_json(),
+        "baseline": None if entry.baseline is None else {
+            **entry.baseline.to_json(), "finished": entry.baseline_finished},
+        "change_ratio": None if entry.change_ratio is None else round(entry.change_ratio, 4),
+        "slower": entry.slower,
+        "fastest": None if entry.fastest is None else entry.fastest.to_json(),
+        "fastest_change_ratio": None if entry.fastest_change_ratio is None
+        else round(entry.fastest_change_ratio, 4),
+        "previous_run": None if entry.baseline is None else entry.baseline.run,
+        "previous_started": None if entry.baseline is None else entry.baseline.started,
+        "commands": _commands(history, entry, with_runs=True),
+        "text": comparison_text(history, entry, lang),
+    } for entry in entries]
