@@ -1,0 +1,51 @@
+"""Acceptance: the run ledger measures real ``torchrun`` jobs as the jobs measure
+themselves (issue 36): samples/s within 2 % of the job's own count (its samples over
+its loop's elapsed time) and the duration within 1 s of the job's own (from just
+before its reporters were made to just after they were closed), for 20 s, 60 s and
+3 min runs, under the daemon's default flush of 10 s, whose ticks fall anywhere in the
+run (``tests/ledger/rate_job.py``: 2 ranks, gloo on CPU, each step a 50 ms sleep for
+the GPU, a real MLP step and DDP's all-reduce)."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from testkit.daemon import Daemon
+from tests.ledger.torchrun_support import WORLD_SIZE, finish, launch, wait_for_record
+
+pytestmark = pytest.mark.integration
+
+#: The daemon's default flush: the end of a run is noticed within one.
+FLUSH_SECONDS = 10.0
+
+
+@pytest.mark.parametrize("seconds", [20.0, 60.0, 180.0])
+def test_a_torchrun_jobs_rate_and_duration_are_its_own(
+        start_daemon: Callable[..., Daemon], tmp_path: Path, seconds: float) -> None:
+    ledger = tmp_path / "ledger.sqlite3"
+    with tempfile.TemporaryDirectory(prefix="tm-", dir="/tmp") as folder:
+        socket = f"{folder}/steps.sock"  # short: a unix socket path has 107 bytes
+        start_daemon(config={"collectors": {
+            "training": {"socket": socket},
+            "ledger": {"path": str(ledger), "flush_seconds": FLUSH_SECONDS},
+            "gpu": {"enabled": False}}})
+        job = f"rate-{seconds:.0f}s"
+        results = tmp_path / "results"
+        truth = finish(launch(seconds, results, f"unix://{socket}", job), results,
+                       timeout=seconds + 120)
+        [record] = wait_for_record(ledger, job, lambda record: record.end_reason is not None,
+                                   timeout=FLUSH_SECONDS + 20)
+    summary = record.summary
+    assert (record.run, record.end_reason, record.ranks) == (truth.run, "finished", WORLD_SIZE)
+    assert (summary["steps"], summary["samples"]) == (truth.steps, truth.samples)
+    assert summary["samples_per_second"] == pytest.approx(truth.samples_per_second, rel=0.02)
+    assert summary["duration_seconds"] == pytest.approx(truth.ended - truth.started, abs=1.0)
+    assert record.started == pytest.approx(truth.started, abs=1.0)
+    assert record.ended == pytest.approx(truth.ended, abs=1.0)
+    # the spread stays around the job's rate (its windows, warm-up left out)
+    assert summary["samples_per_second_median"] == pytest.approx(truth.samples_per_second,
+                                                                 rel=0.05)
