@@ -38,7 +38,7 @@ NORMALISED: dict[str, Callable[[Any], object]] = {
 #: A value of the wrong JSON type for each kind of field.
 WRONG_TYPE = {"integer": "1", "number": "1.5", "label": 7, "reporter_id": 7, "run_id": 7,
               "gpu": "gpu0", "path": 7, "buckets": {}, "phases": [], "version": "1",
-              "comm_groups": []}
+              "comm_groups": [], "sketch": []}
 
 
 @pytest.fixture

@@ -36,13 +36,16 @@ allows several lines per payload), so it is delivered, or fails and is
 retried, with that report.
 
 A step runs from the end of the previous ``step()`` to this one (the first
-from the first ``next()`` of ``track()``, or from construction). Everything is
-aggregated in process; a daemon thread sends the cumulative totals about once
-a second and ``close()`` sends the last ones, within ``CLOSE_TIMEOUT_SECONDS``
-in all however the daemon behaves. Nothing here blocks or raises into the
-training loop; reports that cannot be delivered (no daemon, a queue still full
-after the sender's retries, an HTTP daemon that does not answer in time) are
-counted and the count travels with the next delivered report.
+from the first ``next()`` of ``track()``, or from construction); its
+duration counts in the step-time histogram and in a sketch of 1 % buckets
+(``trainmon.training.sketch``) whose percentiles the run ledger records.
+Everything is aggregated in process; a daemon thread sends the cumulative
+totals about once a second and ``close()`` sends the last ones, within
+``CLOSE_TIMEOUT_SECONDS`` in all however the daemon behaves. Nothing here
+blocks or raises into the training loop; reports that cannot be delivered (no
+daemon, a queue still full after the sender's retries, an HTTP daemon that does
+not answer in time) are counted and the count travels with the next delivered
+report.
 """
 
 from __future__ import annotations
@@ -89,6 +92,7 @@ from trainmon.training.report_fields import (
     PROTOCOL_VERSION,
     build_report,
 )
+from trainmon.training.sketch import StepSketch
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +188,8 @@ class Reporter:
         self._step_seconds = 0.0
         self._data_wait = 0.0
         self._buckets = [0] * STEP_BUCKET_COUNT
+        # Each step's duration, 1 % apart (trainmon.training.sketch): the ledger's p50/p95.
+        self._sketch = StepSketch()
         self._phases: dict[str, float] = {}
         # Wait and phase time of the step in progress; committed by step().
         self._pending_wait = 0.0
@@ -289,6 +295,7 @@ class Reporter:
             self._samples += samples
             self._step_seconds += duration
             self._buckets[bisect_left(STEP_SECONDS_BOUNDS, duration)] += 1
+            self._sketch.add(duration)
             if self._pending_wait:
                 self._data_wait += min(self._pending_wait, duration)
                 self._pending_wait = 0.0
@@ -628,6 +635,8 @@ class Reporter:
                 "data_wait_seconds": self._data_wait,
                 "phase_seconds": dict(self._phases),
                 "step_buckets": list(self._buckets),
+                "step_sketch": dict(self._sketch.counts),
+                "step_sketch_level": self._sketch.level,
                 "dropped_reports": self._dropped,
                 "comm_seconds": comm,
                 "comm_bytes": self._comm_bytes if measured else None,

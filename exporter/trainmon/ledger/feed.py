@@ -6,7 +6,8 @@ totals and last checkpoint, every rank's latest run description, the runs
 whose end was announced) and, for a data or checkpoint path a training process
 named, the storage that path lives on. These protocols say exactly that much,
 read-only, so that the ledger depends on no training store or collector module (it shares only
-the stall rule of ``trainmon.training.stalls``):
+the stall rule of ``trainmon.training.stalls`` and the step sketch of
+``trainmon.training.sketch``):
 ``trainmon.training.store.TrainingStore`` is a ``TrainingSource`` (its
 ``snapshot()`` is a ``TrainingStoreView``, which is a ``TrainingSnapshot``),
 and the training collector's ``storage_of`` a ``StorageResolver``; the ledger
@@ -19,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol, TypeVar
 
+from trainmon.training.sketch import StepSketch
 from trainmon.training.stalls import FrameLike
 
 _Totals = TypeVar("_Totals", bound="StepTotals")
@@ -51,6 +53,10 @@ class StepTotals(Protocol):
     #: Seconds in those saves; None where the rank does not report checkpoints.
     @property
     def checkpoint_seconds(self) -> float | None: ...
+    #: Step durations by sketch bucket (``trainmon.training.sketch``), cumulative like
+    #: ``step_buckets``; None where the rank's client sends none (an older one).
+    @property
+    def step_sketch(self) -> StepSketch | None: ...
 
     def covers(self: _Totals, earlier: _Totals) -> bool:
         """True when no total is below ``earlier``'s (the same reporter, no reset)."""

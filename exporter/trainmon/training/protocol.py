@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import cast
 
-from trainmon.contract import STEP_BUCKET_COUNT
+from trainmon.contract import STEP_BUCKET_COUNT, STEP_SKETCH_MAX_BUCKETS
 
 # the secret rule (``trainmon.training.redaction``), re-exported for the client and the daemon
 from trainmon.training.redaction import REDACTED as REDACTED
@@ -57,6 +57,7 @@ from trainmon.training.report_fields import (
     CommGroup,
     ReportField,
 )
+from trainmon.training.sketch import from_wire as sketch_from_wire
 
 #: The daemon's HTTP route for step reports (also the client's default path).
 STEPS_PATH = "/api/v1/steps"
@@ -154,6 +155,11 @@ class StepReport:
     step_seconds: float
     data_wait_seconds: float
     step_buckets: tuple[int, ...]
+    #: Step durations by sketch bucket (``trainmon.training.sketch``) at
+    #: ``step_sketch_level``, cumulative; None from clients that do not send it.
+    step_sketch: Mapping[int, int] | None = None
+    #: 0 (buckets of 1 %) to ``sketch.MAX_LEVEL``; None without ``step_sketch``.
+    step_sketch_level: int | None = None
     phase_seconds: Mapping[str, float] = field(default_factory=dict)
     dropped_reports: int = 0
     local_rank: int | None = None
@@ -473,6 +479,17 @@ def _check_buckets(spec: ReportField, value: object, max_label_length: int) -> t
     return tuple(value)
 
 
+def _check_sketch(spec: ReportField, value: object, max_label_length: int) -> dict[int, int]:
+    """A step sketch (``trainmon.training.sketch.from_wire``): ``limit`` past
+    ``STEP_SKETCH_MAX_BUCKETS`` buckets, ``invalid_field`` for anything malformed."""
+    try:
+        return sketch_from_wire(value, STEP_SKETCH_MAX_BUCKETS)
+    except OverflowError as error:
+        raise ReportError("limit", f"{spec.name} {error}") from None
+    except ValueError as error:
+        raise ReportError("invalid_field", f"{spec.name}: {error}") from None
+
+
 def _check_phases(spec: ReportField, value: object, max_label_length: int) -> dict[str, float]:
     return _phases(value, max_label_length)
 
@@ -520,7 +537,7 @@ _CHECKS: Mapping[str, _FieldCheck] = {
     "integer": _check_integer, "number": _check_number, "label": _check_label,
     "reporter_id": _check_reporter_id, "run_id": _check_run_id, "gpu": _check_gpu,
     "path": _check_path, "buckets": _check_buckets, "phases": _check_phases,
-    "comm_groups": _check_comm_groups,
+    "comm_groups": _check_comm_groups, "sketch": _check_sketch,
 }
 _GROUP_FIELDS_BY_NAME: Mapping[str, ReportField] = {spec.name: spec for spec in COMM_GROUP_FIELDS}
 #: (name, check, field, None means absent) of every field but ``v`` (checked by
@@ -536,10 +553,17 @@ _Relation = Callable[[dict[str, object]], None]
 
 
 def _adds_up_to(name: str, total: str) -> _Relation:
+    """The counts of a list, or the values of an object (a sketch), add up to ``total``;
+    an absent field (None) is not checked."""
     message = f"{name} must add up to {total}"
 
     def check(values: dict[str, object]) -> None:
-        if sum(values[name]) != values[total]:  # type: ignore[call-overload]
+        counts = values[name]
+        if counts is None:
+            return
+        if isinstance(counts, Mapping):
+            counts = counts.values()
+        if sum(counts) != values[total]:  # type: ignore[call-overload]
             raise ReportError("invalid_field", message)
     return check
 

@@ -22,8 +22,9 @@ it (the store, the collectors, the ledger).
 ``tests/training/test_report_fields.py`` fails where the client, the
 validator or ``StepReport`` disagree with this table.
 
-Standard library only, no ``trainmon`` import: the training-side client
-imports it.
+Standard library only, and of ``trainmon`` only the step sketch's bound
+(``trainmon.training.sketch``, itself standard library only): the training-side
+client imports it.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, cast
+
+from trainmon.training.sketch import MAX_LEVEL as MAX_SKETCH_LEVEL
 
 PROTOCOL_VERSION = 1
 #: Counts and integer fields stay exactly representable as a float64.
@@ -76,13 +79,15 @@ RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 #: - ``path``: an absolute path, at most ``MAX_PATH_BYTES`` bytes of UTF-8, no
 #:   control characters (secrets in it are redacted by the daemon: ``trainmon.training.redaction``);
 #: - ``buckets``: a list of ``STEP_BUCKET_COUNT`` counts (``contract.STEP_SECONDS_BOUNDS``);
+#: - ``sketch``: an object of at most ``contract.STEP_SKETCH_MAX_BUCKETS`` decimal bucket
+#:   indices to counts (``trainmon.training.sketch.from_wire``; ``limit`` past the bound);
 #: - ``phases``: an object of at most ``MAX_PHASES`` label-named numbers;
 #: - ``comm_groups``: an object of at most ``MAX_COMM_GROUPS`` process groups, each
 #:   named by 1..``MAX_GROUP_NAME_LENGTH`` characters of ``LABEL_PATTERN``, each an
 #:   object of the keys of ``COMM_GROUP_FIELDS`` (no others), checked by their kinds.
 FieldKind = Literal[
     "version", "integer", "number", "label", "reporter_id", "run_id", "gpu", "path",
-    "buckets", "phases", "comm_groups",
+    "buckets", "phases", "comm_groups", "sketch",
 ]
 
 
@@ -110,7 +115,8 @@ class ReportField:
     at_most: tuple[str, ...] = ()
     #: The field must stay below this one, when that one is present (``rank``).
     below: str | None = None
-    #: The field's counts must add up to this count (``step_buckets``).
+    #: The field's counts must add up to this count (``step_buckets``, ``step_sketch``
+    #: where sent).
     adds_up_to: str | None = None
     #: The field may only be sent with this one, and with it at least ``needs_at_least``.
     needs: str | None = None
@@ -153,6 +159,11 @@ REPORT_FIELDS: tuple[ReportField, ...] = (
                 meaning="seconds in named phases (comm, checkpoint...)"),
     ReportField("step_buckets", "buckets", required=True, adds_up_to="steps",
                 meaning="step-duration histogram, not cumulative"),
+    ReportField("step_sketch", "sketch", adds_up_to="steps",
+                meaning="step durations by log bucket of 1 %: {index: count}"),
+    ReportField("step_sketch_level", "integer", maximum=MAX_SKETCH_LEVEL,
+                needs="step_sketch", default_with_needed=0,
+                meaning="step_sketch's buckets merged pairwise this many times (0: 1 %)"),
     ReportField("dropped_reports", "integer", absent=0, meaning="reports not delivered so far"),
     ReportField("comm_seconds", "number", omitted_when_unknown=True,
                 meaning="wall seconds with a collective in flight (measured)"),

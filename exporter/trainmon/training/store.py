@@ -11,7 +11,9 @@ The optional measured-communication totals (``comm_seconds``,
 ``comm_exposed_seconds``, ``comm_bytes``) follow the same rules; a rank has
 them only from its first report that carries them (unknown is not zero), and
 a report that lacks them neither resets nor adds to them. The checkpoint
-totals (``checkpoints``, ``checkpoint_seconds``) are optional in the same way.
+totals (``checkpoints``, ``checkpoint_seconds``) are optional in the same way, and so
+is the step sketch (``step_sketch``: a rank's grows by each report's increase,
+``trainmon.training.sketch.increase``, bounded like the client's).
 So is communication per process group (``comm_groups``), group by group: a
 group's totals count from a reporter's first report that carries the group, a
 report that lacks a group the reporter sent before neither resets nor adds to
@@ -74,6 +76,9 @@ from trainmon.training.protocol import (
     is_secret_name,
 )
 from trainmon.training.report_fields import MAX_COMM_GROUPS, MAX_PHASES, CommGroup
+from trainmon.training.sketch import StepSketch
+from trainmon.training.sketch import covers as sketch_covers
+from trainmon.training.sketch import increase as sketch_increase
 from trainmon.training.writers import LOCAL_WRITER, ROOT_WRITER
 
 #: Reporters remembered per rank (more than one only when processes restart or
@@ -118,6 +123,9 @@ class Totals:
     #: ``seconds`` and ``exposed_seconds`` (None: unknown); ``seq`` and ``root`` as
     #: last sent (of a rank: None after a counter reset until sent again).
     comm_groups: dict[str, CommGroup] = field(default_factory=dict)
+    #: Step durations by sketch bucket (``trainmon.training.sketch``), cumulative like
+    #: ``step_buckets``; None until a report carries one (an older client).
+    step_sketch: StepSketch | None = None
 
     @classmethod
     def of(cls, report: StepReport) -> Totals:
@@ -135,12 +143,15 @@ class Totals:
             checkpoints=report.checkpoints,
             checkpoint_seconds=report.checkpoint_seconds,
             comm_groups=dict(report.comm_groups or {}),
+            step_sketch=None if report.step_sketch is None
+            else StepSketch(report.step_sketch, report.step_sketch_level or 0),
         )
 
     def copy(self) -> Totals:
         return replace(
             self, step_buckets=list(self.step_buckets), phase_seconds=dict(self.phase_seconds),
             comm_groups=dict(self.comm_groups),
+            step_sketch=None if self.step_sketch is None else self.step_sketch.copy(),
         )
 
     def covers(self, earlier: Totals) -> bool:
@@ -163,13 +174,15 @@ class Totals:
                     for now, then in zip(self._optional(), earlier._optional(), strict=True))
             and all(_group_covers(self.comm_groups.get(name), then)
                     for name, then in earlier.comm_groups.items())
+            and (self.step_sketch is None or earlier.step_sketch is None
+                 or sketch_covers(self.step_sketch, earlier.step_sketch))
         )
 
     def add_difference(self, newer: Totals, older: Totals) -> None:
         """Add ``newer - older`` field by field (``older`` all zero for a new reporter).
 
         An optional total (measured communication, each process group's,
-        checkpoints) counts from zero where ``older`` lacks it (the reporter's
+        checkpoints, the step sketch) counts from zero where ``older`` lacks it (the reporter's
         first report that carries it) and adds nothing where ``newer`` lacks it.
         """
         self.steps += newer.steps - older.steps
@@ -204,6 +217,10 @@ class Totals:
         for name, group in newer.comm_groups.items():
             self.comm_groups[name] = _group_added(
                 self.comm_groups.get(name), group, older.comm_groups.get(name))
+        if newer.step_sketch is not None:
+            if self.step_sketch is None:
+                self.step_sketch = StepSketch()
+            self.step_sketch.merge(sketch_increase(newer.step_sketch, older.step_sketch))
 
     def forget_group_positions(self) -> None:
         """Forget every group's ``seq`` and ``root`` (at a rank's counter reset: they
@@ -213,8 +230,8 @@ class Totals:
 
     def keep_optional_of(self, older: Totals) -> None:
         """Carry ``older``'s optional totals (communication, process groups and their
-        exposed seconds, checkpoints) over where this lacks them, so a reporter that
-        skips them in one report is not counted twice when they return."""
+        exposed seconds, checkpoints, the step sketch) over where this lacks them, so a
+        reporter that skips them in one report is not counted twice when they return."""
         if self.comm_seconds is None:
             self.comm_seconds = older.comm_seconds
         if self.comm_exposed_seconds is None:
@@ -225,6 +242,8 @@ class Totals:
             self.checkpoints = older.checkpoints
         if self.checkpoint_seconds is None:
             self.checkpoint_seconds = older.checkpoint_seconds
+        if self.step_sketch is None:
+            self.step_sketch = older.step_sketch
         for name, then in older.comm_groups.items():
             now = self.comm_groups.get(name)
             if now is None:
