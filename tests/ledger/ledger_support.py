@@ -1,15 +1,22 @@
-"""Helpers for the run ledger tests: a clock pair, run description and step lines."""
+"""Helpers for the run ledger tests: a clock pair, run description and step lines; real
+``torchrun`` jobs (``tests/ledger/rate_job.py``) and the truth each measured of itself."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+from testkit.daemon import free_port
 from trainmon.collectors.ledger import LedgerCollector
 from trainmon.collectors.training import TrainingCollector, TrainingConfig
 from trainmon.contract import STEP_BUCKET_COUNT
-from trainmon.ledger import RunRecord
+from trainmon.ledger import Ledger, LedgerError, RunRecord
 from trainmon.ledger.config import LedgerConfig
 from trainmon.ledger.holding import GpuHoldings
 from trainmon.ledger.recorder import RunRecorder
@@ -95,3 +102,97 @@ def make_recorder(clocks: Clocks, path: Path, *, holdings: GpuHoldings | None = 
 def only(records: list[RunRecord]) -> RunRecord:
     assert len(records) == 1, records
     return records[0]
+
+
+# -- real torchrun jobs ----------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+WORLD_SIZE = 2
+#: Variables of an outer launcher that must not reach the job's ranks.
+LAUNCHER_PREFIXES = ("TORCHELASTIC_", "SLURM_", "OMPI_", "PMI_", "TRAINMON_")
+LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                      "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class Truth:
+    """What the job measured of itself, over its ranks."""
+
+    run: str
+    #: Samples of every rank.
+    samples: int
+    #: Steps of every rank.
+    steps: int
+    #: Rank 0's loop, from its start to its last step's end (s).
+    loop_seconds: float
+    #: Unix time just before the first reporter was made, just after the last was closed.
+    started: float
+    ended: float
+    #: Every step's duration on every rank (s).
+    step_seconds: tuple[float, ...]
+
+    @property
+    def samples_per_second(self) -> float:
+        """The job's own count: its samples over its loop's elapsed time."""
+        return self.samples / self.loop_seconds
+
+
+def launch(seconds: float, results: Path, endpoint: str, job: str) -> subprocess.Popen[bytes]:
+    """``torchrun --nproc-per-node 2 -m tests.ledger.rate_job SECONDS RESULTS``, reporting
+    to ``endpoint`` as job ``job``; its output in ``RESULTS/torchrun.log``."""
+    results.mkdir(parents=True, exist_ok=True)
+    environ = {name: value for name, value in os.environ.items()
+               if not name.startswith(LAUNCHER_PREFIXES) and name not in LAUNCHER_VARIABLES}
+    environ.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", TRAINMON_ENDPOINT=endpoint,
+                   TRAINMON_JOB=job, PYTHONPATH=os.pathsep.join(
+                       [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    with (results / "torchrun.log").open("wb") as log:  # the child keeps its own descriptor
+        return subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+             str(WORLD_SIZE), "--master-port", str(free_port()), "-m", "tests.ledger.rate_job",
+             str(seconds), str(results)],
+            env=environ, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+
+
+def finish(process: subprocess.Popen[bytes], results: Path, timeout: float) -> Truth:
+    """Wait for the job (killed past ``timeout`` seconds); it must exit 0. Its truth."""
+    try:
+        returncode = process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        raise AssertionError(f"the job ran past {timeout} s:\n{log_tail(results)}") from None
+    assert returncode == 0, log_tail(results)
+    ranks = [json.loads((results / f"{rank}.json").read_text()) for rank in range(WORLD_SIZE)]
+    assert len({rank["run"] for rank in ranks}) == 1, ranks
+    assert len({rank["steps"] for rank in ranks}) == 1, ranks  # DDP: the same steps
+    return Truth(run=ranks[0]["run"], samples=sum(rank["samples"] for rank in ranks),
+                 steps=sum(rank["steps"] for rank in ranks),
+                 loop_seconds=ranks[0]["loop_seconds"],
+                 started=min(rank["started"] for rank in ranks),
+                 ended=max(rank["ended"] for rank in ranks),
+                 step_seconds=tuple(duration for rank in ranks
+                                    for duration in rank["step_seconds"]))
+
+
+def log_tail(results: Path) -> str:
+    path = results / "torchrun.log"
+    return path.read_text(errors="replace")[-4000:] if path.exists() else "(no log)"
+
+
+def wait_for_record(path: Path, job: str, condition: Callable[[RunRecord], bool],
+                    timeout: float) -> list[RunRecord]:
+    """The records of ``job`` in the ledger at ``path`` (read as ``trainmon runs`` does,
+    without the writer's lock) once one meets ``condition``."""
+    deadline = time.monotonic() + timeout
+    records: list[RunRecord] = []
+    while time.monotonic() < deadline:
+        try:
+            with Ledger.open(path) as ledger:
+                records = ledger.runs(job=job)
+        except LedgerError:
+            records = []  # not made yet
+        if any(condition(record) for record in records):
+            return records
+        time.sleep(0.5)
+    raise AssertionError(f"no record of {job} as expected within {timeout} s: {records}")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from testkit.daemon import Daemon
-from tests.ledger.torchrun_support import WORLD_SIZE, finish, launch, wait_for_record
+from tests.ledger.ledger_support import WORLD_SIZE, finish, launch, wait_for_record
 
 pytestmark = pytest.mark.integration
 

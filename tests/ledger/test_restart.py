@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from testkit.daemon import Daemon, serve
-from tests.ledger.torchrun_support import WORLD_SIZE, finish, launch, wait_for_record
+from tests.ledger.ledger_support import WORLD_SIZE, finish, launch, wait_for_record
 
 pytestmark = pytest.mark.integration
 

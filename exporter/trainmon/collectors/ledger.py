@@ -106,7 +106,8 @@ class LedgerCollector(Collector):
         up = GaugeMetricFamily(
             "trainmon_ledger_up",
             "1 while the run ledger file is open and its last write succeeded; 0 when it "
-            "cannot be used (see /healthz: missing directory, read-only, foreign file).",
+            "cannot be used (see /healthz: missing directory, read-only, foreign file, "
+            "another daemon holding its writer lock).",
         )
         up.add_metric([], 1.0 if readings.up else 0.0)
         writes = _counter(
