@@ -70,7 +70,9 @@ def test_two_runs_are_measured_compared_and_finished(clocks: Clocks, tmp_path: P
     assert a.summary["data_wait_ratio"] == pytest.approx(0.25)
     assert a.summary["comm_exposed_ratio"] == pytest.approx(0.1)
     assert a.summary["phase_ratios"] == {"comm": pytest.approx(0.1)}
-    assert 0.05 < a.summary["step_seconds_p50"] <= 0.1  # type: ignore[operator]
+    # these reports carry no step sketch (an older client): no percentile, the exact mean
+    assert (a.summary["step_seconds_p50"], a.summary["step_seconds_p95"]) == (None, None)
+    assert a.summary["step_seconds_mean"] == pytest.approx(0.1)
     assert a.summary["duration_seconds"] == pytest.approx(50.0)
     cost = a.summary["cost"]
     assert isinstance(cost, dict)

@@ -43,9 +43,21 @@ modified: ``trainmon.ledger.schema``) is reported in ``health()`` and
 ``readings().up`` (the collector's ``trainmon_ledger_up`` 0, ``/healthz``
 state ``degraded``, with the error, also while the last write failed), logged
 (rate-limited), and tried again every ``REOPEN_SECONDS``; recording goes on
-in memory meanwhile. A daemon restarted during a run resumes its record
-(rates, verdicts, the last checkpoint and the data paths' storage from the
-stored state; counts again from the reporters' cumulative totals).
+in memory meanwhile. One daemon records into a file: the recorder takes the
+file's writer lock (``trainmon.ledger.files``, ``<ledger>.lock``) before it
+opens it and gives it back when it closes it; while another daemon holds it,
+the file counts as unusable as above, the holder named. A daemon restarted during
+a run resumes its record (rates, verdicts, start, the last checkpoint and the data
+paths' storage from the stored state; counts again from the reporters' cumulative
+totals). The runs the file holds as going on when it is opened wait for a reporter
+until ``RESUME_GRACE_SECONDS`` (``stall_seconds`` if shorter) have passed; the
+others, whose reporters vanished while the daemon was down, are then closed
+``lost`` at their last report (``RecordedRun.lost_while_away``).
+
+Boundaries and rates: ``trainmon.ledger.ending`` (start, end) and
+``trainmon.ledger.summary`` (samples/s and its windows); each tick adds each
+rank's steps since the previous one, spanning its last step time less their step
+seconds to its last step time, to its run (``RecordedRun.add_steps``).
 
 Owners: each run is recorded with the writer identity that owns its job in
 the training store (``ReportingRank.owner``, ``DescribingRank.owner``). A run
@@ -99,6 +111,7 @@ from trainmon.ledger.store import Ledger, RecordUpdate, WriteResult
 from trainmon.ledger.summary import Progress, RunTotals, verdict_gap
 from trainmon.logthrottle import LogThrottle
 from trainmon.paths import make_state_directory
+from trainmon.training.sketch import increase as sketch_increase
 from trainmon.training.stalls import SILENT_SECONDS, frame_text
 from trainmon.training.writers import LOCAL_WRITER, uid_writer
 
@@ -1116,7 +1129,8 @@ def _difference(now: StepTotals, before: StepTotals | None) -> Progress | None:
             steps=now.steps, samples=now.samples, step_seconds=now.step_seconds,
             data_wait_seconds=now.data_wait_seconds, step_buckets=list(now.step_buckets),
             phase_seconds=dict(now.phase_seconds), comm_exposed_seconds=now.comm_exposed_seconds,
-            checkpoints=now.checkpoints, group_exposed_seconds=_group_exposed(now, None))
+            checkpoints=now.checkpoints, group_exposed_seconds=_group_exposed(now, None),
+            step_sketch=None if now.step_sketch is None else now.step_sketch.copy())
     if not now.covers(before):
         return None
     exposed = None
@@ -1136,6 +1150,9 @@ def _difference(now: StepTotals, before: StepTotals | None) -> Progress | None:
         comm_exposed_seconds=exposed,
         checkpoints=checkpoints,
         group_exposed_seconds=_group_exposed(now, before),
+        # the steps since the previous tick, by duration (covers() checked the sketch too)
+        step_sketch=None if now.step_sketch is None
+        else sketch_increase(now.step_sketch, before.step_sketch),
     )
 
 

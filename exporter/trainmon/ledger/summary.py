@@ -30,9 +30,15 @@ exported totals). From those:
   run has three or more. At most ``MAX_BUCKETS`` windows are kept; beyond,
   neighbours are merged pairwise (length-weighted), which keeps the median
   meaningful over week-long runs.
-- **step_seconds_p50/p95**: from the step-time histogram's bucket increases
-  over the run, interpolated linearly within a bucket as PromQL's
-  ``histogram_quantile`` does (the upper finite bound in the +Inf bucket).
+- **step_seconds_p50/p95**: the median and 95th percentile of the durations of
+  every step of the run's ranks on this node, from the step sketch the client
+  keeps (``trainmon.training.sketch``, docs/protocol.md ``step_sketch``): the
+  increases of the ranks' sketches merged, each within
+  ``step_seconds_percentile_error`` (0.01: 1 %; 0.02 once the steps spread over
+  more than 256 buckets of 1 %) of the job's own order statistic. None where not
+  every step of the run is in the sketch (an older client's ranks): never a
+  histogram bucket's midpoint. **step_seconds_mean**: step seconds / steps, exact,
+  for every run with a step.
 - **data_wait_ratio**: data-wait seconds / step seconds over the run;
   **comm_exposed_ratio**: measured exposed-communication seconds / step
   seconds, else the ``comm`` phase's; **phase_ratios**: each phase's seconds
@@ -68,9 +74,12 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from trainmon.contract import STEP_BUCKET_COUNT, STEP_SECONDS_BOUNDS
+from trainmon.contract import STEP_BUCKET_COUNT
 from trainmon.ledger.goodput import BUCKETS, goodput_ratio
 from trainmon.training.report_fields import MAX_COMM_GROUPS
+from trainmon.training.sketch import MAX_LEVEL as MAX_SKETCH_LEVEL
+from trainmon.training.sketch import StepSketch, from_wire, relative_accuracy, to_wire
+from trainmon.training.sketch import quantile as sketch_quantile
 from trainmon.training.stalls import holding_rank
 
 #: Rate buckets kept per run before neighbours are merged.
@@ -98,6 +107,8 @@ class Progress:
     checkpoints: int | None = None
     #: Exposed communication per process group (parallelism dimension), where known.
     group_exposed_seconds: Mapping[str, float] = field(default_factory=dict)
+    #: The increase of the rank's step sketch; None where its client sends none.
+    step_sketch: StepSketch | None = None
 
 
 def verdict_gap(seconds: float) -> float:
@@ -142,6 +153,9 @@ class RunTotals:
     stalls: list[dict[str, object]] = field(default_factory=list)
     #: The run's exposed communication per process group (``dp``, ``tp``, ``pp``...).
     group_exposed_seconds: dict[str, float] = field(default_factory=dict)
+    #: The durations of the run's steps (``trainmon.training.sketch``), from its ranks'
+    #: sketches; None while none carries one (older clients).
+    step_sketch: StepSketch | None = None
 
     def resumed(self) -> RunTotals:
         """What a restarted daemon keeps of a stored run: the rate buckets, verdicts and
@@ -177,6 +191,10 @@ class RunTotals:
                     self.group_exposed_seconds) < MAX_COMM_GROUPS:
                 self.group_exposed_seconds[group] = (
                     self.group_exposed_seconds.get(group, 0.0) + seconds)
+        if progress.step_sketch is not None:
+            if self.step_sketch is None:
+                self.step_sketch = StepSketch()
+            self.step_sketch.merge(progress.step_sketch)
 
     def add_gpu_seconds(self, booked: Mapping[str, float]) -> None:
         """GPU-seconds a rank's booking just booked, per bucket."""
@@ -275,13 +293,19 @@ class RunTotals:
         comm = self.comm_exposed_seconds
         if comm is None:
             comm = self.phase_seconds.get(COMM_PHASE)
+        sketch = self.step_sketch
+        if sketch is not None and (self.steps <= 0 or sketch.total() != self.steps):
+            sketch = None  # not every step is in it: its percentiles would not be the run's
         return {
             "samples_per_second": self.samples / active if active else None,
             "active_seconds": active,
             "samples_per_second_median": percentile(rates, 0.5),
             "samples_per_second_p10": percentile(rates, 0.1),
-            "step_seconds_p50": histogram_quantile(0.5, self.step_buckets),
-            "step_seconds_p95": histogram_quantile(0.95, self.step_buckets),
+            "step_seconds_p50": None if sketch is None else sketch_quantile(sketch, 0.5),
+            "step_seconds_p95": None if sketch is None else sketch_quantile(sketch, 0.95),
+            "step_seconds_percentile_error": None if sketch is None
+            else relative_accuracy(sketch.level),
+            "step_seconds_mean": step / self.steps if self.steps else None,
             "data_wait_ratio": self.data_wait_seconds / step if step > 0 else None,
             "comm_exposed_ratio": comm / step if step > 0 and comm is not None else None,
             "comm_exposed_ratio_by_group": {
@@ -317,6 +341,8 @@ class RunTotals:
             "final_verdict": self.final_verdict, "checkpoints": self.checkpoints,
             "last_checkpoint": self.last_checkpoint, "gpu_seconds": self.gpu_seconds,
             "stalls": self.stalls, "group_exposed_seconds": self.group_exposed_seconds,
+            "step_sketch": None if self.step_sketch is None else {
+                "level": self.step_sketch.level, "counts": to_wire(self.step_sketch.counts)},
         }
 
     @classmethod
@@ -353,6 +379,8 @@ class RunTotals:
                 group_exposed_seconds={str(k): float(v) for k, v in list((
                     state.get("group_exposed_seconds") or {}).items()  # type: ignore[attr-defined]
                     )[:MAX_COMM_GROUPS]},
+                # absent from the states of older daemons
+                step_sketch=_sketch_or_none(state.get("step_sketch")),
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             return cls()
@@ -364,6 +392,20 @@ class RunTotals:
 def _number_or_none(value: object) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
         else None
+
+
+def _sketch_or_none(value: object) -> StepSketch | None:
+    """A saved step sketch, checked as the wire's (at most ``STEP_SKETCH_MAX_BUCKETS``
+    buckets); None where there is none or it does not parse."""
+    if not isinstance(value, Mapping):
+        return None
+    level = value.get("level")
+    if type(level) is not int or not 0 <= level <= MAX_SKETCH_LEVEL:
+        return None
+    try:
+        return StepSketch(from_wire(value.get("counts")), level)
+    except (ValueError, OverflowError):  # malformed, or over the bound
+        return None
 
 
 def _text_or_none(value: object) -> str | None:
@@ -385,25 +427,6 @@ def percentile(values: Sequence[float], q: float) -> float | None:
         middle = len(ordered) // 2
         return (ordered[middle - 1] + ordered[middle]) / 2
     return ordered[index]
-
-
-def histogram_quantile(q: float, counts: Sequence[int],
-                       bounds: Sequence[float] = STEP_SECONDS_BOUNDS) -> float | None:
-    """``histogram_quantile`` over per-bucket counts (the last one is +Inf); None if empty."""
-    total = sum(counts)
-    if total <= 0:
-        return None
-    rank = q * total
-    cumulative = 0
-    for index, count in enumerate(counts):
-        if cumulative + count >= rank and count > 0:
-            if index >= len(bounds):
-                return float(bounds[-1])
-            lower = 0.0 if index == 0 else float(bounds[index - 1])
-            upper = float(bounds[index])
-            return lower + (upper - lower) * (rank - cumulative) / count
-        cumulative += count
-    return float(bounds[-1])
 
 
 def _merge_pairs(buckets: list[tuple[float, float]]) -> list[tuple[float, float]]:
