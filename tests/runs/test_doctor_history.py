@@ -270,3 +270,28 @@ def english_sentences(text: str) -> list[str]:
     """Runs of four or more English words outside the commands a line names."""
     without_commands = re.sub(r"trainmon [a-z]+ [^；;\n]*", "", text)
     return re.findall(r"[A-Za-z]{2,}(?:[ ,]+[A-Za-z]{2,}){3,}", without_commands)
+
+
+@pytest.mark.parametrize("mode", ["demo", "real"])
+def test_the_demo_daemon_is_read_with_the_demos_own_ledger(tmp_path: Path, mode: str) -> None:
+    """``trainmon serve --demo`` keeps its runs apart: doctor reads them there when the
+    daemon it read says it is the demo, and only then."""
+    demo_ledger = history(tmp_path, [earlier("vit-1", 1000.0),
+                                     earlier("vit-2", 780.0, started=NOW - 3600 - 720)])
+
+    def answer(request: Request) -> Reply:
+        return Reply.text("# TYPE trainmon_build_info gauge\n"
+                          f'trainmon_build_info{{version="1",mode="{mode}"}} 1\n',
+                          "text/plain; version=0.0.4")
+
+    with LoopbackHTTPServer(answer) as server:
+        out, err = io.StringIO(), io.StringIO()
+        code = run_doctor(DoctorOptions(url=server.address, seconds=0.2, interval_seconds=0.1,
+                                        ledger=tmp_path / "absent.sqlite3",
+                                        demo_ledger=demo_ledger),
+                          DiagnosisConfig(), list, out, err=err, wall_clock=lambda: NOW)
+    if mode == "demo":
+        assert code == 0 and "vit: run vit-2 finished 12 min ago" in out.getvalue()
+        assert f"the daemon is the demo: reading its ledger {demo_ledger}" in err.getvalue()
+    else:
+        assert code == 2 and "vit" not in out.getvalue()

@@ -12,8 +12,14 @@ real daemon of the node keeps. The CLI logs both commands at start.
 At every start ``seed_history`` writes, through the ledger API, the record of
 each ``EARLIER_RUNS`` run the ledger lacks, so the history stays one copy
 however often the demo starts (each start adds its own runs, with new run
-ids). Each earlier run has the config, hence the ``config_hash``, of today's
-job, and differs from it in one thing, which made it faster:
+ids: per job a run that crashes on purpose and its restart,
+``trainmon.demo.jobs.runs_per_start``). A seeded run that ended more than
+``STALE_SECONDS`` before a start is dated again, to end 30 minutes before it:
+``trainmon doctor`` measures a run against the fastest comparable run of the
+last ``contract.THROUGHPUT_BEST_LOOKBACK_SECONDS`` too, so a demo started again
+after a week still shows its slowdown. Each earlier run has the config, hence
+the ``config_hash``, of today's job, its world size and ranks, and differs from
+it in one thing, which made it faster:
 
 - ``demo-healthy-baseline``: ``NCCL_ALGO=Ring`` where today's run sets
   ``Tree``; its gradient sync stayed hidden under compute (0.185 s steps,
@@ -24,7 +30,9 @@ job, and differs from it in one thing, which made it faster:
   slower).
 
 So ``trainmon compare demo-healthy-baseline <today's run>`` names the NCCL
-change and the slowdown, and, for a Prometheus that saw the earlier runs,
+change and the slowdown, ``trainmon doctor``'s "Run history" measures today's
+runs against them (the runs that crashed on purpose are not finished, so they
+are passed over), and, for a Prometheus that saw the earlier runs,
 ``TrainmonThroughputRegression`` pages for both jobs. Each record is what the
 recorder (``trainmon.ledger.recorder``) would have written: the description
 as the client describes a run (``RunDescriber``: the same versions, host and
@@ -44,6 +52,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainmon import contract
 from trainmon.client.reporter import CHECKPOINT_PHASE
 from trainmon.client.run import RunDescriber
 from trainmon.contract import STEP_BUCKET_COUNT, STEP_SECONDS_BOUNDS
@@ -68,6 +77,9 @@ PRICE_PER_GPU_HOUR = 2.5
 #: How long each earlier run ran, and how long before the first seeding it ended.
 EARLIER_RUN_SECONDS = 7200.0
 EARLIER_RUN_ENDED_BEFORE_SECONDS = 1800.0
+#: A seeded run that ended longer ago than this at a start is dated again (half the
+#: look-back of the fastest comparable run: it stays in it for days of a running demo).
+STALE_SECONDS = contract.THROUGHPUT_BEST_LOOKBACK_SECONDS / 2
 #: The recorder's tick (``collectors.ledger.flush_seconds``' default): one rate bucket.
 TICK_SECONDS = LedgerConfig().flush_seconds
 #: Tick-to-tick spread of the simulated step time (the ranks' ±10 % per phase, averaged
@@ -122,13 +134,16 @@ def seed_history(
     now: float,
     runs: Sequence[EarlierRun] = EARLIER_RUNS,
 ) -> list[RunRecord]:
-    """Write the record of each of ``runs`` that the ledger ``config.file`` lacks (making
-    the file when missing, in a folder that must exist); the records written, none when
-    every run is there. ``sys_root`` is the simulated node's ``/sys`` (the data paths'
-    storage); ``now`` (Unix seconds) dates the runs. ``LedgerError`` when the file cannot
-    be used."""
+    """Write the record of each of ``runs`` that the ledger ``config.file`` lacks, or holds
+    as ended more than ``STALE_SECONDS`` before ``now`` (making the file when missing, in
+    a folder that must exist); the records written, none when every run is there and
+    recent. ``sys_root`` is the simulated node's ``/sys`` (the data paths' storage);
+    ``now`` (Unix seconds) dates the runs. ``LedgerError`` when the file cannot be
+    used."""
     with Ledger.open(config.file, readonly=False) as ledger:
-        missing = [run for run in runs if not ledger.get(run.run, job=run.job.name)]
+        missing = [run for run in runs
+                   if not any(record.ended is not None and record.ended >= now - STALE_SECONDS
+                              for record in ledger.get(run.run, job=run.job.name))]
         updates = [_update(run, config, sys_root, now) for run in missing]
         if updates:
             ledger.write(updates)
@@ -147,7 +162,7 @@ def _update(earlier: EarlierRun, config: LedgerConfig, sys_root: Path,
     ).description()
     description = {key: described[key] for key in _DESCRIPTION_KEYS}
     description["data_paths"] = [_storage(path, sys_root) for path in job.data_paths]
-    totals = _totals(earlier)
+    totals = _totals(earlier, started, ended)
     record = RunRecord(
         job=job.name, run=earlier.run, node=config.node_name,
         config_hash=str(described["config_hash"]), started=started, ended=ended,
@@ -161,11 +176,13 @@ def _update(earlier: EarlierRun, config: LedgerConfig, sys_root: Path,
     return RecordUpdate(record, totals.to_state())
 
 
-def _totals(earlier: EarlierRun) -> RunTotals:
-    """The run's measurements as the recorder adds them up, tick by tick."""
+def _totals(earlier: EarlierRun, started: float, ended: float) -> RunTotals:
+    """The run's measurements as the recorder adds them up, tick by tick, its steps from
+    ``started`` to ``ended`` (Unix)."""
     job = earlier.job
     jitter = random.Random(earlier.run)
     totals = RunTotals()
+    totals.note_active(started, ended)
     for _ in range(int(EARLIER_RUN_SECONDS / TICK_SECONDS)):
         samples = 0
         for _rank in range(RANKS_PER_JOB):
@@ -184,7 +201,7 @@ def _totals(earlier: EarlierRun) -> RunTotals:
                 comm_exposed_seconds=comm,
             ))
             samples += steps * job.batch_size
-        totals.add_bucket(samples, TICK_SECONDS)
+        totals.add_window(samples / TICK_SECONDS, TICK_SECONDS)
         totals.add_verdict(earlier.verdict, TICK_SECONDS)
     totals.final_verdict = earlier.verdict
     return totals

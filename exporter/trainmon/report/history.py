@@ -31,7 +31,7 @@ from trainmon.report.messages import (
     kind_name,
 )
 
-#: Samples/s with a thin space between thousands, as ``trainmon runs`` writes them.
+#: A figure the ledger does not know.
 _UNKNOWN = "?"
 
 
@@ -227,8 +227,7 @@ def history_lines(history: History | None, lang: str) -> list[str]:
         head = history_text("run", lang, job=entry.job, run=entry.run.run,
                             rate=rate_text(entry.run.samples_per_second))
         line = f"   {head}{'，' if lang == 'zh' else ', '}{comparison_text(history, entry, lang)}"
-        commands = _commands(history, entry, with_runs=False)
-        if commands and entry.baseline is not None:
+        if entry.baseline is not None:
             line += separator + compare_command(history, entry, entry.baseline)
         lines.append(line)
         if (fastest := fastest_text(history, entry, lang)) is not None:
@@ -249,7 +248,8 @@ def recent_lines(history: History | None, lang: str) -> list[str]:
         lines.append("   " + history_text(
             key, lang, job=entry.job, run=run.run, rate=rate_text(run.samples_per_second),
             duration=duration_text(run.duration_seconds),
-            verdict=_UNKNOWN if run.verdict is None else kind_name(run.verdict, lang),
+            verdict=history_text("no_verdict", lang) if run.verdict is None
+            else history_text("verdict", lang, kind=kind_name(run.verdict, lang)),
             goodput=percent_text(run.goodput_ratio), **_ended_words(history, run, lang)))
         lines.append("      " + comparison_text(history, entry, lang))
         if (fastest := fastest_text(history, entry, lang)) is not None:

@@ -127,14 +127,16 @@ END_WORDS: Mapping[str, Pair] = {
 #: The run history of ``doctor`` (``report.history``): each job's run against its baseline.
 HISTORY: Mapping[str, Pair] = {
     "run": ("{job}: run {run} at {rate} samples/s", "{job}：运行 {run}，{rate} samples/s"),
-    "run_ended": ("{job}: run {run} {end} {ago} after {duration}: {rate} samples/s, verdict "
+    "run_ended": ("{job}: run {run} {end} {ago} after {duration}: {rate} samples/s, "
                   "{verdict}, goodput {goodput}",
                   "{job}：运行 {run} 于 {ago}{end}，运行了 {duration}：{rate} samples/s，"
-                  "结论 {verdict}，有效训练 {goodput}"),
-    "run_running": ("{job}: run {run} {end}, last updated {ago}: {rate} samples/s, verdict "
+                  "{verdict}，有效训练 {goodput}"),
+    "run_running": ("{job}: run {run} {end}, last updated {ago}: {rate} samples/s, "
                     "{verdict}, goodput {goodput}",
                     "{job}：运行 {run} {end}，最近一次更新在 {ago}：{rate} samples/s，"
-                    "结论 {verdict}，有效训练 {goodput}"),
+                    "{verdict}，有效训练 {goodput}"),
+    "verdict": ("verdict {kind}", "结论 {kind}"),
+    "no_verdict": ("no verdict", "没有结论"),
     "compared": ("{change} compared with run {baseline} ({end} {ago}, same world size "
                  "{world_size} on {nodes} node{nodes_plural})",
                  "与运行 {baseline} 相比 {change}（{ago}{end}，同样的 world size {world_size}，"

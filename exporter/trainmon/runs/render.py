@@ -27,7 +27,7 @@ from trainmon.runs.compare import (
     storage_words,
 )
 from trainmon.runs.timespec import utc_text
-from trainmon.runs.view import RunView, number
+from trainmon.runs.view import RunView, number, samples_per_second
 from trainmon.terminal import one_line
 
 RUNS_HEADER = ("RUN", "JOB", "STARTED", "DURATION", "RANKS", "SAMPLES/S", "STEP P50", "VERDICT",
@@ -55,6 +55,16 @@ def seconds_text(value: float | None) -> str:
     if value is None:
         return "-"
     return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def step_text(summary: Mapping[str, Any]) -> str:
+    """The ``STEP P50`` column: the step time p50, else (a record without percentiles)
+    the mean step, marked ``mean``; ``-`` without either."""
+    p50 = number(summary.get("step_seconds_p50"))
+    if p50 is not None:
+        return seconds_text(p50)
+    mean = number(summary.get("step_seconds_mean"))
+    return "-" if mean is None else f"{seconds_text(mean)} mean"
 
 
 def top_verdict(summary: Mapping[str, Any]) -> str:
@@ -114,8 +124,8 @@ def render_runs(views: Sequence[RunView]) -> str:
             utc_text(view.started),
             duration_text(view.duration_seconds),
             coverage_text(view),
-            quantity(number(view.summary.get("samples_per_second_median"))),
-            seconds_text(number(view.summary.get("step_seconds_p50"))),
+            quantity(samples_per_second(view.summary)),
+            step_text(view.summary),
             top_verdict(view.summary),
             goodput_text(view.summary),
             largest_loss_text(view.summary),
