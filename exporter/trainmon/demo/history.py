@@ -39,8 +39,10 @@ as the client describes a run (``RunDescriber``: the same versions, host and
 git commit as today's), its data paths resolved on the simulated node's
 mounts, and the summary computed by the ledger's own math (``RunTotals``) from
 two hours of 10-second ticks of the job's simulated progress under a
-``compute`` verdict, at the configured price. It ended 30 minutes before the
-first start that seeded it.
+``compute`` verdict, its GPU time booked as the goodput ledger books it
+(productive, data wait, exposed communication, checkpoints), at the
+configured price. It ended 30 minutes before the start that seeded (or dated)
+it.
 """
 
 from __future__ import annotations
@@ -193,13 +195,18 @@ def _totals(earlier: EarlierRun, started: float, ended: float) -> RunTotals:
             buckets[bisect.bisect_left(STEP_SECONDS_BOUNDS, step)] = steps
             comm = steps * job.comm_seconds * factor
             checkpoint = job.checkpoint_seconds * TICK_SECONDS / CHECKPOINT_INTERVAL_SECONDS
+            data_wait = steps * job.data_wait_seconds * factor
             totals.add(Progress(
                 steps=steps, samples=steps * job.batch_size, step_seconds=steps * step,
-                data_wait_seconds=steps * job.data_wait_seconds * factor,
+                data_wait_seconds=data_wait,
                 step_buckets=buckets,
                 phase_seconds={COMM_PHASE: comm, CHECKPOINT_PHASE: checkpoint},
                 comm_exposed_seconds=comm,
             ))
+            # the goodput ledger's booking of the rank's tick (``trainmon.ledger.goodput``)
+            totals.add_gpu_seconds({
+                "productive": max(TICK_SECONDS - data_wait - comm - checkpoint, 0.0),
+                "data_wait": data_wait, "comm_exposed": comm, "checkpoint": checkpoint})
             samples += steps * job.batch_size
         totals.add_window(samples / TICK_SECONDS, TICK_SECONDS)
         totals.add_verdict(earlier.verdict, TICK_SECONDS)
