@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainmon.runs.prometheus import histogram_quantile, throughput_summary
+from trainmon.runs.prometheus import throughput_summary
 
 
 def series(values: list[tuple[float, float]], rank: str = "0",
@@ -37,14 +37,3 @@ def test_a_reset_interval_is_skipped_not_counted_negative() -> None:
 
 def test_no_samples_no_throughput() -> None:
     assert throughput_summary([], [])["samples_per_second_median"] is None
-
-
-def test_histogram_quantile_interpolates_like_promql() -> None:
-    buckets: dict[tuple[str, ...], float] = {("0.1",): 10.0, ("0.5",): 90.0, ("1",): 100.0, ("+Inf",): 100.0}
-    assert histogram_quantile(0.5, buckets) == pytest.approx(0.1 + 0.4 * (40 / 80))
-    assert histogram_quantile(0.95, buckets) == pytest.approx(0.5 + 0.5 * 0.5)
-    empty: dict[tuple[str, ...], float] = {("+Inf",): 0.0}
-    assert histogram_quantile(0.5, empty) is None
-    # a quantile in the +Inf bucket is the highest finite bound, never infinity
-    tail: dict[tuple[str, ...], float] = {("1",): 1.0, ("+Inf",): 5.0}
-    assert histogram_quantile(0.99, tail) == 1.0

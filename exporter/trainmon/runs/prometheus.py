@@ -17,8 +17,12 @@ a range query at a step of about a thousandth of the span):
   the idle time after a finished run distorts it), summed over the ranks, in
   buckets of ``max(30 s, span / 30)``; the median and p10 over the buckets in
   which any rank stepped;
-- step time p50/p95: the step-time histogram's bucket increases over the span,
-  interpolated within a bucket as ``histogram_quantile`` does;
+- step time: the mean step, Δ``trainmon_training_step_seconds_sum`` /
+  Δ``trainmon_training_step_seconds_count`` over the span (exact). No
+  percentiles: Prometheus holds the step-time histogram's buckets only, and a
+  quantile interpolated within a bucket is off by up to the bucket's width
+  (``step_seconds_p50``/``_p95`` are None; the node's ledger has them from the
+  ranks' step sketches);
 - data wait, exposed communication and each phase: Δseconds / Δstep seconds;
 - verdicts: seconds for which ``trainmon_bottleneck{job,kind}`` was 1;
 - end reason: each node's ``trainmon_training_run_end_timestamp_seconds{reason}``
@@ -354,11 +358,11 @@ class PrometheusSource:
         # measured exposed communication where ranks measure it, else the comm phase
         summary["comm_exposed_ratio"] = exposed.get((), phases.get("comm"))
         summary["phase_ratios"] = phases
-        buckets = _increase_by(self._range(
-            self._joined("trainmon_training_step_seconds_bucket", job, run, ", le"),
-            start, end), ("le",))
-        summary["step_seconds_p50"] = histogram_quantile(0.5, buckets)
-        summary["step_seconds_p95"] = histogram_quantile(0.95, buckets)
+        steps = sum(_increase_by(self._range(
+            self._joined("trainmon_training_step_seconds_count", job, run), start, end),
+            ()).values())
+        summary["step_seconds_p50"] = summary["step_seconds_p95"] = None
+        summary["step_seconds_mean"] = loop_seconds / steps if steps > 0 else None
         summary["verdicts"] = self._verdicts(job, run, start, end)
         return summary
 
@@ -476,24 +480,3 @@ def _quantile(values: Sequence[float], q: float) -> float | None:
     low = math.floor(position)
     high = min(low + 1, len(values) - 1)
     return values[low] + (values[high] - values[low]) * (position - low)
-
-
-def histogram_quantile(q: float, buckets: Mapping[tuple[str, ...], float]) -> float | None:
-    """Prometheus' ``histogram_quantile`` over cumulative ``le`` bucket counts."""
-    bounds = sorted(((float(key[0]), count) for key, count in buckets.items()),
-                    key=lambda item: item[0])
-    if not bounds or bounds[-1][1] <= 0:
-        return None
-    total = bounds[-1][1]
-    rank = q * total
-    previous_bound, previous_count = 0.0, 0.0
-    for bound, count in bounds:
-        if count >= rank:
-            if math.isinf(bound):
-                return previous_bound
-            if count == previous_count:
-                return bound
-            return previous_bound + (bound - previous_bound) * (
-                (rank - previous_count) / (count - previous_count))
-        previous_bound, previous_count = bound, count
-    return previous_bound
