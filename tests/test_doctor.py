@@ -462,11 +462,14 @@ def test_every_label_value_that_reaches_the_text_has_words_in_both_languages() -
 
 
 @pytest.mark.parametrize(("count", "en", "zh"), [
-    (1, "1 checkpoint", "共 1 次 checkpoint"), (4, "4 checkpoints", "共 4 次 checkpoint"),
-    (0, "0 checkpoints", "共 0 次 checkpoint")])
+    (1, "1 checkpoint over all its runs", "其所有运行共 1 次 checkpoint"),
+    (4, "4 checkpoints over all its runs", "其所有运行共 4 次 checkpoint"),
+    (0, "0 checkpoints over all its runs", "其所有运行共 0 次 checkpoint")])
 def test_counts_are_singular_for_one(count: int, en: str, zh: str) -> None:
-    assert (catalogue.count_text("checkpoints", count, "en"), catalogue.count_text("checkpoints", count, "zh")
-            ) == (en, zh)
+    assert (catalogue.history_text("checkpoints_all_runs", "en", count=count),
+            catalogue.history_text("checkpoints_all_runs", "zh", count=count)) == (en, zh)
+    assert catalogue.history_text("checkpoint_saves", "en", count=count, run="r") == (
+        f"{count} checkpoint save{'' if count == 1 else 's'} by its ranks in run r")
 
 
 def test_too_few_steps_for_a_verdict_is_singular_for_one_step() -> None:

@@ -207,13 +207,8 @@ WORDS: Mapping[str, Pair] = {
     "reclaim_at": ("reclaim scheduled at {at} (in {seconds:.0f} s)",
                    "计划回收时间 {at}（还剩 {seconds:.0f} 秒）"),
     "no_reclaim": ("no reclaim scheduled", "没有计划中的回收"),
-    "slower_run": ("samples/s {change} vs run {previous_run} ({started}); "
-                   "trainmon compare {previous_run} {run}",
-                   "samples/s 比上一次可比的运行 {previous_run}（{started}）{change}；"
-                   "对比：trainmon compare {previous_run} {run}"),
     "checkpoint_age": ("last checkpoint {age:.0f} s ago", "最近 checkpoint 在 {age:.0f} 秒前"),
     "took": ("took {seconds:.1f} s", "耗时 {seconds:.1f} 秒"),
-    "checkpoints": ("{count:.0f} checkpoint{count_plural}", "共 {count:.0f} 次 checkpoint"),
     "no_checkpoint": ("no checkpoint reported", "未上报 checkpoint"),
     "nfs_reads": ("{milliseconds:.1f} ms per READ", "每次 READ {milliseconds:.1f} 毫秒"),
     "numa_node": ("NUMA node", "NUMA 节点"),
@@ -734,11 +729,6 @@ def storage_name(storage: str, lang: str) -> str:
 
 def provider_name(provider: str, lang: str) -> str:
     return pick(PROVIDER_NAMES.get(provider, (provider, provider)), lang)
-
-
-def count_text(key: str, count: float, lang: str) -> str:
-    """``WORDS[key]`` for ``count`` things: ``1 checkpoint``, ``4 checkpoints``."""
-    return render(word(key, lang), _with_derived_values({"count": count}))
 
 
 def heading(key: str, lang: str, **values: object) -> str:
