@@ -253,6 +253,9 @@ def test_a_full_sketch_fits_in_a_few_kilobytes() -> None:
     ({"": 1}, "not a decimal integer"),
     ({"٣": 1}, "not a decimal integer"),  # int() takes other scripts' digits
     ({"9" * 5000: 1}, "not a decimal integer"),
+    ({"1,2": 1}, "not a decimal integer"),
+    ({"1": 1, "2,3": 1}, "not a decimal integer"),
+    ({"1": 1, "2": 1, "03": 1}, "not a decimal integer"),
     ({str(min_index() - 1): 1}, "outside"),
     ({str(max_index() + 1): 1}, "outside"),
     ({"5": -1}, "count of bucket 5"),

@@ -188,3 +188,30 @@ def test_the_store_keeps_each_ranks_cumulative_sketch(make_collector: Make) -> N
     assert kept() == StepSketch({-30: 8, -29: 8, -20: 3}, level=1)
     [rank] = collector.store.snapshot().ranks
     assert rank.totals.steps == 16 + 3
+
+
+def test_only_the_latest_reporters_of_a_rank_keep_their_sketch(make_collector: Make) -> None:
+    """Memory: a rank keeps the sketches of its two latest reporters. Two processes
+    claiming one rank still add up; a third one's return adds its whole sketch again,
+    so the rank's sketch no longer matches its steps (and its run shows no step
+    percentiles) instead of the store holding a sketch per remembered reporter."""
+    collector = make_collector()
+
+    def accept(fields: dict[str, object]) -> None:
+        response = collector.handle_push(push(body(fields)))
+        assert response.status == 200, response.payload
+
+    def totals() -> tuple[int, int]:
+        [rank] = collector.store.snapshot().ranks
+        assert rank.totals.step_sketch is not None
+        return rank.totals.steps, rank.totals.step_sketch.total()
+
+    accept(sketched(10, {"-60": 10}, reporter_id="first"))
+    accept(sketched(5, {"-50": 5}, reporter_id="second"))
+    accept(sketched(12, {"-60": 12}, reporter_id="first"))  # two alternate: still exact
+    assert totals() == (17, 17)
+    accept(sketched(3, {"-40": 3}, reporter_id="third"))  # "second" is the third latest
+    accept(sketched(13, {"-60": 13}, reporter_id="first"))
+    assert totals() == (21, 21)
+    accept(sketched(7, {"-50": 7}, reporter_id="second"))  # its sketch was let go
+    assert totals() == (23, 21 + 7)

@@ -39,6 +39,7 @@ its steps into a ``StepSketch``.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 
 from trainmon.contract import (
@@ -56,6 +57,9 @@ _INVERSE_LOG2_GAMMA = 1.0 / math.log2(GAMMA)
 MAX_COUNT = 2**53
 #: Longest index on the wire: a sign and four digits (``min_index(0)`` is -690).
 _MAX_INDEX_TEXT = 5
+#: Every index of a wire sketch, joined by commas: canonical decimal integers (no sign
+#: on 0, no leading zero) of at most four digits, checked in one pass.
+_INDEX_LIST = re.compile(r"(?:0|-?[1-9][0-9]{0,3})(?:,(?:0|-?[1-9][0-9]{0,3}))*")
 
 _ceil = math.ceil
 _log2 = math.log2
@@ -142,7 +146,13 @@ class StepSketch:
         self.level = 0
         self._inverse = _INVERSE_LOG2_GAMMA
         self._coarsen(min(max(level, 0), MAX_LEVEL))
-        if counts:
+        if not counts:
+            return
+        if (level == self.level and min(counts) >= min_index(level)
+                and max(counts) <= max_index(level) and min(counts.values()) > 0):
+            self.counts = dict(counts)  # a checked one (``from_wire``): nothing to move
+            self._bound()
+        else:
             self._add_counts(counts, level)
 
     def add(self, seconds: float) -> None:
@@ -178,13 +188,25 @@ class StepSketch:
             self._coarsen(level)
         own = self.counts
         lowest, highest = min_index(self.level), max_index(self.level)
-        for index, count in coarsened(counts, level, self.level).items():
-            if count > 0:
-                key = lowest if index < lowest else highest if index > highest else index
-                own[key] = own.get(key, 0) + count
-        while len(own) > STEP_SKETCH_MAX_BUCKETS and self.level < MAX_LEVEL:
+        if level < self.level:
+            counts = coarsened(counts, level, self.level)
+        if counts and (min(counts) < lowest or max(counts) > highest
+                       or min(counts.values()) <= 0):  # rare: moved to the ends one by one
+            moved: dict[int, int] = {}
+            for index, count in counts.items():
+                if count > 0:
+                    key = lowest if index < lowest else highest if index > highest else index
+                    moved[key] = moved.get(key, 0) + count
+            counts = moved
+        get = own.get
+        for index, count in counts.items():
+            own[index] = get(index, 0) + count
+        self._bound()
+
+    def _bound(self) -> None:
+        """Go up levels until at most ``STEP_SKETCH_MAX_BUCKETS`` buckets are held."""
+        while len(self.counts) > STEP_SKETCH_MAX_BUCKETS and self.level < MAX_LEVEL:
             self._coarsen(self.level + 1)
-            own = self.counts
 
     def _coarsen(self, level: int) -> None:
         if level > self.level:
@@ -209,8 +231,9 @@ def covers(newer: StepSketch, older: StepSketch) -> bool:
     if older.level > newer.level:
         return False
     counts = newer.counts
-    return all(counts.get(index, 0) >= count for index, count
-               in coarsened(older.counts, older.level, newer.level).items())
+    before = coarsened(older.counts, older.level, newer.level)
+    # only the buckets that differ can fall short (a set difference, in C)
+    return all(counts.get(index, 0) >= count for index, count in before.items() - counts.items())
 
 
 def increase(newer: StepSketch, older: StepSketch | None) -> StepSketch:
@@ -219,12 +242,11 @@ def increase(newer: StepSketch, older: StepSketch | None) -> StepSketch:
     if older is None or not older.counts:
         return newer.copy()
     before = coarsened(older.counts, older.level, newer.level)
-    grown = {}
-    for index, count in newer.counts.items():
-        added = count - before.get(index, 0)
-        if added > 0:
-            grown[index] = added
-    return StepSketch(grown, newer.level)
+    get = before.get
+    grown = {index: count - get(index, 0)  # the buckets that differ, found in C
+             for index, count in newer.counts.items() - before.items()}
+    return StepSketch({index: added for index, added in grown.items() if added > 0},
+                      newer.level)
 
 
 def quantile(sketch: StepSketch, q: float) -> float | None:
@@ -258,7 +280,18 @@ def from_wire(value: object, max_buckets: int = STEP_SKETCH_MAX_BUCKETS) -> dict
         raise ValueError("must be an object of bucket index to count")
     if len(value) > max_buckets:
         raise OverflowError(f"holds {len(value)} buckets, more than {max_buckets}")
+    if not value:
+        return {}
     lowest, highest = _WIRE_RANGE
+    # the usual sketch, checked in a few passes in C; anything odd is looked at key by key
+    keys, counts_sent = list(value), list(value.values())
+    joined = ",".join(keys) if set(map(type, keys)) == {str} else ""
+    if (_INDEX_LIST.fullmatch(joined) and joined.count(",") == len(keys) - 1
+            and set(map(type, counts_sent)) == {int}):
+        indices = list(map(int, keys))
+        if (lowest <= min(indices) and max(indices) <= highest and min(counts_sent) > 0
+                and max(counts_sent) <= MAX_COUNT):
+            return dict(zip(indices, counts_sent, strict=True))
     counts: dict[int, int] = {}
     for key, count in value.items():
         index = _index(key)

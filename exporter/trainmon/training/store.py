@@ -34,7 +34,9 @@ is on the push path and stays free of I/O.
 Memory is bounded by ``max_jobs`` jobs (reports and run descriptions alike),
 ``max_ranks_per_job`` ranks and as many descriptions per job,
 ``MAX_REPORTERS_PER_RANK`` remembered reporters, ``MAX_PHASES`` phases and
-``MAX_COMM_GROUPS`` process groups per rank (and per remembered reporter), and
+``MAX_COMM_GROUPS`` process groups per rank (and per remembered reporter), a step
+sketch of at most ``STEP_SKETCH_MAX_BUCKETS`` buckets per rank and for its
+``SKETCHED_REPORTERS`` latest reporters (about 15 KB each when full), and
 ``WINDOW_SLOTS`` window samples per rank. A rank (or a description)
 that is not refreshed for ``ttl_seconds`` is dropped with its series; a job
 goes with its last rank and description. Who may write to a job, and how the
@@ -84,6 +86,10 @@ from trainmon.training.writers import LOCAL_WRITER, ROOT_WRITER
 #: Reporters remembered per rank (more than one only when processes restart or
 #: several processes wrongly claim the same rank); the least recent is forgotten.
 MAX_REPORTERS_PER_RANK = 8
+#: Remembered reporters of a rank that keep their step sketch (the latest ones: a
+#: restarted process's predecessor never reports again); an older one that does
+#: adds its whole sketch again, so its run's ledger shows no step percentiles.
+SKETCHED_REPORTERS = 2
 #: The data-wait window keeps about this many samples per rank.
 WINDOW_SLOTS = 20
 #: Values of the ``reason`` label of ``trainmon_training_evicted_ranks_total``.
@@ -785,6 +791,9 @@ class TrainingStore:
         state.reporters.move_to_end(report.reporter_id)
         while len(state.reporters) > MAX_REPORTERS_PER_RANK:
             state.reporters.popitem(last=False)
+        if len(state.reporters) > SKETCHED_REPORTERS:
+            # the reporter just left behind gives up its sketch (memory: see the top)
+            list(state.reporters.values())[-SKETCHED_REPORTERS - 1].step_sketch = None
         steps_advanced = previous is None or new.steps > previous.steps
         stall = state.stall
         if stall is not None and (stall.reporter_id != report.reporter_id
