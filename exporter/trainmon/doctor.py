@@ -31,15 +31,21 @@ came from the daemon or the ledger goes through ``trainmon.terminal``.
 The report starts with the platform (instance, zone, spot state, a scheduled
 reclaim), then goes GPU → storage → network, the order an engineer checks, and
 gives each job's verdict with its evidence, its risk findings and the next
-action (``--lang en|zh``). When the node's run ledger (``--ledger``, default
-``collectors.ledger.path``) holds a previous comparable run (same job and config
-hash) that was faster by more than ``contract.THROUGHPUT_REGRESSION_RATIO``, a
-history line per job says so and names the ``trainmon compare`` to run
-(``trainmon.runs.regression``; JSON: ``previous_runs``). Exit codes: 0 nothing
-needs action, 1 a bottleneck was found (communication, storage or scheduling)
-or a critical or warning risk (status ``risk``: a spot reclaim, an overdue
-checkpoint...), 2 nothing could be measured (daemon unreachable, no GPU and no
-job, or jobs without enough steps yet).
+action (``--lang en|zh``). With the node's run ledger (``--ledger``, default
+``collectors.ledger.path``; the demo's own ledger, ``demo_ledger``, when the
+daemon read says it is ``trainmon serve --demo`` and no ledger is named), a
+"Run history" line per job measures its latest run against the previous
+comparable run (``trainmon.runs.baseline``: which and why, and whether it is
+slower by more than ``contract.THROUGHPUT_REGRESSION_RATIO``) and names the
+``trainmon compare`` to run; the run's checkpoint saves and goodput are that
+run's; once no job reports, the last run of each job that ended within a day
+is listed (``trainmon.runs.regression``; JSON: ``previous_runs``,
+``recent_runs``). Exit codes: 0 nothing needs action (or, status ``ended``,
+no GPU and no job now and the ledger shows how the recent jobs ended), 1 a
+bottleneck was found (communication, storage or scheduling) or a critical or
+warning risk (status ``risk``: a spot reclaim, an overdue checkpoint...), 2
+nothing could be measured (daemon unreachable, no GPU and no job and no
+recent run, or jobs without enough steps yet).
 """
 
 from __future__ import annotations

@@ -8,8 +8,15 @@ write everything down, compare with history when "training got slower").
 - ``view``: ``RunView``, one run as the commands show it, merged over the nodes
   that saw it, from the local ledger or from Prometheus;
 - ``compare``: the pure comparison of two ``RunView`` s → ``Comparison``
-  (changed keys, throughput, step time, phase shares, cost, the sentence);
+  (changed keys, throughput, step time, phase shares, goodput, cost, the
+  sentence);
+- ``commands``: the commands over a source, a run named by a unique prefix of
+  its id (``resolve_run``);
 - ``render``: the text of both commands (English);
+- ``baseline``: which earlier run a run is measured against (the previous
+  comparable run, finished preferred; the fastest of the alert's look-back);
+- ``regression``: ``doctor``'s run history and, after the job, the recent
+  jobs' last runs;
 - ``local``: the node's SQLite ledger as a source;
 - ``daemon``: the local daemon's ``GET /api/v1/runs`` as a source, and the
   default choice between it and the ledger file;
