@@ -136,6 +136,12 @@ class Truth:
         """The job's own count: its samples over its loop's elapsed time."""
         return self.samples / self.loop_seconds
 
+    def step_percentile(self, q: float) -> float:
+        """The ``q`` quantile of its steps' durations: the order statistic of rank
+        floor(q (n - 1)), what a sketch's quantile stands for."""
+        ordered = sorted(self.step_seconds)
+        return ordered[int(q * (len(ordered) - 1))]
+
 
 def launch(seconds: float, results: Path, endpoint: str, job: str) -> subprocess.Popen[bytes]:
     """``torchrun --nproc-per-node 2 -m tests.ledger.rate_job SECONDS RESULTS``, reporting

@@ -1,7 +1,8 @@
 """Acceptance: the run ledger measures real ``torchrun`` jobs as the jobs measure
 themselves (issue 36): samples/s within 2 % of the job's own count (its samples over
-its loop's elapsed time) and the duration within 1 s of the job's own (from just
-before its reporters were made to just after they were closed), for 20 s, 60 s and
+its loop's elapsed time), the duration within 1 s of the job's own (from just
+before its reporters were made to just after they were closed) and the step time's
+p50/p95 within 2 % of its own steps' durations, for 20 s, 60 s and
 3 min runs, under the daemon's default flush of 10 s, whose ticks fall anywhere in the
 run (``tests/ledger/rate_job.py``: 2 ranks, gloo on CPU, each step a 50 ms sleep for
 the GPU, a real MLP step and DDP's all-reduce)."""
@@ -46,6 +47,9 @@ def test_a_torchrun_jobs_rate_and_duration_are_its_own(
     assert summary["duration_seconds"] == pytest.approx(truth.ended - truth.started, abs=1.0)
     assert record.started == pytest.approx(truth.started, abs=1.0)
     assert record.ended == pytest.approx(truth.ended, abs=1.0)
+    # the step percentiles from the ranks' sketches (1 % relative error)
+    assert summary["step_seconds_p50"] == pytest.approx(truth.step_percentile(0.5), rel=0.02)
+    assert summary["step_seconds_p95"] == pytest.approx(truth.step_percentile(0.95), rel=0.02)
     # the spread stays around the job's rate (its windows, warm-up left out)
     assert summary["samples_per_second_median"] == pytest.approx(truth.samples_per_second,
                                                                  rel=0.05)
