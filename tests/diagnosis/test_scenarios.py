@@ -176,8 +176,11 @@ def test_doctor_cannot_measure_an_unreachable_daemon() -> None:
 def test_doctor_without_gpu_or_jobs_cannot_measure(tmp_path: Path) -> None:
     config = tmp_path / "trainmon.yml"
     config.write_text(json.dumps({"collectors": {"training": {"socket": str(tmp_path / "s")}}}))
+    # no NVML library there; a ledger without runs (the machine's could show recent jobs'
+    # last runs, which would be an answer: doctor after the job)
     result = doctor("--config", str(config), "--seconds", "1", "--json",
-                    env={"LD_LIBRARY_PATH": str(tmp_path)})  # no NVML library there
+                    "--ledger", str(tmp_path / "no-ledger.sqlite3"),
+                    env={"LD_LIBRARY_PATH": str(tmp_path)})
     assert result.returncode == 2, result.stdout + result.stderr
     assert "no GPU and no training job" in json.loads(result.stdout)["reason"]
 
