@@ -130,6 +130,20 @@ def test_a_multi_node_run_adds_up_its_nodes() -> None:
     assert (merged.ranks, merged.world_size, merged.partial) == (16, 8, False)
 
 
+def test_a_multi_node_run_keeps_its_exact_mean_step_and_no_averaged_percentile() -> None:
+    """The nodes' p50s averaged would be no percentile of the run's steps: left out; the
+    mean step weighted by the steps is the run's exact mean."""
+    merged = RunView.from_records([
+        record("r", node="n1", summary_=summary(steps=100, step_seconds_mean=0.2,
+                                                samples_per_second=500.0)),
+        record("r", node="n2", summary_=summary(steps=300, step_seconds_mean=0.4,
+                                                samples_per_second=250.0)),
+    ])
+    assert merged.summary["step_seconds_mean"] == pytest.approx(0.35)
+    assert merged.summary["step_seconds_p50"] is None
+    assert merged.summary["samples_per_second"] == 750.0
+
+
 def test_a_merged_run_ends_as_its_worst_node_and_keeps_its_latest_checkpoint() -> None:
     def last(time: float, path: str) -> dict[str, object]:
         return {"time": time, "duration_seconds": 1.0, "path": path, "mountpoint": "/",

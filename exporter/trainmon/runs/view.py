@@ -4,7 +4,8 @@ A run may have been seen by several nodes (a multi-node job): the local ledger
 holds one ``RunRecord`` per node that saw it, and Prometheus one
 ``trainmon_training_run_info`` series per node. ``RunView`` merges them:
 throughput and sample counts add up over the nodes (each node measured only its
-own ranks), step times and phase shares are weighted by each node's steps, the
+own ranks), the mean step and the phase shares are weighted by each node's steps
+(step percentiles cannot be merged from the nodes' and are left out), the
 description is the first node's (every rank of a run describes the same run;
 ``host`` differs and is kept as the node set), the end reason the worst of the
 nodes' (``trainmon.ledger.combined_end_reason``: crashed, preempted, lost,
@@ -33,9 +34,12 @@ from trainmon.training.protocol import redact_value
 #: ``summary`` keys that add up over nodes.
 ADDITIVE = ("samples_per_second", "samples_per_second_median", "samples_per_second_p10",
             "steps", "samples", "gpu_hours", "checkpoints")
-#: ``summary`` keys averaged over nodes, weighted by their steps.
-WEIGHTED = ("step_seconds_p50", "step_seconds_p95", "step_seconds_mean", "data_wait_ratio",
-            "comm_exposed_ratio")
+#: ``summary`` keys averaged over nodes, weighted by their steps (exact: a mean of
+#: means, or a share of step time, weighted by the steps).
+WEIGHTED = ("step_seconds_mean", "data_wait_ratio", "comm_exposed_ratio")
+#: ``summary`` keys no merge of nodes' figures can give (percentiles of steps the
+#: records do not hold): the merged run has none, and readers show the mean step.
+UNMERGEABLE = ("step_seconds_p50", "step_seconds_p95", "step_seconds_percentile_error")
 #: The run's samples/s, best first: the exact job-wide rate (samples over the run's
 #: active time), else the median of the rate buckets that older records carry.
 THROUGHPUT_KEYS = ("samples_per_second", "samples_per_second_median")
@@ -209,6 +213,8 @@ def merge_summaries(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         merged[key] = sum(known) if known else None
     weights = [number(summary.get("steps")) or 0.0 for summary in summaries]
     total_weight = sum(weights)
+    for key in UNMERGEABLE:
+        merged[key] = None
     for key in WEIGHTED:
         pairs = [(value, weight) for summary, weight in zip(summaries, weights, strict=True)
                  if (value := number(summary.get(key))) is not None]
