@@ -174,7 +174,8 @@ def test_figures_of_part_of_a_job_say_so_and_compare_per_rank(
     text = capsys.readouterr().out
     assert "samples/s per rank" in text
     assert ("ended: crashed; world size 16; ranks recorded 4 of 16; nodes gpu-node-1; final "
-            "verdict storage; 1 checkpoint, the last at /ckpt/step-100.pt (CFS/NFS))") in text
+            "verdict storage; 1 checkpoint save by its ranks, the last at /ckpt/step-100.pt "
+            "(CFS/NFS))") in text
     assert "ended: finished; world size 16; nodes gpu-node-1)" in text
 
 

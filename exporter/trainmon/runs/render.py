@@ -164,7 +164,8 @@ def _run_line(label: str, view: RunView) -> str:
         where = ""
         if isinstance(last, Mapping) and last.get("path"):
             where = f", the last at {last['path']} ({storage_words(last.get('storage'))})"
-        facts.append(count_text(int(checkpoints), "checkpoint") + where)
+        # the ledger counts each rank's save (a sharded checkpoint once per rank)
+        facts.append(count_text(int(checkpoints), "checkpoint save") + " by its ranks" + where)
     return (f"run {label}: {view.run} (job {view.job}, {view.config_hash}, started "
             f"{utc_text(view.started)}, {duration_text(view.duration_seconds)}, "
             f"{end_text(view)}; world size {world}{coverage}; nodes {nodes}"
