@@ -265,11 +265,11 @@ STEP_BUCKET_COUNT = len(STEP_SECONDS_BOUNDS) + 1
 #: the run ledger merge it. Every quantile it gives is within this share (0-1) of the
 #: exact one: a bucket spans a factor (1 + a) / (1 - a), 1.0202 for 1 %.
 STEP_SKETCH_RELATIVE_ACCURACY = 0.01
-#: The most non-empty buckets one sketch holds (a report, a rank, a run); past it an
-#: end bucket is collapsed into its neighbour (the end holding fewer steps), as
-#: DDSketch's collapsing stores do. 256 buckets span at least a factor of 167
-#: (1.0202^256) of step durations, so a job's steps rarely fill them; on the wire they
-#: take at most about 6 KiB of a report line (3 KiB with counts below a million).
+#: The most non-empty buckets one sketch holds (a report, a rank, a run). 256 buckets
+#: span at least a factor of 167 (1.0202^256) of step durations, so a job's steps
+#: rarely fill them; past it the sketch merges every pair of neighbouring buckets (a
+#: level up: 2 %, then 4 %, 8 %). On the wire they take at most about 6 KiB of a report
+#: line (3 KiB with counts below a million).
 STEP_SKETCH_MAX_BUCKETS = 256
 #: The step durations the sketch tells apart, seconds: a shorter step counts as
 #: ``STEP_SKETCH_MIN_SECONDS``, a longer one as ``STEP_SKETCH_MAX_SECONDS``.
