@@ -5,7 +5,9 @@ Alertmanager configuration at this sink (``BASE/<receiver>/<kind>``), so the
 trial shows which alert would page whom without contacting any real system.
 It understands the two payloads the shipped receivers send:
 
-- the Alertmanager webhook payload (``{"alerts": [...]}``), one line per alert;
+- the Alertmanager webhook payload (``{"alerts": [...]}``), one line per
+  notification: the labels its alerts share, then what tells each apart (a
+  training job's page lists its GPUs: ``gpu=0 rank=0; gpu=1 rank=1; …``);
 - WeCom application messages (``{"text": {"content": ...}}``), first line shown;
   WeCom's ``gettoken`` call is answered with a token so Alertmanager goes on.
 """
@@ -15,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -26,7 +28,7 @@ log = logging.getLogger(__name__)
 WECOM_OK = {"errcode": 0, "errmsg": "ok", "access_token": "trainmon-stack", "expires_in": 7200}
 MAX_BODY_BYTES = 1 << 20
 #: Labels worth a place on the one-line summary, in this order.
-SUMMARY_LABELS = ("job", "node", "instance", "gpu", "rank", "instance_id", "severity")
+SUMMARY_LABELS = ("job", "owner", "node", "instance", "gpu", "rank", "instance_id", "severity")
 
 
 def describe(path: str, body: bytes) -> list[str]:
@@ -40,7 +42,7 @@ def describe(path: str, body: bytes) -> list[str]:
         return []
     if isinstance(payload.get("alerts"), list):
         alerts = [alert for alert in payload["alerts"] if isinstance(alert, dict)]
-        return [_alert_line(receiver, alert) for alert in alerts]
+        return [_notification_line(receiver, payload, alerts)] if alerts else []
     text = payload.get("text")
     if isinstance(text, dict) and isinstance(text.get("content"), str):
         first = next((line for line in text["content"].splitlines() if line.strip()), "")
@@ -48,11 +50,28 @@ def describe(path: str, body: bytes) -> list[str]:
     return []
 
 
-def _alert_line(receiver: str, alert: Mapping[str, Any]) -> str:
-    labels = alert.get("labels") or {}
-    shown = ", ".join(f"{key}={labels[key]}" for key in SUMMARY_LABELS if key in labels)
-    status = str(alert.get("status", "?")).upper()
-    return f"{receiver}: {status} {labels.get('alertname', '?')} ({shown})"
+def _notification_line(
+    receiver: str, payload: Mapping[str, Any], alerts: Sequence[Mapping[str, Any]]
+) -> str:
+    """``pager/webhook: FIRING TrainmonGPUSawtooth (job=…, severity=critical)``, and
+    for several alerts ``: 4 alerts: gpu=0 rank=0; gpu=1 rank=1; …``."""
+    labels = [alert.get("labels") or {} for alert in alerts]
+    shared = {key: value for key, value in labels[0].items()
+              if all(other.get(key) == value for other in labels[1:])}
+    names = sorted({str(each.get("alertname", "?")) for each in labels})
+    status = str(payload.get("status") or alerts[0].get("status", "?")).upper()
+    line = f"{receiver}: {status} {', '.join(names)} ({_shown(shared, set())})"
+    if len(alerts) > 1:
+        line += f": {len(alerts)} alerts: " + "; ".join(
+            _shown(each, set(shared), separator=" ", keys=("alertname", *SUMMARY_LABELS))
+            for each in labels)
+    return line
+
+
+def _shown(labels: Mapping[str, Any], left_out: set[str], separator: str = ", ",
+           keys: tuple[str, ...] = SUMMARY_LABELS) -> str:
+    return separator.join(f"{key}={labels[key]}" for key in keys
+                          if key in labels and key not in left_out)
 
 
 class NotificationSink:

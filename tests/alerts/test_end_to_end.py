@@ -75,6 +75,16 @@ def test_sawtooth_gpus_page_and_steady_gpus_never_do(
         f"prometheus log:\n{prometheus.log()}\nalertmanager log:\n{alertmanager.log()}",
     )
 
+    # One page for the starved job, listing its four GPUs (Alertmanager groups a
+    # training job's alerts by alertname, job and owner), not one page per GPU.
+    sawtooth_pages = [
+        notification.body["alerts"] for notification in sink.received("/pager/")
+        if any(alert["labels"]["alertname"] == "TrainmonGPUSawtooth"
+               for alert in notification.body["alerts"])
+    ]
+    assert len(sawtooth_pages) == 1, sawtooth_pages
+    assert {alert["labels"]["gpu"] for alert in sawtooth_pages[0]} == SAWTOOTH_GPUS
+
     # Which training rank holds each GPU, as Prometheus sees it (empty if no
     # client reports): the page must name that job and rank.
     ranks = {
@@ -116,6 +126,11 @@ def test_sawtooth_gpus_page_and_steady_gpus_never_do(
     )
     message = next(text for text in wecom_messages() if "TrainmonGPUSawtooth" in text)
     assert "[FIRING:" in message and "Runbook: https://" in message
+    if ranks.keys() >= SAWTOOTH_GPUS:  # the job's page: its GPUs on one line
+        assert message.startswith("[FIRING:4] TrainmonGPUSawtooth · job demo-starved"), message
+        gpus = next(line for line in message.splitlines() if line.startswith("GPUs: "))
+        assert sorted(gpus.removeprefix("GPUs: ").split(", ")) == sorted(
+            f"{gpu} (rank {ranks[gpu]['rank']})" for gpu in SAWTOOTH_GPUS)
 
     # Steady GPUs never even went pending, although their series were there.
     steady = prometheus.query('trainmon_gpu_sawtooth_ratio{gpu=~"4|5|6|7"}')
