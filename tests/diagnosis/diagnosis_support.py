@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -33,7 +34,7 @@ from prometheus_client import CollectorRegistry as PrometheusRegistry
 from prometheus_client import generate_latest
 from prometheus_client.core import Metric
 
-from testkit.daemon import Daemon, trainmon_command
+from testkit.daemon import Daemon, free_port, trainmon_command
 from testkit.exposition import Labels, Scrape, labels, parse, scrape
 from trainmon.client import Reporter
 from trainmon.collectors.diagnosis import DiagnosisCollector
@@ -554,3 +555,37 @@ def healthy_job(node: Node, job: str = "llm", ranks: int = 4, first_gpu: int = 0
         gpu = str(first_gpu + index)
         node.ranks[(job, str(index))] = Rank(gpu=gpu, pid=str(5000 + first_gpu + index))
         node.gpus[gpu] = 0.95
+
+
+# -- the hang job (testkit/ddp_job.py hang) ------------------------------------------
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+#: The job name the hang job's ranks report.
+HANG_JOB = "hang"
+
+
+def start_hang_ranks(directory: Path, socket: str, release: Path, *options: str,
+                world_size: int = 2, endpoints: list[str] | None = None
+                ) -> list[subprocess.Popen[bytes]]:
+    """``testkit/ddp_job.py hang``'s ranks (job ``HANG_JOB``), reporting to ``socket`` (or each to its ``endpoints``)."""
+    env = {**os.environ, "WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port()), "GLOO_SOCKET_IFNAME": "lo",
+           "TRAINMON_ENDPOINT": f"unix://{socket}", "TRAINMON_JOB": HANG_JOB,
+           "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(
+               [str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    return [subprocess.Popen(
+        [sys.executable, "-m", "testkit.ddp_job", "hang", "--release", str(release),
+         *options],
+        cwd=REPO_ROOT, env={**env, "RANK": str(rank), **(
+            {} if endpoints is None else {"TRAINMON_ENDPOINT": endpoints[rank]})},
+        stdout=(directory / f"rank-{rank}.log").open("wb"), stderr=subprocess.STDOUT)
+        for rank in range(world_size)]
+
+
+def stop_hang_ranks(ranks: list[subprocess.Popen[bytes]], release: Path) -> None:
+    release.touch()
+    for process in ranks:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

@@ -12,54 +12,27 @@ in the dataset code, and show rank 0 waiting in the all-reduce, in the metrics a
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from testkit.daemon import Daemon, free_port, trainmon_command
+from testkit.daemon import Daemon, trainmon_command
 from testkit.exposition import Scrape, parse
 from testkit.prometheus import Prometheus, wait_until
 from tests.alerts.alerts_support.bundle import rules_path
+from tests.diagnosis.diagnosis_support import HANG_JOB as JOB
+from tests.diagnosis.diagnosis_support import start_hang_ranks as start_ranks
+from tests.diagnosis.diagnosis_support import stop_hang_ranks as stop
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-JOB = "hang"
 #: The acceptance's bound, from the stall to its finding.
 NAMED_WITHIN_SECONDS = 60.0
 END_DEADLINE_SECONDS = 120.0
 
 pytestmark = pytest.mark.integration
-
-
-def start_ranks(directory: Path, socket: str, release: Path, *options: str,
-                world_size: int = 2, endpoints: list[str] | None = None
-                ) -> list[subprocess.Popen[bytes]]:
-    """The hang job's ranks, reporting to ``socket`` (or each to its ``endpoints``)."""
-    env = {**os.environ, "WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(free_port()), "GLOO_SOCKET_IFNAME": "lo",
-           "TRAINMON_ENDPOINT": f"unix://{socket}", "TRAINMON_JOB": JOB,
-           "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(
-               [str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    return [subprocess.Popen(
-        [sys.executable, "-m", "testkit.ddp_job", "hang", "--release", str(release),
-         *options],
-        cwd=REPO_ROOT, env={**env, "RANK": str(rank), **(
-            {} if endpoints is None else {"TRAINMON_ENDPOINT": endpoints[rank]})},
-        stdout=(directory / f"rank-{rank}.log").open("wb"), stderr=subprocess.STDOUT)
-        for rank in range(world_size)]
-
-
-def stop(ranks: list[subprocess.Popen[bytes]], release: Path) -> None:
-    release.touch()
-    for process in ranks:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
 
 
 def hung_finding(scrape: Scrape) -> dict[str, str] | None:

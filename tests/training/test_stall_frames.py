@@ -23,7 +23,9 @@ import pytest
 
 from testkit.daemon import Daemon
 from testkit.exposition import parse
-from tests.diagnosis.test_hung_rank import JOB, start_ranks, stop
+from tests.diagnosis.diagnosis_support import HANG_JOB as JOB
+from tests.diagnosis.diagnosis_support import start_hang_ranks as start_ranks
+from tests.diagnosis.diagnosis_support import stop_hang_ranks as stop
 from trainmon.client import Reporter, watchdog
 from trainmon.client.watchdog import RankState, StallWatch
 from trainmon.contract import STEP_BUCKET_COUNT
