@@ -24,9 +24,14 @@ pytestmark = pytest.mark.integration
 FLUSH_SECONDS = 10.0
 
 
-@pytest.mark.parametrize("seconds", [20.0, 60.0, 180.0])
-def test_a_torchrun_jobs_rate_and_duration_are_its_own(
-        start_daemon: Callable[..., Daemon], tmp_path: Path, seconds: float) -> None:
+#: The runs' lengths: a short "change one thing" run, a minute, several minutes.
+RUN_SECONDS = (20.0, 60.0, 180.0)
+
+
+def test_torchrun_jobs_rates_and_durations_are_their_own(
+        start_daemon: Callable[..., Daemon], tmp_path: Path) -> None:
+    """The three jobs run at once on one daemon (their steps sleep for the GPU, so
+    together they take the longest one's time), each its own job name."""
     ledger = tmp_path / "ledger.sqlite3"
     with tempfile.TemporaryDirectory(prefix="tm-", dir="/tmp") as folder:
         socket = f"{folder}/steps.sock"  # short: a unix socket path has 107 bytes
@@ -34,22 +39,33 @@ def test_a_torchrun_jobs_rate_and_duration_are_its_own(
             "training": {"socket": socket},
             "ledger": {"path": str(ledger), "flush_seconds": FLUSH_SECONDS},
             "gpu": {"enabled": False}}})
-        job = f"rate-{seconds:.0f}s"
-        results = tmp_path / "results"
-        truth = finish(launch(seconds, results, f"unix://{socket}", job), results,
-                       timeout=seconds + 120)
-        [record] = wait_for_record(ledger, job, lambda record: record.end_reason is not None,
-                                   timeout=FLUSH_SECONDS + 20)
-    summary = record.summary
-    assert (record.run, record.end_reason, record.ranks) == (truth.run, "finished", WORLD_SIZE)
-    assert (summary["steps"], summary["samples"]) == (truth.steps, truth.samples)
-    assert summary["samples_per_second"] == pytest.approx(truth.samples_per_second, rel=0.02)
-    assert summary["duration_seconds"] == pytest.approx(truth.ended - truth.started, abs=1.0)
-    assert record.started == pytest.approx(truth.started, abs=1.0)
-    assert record.ended == pytest.approx(truth.ended, abs=1.0)
-    # the step percentiles from the ranks' sketches (1 % relative error)
-    assert summary["step_seconds_p50"] == pytest.approx(truth.step_percentile(0.5), rel=0.02)
-    assert summary["step_seconds_p95"] == pytest.approx(truth.step_percentile(0.95), rel=0.02)
-    # the spread stays around the job's rate (its windows, warm-up left out)
-    assert summary["samples_per_second_median"] == pytest.approx(truth.samples_per_second,
-                                                                 rel=0.05)
+        jobs = {seconds: (f"rate-{seconds:.0f}s", tmp_path / f"results-{seconds:.0f}s")
+                for seconds in RUN_SECONDS}
+        launched = {seconds: launch(seconds, results, f"unix://{socket}", job)
+                    for seconds, (job, results) in jobs.items()}
+        measured = {}
+        for seconds, process in launched.items():
+            job, results = jobs[seconds]
+            truth = finish(process, results, timeout=seconds + 120)
+            [record] = wait_for_record(ledger, job, lambda r: r.end_reason is not None,
+                                       timeout=FLUSH_SECONDS + 20)
+            measured[seconds] = (truth, record)
+    for seconds, (truth, record) in measured.items():
+        summary = record.summary
+        assert (record.run, record.end_reason, record.ranks) == (
+            truth.run, "finished", WORLD_SIZE), seconds
+        assert (summary["steps"], summary["samples"]) == (truth.steps, truth.samples), seconds
+        assert summary["samples_per_second"] == pytest.approx(
+            truth.samples_per_second, rel=0.02), seconds
+        assert summary["duration_seconds"] == pytest.approx(
+            truth.ended - truth.started, abs=1.0), seconds
+        assert record.started == pytest.approx(truth.started, abs=1.0), seconds
+        assert record.ended == pytest.approx(truth.ended, abs=1.0), seconds
+        # the step percentiles from the ranks' sketches (1 % relative error)
+        assert summary["step_seconds_p50"] == pytest.approx(
+            truth.step_percentile(0.5), rel=0.02), seconds
+        assert summary["step_seconds_p95"] == pytest.approx(
+            truth.step_percentile(0.95), rel=0.02), seconds
+        # the spread stays around the job's rate (its windows, warm-up left out)
+        assert summary["samples_per_second_median"] == pytest.approx(
+            truth.samples_per_second, rel=0.05), seconds
