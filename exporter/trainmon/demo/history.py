@@ -38,7 +38,8 @@ recorder (``trainmon.ledger.recorder``) would have written: the description
 as the client describes a run (``RunDescriber``: the same versions, host and
 git commit as today's), its data paths resolved on the simulated node's
 mounts, and the summary computed by the ledger's own math (``RunTotals``) from
-two hours of 10-second ticks of the job's simulated progress under a
+two hours of 10-second ticks of the job's simulated progress (its step sketch as
+the client sends it: exact percentiles) under a
 ``compute`` verdict, its GPU time booked as the goodput ledger books it
 (productive, data wait, exposed communication, checkpoints), at the
 configured price. It ended 30 minutes before the start that seeded (or dated)
@@ -69,6 +70,7 @@ from trainmon.ledger import Ledger, RecordUpdate, RunRecord
 from trainmon.ledger.config import LedgerConfig
 from trainmon.ledger.summary import COMM_PHASE, Progress, RunTotals
 from trainmon.node.mounts import classify, find_mount, parse_mountinfo
+from trainmon.training.sketch import StepSketch, index_of
 from trainmon.training.writers import LOCAL_WRITER
 
 #: The demo's ledger file, in the folder of the user's default ledger.
@@ -200,6 +202,7 @@ def _totals(earlier: EarlierRun, started: float, ended: float) -> RunTotals:
                 steps=steps, samples=steps * job.batch_size, step_seconds=steps * step,
                 data_wait_seconds=data_wait,
                 step_buckets=buckets,
+                step_sketch=StepSketch({index_of(step): steps}),
                 phase_seconds={COMM_PHASE: comm, CHECKPOINT_PHASE: checkpoint},
                 comm_exposed_seconds=comm,
             ))
