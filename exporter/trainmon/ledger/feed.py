@@ -68,6 +68,9 @@ class GroupSeen(Protocol):
 
     @property
     def exposed_seconds(self) -> float | None: ...
+    #: The lowest global rank in the group; None where the rank does not say.
+    @property
+    def root(self) -> int | None: ...
 
 
 class CheckpointSeen(Protocol):

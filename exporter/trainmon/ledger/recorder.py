@@ -57,7 +57,13 @@ others, whose reporters vanished while the daemon was down, are then closed
 Boundaries and rates: ``trainmon.ledger.ending`` (start, end) and
 ``trainmon.ledger.summary`` (samples/s and its windows); each tick adds each
 rank's steps since the previous one, spanning its last step time less their step
-seconds to its last step time, to its run (``RecordedRun.add_steps``).
+seconds to its last step time, to its run (``RecordedRun.add_steps``). Samples
+count once per data-parallel replica: the ranks of one tensor, pipeline or context
+parallel group (``SAMPLE_SHARING_GROUPS``) train on the same samples, and each counts
+them as it sees its batch; only the group's lowest rank (its ``root`` in the rank's
+``comm_groups``) adds them to the run (``shares_samples``). A rank that names no such
+group with its root (not instrumented, an older client, a group known by another name)
+counts its own.
 
 Owners: each run is recorded with the writer identity that owns its job in
 the training store (``ReportingRank.owner``, ``DescribingRank.owner``). A run
@@ -84,9 +90,10 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from trainmon.background import BackgroundThread
+from trainmon.contract import PIPELINE_GROUP
 from trainmon.ledger.config import LedgerConfig
 from trainmon.ledger.ending import (
     MAX_STARTUP_LOOKBACK_SECONDS,
@@ -119,6 +126,9 @@ log = logging.getLogger(__name__)
 
 #: Seconds between two attempts to open an unusable ledger.
 REOPEN_SECONDS = 30.0
+#: Process groups (``comm_groups`` names) whose ranks train on the same samples:
+#: tensor, pipeline and context parallel. The group's lowest rank counts them.
+SAMPLE_SHARING_GROUPS = ("tp", PIPELINE_GROUP, "cp")
 #: Seconds between two retention passes.
 PRUNE_SECONDS = 3600.0
 #: Seconds between two reclaims of the space deleted rows left (``Ledger.reclaim``).
@@ -517,6 +527,8 @@ class RunRecorder:
             if progress is None:
                 progress = _difference(view.totals, None)
             assert progress is not None
+            if progress.samples and shares_samples(view):
+                progress = replace(progress, samples=0)  # its group's root counts them
             run.totals.add(progress)
             self._book(run, view, descriptions.get((view.job, view.rank)),
                        None if previous is None else previous[1], first=first, wall=wall)
@@ -1154,6 +1166,17 @@ def _difference(now: StepTotals, before: StepTotals | None) -> Progress | None:
         step_sketch=None if now.step_sketch is None
         else sketch_increase(now.step_sketch, before.step_sketch),
     )
+
+
+def shares_samples(view: ReportingRank) -> bool:
+    """Whether ``view``'s samples are another rank's too, which counts them: the rank is
+    in a ``SAMPLE_SHARING_GROUPS`` group whose lowest rank is another."""
+    groups = view.totals.comm_groups
+    for name in SAMPLE_SHARING_GROUPS:
+        group = groups.get(name)
+        if group is not None and group.root is not None and group.root != view.rank:
+            return True
+    return False
 
 
 def _group_exposed(now: StepTotals, before: StepTotals | None) -> dict[str, float]:

@@ -6,9 +6,11 @@ node did since the previous tick (``Progress``: the increase of the rank's
 exported totals). From those:
 
 - **samples/s** (``samples_per_second``, the headline): the samples of the
-  run's ranks on this node over its *active time*, from the start of its
-  first step to the end of its last (``active_start``, ``active_end``: Unix
-  times). A rank's steps are contiguous (the client times each step from the
+  run's ranks on this node, once per data-parallel replica (the ranks of a
+  tensor, pipeline or context parallel group leave theirs to its lowest rank:
+  ``trainmon.ledger.recorder.shares_samples``), over its *active time*, from the
+  start of its first step to the end of its last (``active_start``,
+  ``active_end``: Unix times). A rank's steps are contiguous (the client times each step from the
   end of the previous one, the first from the start of its loop), so the
   steps a rank did since the previous tick span exactly ``[its last step time
   − their step seconds, its last step time]`` (``ReportingRank.last_step_time``,
