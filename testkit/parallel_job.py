@@ -77,7 +77,16 @@ Confounders (``--confounders eval,checkpoint,warmup,varlen``), healthy on every 
 ``DIR/rank-N.first-step`` and of its fault's start to ``DIR/rank-N.fault``.
 ``--result FILE``: the rank's truth as JSON, rewritten every ``TRUTH_EVERY_SECONDS``:
 steps, seconds in steps and in data wait (timed by the loop itself), the first-step and
-fault times. The loop ends after ``--steps`` steps or ``--max-seconds``; a rank whose
+fault times; for the hand-written loop also what the run ledger's rates are held to
+(``tests/ledger/test_parallel_rate_acceptance.py``, as ``tests/ledger/rate_job.py``
+measures them): its run id, its samples (the rows of its batches, what ``step()``
+counts of the tracked batch), its data-parallel replica (``shard`` of ``shards``: the
+ranks of one tensor-parallel group or pipeline read the same rows), the Unix times just
+before its reporter was made and just after it was closed (``started``, ``ended``), its
+loop's start (Unix, ``loop_started``) and elapsed time from its first step's start to its
+last step's end (``loop_seconds``, on ``time.perf_counter``) and each step's duration
+(``step_durations``: from the end of the previous step, the first from the start of the
+loop, what the client times; the first ``MAX_STEP_DURATIONS``). The loop ends after ``--steps`` steps or ``--max-seconds``; a rank whose
 peer died raises within ``--timeout``. As in ``testkit.ddp_job``, the models die with
 their function and the process group is destroyed after ``gc.collect()``.
 """
@@ -136,6 +145,8 @@ WIDEN = 1280
 HEALTHY_DEVICE_SECONDS = 0.25
 RELEASE_POLL_SECONDS = 0.1
 TRUTH_EVERY_SECONDS = 1.0
+#: Step durations a rank's truth keeps (the first ones): over an hour of healthy steps.
+MAX_STEP_DURATIONS = 16384
 
 
 def job_scenario(args: argparse.Namespace) -> Scenario:
@@ -188,7 +199,9 @@ class Truth:
         self.values: dict[str, Any] = {
             "rank": rank, "kind": args.kind, "fault": args.fault, "steps": 0,
             "step_seconds": 0.0, "data_wait_seconds": 0.0, "first_step_time": None,
-            "fault_time": None}
+            "fault_time": None, "run": None, "samples": 0, "shard": None, "shards": None,
+            "started": None, "ended": None, "loop_started": None, "loop_seconds": None,
+            "step_durations": []}
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._writer = threading.Thread(target=self._write_every, name="truth", daemon=True)
@@ -198,6 +211,16 @@ class Truth:
     def update(self, **values: Any) -> None:
         with self._lock:
             self.values.update(values)
+
+    def add_step(self, seconds: float, samples: int, loop_seconds: float) -> None:
+        """One more step of ``seconds`` and ``samples``; the loop has run
+        ``loop_seconds`` since its start."""
+        with self._lock:
+            self.values["samples"] += samples
+            self.values["loop_seconds"] = loop_seconds
+            durations = self.values["step_durations"]
+            if len(durations) < MAX_STEP_DURATIONS:
+                durations.append(seconds)
 
     def close(self) -> None:
         self._closed.set()
@@ -510,6 +533,8 @@ def run_loop(args: argparse.Namespace, rank: int, fault: Fault) -> dict[str, Any
     """The hand-written loop of the ``torch.distributed`` kinds."""
     from trainmon.client import Reporter
 
+    truth = fault.truth
+    truth.update(started=time.time())
     reporter = Reporter(interval_seconds=0.2)
     scenario = job_scenario(args)
     torch.manual_seed(0)
@@ -524,10 +549,12 @@ def run_loop(args: argparse.Namespace, rank: int, fault: Fault) -> dict[str, Any
                    torch.randint(0, CLASSES, (BATCH,), generator=generator))
                   for _ in range(eval_batches(scenario))]
     args.output.mkdir(parents=True, exist_ok=True)
-    truth = fault.truth
+    truth.update(run=reporter.run, shard=parallel.shard, shards=parallel.shards)
     held = threading.Lock()
     held.acquire()  # another thread's lock, never released (hang_lock)
     began = last = time.monotonic()
+    truth.update(loop_started=time.time())
+    loop_start = previous = time.perf_counter()  # the client's first step starts in track()
     for step, (features, labels) in enumerate(reporter.track(loader), start=1):
         parallel.pace.scale(pace_factor(args, step, len(labels)))
         parallel.train_step(features, labels)
@@ -546,6 +573,9 @@ def run_loop(args: argparse.Namespace, rank: int, fault: Fault) -> dict[str, Any
                 parallel.save(path)
                 time.sleep(args.checkpoint_seconds)  # the rest of the storage's write
         reporter.step()
+        step_end = time.perf_counter()
+        truth.add_step(step_end - previous, len(labels), step_end - loop_start)
+        previous = step_end
         fault.stepped()
         now = time.monotonic()
         truth.update(steps=step, data_wait_seconds=loader.waited,
@@ -558,6 +588,7 @@ def run_loop(args: argparse.Namespace, rank: int, fault: Fault) -> dict[str, Any
         if step >= args.steps or now - began > args.max_seconds:
             break
     reporter.close()
+    truth.update(ended=time.time())
     return truth.values
 
 

@@ -198,6 +198,16 @@ class RunningJob:
         """Whether every rank's process still runs (a stopped one counts as running)."""
         return bool(self._processes) and all(p.poll() is None for p in self._processes)
 
+    def wait(self, timeout: float) -> tuple[int | None, ...]:
+        """Wait at most ``timeout`` seconds in all for every rank to exit (a job of
+        ``--steps`` steps ends by itself); each rank's exit status, None for a rank
+        still running then."""
+        deadline = time.monotonic() + timeout
+        for process in self._processes:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(max(0.0, deadline - time.monotonic()))
+        return tuple(process.poll() for process in self._processes)
+
     def logs(self) -> str:
         """The end of each rank's log, with its exit status: for failure messages."""
         parts = []
@@ -210,8 +220,10 @@ class RunningJob:
 
     def truth(self) -> list[dict[str, Any]]:
         """Each rank's own account (``--result``; rewritten every second while it runs):
-        steps, seconds in steps and in data wait, first-step and fault times. An empty
-        dict for a rank that has written none yet."""
+        steps, seconds in steps and in data wait, first-step and fault times, and what the
+        run ledger's rates are held to (samples, data-parallel replica, reporter and loop
+        times, step durations: ``testkit.parallel_job``'s docstring). An empty dict for a
+        rank that has written none yet."""
         truths: list[dict[str, Any]] = []
         for rank in range(len(self._processes)):
             try:

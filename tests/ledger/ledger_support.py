@@ -1,5 +1,6 @@
 """Helpers for the run ledger tests: a clock pair, run description and step lines; real
-``torchrun`` jobs (``tests/ledger/rate_job.py``) and the truth each measured of itself."""
+``torchrun`` jobs (``tests/ledger/rate_job.py``) and the 2-D parallel jobs
+(``testkit.parallel_job``), and the truth each measured of itself."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from testkit.daemon import free_port
 from trainmon.collectors.ledger import LedgerCollector
@@ -119,11 +121,12 @@ class Truth:
     """What the job measured of itself, over its ranks."""
 
     run: str
-    #: Samples of every rank.
+    #: The job's samples: every rank's (DDP), once per data-parallel replica (2-D jobs).
     samples: int
     #: Steps of every rank.
     steps: int
-    #: Rank 0's loop, from its start to its last step's end (s).
+    #: Rank 0's loop, from its start to its last step's end (s); over every rank for the
+    #: 2-D jobs (``parallel_job_truth``).
     loop_seconds: float
     #: Unix time just before the first reporter was made, just after the last was closed.
     started: float
@@ -179,6 +182,33 @@ def finish(process: subprocess.Popen[bytes], results: Path, timeout: float) -> T
                  ended=max(rank["ended"] for rank in ranks),
                  step_seconds=tuple(duration for rank in ranks
                                     for duration in rank["step_seconds"]))
+
+
+def parallel_job_truth(ranks: Sequence[Mapping[str, Any]]) -> Truth:
+    """The truth of a ``testkit.parallel_job`` job from its ranks' ``--result`` files
+    (``RunningJob.truth()``): its samples counted once per data-parallel replica (the
+    ranks of one tensor-parallel group or pipeline read the same rows: each replica's
+    ranks must agree), its steps and step durations over every rank, and its loop from
+    the first rank's loop start to the last rank's last step's end."""
+    assert ranks and all(rank.get("ended") for rank in ranks), ranks
+    assert len({rank["run"] for rank in ranks}) == 1, [rank["run"] for rank in ranks]
+    assert all(len(rank["step_durations"]) == rank["steps"] for rank in ranks), \
+        "a rank kept fewer step durations than it stepped"
+    replicas: dict[int, set[int]] = {}
+    for rank in ranks:
+        replicas.setdefault(rank["shard"], set()).add(rank["samples"])
+    assert len(replicas) == ranks[0]["shards"], replicas
+    assert all(len(samples) == 1 for samples in replicas.values()), replicas
+    loop_start = min(rank["loop_started"] for rank in ranks)
+    loop_end = max(rank["loop_started"] + rank["loop_seconds"] for rank in ranks)
+    return Truth(run=ranks[0]["run"],
+                 samples=sum(samples for (samples,) in replicas.values()),
+                 steps=sum(rank["steps"] for rank in ranks),
+                 loop_seconds=loop_end - loop_start,
+                 started=min(rank["started"] for rank in ranks),
+                 ended=max(rank["ended"] for rank in ranks),
+                 step_seconds=tuple(duration for rank in ranks
+                                    for duration in rank["step_durations"]))
 
 
 def log_tail(results: Path) -> str:
