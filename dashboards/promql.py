@@ -59,11 +59,14 @@ CHECKPOINT_MAX_AGE = contract.CHECKPOINT_MAX_AGE_SECONDS
 #: the far socket (``TrainmonGPUProcessFarNUMA``).
 NUMA_LOCAL_MIN = contract.NUMA_LOCAL_RATIO_MIN
 #: Run ledger recording rules of alerts/source/common.yml (``trainmon-runs.rules``),
-#: labelled job, run, config_hash: each live run's samples/s per rank, the best earlier
-#: run of the same job and config (``best_run``), and the one over the other.
+#: labelled job, run, config_hash and the run's shape (world_size, nodes): each live
+#: run's samples/s per rank, the best earlier run of the same job, config and shape
+#: (``best_run``), and the one over the other.
 RUN_PER_RANK = "job_run:trainmon_training_samples_per_second_per_rank:rate10m"
 RUN_BEST_COMPARABLE = "job_config:trainmon_training_samples_per_second_per_rank:best7d"
 RUN_VS_BEST = "job_run:trainmon_training_throughput_vs_best:ratio"
+#: The labels two runs are comparable by (the rules' ``on (…)`` of the ratio).
+RUN_COMPARABLE_BY = "job, owner, config_hash, world_size, nodes"
 #: A run below this share of the best comparable run's throughput has regressed
 #: (``TrainmonThroughputRegression``: 1 − ``contract.THROUGHPUT_REGRESSION_RATIO``).
 THROUGHPUT_REGRESSION_KEEP = round(1 - contract.THROUGHPUT_REGRESSION_RATIO, 9)

@@ -304,11 +304,12 @@ def _runs_row(board: Board) -> None:
     board.add(stat_panel(
         "This run vs best comparable run", "percentunit",
         "Samples/s per rank of each live run of the job over those of the best earlier "
-        "run of the job with the same config_hash in the last 7 days (no longer running "
-        "anywhere), once the run has run 10 minutes "
+        "run of the job with the same config_hash, world size and node count in the last "
+        "7 days (no longer running anywhere), once the run has run 10 minutes "
         f"({promql.RUN_VS_BEST}). Good: about 100 %; below {keep:.0%} (red) for 15 minutes "
         "TrainmonThroughputRegression fires — run `trainmon compare <best run> <this run>`. "
-        "Empty for a first run, a changed config and the first 10 minutes of a run.",
+        "Empty for a first run, a changed config, another world size or node count and "
+        "the first 10 minutes of a run.",
         [Query(f'{promql.RUN_VS_BEST}{{{OWNED_JOB}}}', "{{run}} vs {{best_run}}",
                instant=True)],
         steps=(Step(None, "red"), Step(keep, "green")), show_name=True,
@@ -316,19 +317,22 @@ def _runs_row(board: Board) -> None:
     board.add(timeseries(
         "Samples/s per rank: this run vs best comparable run", "short",
         "Samples per second per rank of each run of the job over 10 minutes (its ranks on "
-        "every node; per rank, so that runs on different numbers of GPUs compare), and the "
-        "best such throughput of an earlier run with the same config_hash. Good: this "
-        "run's line at or above the dashed best; a run start marker above the chart names "
-        "the keys that changed since the previous run.",
+        "every node; per rank, so that runs on different numbers of GPUs sit side by "
+        "side), and the best such throughput of an earlier run with the same config_hash, "
+        "world size and node count. Good: this run's line at or above the dashed best; a "
+        "run start marker above the chart names the keys that changed since the previous "
+        "run.",
         [
-            Query(f'{promql.RUN_PER_RANK}{{{OWNED_JOB}}}', "run {{run}}"),
+            Query(f'{promql.RUN_PER_RANK}{{{OWNED_JOB}}}',
+                  "run {{run}} ({{world_size}} ranks, {{nodes}} nodes)"),
             Query(
                 f'{promql.RUN_BEST_COMPARABLE}{{{OWNED_JOB}}}'
-                f' and on (job, owner, config_hash) {promql.RUN_PER_RANK}{{{OWNED_JOB}}}',
-                "best earlier run {{best_run}} (same config)",
+                f' and on ({promql.RUN_COMPARABLE_BY}) {promql.RUN_PER_RANK}{{{OWNED_JOB}}}',
+                "best earlier run {{best_run}} (same config, {{world_size}} ranks, "
+                "{{nodes}} nodes)",
             ),
         ],
-        minimum=0,
+        minimum=0, dashed=("best earlier run .*",),
     ), width=12, height=7)
     board.add(stat_panel(
         "Cost per million samples", "none",

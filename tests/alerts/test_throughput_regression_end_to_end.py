@@ -109,6 +109,8 @@ def test_a_rerun_30_percent_slower_with_the_same_config_pages(
     labels = alert["metric"]
     assert (labels["job"], labels["run"], labels["best_run"]) == (JOB, "run-b", "run-a")
     assert labels["severity"] == "warning"
+    # both runs' shape: world size 1 (as the reporters say) on this one node
+    assert (labels["world_size"], labels["nodes"]) == ("1", "1")
     (config_hash,) = {sample["metric"]["config_hash"] for sample in
                       prometheus.query(f'trainmon_training_run_info{{job="{JOB}"}}')}
     assert labels["config_hash"] == config_hash
@@ -120,3 +122,4 @@ def test_a_rerun_30_percent_slower_with_the_same_config_pages(
                if rule["name"] == "TrainmonThroughputRegression"]
     (active,) = rule["alerts"]
     assert "trainmon compare run-a run-b" in active["annotations"]["description"]
+    assert "shape (1 rank on 1 node)" in active["annotations"]["description"]

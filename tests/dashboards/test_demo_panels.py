@@ -131,13 +131,16 @@ def _backfill(records: list[dict[str, Any]], until: float) -> str:
     """OpenMetrics text of BEST_1H for each earlier run, as the shipped rule records it:
     from SETTLE_SECONDS after its start until BEST_1H_SECONDS after its end (or ``until``).
     Its owner is the demo jobs' (they report over the socket as the daemon's user, this
-    test's): the earlier runs of the same jobs, which their runs are compared with."""
+    test's): the earlier runs of the same jobs, which their runs are compared with. Its
+    shape is the record's: its world size on its one node (the demo's only node)."""
     owner = uid_writer(os.geteuid())
     lines = [f"# TYPE {BEST_1H} gauge"]
     for record in records:
         per_rank = record["summary"]["samples_per_second_median"] / record["world_size"]
+        assert len(record["nodes"]) == 1, record
         labels = (f'config_hash="{record["config_hash"]}",job="{record["job"]}",'
-                  f'owner="{owner}",run="{record["run"]}"')
+                  f'nodes="1",owner="{owner}",run="{record["run"]}",'
+                  f'world_size="{record["world_size"]}"')
         at = record["started"] + SETTLE_SECONDS
         while at <= min(record["ended"] + BEST_1H_SECONDS, until):
             lines.append(f"{BEST_1H}{{{labels}}} {per_rank:.3f} {at:.3f}")
@@ -301,6 +304,8 @@ def test_the_demo_pages_for_the_slowdown_since_its_seeded_runs(
         labels = fired[record["job"]]
         assert (labels["best_run"], labels["config_hash"]) == (record["run"],
                                                                 record["config_hash"])
+        # today's run has the seeded run's shape: its world size, on the demo's one node
+        assert (labels["world_size"], labels["nodes"]) == (str(record["world_size"]), "1")
         assert labels["run"].startswith(f"{record['job']}-") and labels["run"] != record["run"]
         # today's run against the earlier one, per rank, as the simulation has them (a
         # loaded machine oversleeps and slows today's a little more)
