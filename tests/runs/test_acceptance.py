@@ -159,12 +159,23 @@ def test_two_runs_one_variable_changed_local_ledger_and_prometheus(
     assert remote["a"]["nodes"] == [f"127.0.0.1:{daemon.port}"]
     assert abs(remote["throughput"]["change_ratio"] - truth) <= TOLERANCE, (remote, measured)
     assert remote["unavailable"] == []
+    # Prometheus' exact rate: the samples over the steps' own time (their ends are the
+    # sender's), within the scrape interval's precision (steps before the run's first
+    # scrape and after its ranks' last are not counted) — as the ledger's, which compare
+    # then reads on both sides.
+    assert remote["throughput"]["key"] == local["throughput"]["key"] == "samples_per_second"
+    for label in ("a", "b"):
+        assert remote[label]["summary"]["samples_per_second"] == pytest.approx(
+            measured[label]["samples_per_second"], rel=0.03), (remote[label], measured)
     listed = trainmon("runs", "--json", "--prometheus", prometheus.url, "--job", JOB)
     assert [run["run"] for run in json.loads(listed.stdout)["runs"]][:2] == [
         "accept-b", "accept-a"]
     # how they ended, from the ledger's end series alone (the listing asks no daemon)
     assert [(run["end_reason"], run["ranks"]) for run in json.loads(listed.stdout)["runs"]][
         :2] == [("finished", 1), ("finished", 1)]
+    for run in json.loads(listed.stdout)["runs"][:2]:
+        assert run["summary"]["samples_per_second"] == pytest.approx(
+            measured[run["run"][-1]]["samples_per_second"], rel=0.03), (run, measured)
     assert (local["a"]["ranks"], local["a"]["world_size"]) == (1, 1)
     assert local["throughput"]["basis"] == remote["throughput"]["basis"] == "job"
 

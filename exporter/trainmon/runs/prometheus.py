@@ -11,11 +11,27 @@ What it measured, from the training counters of the same nodes restricted to
 the times the run was live there (``… and on(instance, job) run_info{run=…}``,
 a range query at a step of about a thousandth of the span):
 
-- samples/s: per rank, Δ``trainmon_training_samples_total`` /
-  Δ``trainmon_training_step_seconds_sum`` (samples per second of the rank's
-  training-loop time, both from the same report, so neither scrape timing nor
-  the idle time after a finished run distorts it), summed over the ranks, in
-  buckets of ``max(30 s, span / 30)``; the median and p10 over the buckets in
+- samples/s (``samples_per_second``, the headline, as the ledger's): on each
+  node, the samples of the run's ranks (the increase of
+  ``trainmon_training_samples_total`` over the intervals in which they stepped)
+  over their active time, from the start of the first step counted to the end of
+  the last; summed over the nodes, as ``compare`` adds the nodes' ledgers up. A
+  step's end is the rank's ``trainmon_training_last_step_timestamp_seconds`` (the
+  sender's clock) and its steps are contiguous, so the steps counted in an
+  interval between two points began at that end − their
+  Δ``trainmon_training_step_seconds_sum``: both ends are exact to the step,
+  whatever the scrape timing, and the idle time after a finished run does not
+  count. Its precision is the scrape interval's (the query step's, span / 1000,
+  for runs longer than about 4 h at 15 s): the steps a node did before
+  Prometheus first scraped the run there, and after it last scraped its ranks (a
+  finished run's ranks leave the exposition at once), are counted neither in the
+  samples nor in the time, so a run whose first interval was slower (warm-up)
+  reads up to that much faster than the ledger's figure, which counts from the
+  first step. None when a counted interval has no step end (not scraped);
+- samples/s spread (``samples_per_second_median``, ``_p10``): per rank,
+  Δ``trainmon_training_samples_total`` / Δ``trainmon_training_step_seconds_sum``
+  (samples per second of the rank's training-loop time), summed over the ranks,
+  in buckets of ``max(30 s, span / 30)``; the median and p10 over the buckets in
   which any rank stepped;
 - step time: the mean step, Δ``trainmon_training_step_seconds_sum`` /
   Δ``trainmon_training_step_seconds_count`` over the span (exact). No
@@ -156,8 +172,10 @@ class PrometheusSource:
 
         The series API lists every series that existed (however short); the
         first and last scrape come from a subquery at ``DISCOVERY_RESOLUTION_SECONDS``
-        for long runs, and from the raw samples for runs shorter than that or
-        when ``exact`` (``compare`` measures between exactly those scrapes).
+        for long runs, and from the raw samples for runs the subquery saw at fewer
+        than three of its points (it would date a 20 s run by one point, and measure
+        none of it) or when ``exact`` (``compare`` measures between exactly those
+        scrapes).
         """
         now = self.clock()
         start = since if since is not None else now - DEFAULT_LOOKBACK_SECONDS
@@ -179,7 +197,9 @@ class PrometheusSource:
                 key = self._key(series["metric"])
                 seen[key] = (first.get(key, float(series["value"][1])),
                              float(series["value"][1]))
-        for key in keys - seen.keys():
+        short = {key for key, (first_seen, last_seen) in seen.items()
+                 if last_seen - first_seen < 2 * DISCOVERY_RESOLUTION_SECONDS}
+        for key in (keys - seen.keys()) | short:
             instance, job_name, run_name, config_hash = key
             raw = self._api("query", {
                 "query": (f"trainmon_training_run_info{{instance={_quote(instance)},"
@@ -316,11 +336,12 @@ class PrometheusSource:
                                f"of run {placement.run}")
         return None, None, None, unavailable
 
-    def _joined(self, metric: str, job: str, run: str, by: str = "") -> str:
+    def _joined(self, metric: str, job: str, run: str, by: str = "",
+                aggregation: str = "sum") -> str:
         series = f"{metric}{{job={_quote(job)}}}"
         joined = (f"{series} and on(instance, job) "
                   f"trainmon_training_run_info{{job={_quote(job)},run={_quote(run)}}}")
-        return f"sum by (instance, rank{by}) ({joined})"
+        return f"{aggregation} by (instance, rank{by}) ({joined})"
 
     def _range(self, expr: str, start: float, end: float) -> list[dict[str, Any]]:
         step = max(1.0, math.ceil((end - start) / POINTS_PER_RUN))
@@ -333,8 +354,11 @@ class PrometheusSource:
                               start, end)
         loop = self._range(self._joined("trainmon_training_step_seconds_sum", job, run),
                            start, end)
+        # a time, not a quantity: never summed (two owners' jobs of one name on a node)
+        last_step = self._range(self._joined("trainmon_training_last_step_timestamp_seconds",
+                                             job, run, aggregation="max"), start, end)
         ranks = {(s["metric"].get("instance", ""), s["metric"].get("rank", "")) for s in samples}
-        return throughput_summary(samples, loop), len(ranks) or None
+        return throughput_summary(samples, loop, last_step), len(ranks) or None
 
     def _summary(self, summary: dict[str, Any], job: str, run: str, start: float, end: float
                  ) -> dict[str, Any]:
@@ -433,43 +457,74 @@ def _increase_by(result: Sequence[Mapping[str, Any]], by: tuple[str, ...]
     return totals
 
 
-def throughput_summary(samples: Sequence[Mapping[str, Any]], loop: Sequence[Mapping[str, Any]]
-                       ) -> dict[str, Any]:
-    """samples/s median and p10 over buckets, steps-time weighted per rank (module docstring)."""
+def throughput_summary(samples: Sequence[Mapping[str, Any]], loop: Sequence[Mapping[str, Any]],
+                       last_step: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """samples/s over the active time of each node, summed, and its median and p10 over
+    buckets, steps-time weighted per rank (module docstring). ``samples``, ``loop`` and
+    ``last_step``: range results of the ranks' samples, step seconds and last step end."""
     def rank_key(series: Mapping[str, Any]) -> tuple[str, str]:
         return series["metric"].get("instance", ""), series["metric"].get("rank", "")
 
     loop_by_rank = {rank_key(series): dict(_points(series)) for series in loop}
+    step_end_by_rank = {rank_key(series): dict(_points(series)) for series in last_step}
     times = sorted({t for series in samples for t, _ in _points(series)})
     if not times:
-        return {"samples_per_second_median": None, "samples_per_second_p10": None,
-                "samples": 0.0, "duration_seconds": None}
+        return {"samples_per_second": None, "samples_per_second_median": None,
+                "samples_per_second_p10": None, "samples": 0.0, "duration_seconds": None}
     width = max(MIN_BUCKET_SECONDS, (times[-1] - times[0]) / BUCKETS_PER_RUN)
     # per bucket and rank: [Δsamples, Δloop seconds] of the intervals ending in it
     per_bucket: dict[int, dict[tuple[str, str], list[float]]] = {}
+    # per node: its ranks' samples counted, the start of the first step counted, the end
+    # of the last (the sender's clock)
+    active: dict[str, _ActiveTime] = {}
+    timed = True
     total_samples = 0.0
     last_active: float | None = None
     for series in samples:
         key = rank_key(series)
         loop_points = loop_by_rank.get(key, {})
+        step_ends = step_end_by_rank.get(key, {})
         points = [(t, v, loop_points[t]) for t, v in _points(series) if t in loop_points]
         for (_, s0, l0), (t1, s1, l1) in itertools.pairwise(points):
             if s1 < s0 or l1 <= l0:
                 continue  # idle (no step), or a reset that makes the interval unmeasurable
             total_samples += s1 - s0
             last_active = t1 if last_active is None else max(last_active, t1)
+            step_end = step_ends.get(t1)
+            if step_end is None:
+                timed = False
+            else:
+                active.setdefault(key[0], _ActiveTime()).add(s1 - s0, step_end - (l1 - l0),
+                                                            step_end)
             sums = per_bucket.setdefault(int((t1 - times[0]) // width), {}).setdefault(
                 key, [0.0, 0.0])
             sums[0] += s1 - s0
             sums[1] += l1 - l0
     bucket_rates = sorted(sum(count / loop for count, loop in ranks.values() if loop > 0)
                           for ranks in per_bucket.values())
+    rates = [node.samples / (node.end - node.start) for node in active.values()
+             if node.end > node.start]
     return {
+        "samples_per_second": sum(rates) if timed and rates else None,
         "samples_per_second_median": _quantile(bucket_rates, 0.5),
         "samples_per_second_p10": _quantile(bucket_rates, 0.1),
         "samples": total_samples,
         "duration_seconds": None if last_active is None else last_active - times[0],
     }
+
+
+@dataclass
+class _ActiveTime:
+    """The samples a node's ranks did in the intervals counted, and the steps' span."""
+
+    samples: float = 0.0
+    start: float = math.inf
+    end: float = -math.inf
+
+    def add(self, samples: float, start: float, end: float) -> None:
+        self.samples += samples
+        self.start = min(self.start, start)
+        self.end = max(self.end, end)
 
 
 def _quantile(values: Sequence[float], q: float) -> float | None:
