@@ -1203,7 +1203,9 @@ def rule_cost_table(results: Sequence[SizeResult]) -> str:
             p50 = {}
             for e in r.engines:
                 seen = r.rule_durations.get(e, {}).get(rule, [])
-                row.append(_p50_max(seen))
+                counts = r.group_iterations.get(e, {}).get(rule.split("/", 1)[0])
+                ran = counts["run"] if counts and not math.isnan(counts["run"]) else 0.0
+                row.append(_p50_max(seen, ran))
                 p50[e] = statistics.median(seen) if seen else math.nan
             if set(ENGINES) <= set(r.engines):
                 row.append(_ratio(p50["victoriametrics"], p50["prometheus"]))

@@ -35,8 +35,11 @@ from testkit.daemon import READY_TIMEOUT_SECONDS, free_port, trainmon_command
 #: 2026-12-03: this VM measured the landed head (629e98b) at 33.1 MiB and this tree at
 #: 32.9 (RssAnon 21.4 → 20.8 MiB: ``bench.daemon_rss --compare``, the same run), 1.7 MiB
 #: above 2026-12-02's figures for the same code; the ceiling takes that spread (34.0)
-#: until the cause of the machine's drift is known.
-SERVE_RSS_CEILING_MIB = 34.0
+#: until the cause of the machine's drift is known. Later that day (issue 36) the same
+#: VM measured that code (b145e6e) at 33.8 MiB and the tree with the step sketch, the
+#: ledger's writer lock (fcntl) and its exact boundaries at 34.4-34.6 (difflib, for
+#: "did you mean", imported only for a broken file): 35.0.
+SERVE_RSS_CEILING_MIB = 35.0
 #: Scrapes of /metrics before the reading: every scrape-time allocation has been made.
 SCRAPES = 20
 #: Seconds between the last scrape and the reading (the last response written out).

@@ -49,7 +49,6 @@ of its section it most resembles (``difflib``)::
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import os
 import re
@@ -463,6 +462,8 @@ def _read_typed(
 
 def _unknown_key(key: str, known: list[str]) -> str:
     """The message of an unknown key: the known key it most resembles, or all of them."""
+    import difflib  # only for a broken file: the daemon's resident set stays without it
+
     close = difflib.get_close_matches(key, known, n=1)
     if close:
         return f"unknown key, did you mean {close[0]}?"

@@ -43,7 +43,7 @@ TEST_FILES = {
 
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [require(PROMTOOL), *args], capture_output=True, text=True, timeout=120
+        [require(PROMTOOL), *args], capture_output=True, text=True, timeout=240
     )
 
 

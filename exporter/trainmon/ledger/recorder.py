@@ -124,6 +124,10 @@ from trainmon.training.writers import LOCAL_WRITER, uid_writer
 
 log = logging.getLogger(__name__)
 
+#: The furthest before the report that carried them that new steps are taken to have
+#: ended (the client reports every second by default; a sender's clock far behind, or a
+#: made-up ``last_step_time``, would otherwise stretch its run's start and stall it).
+MAX_STEP_REPORT_LAG_SECONDS = 60.0
 #: Seconds between two attempts to open an unusable ledger.
 REOPEN_SECONDS = 30.0
 #: Process groups (``comm_groups`` names) whose ranks train on the same samples:
@@ -539,8 +543,8 @@ class RunRecorder:
             first_step = None
             if progress.steps > 0:
                 run.last_progress = wall
-                end = view.last_step_time if view.last_step_time is not None \
-                    else view.last_report_time
+                end = view.last_report_time if view.last_step_time is None else max(
+                    view.last_step_time, view.last_report_time - MAX_STEP_REPORT_LAG_SECONDS)
                 fresh = first or restarted
                 after = None if fresh else run.rank_last_step.get(view.rank)
                 # the client times its steps back to back: they began step_seconds before
