@@ -148,7 +148,7 @@ def test_the_run_sketch_is_saved_and_restored_bounded() -> None:
 # -- a real torchrun job against a real daemon -------------------------------------------
 
 WORLD_SIZE = 2
-SECONDS = 20.0
+SECONDS = 10.0
 #: Variables of an outer launcher that must not reach the job's ranks.
 LAUNCHER_PREFIXES = ("TORCHELASTIC_", "SLURM_", "OMPI_", "PMI_", "TRAINMON_")
 LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
