@@ -1,20 +1,23 @@
-"""Helpers for the run ledger tests: a clock pair, run description and step lines; real
-``torchrun`` jobs (``tests/ledger/rate_job.py``) and the 2-D parallel jobs
-(``testkit.parallel_job``), and the truth each measured of itself."""
+"""Helpers for the run ledger tests: a clock pair, run description and step lines; a
+daemon with a ledger, real ``torchrun`` jobs (``tests/ledger/rate_job.py``) and the 2-D
+parallel jobs (``testkit.parallel_job``), and the truth each measured of itself."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from testkit.daemon import free_port
+from testkit.daemon import Daemon, free_port
 from trainmon.collectors.ledger import LedgerCollector
 from trainmon.collectors.training import TrainingCollector, TrainingConfig
 from trainmon.contract import STEP_BUCKET_COUNT
@@ -140,15 +143,37 @@ class Truth:
         return self.samples / self.loop_seconds
 
     def step_percentile(self, q: float) -> float:
-        """The ``q`` quantile of its steps' durations: the order statistic of rank
-        floor(q (n - 1)), what a sketch's quantile stands for."""
-        ordered = sorted(self.step_seconds)
-        return ordered[int(q * (len(ordered) - 1))]
+        """The ``q`` quantile of its steps' durations (``order_statistic``)."""
+        return order_statistic(self.step_seconds, q)
 
 
-def launch(seconds: float, results: Path, endpoint: str, job: str) -> subprocess.Popen[bytes]:
+def order_statistic(durations: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of ``durations``: the order statistic of rank floor(q (n - 1)),
+    what a sketch's quantile stands for."""
+    ordered = sorted(durations)
+    return ordered[math.floor(q * (len(ordered) - 1))]
+
+
+@contextmanager
+def ledger_daemon(start_daemon: Callable[..., Daemon], ledger: Path,
+                  flush_seconds: float) -> Iterator[str]:
+    """A daemon (``start_daemon``, no GPU) keeping its run ledger at ``ledger``, flushed
+    every ``flush_seconds``: the endpoint of its training socket, in a short folder (a
+    unix socket path has 107 bytes) that lasts as long as the ``with``."""
+    with tempfile.TemporaryDirectory(prefix="tm-", dir="/tmp") as folder:
+        socket = f"{folder}/steps.sock"
+        start_daemon(config={"collectors": {
+            "training": {"socket": socket},
+            "ledger": {"path": str(ledger), "flush_seconds": flush_seconds},
+            "gpu": {"enabled": False}}})
+        yield f"unix://{socket}"
+
+
+def launch(seconds: float, results: Path, endpoint: str, job: str, *,
+           bimodal: bool = False) -> subprocess.Popen[bytes]:
     """``torchrun --nproc-per-node 2 -m tests.ledger.rate_job SECONDS RESULTS``, reporting
-    to ``endpoint`` as job ``job``; its output in ``RESULTS/torchrun.log``."""
+    to ``endpoint`` as job ``job``; its output in ``RESULTS/torchrun.log``. ``bimodal``:
+    fast and slow steps (``rate_job.py --bimodal``)."""
     results.mkdir(parents=True, exist_ok=True)
     environ = {name: value for name, value in os.environ.items()
                if not name.startswith(LAUNCHER_PREFIXES) and name not in LAUNCHER_VARIABLES}
@@ -159,7 +184,7 @@ def launch(seconds: float, results: Path, endpoint: str, job: str) -> subprocess
         return subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
              str(WORLD_SIZE), "--master-port", str(free_port()), "-m", "tests.ledger.rate_job",
-             str(seconds), str(results)],
+             str(seconds), str(results), *(["--bimodal"] if bimodal else [])],
             env=environ, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
 
 

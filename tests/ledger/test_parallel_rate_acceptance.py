@@ -35,7 +35,6 @@ since both read the clock at the end of each ``step()``.
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -43,7 +42,12 @@ import pytest
 
 from testkit.daemon import Daemon
 from testkit.parallel_launch import JobSpec, launch, world_size
-from tests.ledger.ledger_support import Truth, parallel_job_truth, wait_for_record
+from tests.ledger.ledger_support import (
+    Truth,
+    ledger_daemon,
+    parallel_job_truth,
+    wait_for_record,
+)
 from trainmon.ledger import RunRecord
 
 pytestmark = pytest.mark.integration
@@ -60,15 +64,10 @@ JOB_DEADLINE_SECONDS = 300.0
 def test_2d_jobs_rates_durations_and_step_times_are_their_own(
         start_daemon: Callable[..., Daemon], tmp_path: Path) -> None:
     ledger = tmp_path / "ledger.sqlite3"
-    with tempfile.TemporaryDirectory(prefix="tm-", dir="/tmp") as folder:
-        socket = f"{folder}/steps.sock"  # short: a unix socket path has 107 bytes
-        start_daemon(config={"collectors": {
-            "training": {"socket": socket},
-            "ledger": {"path": str(ledger), "flush_seconds": FLUSH_SECONDS},
-            "gpu": {"enabled": False}}})
+    with ledger_daemon(start_daemon, ledger, FLUSH_SECONDS) as endpoint:
         specs = [JobSpec(kind, job=f"rate-{kind}", extra_args=("--steps", str(steps)))
                  for kind, steps in STEPS.items()]
-        jobs = [launch(spec, f"unix://{socket}", tmp_path) for spec in specs]
+        jobs = [launch(spec, endpoint, tmp_path) for spec in specs]
         measured: dict[str, tuple[Truth, RunRecord]] = {}
         try:
             for job in jobs:

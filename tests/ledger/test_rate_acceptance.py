@@ -9,14 +9,19 @@ the GPU, a real MLP step and DDP's all-reduce)."""
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from testkit.daemon import Daemon
-from tests.ledger.ledger_support import WORLD_SIZE, finish, launch, wait_for_record
+from tests.ledger.ledger_support import (
+    WORLD_SIZE,
+    finish,
+    launch,
+    ledger_daemon,
+    wait_for_record,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -33,15 +38,10 @@ def test_torchrun_jobs_rates_and_durations_are_their_own(
     """The three jobs run at once on one daemon (their steps sleep for the GPU, so
     together they take the longest one's time), each its own job name."""
     ledger = tmp_path / "ledger.sqlite3"
-    with tempfile.TemporaryDirectory(prefix="tm-", dir="/tmp") as folder:
-        socket = f"{folder}/steps.sock"  # short: a unix socket path has 107 bytes
-        start_daemon(config={"collectors": {
-            "training": {"socket": socket},
-            "ledger": {"path": str(ledger), "flush_seconds": FLUSH_SECONDS},
-            "gpu": {"enabled": False}}})
+    with ledger_daemon(start_daemon, ledger, FLUSH_SECONDS) as endpoint:
         jobs = {seconds: (f"rate-{seconds:.0f}s", tmp_path / f"results-{seconds:.0f}s")
                 for seconds in RUN_SECONDS}
-        launched = {seconds: launch(seconds, results, f"unix://{socket}", job)
+        launched = {seconds: launch(seconds, results, endpoint, job)
                     for seconds, (job, results) in jobs.items()}
         measured = {}
         for seconds, process in launched.items():

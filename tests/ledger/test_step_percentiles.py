@@ -7,37 +7,34 @@ sketch survives the ledger's saved state, bounded."""
 from __future__ import annotations
 
 import json
-import math
-import os
 import statistics
-import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 
-from testkit.daemon import Daemon, free_port
-from tests.ledger.ledger_support import Clocks, make_recorder, only, send, step
+from testkit.daemon import Daemon
+from tests.ledger.ledger_support import (
+    Clocks,
+    finish,
+    launch,
+    ledger_daemon,
+    make_recorder,
+    only,
+    order_statistic,
+    send,
+    step,
+    wait_for_record,
+)
 from trainmon.contract import STEP_SKETCH_MAX_BUCKETS
-from trainmon.ledger import Ledger, LedgerError, RunRecord
+from trainmon.ledger import Ledger
 from trainmon.ledger.summary import Progress, RunTotals
 from trainmon.training.sketch import StepSketch, index_of, relative_accuracy, to_wire
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
 def clocks() -> Clocks:
     return Clocks()
-
-
-def order_statistic(durations: Sequence[float], q: float) -> float:
-    """What the sketch's quantile stands for: rank floor(q (n - 1)) of the sorted."""
-    ordered = sorted(durations)
-    return ordered[math.floor(q * (len(ordered) - 1))]
 
 
 def sketched(steps: int, durations: Sequence[float], **changes: object) -> dict[str, object]:
@@ -48,7 +45,7 @@ def sketched(steps: int, durations: Sequence[float], **changes: object) -> dict[
     assert len(durations) == steps
     return step(steps, seconds_per_step=sum(durations) / max(steps, 1),
                 step_sketch=to_wire(sketch.counts), step_sketch_level=sketch.level,
-                **changes)
+                **changes)  # type: ignore[arg-type]
 
 
 def test_a_runs_percentiles_are_its_ranks_steps(clocks: Clocks, tmp_path: Path) -> None:
@@ -147,50 +144,7 @@ def test_the_run_sketch_is_saved_and_restored_bounded() -> None:
 
 # -- a real torchrun job against a real daemon -------------------------------------------
 
-WORLD_SIZE = 2
 SECONDS = 10.0
-#: Variables of an outer launcher that must not reach the job's ranks.
-LAUNCHER_PREFIXES = ("TORCHELASTIC_", "SLURM_", "OMPI_", "PMI_", "TRAINMON_")
-LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                      "MASTER_ADDR", "MASTER_PORT")
-
-
-def run_job(results: Path, endpoint: str, job: str) -> tuple[str, list[float]]:
-    """``torchrun --nproc-per-node 2 -m tests.ledger.sketch_job``: its run id and every
-    step's duration on every rank, as the job measured them."""
-    results.mkdir()
-    environ = {name: value for name, value in os.environ.items()
-               if not name.startswith(LAUNCHER_PREFIXES) and name not in LAUNCHER_VARIABLES}
-    environ.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", TRAINMON_ENDPOINT=endpoint,
-                   TRAINMON_JOB=job, PYTHONPATH=os.pathsep.join(
-                       [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    log = results / "torchrun.log"
-    with log.open("wb") as output:
-        finished = subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
-             str(WORLD_SIZE), "--master-port", str(free_port()), "-m", "tests.ledger.sketch_job",
-             str(SECONDS), str(results)],
-            env=environ, cwd=REPO, stdout=output, stderr=subprocess.STDOUT,
-            timeout=SECONDS + 120, check=False)
-    assert finished.returncode == 0, log.read_text(errors="replace")[-4000:]
-    ranks = [json.loads((results / f"{rank}.json").read_text()) for rank in range(WORLD_SIZE)]
-    assert len({rank["run"] for rank in ranks}) == 1, ranks
-    return ranks[0]["run"], [seconds for rank in ranks for seconds in rank["step_seconds"]]
-
-
-def finished_record(path: Path, job: str, timeout: float) -> RunRecord:
-    """The one record of ``job`` in the ledger at ``path`` once it has ended."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with Ledger.open(path) as ledger:
-                records = ledger.runs(job=job)
-        except LedgerError:
-            records = []  # not made yet
-        if records and records[0].end_reason is not None:
-            return only(records)
-        time.sleep(0.5)
-    raise AssertionError(f"no ended record of {job} within {timeout} s")
 
 
 @pytest.mark.integration
@@ -201,24 +155,23 @@ def test_a_torchrun_jobs_step_percentiles_are_its_own(
     the job's 38.3 and 90.2 in a run on a loaded 2-core machine), where the step-time
     histogram interpolates within its buckets (25, 50] and (50, 100] ms."""
     ledger = tmp_path / "ledger.sqlite3"
-    with tempfile.TemporaryDirectory(prefix="tm-", dir="/tmp") as folder:
-        socket = f"{folder}/steps.sock"  # short: a unix socket path has 107 bytes
-        start_daemon(config={"collectors": {
-            "training": {"socket": socket},
-            "ledger": {"path": str(ledger), "flush_seconds": 1.0},
-            "gpu": {"enabled": False}}})
-        run, durations = run_job(tmp_path / "results", f"unix://{socket}", "sketch-job")
-        record = finished_record(ledger, "sketch-job", timeout=30.0)
+    results = tmp_path / "results"
+    with ledger_daemon(start_daemon, ledger, flush_seconds=1.0) as endpoint:
+        truth = finish(launch(SECONDS, results, endpoint, "sketch-job", bimodal=True),
+                       results, timeout=SECONDS + 120)
+        [record] = wait_for_record(ledger, "sketch-job", lambda r: r.end_reason is not None,
+                                   timeout=30.0)
     summary = record.summary
-    assert (record.run, record.end_reason, summary["steps"]) == (run, "finished",
-                                                                len(durations))
+    assert (record.run, record.end_reason, summary["steps"]) == (truth.run, "finished",
+                                                                truth.steps)
     p50, p95 = summary["step_seconds_p50"], summary["step_seconds_p95"]
     assert isinstance(p50, float) and isinstance(p95, float)
-    assert p50 == pytest.approx(order_statistic(durations, 0.5), rel=0.02)
-    assert p95 == pytest.approx(order_statistic(durations, 0.95), rel=0.02)
+    assert p50 == pytest.approx(truth.step_percentile(0.5), rel=0.02)
+    assert p95 == pytest.approx(truth.step_percentile(0.95), rel=0.02)
     # the same within 2 % whichever way the job would compute its own median
-    assert p50 == pytest.approx(statistics.median(durations), rel=0.02)
+    assert p50 == pytest.approx(statistics.median(truth.step_seconds), rel=0.02)
     assert summary["step_seconds_percentile_error"] == relative_accuracy(0)
-    assert summary["step_seconds_mean"] == pytest.approx(statistics.fmean(durations), rel=0.01)
+    assert summary["step_seconds_mean"] == pytest.approx(statistics.fmean(truth.step_seconds),
+                                                         rel=0.01)
     # two modes, far apart: one bucket of the sketch each, a histogram's apart
     assert index_of(p95) - index_of(p50) > 40
