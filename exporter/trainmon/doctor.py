@@ -230,9 +230,7 @@ def past_run(record: RunRecord) -> PastRun:
     loss = largest_loss(summary)
     checkpoints = number(summary.get("checkpoints"))
     return PastRun(
-        job=record.job, run=record.run, started=record.started, ended=record.ended,
-        end_reason=record.end_reason, updated=record.updated, world_size=record.world_size,
-        ranks=record.ranks, samples_per_second=rate(record),
+        record=record, samples_per_second=rate(record),
         verdict=None if verdict == "-" else verdict,
         goodput_ratio=number(summary.get("goodput_ratio")),
         largest_loss=None if loss is None else loss[0],

@@ -1,8 +1,8 @@
 """The run ledger in ``doctor``'s report: each job's run against its baseline.
 
 ``doctor`` reads the node's ledger (``trainmon.runs.regression``) and hands
-the report plain facts, defined here so that the report stays below the
-ledger's commands:
+the report its records with the figures the ledger's commands make of them
+(``PastRun``), defined here so that the report stays below those commands:
 
 - ``History.live``: for each job diagnosed now, its latest run and the run it
   is measured against (``trainmon.runs.baseline``: which, and why), with the
@@ -23,6 +23,7 @@ import math
 import shlex
 from dataclasses import dataclass
 
+from trainmon.ledger import RunRecord
 from trainmon.report.messages import (
     ago_text,
     end_word,
@@ -37,19 +38,10 @@ _UNKNOWN = "?"
 
 @dataclass(frozen=True)
 class PastRun:
-    """One run as the node's ledger recorded it (this node's ranks)."""
+    """One run as the node's ledger recorded it (this node's ranks), and the figures
+    ``trainmon runs`` shows of it."""
 
-    job: str
-    run: str
-    started: float
-    ended: float | None
-    #: ``trainmon.ledger.END_REASONS``; None while recorded as running.
-    end_reason: str | None
-    #: Unix time of the record's latest update.
-    updated: float
-    world_size: int | None
-    #: The ranks recorded on this node.
-    ranks: int
+    record: RunRecord
     samples_per_second: float | None
     #: The verdict the run held longest (as ``trainmon runs`` shows it); None: none.
     verdict: str | None = None
@@ -65,14 +57,16 @@ class PastRun:
     @property
     def nodes(self) -> int | None:
         """The nodes it spanned, with as many ranks on each as on this one."""
-        if self.world_size is None or self.ranks <= 0:
+        record = self.record
+        if record.world_size is None or record.ranks <= 0:
             return None
-        return math.ceil(self.world_size / self.ranks)
+        return math.ceil(record.world_size / record.ranks)
 
     def to_json(self) -> dict[str, object]:
-        return {"job": self.job, "run": self.run, "started": self.started,
-                "ended": self.ended, "end_reason": self.end_reason,
-                "world_size": self.world_size, "ranks": self.ranks,
+        record = self.record
+        return {"job": record.job, "run": record.run, "started": record.started,
+                "ended": record.ended, "end_reason": record.end_reason,
+                "world_size": record.world_size, "ranks": record.ranks,
                 "samples_per_second": self.samples_per_second, "verdict": self.verdict,
                 "goodput_ratio": self.goodput_ratio, "checkpoint_saves": self.checkpoint_saves}
 
@@ -96,7 +90,7 @@ class RunHistory:
 
     @property
     def job(self) -> str:
-        return self.run.job
+        return self.run.record.job
 
 
 @dataclass(frozen=True)
@@ -120,7 +114,7 @@ class History:
         """The run of ``job`` that goes on, as the ledger records it; None when its latest
         record has ended (the live run is not recorded yet) or there is none."""
         found = next((entry.run for entry in self.live if entry.job == job), None)
-        return found if found is not None and found.end_reason is None else None
+        return found if found is not None and found.record.end_reason is None else None
 
 
 def rate_text(value: float | None) -> str:
@@ -161,7 +155,8 @@ def duration_text(seconds: float | None) -> str:
 
 
 def compare_command(history: History, entry: RunHistory, against: PastRun) -> str:
-    return (f"trainmon compare {shlex.quote(against.run)} {shlex.quote(entry.run.run)} "
+    return (f"trainmon compare {shlex.quote(against.record.run)} "
+            f"{shlex.quote(entry.run.record.run)} "
             f"--ledger {shlex.quote(history.ledger)}")
 
 
@@ -171,13 +166,15 @@ def runs_command(history: History, entry: RunHistory) -> str:
 
 
 def _ended_words(history: History, run: PastRun, lang: str) -> dict[str, str]:
-    at = run.ended if run.ended is not None else run.updated
-    return {"end": end_word(run.end_reason, lang), "ago": ago_text(history.now - at, lang)}
+    record = run.record
+    at = record.ended if record.ended is not None else record.updated
+    return {"end": end_word(record.end_reason, lang), "ago": ago_text(history.now - at, lang)}
 
 
 def _nodes(run: PastRun) -> dict[str, object]:
     nodes = run.nodes
-    return {"world_size": _UNKNOWN if run.world_size is None else run.world_size,
+    world_size = run.record.world_size
+    return {"world_size": _UNKNOWN if world_size is None else world_size,
             "nodes": _UNKNOWN if nodes is None else nodes,
             "nodes_plural": "" if nodes == 1 else "s"}
 
@@ -189,7 +186,7 @@ def comparison_text(history: History, entry: RunHistory, lang: str) -> str:
     if baseline is None:
         return history_text("no_baseline", lang, **_nodes(entry.run))
     text = history_text("compared", lang, change=signed_percent(entry.change_ratio),
-                        baseline=baseline.run, **_ended_words(history, baseline, lang),
+                        baseline=baseline.record.run, **_ended_words(history, baseline, lang),
                         **_nodes(baseline))
     if not entry.baseline_finished:
         text += history_text("fallback", lang)
@@ -205,7 +202,7 @@ def fastest_text(history: History, entry: RunHistory, lang: str) -> str | None:
         return None
     return history_text(
         "fastest", lang, change=signed_percent(entry.fastest_change_ratio),
-        days=history.lookback_seconds / 86400, fastest=entry.fastest.run,
+        days=history.lookback_seconds / 86400, fastest=entry.fastest.record.run,
         **_ended_words(history, entry.fastest, lang))
 
 
@@ -224,7 +221,7 @@ def history_lines(history: History | None, lang: str) -> list[str]:
     separator = "；" if lang == "zh" else "; "
     lines = ["", heading("history", lang)]
     for entry in history.live:
-        head = history_text("run", lang, job=entry.job, run=entry.run.run,
+        head = history_text("run", lang, job=entry.job, run=entry.run.record.run,
                             rate=rate_text(entry.run.samples_per_second))
         line = f"   {head}{'，' if lang == 'zh' else ', '}{comparison_text(history, entry, lang)}"
         if entry.baseline is not None:
@@ -244,9 +241,10 @@ def recent_lines(history: History | None, lang: str) -> list[str]:
     lines = ["", heading("recent", lang, hours=history.recent_seconds / 3600)]
     for entry in history.ended:
         run = entry.run
-        key = "run_running" if run.end_reason is None else "run_ended"
+        key = "run_running" if run.record.end_reason is None else "run_ended"
         lines.append("   " + history_text(
-            key, lang, job=entry.job, run=run.run, rate=rate_text(run.samples_per_second),
+            key, lang, job=entry.job, run=run.record.run,
+            rate=rate_text(run.samples_per_second),
             duration=duration_text(run.duration_seconds),
             verdict=history_text("no_verdict", lang) if run.verdict is None
             else history_text("verdict", lang, kind=kind_name(run.verdict, lang)),
@@ -275,8 +273,8 @@ def history_json(history: History | None, entries: tuple[RunHistory, ...], lang:
         "fastest": None if entry.fastest is None else entry.fastest.to_json(),
         "fastest_change_ratio": None if entry.fastest_change_ratio is None
         else round(entry.fastest_change_ratio, 4),
-        "previous_run": None if entry.baseline is None else entry.baseline.run,
-        "previous_started": None if entry.baseline is None else entry.baseline.started,
+        "previous_run": None if entry.baseline is None else entry.baseline.record.run,
+        "previous_started": None if entry.baseline is None else entry.baseline.record.started,
         "commands": _commands(history, entry, with_runs=True),
         "text": comparison_text(history, entry, lang),
     } for entry in entries]

@@ -140,8 +140,8 @@ def goodput_line(goodput: JobGoodput | None, lang: str, run: PastRun | None = No
     if run is not None and run.goodput_ratio is not None:
         ratio = f"{run.goodput_ratio * 100:.0f} %"
         if run.largest_loss is None or run.largest_loss_share is None:
-            return f"      {heading('goodput_run_only', lang, ratio=ratio, run=run.run)}"
-        return "      " + heading("goodput_run", lang, ratio=ratio, run=run.run,
+            return f"      {heading('goodput_run_only', lang, ratio=ratio, run=run.record.run)}"
+        return "      " + heading("goodput_run", lang, ratio=ratio, run=run.record.run,
                                     loss=run.largest_loss,
                                     share=f"{run.largest_loss_share * 100:.0f} %")
     if goodput is None or goodput.ratio is None:
@@ -242,7 +242,7 @@ def _checkpoint_line(checkpoint: Checkpoint, lang: str, run: PastRun | None = No
             details.append(render(word("took", lang), {"seconds": state.last_duration_seconds}))
         if run is not None and run.checkpoint_saves is not None:
             details.append(history_text("checkpoint_saves", lang,
-                                        count=run.checkpoint_saves, run=run.run))
+                                        count=run.checkpoint_saves, run=run.record.run))
         elif state.checkpoints is not None:
             details.append(history_text("checkpoints_all_runs", lang,
                                         count=state.checkpoints))
