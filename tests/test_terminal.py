@@ -15,7 +15,7 @@ import pytest
 from testkit.daemon import trainmon_command
 from trainmon.ledger import RunRecord
 from trainmon.ledger.store import Ledger, RecordUpdate
-from trainmon.terminal import clean, escape_json, one_line
+from trainmon.terminal import clean, duration_text, escape_json, one_line
 
 #: What may never reach a terminal: C0 but newline and tab, DEL, C1, bidi controls.
 UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
@@ -47,6 +47,16 @@ def test_clean_removes_what_a_terminal_acts_on(raw: str, printed: str) -> None:
 
 def test_one_line_keeps_a_value_on_its_line() -> None:
     assert one_line("job\n[CRITICAL] forged\tline\x1b[2K") == "job [CRITICAL] forged line"
+
+
+@pytest.mark.parametrize("seconds, text", [
+    (0.4, "0s"), (-3.0, "0s"), (59.4, "59s"), (59.6, "1m00s"), (95.0, "1m35s"),
+    (3599.0, "59m59s"), (7260.0, "2h01m"), (86399.0, "23h59m"), (90000.0, "1d01h"),
+    (None, "?"),
+])
+def test_a_duration_reads_the_same_in_every_command(seconds: float | None, text: str) -> None:
+    """``trainmon runs``, ``compare`` and ``doctor``'s run history write it so."""
+    assert duration_text(seconds, unknown="?") == text
 
 
 def test_escape_json_keeps_the_data_and_escapes_the_rest() -> None:

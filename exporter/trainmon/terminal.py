@@ -20,6 +20,8 @@ a ledger or ``/proc`` goes through this module before it reaches a terminal:
   controls are already ``\\uXXXX``) with DEL, C1 controls, bidirectional
   controls and lone surrogates written as ``\\uXXXX`` too: the same document,
   nothing a terminal acts on.
+
+``duration_text`` is the one way the commands write a duration (``1m35s``).
 """
 
 from __future__ import annotations
@@ -54,6 +56,21 @@ def clean(text: str) -> str:
 def one_line(text: str) -> str:
     """``clean(text)`` with newlines and tabs as spaces: a value inside a line."""
     return _LINE_BREAKS.sub(" ", clean(text))
+
+
+def duration_text(seconds: float | None, *, unknown: str) -> str:
+    """``95`` → ``1m35s``, ``7260`` → ``2h01m``, ``90000`` → ``1d01h`` (rounded to the
+    second, never below ``0s``); ``unknown`` for None."""
+    if seconds is None:
+        return unknown
+    whole = max(0, round(seconds))
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
 
 
 def escape_json(text: str) -> str:

@@ -31,6 +31,7 @@ from trainmon.report.messages import (
     history_text,
     kind_name,
 )
+from trainmon.terminal import duration_text
 
 #: A figure the ledger does not know.
 _UNKNOWN = "?"
@@ -140,20 +141,6 @@ def percent_text(ratio: float | None) -> str:
     return _UNKNOWN if ratio is None else f"{ratio * 100:.0f} %"
 
 
-def duration_text(seconds: float | None) -> str:
-    """``95`` → ``1m35s``, ``7260`` → ``2h01m`` (``trainmon runs``' format)."""
-    if seconds is None:
-        return _UNKNOWN
-    whole = max(0, round(seconds))
-    if whole < 60:
-        return f"{whole}s"
-    if whole < 3600:
-        return f"{whole // 60}m{whole % 60:02d}s"
-    if whole < 86400:
-        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
-    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
-
-
 def compare_command(history: History, entry: RunHistory, against: PastRun) -> str:
     return (f"trainmon compare {shlex.quote(against.record.run)} "
             f"{shlex.quote(entry.run.record.run)} "
@@ -245,7 +232,7 @@ def recent_lines(history: History | None, lang: str) -> list[str]:
         lines.append("   " + history_text(
             key, lang, job=entry.job, run=run.record.run,
             rate=rate_text(run.samples_per_second),
-            duration=duration_text(run.duration_seconds),
+            duration=duration_text(run.duration_seconds, unknown=_UNKNOWN),
             verdict=history_text("no_verdict", lang) if run.verdict is None
             else history_text("verdict", lang, kind=kind_name(run.verdict, lang)),
             goodput=percent_text(run.goodput_ratio), **_ended_words(history, run, lang)))

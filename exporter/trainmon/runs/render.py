@@ -28,27 +28,13 @@ from trainmon.runs.compare import (
 )
 from trainmon.runs.timespec import utc_text
 from trainmon.runs.view import RunView, number, samples_per_second
-from trainmon.terminal import one_line
+from trainmon.terminal import duration_text, one_line
 
 RUNS_HEADER = ("RUN", "JOB", "STARTED", "DURATION", "RANKS", "SAMPLES/S", "STEP P50", "VERDICT",
                "GOODPUT", "LARGEST LOSS", "END")
 #: Under the table when a run's figures cover only part of its job.
 PARTIAL_NOTE = ("N of M ranks: the figures cover only the ranks this source recorded (one "
                 "node's ledger holds its own ranks); --prometheus URL reads the whole job")
-
-
-def duration_text(seconds: float | None) -> str:
-    """``95`` → ``1m35s``, ``7260`` → ``2h01m``; None → ``-``."""
-    if seconds is None:
-        return "-"
-    seconds = max(0, round(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    if seconds < 86400:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
 
 
 def seconds_text(value: float | None) -> str:
@@ -122,7 +108,7 @@ def render_runs(views: Sequence[RunView]) -> str:
             view.run,
             view.job,
             utc_text(view.started),
-            duration_text(view.duration_seconds),
+            duration_text(view.duration_seconds, unknown="-"),
             coverage_text(view),
             quantity(samples_per_second(view.summary)),
             step_text(view.summary),
@@ -167,7 +153,7 @@ def _run_line(label: str, view: RunView) -> str:
         # the ledger counts each rank's save (a sharded checkpoint once per rank)
         facts.append(count_text(int(checkpoints), "checkpoint save") + " by its ranks" + where)
     return (f"run {label}: {view.run} (job {view.job}, {view.config_hash}, started "
-            f"{utc_text(view.started)}, {duration_text(view.duration_seconds)}, "
+            f"{utc_text(view.started)}, {duration_text(view.duration_seconds, unknown='-')}, "
             f"{end_text(view)}; world size {world}{coverage}; nodes {nodes}"
             + "".join(f"; {fact}" for fact in facts) + ")")
 
