@@ -104,9 +104,28 @@ def make_recorder(clocks: Clocks, path: Path, *, holdings: GpuHoldings | None = 
     return make
 
 
+@contextmanager
+def recording(clocks: Clocks, path: Path, **settings: object) -> Iterator[Recorder]:
+    """A started (training, ledger) pair of ``make_recorder``, both stopped after the
+    ``with``."""
+    training, ledger = make_recorder(clocks, path, **settings)()  # type: ignore[arg-type]
+    ledger.start()
+    try:
+        yield training, ledger
+    finally:
+        ledger.stop()
+        training.stop()
+
+
 def only(records: list[RunRecord]) -> RunRecord:
     assert len(records) == 1, records
     return records[0]
+
+
+def only_record(path: Path, job: str | None = None) -> RunRecord:
+    """The one record (of ``job``) in the ledger at ``path``."""
+    with Ledger.open(path) as reader:
+        return only(reader.runs(job=job))
 
 
 # -- real torchrun jobs ----------------------------------------------------------------

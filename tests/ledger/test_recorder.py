@@ -12,7 +12,16 @@ import pytest
 from prometheus_client.core import GaugeMetricFamily
 
 from testkit.exposition import scrape
-from tests.ledger.ledger_support import Clocks, description, make_recorder, only, send, step
+from tests.ledger.ledger_support import (
+    Clocks,
+    description,
+    make_recorder,
+    only,
+    only_record,
+    recording,
+    send,
+    step,
+)
 from trainmon.ledger import Ledger
 from trainmon.training.protocol import parse
 
@@ -444,9 +453,7 @@ def test_a_runs_exposed_communication_is_kept_per_parallelism_dimension(
     """A 2-D job's rank waits 20 % of its steps in tensor-parallel collectives and 5 % in
     data-parallel ones: the run's summary says so, dimension by dimension."""
     path = tmp_path / "ledger.sqlite3"
-    training, ledger = make_recorder(clocks, path, flush_seconds=3600.0)()
-    ledger.start()
-    try:
+    with recording(clocks, path, flush_seconds=3600.0) as (training, ledger):
         started = clocks.wall
         send(training, description(run="run-2d", started=started), step(0, run="run-2d"))
         ledger.tick()
@@ -464,11 +471,7 @@ def test_a_runs_exposed_communication_is_kept_per_parallelism_dimension(
             ledger.tick()
         send(training, description(run="run-2d", started=started, ended="finished"))
         ledger.tick()
-    finally:
-        ledger.stop()
-        training.stop()
-    with Ledger.open(path) as reader:
-        record = only(reader.runs(job="resnet50"))
+    record = only_record(path, job="resnet50")
     assert record.summary["comm_exposed_ratio_by_group"] == {
         "dp": pytest.approx(0.05), "tp": pytest.approx(0.2)}
     assert record.summary["comm_exposed_ratio"] == pytest.approx(0.25)

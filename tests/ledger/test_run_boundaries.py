@@ -13,8 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.ledger.ledger_support import Clocks, description, make_recorder, only, send, step
-from trainmon.ledger import Ledger, RunRecord
+from tests.ledger.ledger_support import (
+    Clocks,
+    description,
+    make_recorder,
+    only_record,
+    send,
+    step,
+)
+from trainmon.ledger import Ledger
 
 #: Time resolution of the simulation (s).
 TICK = 0.05
@@ -137,25 +144,29 @@ def close(node: Node, job: Job, ended: str = "finished") -> float:
     return node.clocks.wall
 
 
-def record_of(path: Path) -> RunRecord:
-    with Ledger.open(path) as reader:
-        return only(reader.runs())
+@pytest.fixture
+def clocks() -> Clocks:
+    return Clocks()
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    """The ledger's file."""
+    return tmp_path / "ledger.sqlite3"
 
 
 @pytest.mark.parametrize("seconds", [20.0, 60.0, 600.0])
 def test_a_finished_run_lasts_and_steps_as_long_as_the_job_says(
-        tmp_path: Path, seconds: float) -> None:
+        clocks: Clocks, path: Path, seconds: float) -> None:
     """20 s, 60 s and 10 min loops: the duration within 1 s, samples/s within 2 % of the
     job's own count (exact here), the windows' median too; never a whole flush tick."""
-    clocks = Clocks()
-    path = tmp_path / "ledger.sqlite3"
     node = Node(clocks, path)
     job = start_job(node)
     node.run(job, until=job.loop_start + seconds)
     closed = close(node, job)
     node.idle(2 * FLUSH_SECONDS)
     node.ledger.stop()
-    record = record_of(path)
+    record = only_record(path)
     assert (record.end_reason, record.started, record.ended) == ("finished", job.started,
                                                                  closed)
     summary = record.summary
@@ -169,11 +180,9 @@ def test_a_finished_run_lasts_and_steps_as_long_as_the_job_says(
 
 
 def test_the_partial_last_window_counts_only_the_time_training_happened(
-        tmp_path: Path) -> None:
+        clocks: Clocks, path: Path) -> None:
     """The issue's 20 s run: a tick 3.7 s into the job, one 10 s later, the end 6 s
     after that. Each window's rate is the job's; none is diluted to a whole tick."""
-    clocks = Clocks()
-    path = tmp_path / "ledger.sqlite3"
     node = Node(clocks, path)
     job = start_job(node, warmup=0.25)  # no warm-up: every window steps at one rate
     node.run(job, until=job.loop_start + 20.0)
@@ -192,18 +201,17 @@ def test_the_partial_last_window_counts_only_the_time_training_happened(
         job.last_step - job.loop_start, abs=1e-6)
 
 
-def test_a_crashed_run_ends_at_its_last_report_with_the_jobs_rate(tmp_path: Path) -> None:
+def test_a_crashed_run_ends_at_its_last_report_with_the_jobs_rate(
+        clocks: Clocks, path: Path) -> None:
     """Killed at 16 s (SIGKILL: no word): the ranks go silent, the run is lost once they
     expire, ended at their last report; its rate is the job's."""
-    clocks = Clocks()
-    path = tmp_path / "ledger.sqlite3"
     node = Node(clocks, path)
     job = start_job(node)
     node.run(job, until=job.started + 16.0)
     last_report = node.last_report
     node.idle(61.0 + FLUSH_SECONDS)  # the training store's ttl_seconds is 60
     node.ledger.stop()
-    record = record_of(path)
+    record = only_record(path)
     assert record.end_reason == "lost"
     assert record.ended == last_report
     assert record.summary["duration_seconds"] == pytest.approx(16.0, abs=1.0)
@@ -214,25 +222,22 @@ def test_a_crashed_run_ends_at_its_last_report_with_the_jobs_rate(tmp_path: Path
 
 @pytest.mark.parametrize("ended", ["crashed", "preempted"])
 def test_a_run_that_said_how_it_ended_ends_when_it_said_so(
-        tmp_path: Path, ended: str) -> None:
-    clocks = Clocks()
-    path = tmp_path / "ledger.sqlite3"
+        clocks: Clocks, path: Path, ended: str) -> None:
     node = Node(clocks, path)
     job = start_job(node)
     node.run(job, until=job.started + 25.0)
     closed = close(node, job, ended)
     node.idle(FLUSH_SECONDS)
     node.ledger.stop()
-    record = record_of(path)
+    record = only_record(path)
     assert (record.end_reason, record.ended) == (ended, closed)
     assert record.summary["duration_seconds"] == pytest.approx(25.0, abs=1.0)
     assert record.summary["samples_per_second"] == pytest.approx(job.samples_per_second(),
                                                                  rel=1e-6)
 
 
-def test_a_hung_run_that_is_killed_has_its_stall_closed_at_its_end(tmp_path: Path) -> None:
-    clocks = Clocks()
-    path = tmp_path / "ledger.sqlite3"
+def test_a_hung_run_that_is_killed_has_its_stall_closed_at_its_end(
+        clocks: Clocks, path: Path) -> None:
     node = Node(clocks, path)
     job = start_job(node)
     node.run(job, until=job.started + 12.0)
@@ -241,14 +246,13 @@ def test_a_hung_run_that_is_killed_has_its_stall_closed_at_its_end(tmp_path: Pat
     job.step_seconds = 1e9  # no further step
     job.stalls = [(0, "collective", hung_at), (1, "data_loader", hung_at)]
     node.run(job, until=clocks.wall + 2 * FLUSH_SECONDS)
-    with Ledger.open(path) as reader:
-        stalls = only(reader.runs()).summary["stalls"]
+    stalls = only_record(path).summary["stalls"]
     assert isinstance(stalls, list) and len(stalls) == 1
     assert stalls[0]["until"] is None and stalls[0]["holds"] == "1"
     closed = close(node, job, "preempted")  # SIGTERM from the scheduler
     node.idle(FLUSH_SECONDS)
     node.ledger.stop()
-    record = record_of(path)
+    record = only_record(path)
     assert (record.end_reason, record.ended) == ("preempted", closed)
     stalls = record.summary["stalls"]
     assert isinstance(stalls, list) and len(stalls) == 1
@@ -256,12 +260,10 @@ def test_a_hung_run_that_is_killed_has_its_stall_closed_at_its_end(tmp_path: Pat
 
 
 def test_a_run_whose_reporters_vanished_while_the_daemon_was_down_is_closed_lost(
-        tmp_path: Path) -> None:
+        clocks: Clocks, path: Path) -> None:
     """The daemon goes down during a hung run, the job ends meanwhile: when the daemon is
     back and no reporter continues the run within the grace (stall_seconds, 30 s here),
     it is closed lost at its last report, its stall with it."""
-    clocks = Clocks()
-    path = tmp_path / "ledger.sqlite3"
     node = Node(clocks, path, stall_seconds=30.0)
     job = start_job(node)
     node.run(job, until=job.started + 15.0)
@@ -276,11 +278,11 @@ def test_a_run_whose_reporters_vanished_while_the_daemon_was_down_is_closed_lost
     node.ledger.start()
     node.next_tick = clocks.wall + 1.0
     node.idle(25.0)
-    assert record_of(path).end_reason is None  # within the grace: it may still report
+    assert only_record(path).end_reason is None  # within the grace: it may still report
     assert node.ledger.health()["recording_runs"] == 0
     node.idle(10.0)
     node.ledger.stop()
-    record = record_of(path)
+    record = only_record(path)
     assert record.end_reason == "lost"
     assert record.ended == last_report
     stalls = record.summary["stalls"]
@@ -290,11 +292,10 @@ def test_a_run_whose_reporters_vanished_while_the_daemon_was_down_is_closed_lost
                                                                  rel=1e-6)
 
 
-def test_a_run_the_restarted_daemon_hears_of_again_goes_on_as_one_run(tmp_path: Path) -> None:
+def test_a_run_the_restarted_daemon_hears_of_again_goes_on_as_one_run(
+        clocks: Clocks, path: Path) -> None:
     """The daemon restarts during the run: one record, every sample counted once, the
     job's rate and duration; not closed lost."""
-    clocks = Clocks()
-    path = tmp_path / "ledger.sqlite3"
     node = Node(clocks, path, stall_seconds=30.0)
     job = start_job(node)
     node.run(job, until=job.started + 23.0)
@@ -304,7 +305,7 @@ def test_a_run_the_restarted_daemon_hears_of_again_goes_on_as_one_run(tmp_path: 
     closed = close(node, job)
     node.idle(FLUSH_SECONDS)
     node.ledger.stop()
-    record = record_of(path)
+    record = only_record(path)
     assert (record.end_reason, record.started, record.ended) == ("finished", job.started,
                                                                  closed)
     assert record.summary["samples"] == job.ranks * job.steps * job.samples
@@ -315,9 +316,7 @@ def test_a_run_the_restarted_daemon_hears_of_again_goes_on_as_one_run(tmp_path: 
 
 
 def test_a_second_recorder_on_the_ledger_is_refused_and_says_who_holds_it(
-        tmp_path: Path) -> None:
-    clocks = Clocks()
-    path = tmp_path / "ledger.sqlite3"
+        clocks: Clocks, path: Path) -> None:
     first = Node(clocks, path)
     second = Node(clocks, path)
     try:

@@ -13,8 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.ledger.ledger_support import Clocks, description, make_recorder, only, send, step
-from trainmon.ledger import Ledger
+from tests.ledger.ledger_support import (
+    Clocks,
+    description,
+    only_record,
+    recording,
+    send,
+    step,
+)
 
 #: Steps of 0.1 s and 32 samples each rank does per 10 s interval, and the intervals.
 STEPS_PER_INTERVAL = 100
@@ -39,8 +45,6 @@ def test_samples_count_once_per_data_parallel_replica(
         layout: str, ranks: int, counted: int, tmp_path: Path) -> None:
     clocks = Clocks()
     path = tmp_path / "ledger.sqlite3"
-    training, ledger = make_recorder(clocks, path, flush_seconds=3600.0)()
-    ledger.start()
     started = clocks.wall
 
     def report(rank: int, steps: int) -> dict[str, object]:
@@ -55,7 +59,7 @@ def test_samples_count_once_per_data_parallel_replica(
         return description(rank=rank, world_size=ranks, reporter_id=f"reporter{rank:08d}",
                            run="run-2d", started=started, **changes)
 
-    try:
+    with recording(clocks, path, flush_seconds=3600.0) as (training, ledger):
         for rank in range(ranks):
             send(training, described(rank), report(rank, 0))
         ledger.tick()
@@ -67,11 +71,7 @@ def test_samples_count_once_per_data_parallel_replica(
         for rank in range(ranks):
             send(training, described(rank, ended="finished"))
         ledger.tick()
-    finally:
-        ledger.stop()
-        training.stop()
-    with Ledger.open(path) as reader:
-        record = only(reader.runs(job="resnet50"))
+    record = only_record(path, job="resnet50")
     summary = record.summary
     samples = counted * INTERVALS * STEPS_PER_INTERVAL * 32
     assert (record.end_reason, record.ranks) == ("finished", ranks)

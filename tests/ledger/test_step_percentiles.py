@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -19,22 +19,16 @@ from tests.ledger.ledger_support import (
     finish,
     launch,
     ledger_daemon,
-    make_recorder,
-    only,
+    only_record,
     order_statistic,
+    recording,
     send,
     step,
     wait_for_record,
 )
 from trainmon.contract import STEP_SKETCH_MAX_BUCKETS
-from trainmon.ledger import Ledger
 from trainmon.ledger.summary import Progress, RunTotals
 from trainmon.training.sketch import StepSketch, index_of, relative_accuracy, to_wire
-
-
-@pytest.fixture
-def clocks() -> Clocks:
-    return Clocks()
 
 
 def sketched(steps: int, durations: Sequence[float], **changes: object) -> dict[str, object]:
@@ -48,27 +42,28 @@ def sketched(steps: int, durations: Sequence[float], **changes: object) -> dict[
                 **changes)  # type: ignore[arg-type]
 
 
-def test_a_runs_percentiles_are_its_ranks_steps(clocks: Clocks, tmp_path: Path) -> None:
+def recorded_summary(path: Path, ticks: Sequence[Sequence[dict[str, object]]]
+                     ) -> Mapping[str, object]:
+    """The one run's summary in the ledger at ``path`` once a recorder has been sent each
+    of ``ticks``' reports, 10 s apart, and has ticked after each."""
+    clocks = Clocks()
+    with recording(clocks, path, flush_seconds=3600.0) as (training, ledger):
+        for reports in ticks:
+            clocks.advance(10)
+            send(training, *reports)
+            ledger.tick()
+    return only_record(path).summary
+
+
+def test_a_runs_percentiles_are_its_ranks_steps(tmp_path: Path) -> None:
     """Two ranks, one stepping at 0.27 s and one at 0.44 s, each tick's increase of
     their sketches merged: the run's p50 and p95 are those of every step."""
-    path = tmp_path / "ledger.sqlite3"
-    training, ledger = make_recorder(clocks, path, flush_seconds=3600.0)()
-    ledger.start()
     fast = [0.27 + 0.001 * (index % 7) for index in range(300)]
     slow = [0.44 + 0.002 * (index % 5) for index in range(300)]
-    try:
-        for tick in range(1, 4):
-            clocks.advance(10)
-            done = 100 * tick
-            send(training, sketched(done, fast[:done]),
-                 sketched(done, slow[:done], rank=1, world_size=2,
-                          reporter_id="b1b2c3d4e5f60718"))
-            ledger.tick()
-    finally:
-        ledger.stop()
-        training.stop()
-    with Ledger.open(path) as reader:
-        summary = only(reader.runs()).summary
+    summary = recorded_summary(tmp_path / "ledger.sqlite3", [
+        [sketched(done, fast[:done]),
+         sketched(done, slow[:done], rank=1, world_size=2, reporter_id="b1b2c3d4e5f60718")]
+        for done in (100, 200, 300)])
     everything = fast + slow
     assert summary["steps"] == len(everything)
     for name, q in (("step_seconds_p50", 0.5), ("step_seconds_p95", 0.95)):
@@ -77,21 +72,9 @@ def test_a_runs_percentiles_are_its_ranks_steps(clocks: Clocks, tmp_path: Path) 
     assert summary["step_seconds_mean"] == pytest.approx(statistics.fmean(everything))
 
 
-def test_a_run_without_a_sketch_has_its_mean_and_no_percentile(
-        clocks: Clocks, tmp_path: Path) -> None:
-    path = tmp_path / "ledger.sqlite3"
-    training, ledger = make_recorder(clocks, path, flush_seconds=3600.0)()
-    ledger.start()
-    try:
-        for tick in range(1, 3):
-            clocks.advance(10)
-            send(training, step(100 * tick, seconds_per_step=0.295))  # an older client
-            ledger.tick()
-    finally:
-        ledger.stop()
-        training.stop()
-    with Ledger.open(path) as reader:
-        summary = only(reader.runs()).summary
+def test_a_run_without_a_sketch_has_its_mean_and_no_percentile(tmp_path: Path) -> None:
+    summary = recorded_summary(tmp_path / "ledger.sqlite3", [
+        [step(steps, seconds_per_step=0.295)] for steps in (100, 200)])  # an older client
     assert (summary["step_seconds_p50"], summary["step_seconds_p95"]) == (None, None)
     assert summary["step_seconds_percentile_error"] is None
     assert summary["step_seconds_mean"] == pytest.approx(0.295)
