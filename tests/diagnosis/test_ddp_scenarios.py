@@ -310,6 +310,7 @@ def doctor_verdict(node: Node, job: str) -> dict[str, Any]:
         capture_output=True, text=True, timeout=DOCTOR_SECONDS + 60, check=False,
     )
     assert result.returncode in (0, 1), result.stdout + result.stderr
+    assert result.stdout.strip(), result.stderr  # a traceback also exits 1
     report = json.loads(result.stdout)
     assert report["exit_code"] == result.returncode and report["source"]["kind"] == "url"
     verdicts = {entry["job"]: entry for entry in report["jobs"]}
