@@ -47,12 +47,14 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from trainmon.core.collector import Collector
 from trainmon.core.entry import CollectorEntry, Wiring
 from trainmon.diagnosis import KINDS, ScrapedSamples, Verdict, Window, diagnose, measure
+from trainmon.diagnosis.failslow import MIN_OBSERVATIONS, FailSlowDetector
 from trainmon.diagnosis.measure import MEASURED_SAMPLES
 from trainmon.diagnosis.thresholds import DiagnosisConfig
 
@@ -85,6 +87,13 @@ class DiagnosisCollector(Collector):
         self._snapshots: deque[ScrapedSamples] = deque(maxlen=MAX_SNAPSHOTS)
         self._interval = config.window_seconds / EVALUATIONS_PER_WINDOW
         self.evaluation_seconds = self._interval
+        # the test window holds at least one observation more than a change needs
+        test_seconds = max(config.fail_slow_test_seconds,
+                           (MIN_OBSERVATIONS + 1) * self._interval)
+        self._fail_slow = FailSlowDetector(
+            ratio=config.fail_slow_ratio, test_seconds=test_seconds,
+            reference_seconds=max(config.fail_slow_reference_seconds, test_seconds),
+            warmup_steps=config.warmup_steps, comm_phases=config.comm_phases)
         self._verdicts: list[Verdict] = []
         #: job -> the owner of the training series its verdict read (jobs of _verdicts).
         self._owners: dict[str, str] = {}
@@ -102,13 +111,16 @@ class DiagnosisCollector(Collector):
         now = self._clock()
         if self._snapshots and now - self._snapshots[-1].at < self._interval:
             return
-        self._snapshots.append(ScrapedSamples.from_families(
-            families, now, self._wall_clock(), MEASURED_SAMPLES))
+        snapshot = ScrapedSamples.from_families(
+            families, now, self._wall_clock(), MEASURED_SAMPLES)
+        self._snapshots.append(snapshot)
         horizon = now - self._config.window_seconds
         while len(self._snapshots) > 1 and self._snapshots[1].at <= horizon:
             self._snapshots.popleft()
         window = Window(list(self._snapshots))
-        measured = measure(window, self._config.comm_phases, self._config.warmup_steps)
+        measured = replace(
+            measure(window, self._config.comm_phases, self._config.warmup_steps),
+            fail_slow=self._fail_slow.update(snapshot))
         self._verdicts = diagnose(measured, self._config)
         self._owners = _job_owners(families, self._owners, {v.job for v in self._verdicts})
         self._window_seconds = window.seconds
@@ -213,12 +225,35 @@ def verdict_families(verdicts: Sequence[Verdict], window_seconds: float,
         for name, value in values.items():
             if value is not None:
                 gauges[name].add_metric(job, value)
+    fail_slow = GaugeMetricFamily(
+        "trainmon_diagnosis_fail_slow_ratio",
+        "How much slower the rank (\"\": the job) became than it was, over its step time "
+        "before (0.25: 25 % slower); part: the part of the step that grew (compute, "
+        "data_wait, comm, step), cause: what the node's evidence names.",
+        labels=["job", "owner", "rank", "part", "cause"],
+    )
+    fail_slow_start = GaugeMetricFamily(
+        "trainmon_diagnosis_fail_slow_start_timestamp_seconds",
+        "Unix time at which the fail-slow change of the rank (\"\": the job) started.",
+        labels=["job", "owner", "rank"],
+    )
+    for verdict in verdicts:
+        job = [verdict.job, owners.get(verdict.job, "")]
+        for finding in verdict.findings:
+            if finding.code != "fail_slow":
+                continue
+            said = finding.values
+            rank = str(said.get("rank", ""))
+            fail_slow.add_metric(
+                [*job, rank, str(said.get("part", "")), str(said.get("cause", ""))],
+                float(said.get("ratio", 0.0)))
+            fail_slow_start.add_metric([*job, rank], float(said.get("start", 0.0)))
     window = GaugeMetricFamily(
         "trainmon_diagnosis_window_seconds",
         "Span of the samples behind the current verdicts, seconds.",
     )
     window.add_metric([], window_seconds)
-    return [bottleneck, findings, *gauges.values(), window]
+    return [bottleneck, findings, *gauges.values(), fail_slow, fail_slow_start, window]
 
 
 def _build(config: DiagnosisConfig, wiring: Wiring) -> Collector:

@@ -38,6 +38,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from trainmon.diagnosis.failslow import FAIL_SLOW_SAMPLES, FailSlow
 from trainmon.diagnosis.platform_signals import (
     PLATFORM_SAMPLES,
     PlatformMeasurements,
@@ -70,7 +71,10 @@ MEASURED_SAMPLES = frozenset({
     "trainmon_training_stall_info", "trainmon_training_stall_start_timestamp_seconds",
     "trainmon_training_group_comm_exposed_seconds_total",
     "trainmon_training_group_collective_seq",
-}) | PLATFORM_SAMPLES
+    # a daemon's fail-slow changes, read back by ``doctor``
+    "trainmon_diagnosis_finding_info", "trainmon_diagnosis_fail_slow_ratio",
+    "trainmon_diagnosis_fail_slow_start_timestamp_seconds",
+}) | PLATFORM_SAMPLES | FAIL_SLOW_SAMPLES
 
 
 @dataclass(frozen=True)
@@ -251,6 +255,9 @@ class NodeMeasurements:
     #: (job, rank, Unix time its run said it ended) of the ranks whose run ended, which
     #: ``ranks`` leaves out.
     ended_ranks: tuple[tuple[str, str, float], ...] = ()
+    #: The fail-slow changes that hold: the daemon's detector's (``failslow``), or
+    #: those a daemon exported, read back (``doctor --url``).
+    fail_slow: tuple[FailSlow, ...] = ()
 
 
 def measure(window: Window, comm_phases: Sequence[str] = ("comm",),
@@ -279,7 +286,30 @@ def measure(window: Window, comm_phases: Sequence[str] = ("comm",),
         ),
         platform=measure_platform(window),
         goodput=_goodput(window),
+        fail_slow=_exported_fail_slow(window),
     )
+
+
+def _exported_fail_slow(window: Window) -> tuple[FailSlow, ...]:
+    """The fail-slow changes a daemon exported (``trainmon_diagnosis_fail_slow_ratio``
+    with the kind of its ``fail_slow`` finding and its start), newest snapshot."""
+    kinds = {(names.get("job", ""), names.get("rank", "")): names.get("kind", "")
+             for labels in window.latest("trainmon_diagnosis_finding_info")
+             if (names := dict(labels)).get("finding") == "fail_slow"}
+    starts = {(names.get("job", ""), names.get("rank", "")): value
+              for labels, value in window.latest(
+                  "trainmon_diagnosis_fail_slow_start_timestamp_seconds").items()
+              for names in (dict(labels),)}
+    changes = []
+    for labels, ratio in window.latest("trainmon_diagnosis_fail_slow_ratio").items():
+        names = dict(labels)
+        key = (names.get("job", ""), names.get("rank", ""))
+        if key in kinds:
+            changes.append(FailSlow(
+                job=key[0], rank=key[1], part=names.get("part", ""), kind=kinds[key],
+                cause=names.get("cause", ""), ratio=ratio, start=starts.get(key, 0.0),
+                before_seconds=0.0, after_seconds=0.0))
+    return tuple(sorted(changes, key=lambda change: (change.job, change.rank)))
 
 
 def _goodput(window: Window) -> tuple[JobGoodput, ...]:

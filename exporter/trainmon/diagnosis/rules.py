@@ -238,7 +238,8 @@ def diagnose(node: NodeMeasurements, config: DiagnosisConfig) -> list[Verdict]:
                 storage_read_rtt_seconds=mount.read_rtt_seconds)
         sockets = risks.nccl_socket_finding(job, len(ranks), evidence.comm_ratio, node, config)
         findings = _with_risks(findings, [
-            *on_node, *risks.checkpoint_findings(job, node, config),
+            *on_node, *fail_slow_findings(job, node),
+            *risks.checkpoint_findings(job, node, config),
             *risks.numa_findings(numa_processes.get(job, set()), node, config),
             *([sockets] if sockets else [])])
         pids = {rank.pid for rank in ranks if rank.pid}
@@ -249,6 +250,20 @@ def diagnose(node: NodeMeasurements, config: DiagnosisConfig) -> list[Verdict]:
         verdicts.append(replace(verdict, findings=tuple(_with_risks(verdict.findings, [
             *on_node, *risks.numa_findings(numa_processes.get(name, set()), node, config)]))))
     return verdicts
+
+
+def fail_slow_findings(job: str, node: NodeMeasurements) -> list[Finding]:
+    """``fail_slow`` (warning) for each change of the job that holds (``failslow``): the
+    rank that degraded ("" for the job), the part, its cause, by how much and since when."""
+    return [Finding(change.kind, "fail_slow", {
+        "rank": change.rank, "part": change.part, "cause": change.cause,
+        "ratio": change.ratio, "start": change.start,
+        **({"before": change.before_seconds, "after": change.after_seconds}
+           if change.after_seconds else {}),
+        **({"evidence_before": change.evidence_before, "evidence_now": change.evidence_now}
+           if change.evidence_now is not None and change.evidence_before is not None
+           else {}),
+    }, severity="warning") for change in node.fail_slow if change.job == job]
 
 
 def hung_rank_finding(ranks: Sequence[RankState], wall_time: float,

@@ -65,6 +65,15 @@ class DiagnosisConfig:
     #: compute: memory used within this share of the total is an out-of-memory risk.
     memory_headroom_ratio: float = field(
         default=contract.GPU_MEMORY_HEADROOM_RATIO, metadata=RATIO)
+    #: fail-slow: a rank's step, or a part of it, this much slower (of its step time) than
+    #: it was, and staying so (docs/diagnosis.md, "Fail-slow").
+    fail_slow_ratio: float = field(default=0.1, metadata=setting(minimum=0.02, maximum=10))
+    #: ... over the last this many seconds (at least 6 evaluations: window_seconds / 20 each) ...
+    fail_slow_test_seconds: float = field(
+        default=24.0, metadata=setting(minimum=5, maximum=3600))
+    #: ... against the median of the this many seconds before them.
+    fail_slow_reference_seconds: float = field(
+        default=120.0, metadata=setting(minimum=10, maximum=86400))
     #: scheduling: a rank without a step for this long has stalled (seconds).
     stall_seconds: float = field(default=120.0, metadata=setting(minimum=1, maximum=86400))
     #: risk, spot instance: a job whose last checkpoint is older than this (seconds).
@@ -93,5 +102,8 @@ class DiagnosisConfig:
             raise Invalid(
                 "rdma_idle_bytes_per_second", "must be below socket_busy_bytes_per_second"
             )
+        if self.fail_slow_reference_seconds < self.fail_slow_test_seconds:
+            raise Invalid("fail_slow_reference_seconds",
+                          "must be at least fail_slow_test_seconds")
         if not self.comm_phases:
             raise Invalid("comm_phases", "name at least one phase")
