@@ -29,6 +29,18 @@ It behaves like the documented service where the puller depends on it:
   monthly one), honouring the ``zone``, ``instance-family``, ``instance-type``
   and ``instance-charge-type`` filters (at most 10 filters of 100 values;
   another filter name is ``InvalidFilter``);
+* ``DescribeProductEventList`` answers the events a test set with
+  ``add_event()`` in the documented shape (``Events[]`` with ``EventId``,
+  ``EventName``, ``EventCName``/``EventEName``, ``ProductName`` ``cvm``,
+  ``InstanceId``, ``Status`` ``alarm``/``recover``/``-``, ``Type``,
+  ``StartTime``/``UpdateTime`` in Unix seconds, ``Dimensions``…; ``Total``,
+  ``OverView``): ``Module`` must be ``monitor``; filters ``ProductName``,
+  ``EventName``, ``InstanceId``, ``Type``, ``Status`` (lists) and the
+  ``StartTime``/``EndTime`` window on the event's start (default: the last
+  day); newest ``UpdateTime`` first (``TimeOrder`` ``DESC``, the default) or
+  oldest; ``Offset``/``Limit`` paging, ``Limit`` 20 by default and at most
+  ``event_page_limit`` (100: the API documents no maximum). It answers every
+  region's events (the filter is ``InstanceId``);
 * scripted faults: HTTP 5xx, slow answers (timeouts), malformed JSON and any
   error envelope, for the next N requests of an action.
 
@@ -91,7 +103,21 @@ ACTIONS = {
     "DescribeInstances": ("cvm", "2017-03-12"),
     "DescribeDisks": ("cbs", "2017-03-12"),
     "DescribeZoneInstanceConfigInfos": ("cvm", "2017-03-12"),
+    "DescribeProductEventList": ("monitor", "2018-07-24"),
 }
+#: Event names → (EventId, EventCName, EventEName) as the event centre spells them;
+#: another name is answered with itself as its English name.
+EVENT_NAMES = {
+    "guest_reboot": (43, "机器重启", "GuestReboot"),
+    "guest_core_error": (1, "内核故障", "GuestCoreError"),
+    "guest_oom": (2, "内存oom", "GuestOom"),
+    "ping_unreachable": (3, "ping不可达", "PingUnreachable"),
+    "disk_readonly": (4, "磁盘只读", "DiskReadonly"),
+    "nvme_error": (5, "子机nvme设备error", "NvmeError"),
+    "instance_restarting": (6, "实例计划重启（宿主机系统维护）", "InstanceRestarting"),
+    "instance_restarted": (7, "实例已重启（宿主机系统错误）", "InstanceRestarted"),
+}
+EVENT_LIST_FILTERS = ("ProductName", "EventName", "InstanceId", "Type", "Status")
 #: The instance type of a fake instance unless a test names one (no GPUs, not priced).
 DEFAULT_INSTANCE_TYPE = "S5.LARGE8"
 PRICE_FILTERS = ("zone", "instance-family", "instance-type", "instance-charge-type")
@@ -174,6 +200,38 @@ class FakeDisk:
     instance_id: str | None
 
 
+@dataclass
+class FakeEvent:
+    """One event of the event centre (``recover()`` it through the fake)."""
+
+    instance_id: str
+    name: str
+    #: StartTime, Unix seconds.
+    start: int
+    status: str = "alarm"  # alarm | recover | -
+    event_type: str = "abnormal"  # abnormal | status_change
+    #: UpdateTime, Unix seconds (the start until it changes).
+    updated: int = 0
+    chinese: str = ""
+    english: str = ""
+
+    def item(self, region: str) -> dict[str, Any]:
+        """Its ``DescribeProductEventListEvents`` object."""
+        event_id, chinese, english = EVENT_NAMES.get(self.name, (99, self.name, self.name))
+        return {
+            "EventId": event_id, "EventCName": self.chinese or chinese,
+            "EventEName": self.english or english, "EventName": self.name,
+            "ProductCName": "云服务器", "ProductEName": "Cloud Virtual Machine",
+            "ProductName": "cvm", "InstanceId": self.instance_id,
+            "InstanceName": f"name-{self.instance_id}", "ProjectId": 0, "Region": region,
+            "Status": self.status, "SupportAlarm": 1, "Type": self.event_type,
+            "StartTime": self.start, "UpdateTime": self.updated or self.start,
+            "Dimensions": [{"Key": "deviceLanIp", "Name": "内网IP", "Value": "10.0.0.1"},
+                           {"Key": "deviceWanIp", "Name": "外网IP", "Value": None}],
+            "AdditionMsg": [], "IsAlarmConfig": 0, "GroupInfo": [],
+        }
+
+
 @dataclass(frozen=True)
 class Record:
     """One request as the fake saw it."""
@@ -207,11 +265,14 @@ class FakeTencentCloud(LoopbackHTTPServer):
         batch_limit: int = 10,
         ingest_lag: float = 60.0,
         seed: int = 1,
+        event_page_limit: int = 100,
     ) -> None:
         self.clock = clock
         self.rate_limit = rate_limit
         self.batch_limit = batch_limit
         self.ingest_lag = ingest_lag
+        self.event_page_limit = event_page_limit
+        self.events: list[FakeEvent] = []
         #: Seconds the fake's clock runs ahead of ``clock`` (clock-skew tests).
         self.skew = 0.0
         self.random = random.Random(seed)
@@ -280,6 +341,22 @@ class FakeTencentCloud(LoopbackHTTPServer):
                 zone, instance_type, unit_price, discount, gpus,
                 float(gpus) if gpu_count is None else gpu_count,
             )
+
+    def add_event(
+        self, instance_id: str, name: str, *, start: float, status: str = "alarm",
+        event_type: str = "abnormal", chinese: str = "", english: str = "",
+    ) -> FakeEvent:
+        """An event of ``instance_id`` that started at ``start`` (Unix seconds)."""
+        event = FakeEvent(instance_id, name, int(start), status, event_type, int(start),
+                          chinese, english)
+        with self._lock:
+            self.events.append(event)
+        return event
+
+    def recover(self, event: FakeEvent, at: float) -> None:
+        """The event recovered at ``at``: its status becomes ``recover``."""
+        with self._lock:
+            event.status, event.updated = "recover", int(at)
 
     def fail_next(
         self, kind: str, count: int = 1, *, action: str | None = None, code: str = "",
@@ -425,6 +502,8 @@ class FakeTencentCloud(LoopbackHTTPServer):
             return self._describe_instances(params, region)
         if action == "DescribeZoneInstanceConfigInfos":
             return self._describe_zone_instance_config_infos(params, region)
+        if action == "DescribeProductEventList":
+            return self._describe_product_event_list(params)
         return self._page(params, "DiskSet", [
             {"DiskId": d.disk_id, "InstanceId": d.instance_id or "",
              "Attached": d.instance_id is not None}
@@ -477,6 +556,58 @@ class FakeTencentCloud(LoopbackHTTPServer):
                     answer.append(item)
         self.random.shuffle(answer)
         return {"InstanceTypeQuotaSet": answer}
+
+    def _describe_product_event_list(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        if "Module" not in params:
+            raise _APIFailure("MissingParameter", "the request is missing Module")
+        if params["Module"] != "monitor":
+            raise _APIFailure("InvalidParameterValue", "Module must be monitor")
+        wanted: dict[str, set[str]] = {}
+        for name in EVENT_LIST_FILTERS:
+            values = params.get(name)
+            if values is None:
+                continue
+            if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+                raise _APIFailure("InvalidParameter", f"{name} must be a list of strings")
+            wanted[name] = set(values)
+        offset, limit = params.get("Offset", 0), params.get("Limit", 20)
+        for name, value in (("Offset", offset), ("Limit", limit),
+                            ("StartTime", params.get("StartTime", 0)),
+                            ("EndTime", params.get("EndTime", 0))):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise _APIFailure("InvalidParameter", f"{name} must be a non-negative integer")
+        if not 1 <= limit <= self.event_page_limit:
+            raise _APIFailure("InvalidParameterValue",
+                              f"Limit must be 1-{self.event_page_limit}")
+        now = int(self.now())
+        start, end = params.get("StartTime", now - 86400), params.get("EndTime", now)
+        order = params.get("TimeOrder", "DESC")
+        if order not in ("ASC", "DESC"):
+            raise _APIFailure("InvalidParameterValue", "TimeOrder must be ASC or DESC")
+        with self._lock:
+            events = list(self.events)
+        matched = []
+        for event in events:
+            fields = {"ProductName": "cvm", "EventName": event.name,
+                      "InstanceId": event.instance_id, "Type": event.event_type,
+                      "Status": event.status}
+            if start <= event.start <= end and all(
+                fields[name] in values for name, values in wanted.items()
+            ):
+                matched.append(event)
+        matched.sort(key=lambda e: (e.updated or e.start, e.start), reverse=order == "DESC")
+        regions = {i.instance_id: i.region for i in self.instances}
+        return {
+            "Events": [e.item(_short_region(regions.get(e.instance_id, "")))
+                       for e in matched[offset : offset + limit]],
+            "OverView": {
+                "StatusChangeAmount": sum(e.event_type == "status_change" for e in matched),
+                "UnConfigAlarmAmount": len(matched),
+                "UnNormalEventAmount": sum(e.event_type == "abnormal" for e in matched),
+                "UnRecoverAmount": sum(e.status == "alarm" for e in matched),
+            },
+            "Total": len(matched),
+        }
 
     def _describe_base_metrics(self, params: Mapping[str, Any]) -> dict[str, Any]:
         namespace = params.get("Namespace")
@@ -555,6 +686,11 @@ class _APIFailure(Exception):
 
 def _envelope(response: Mapping[str, Any]) -> bytes:
     return json.dumps({"Response": {**response, "RequestId": str(uuid.uuid4())}}).encode()
+
+
+def _short_region(region: str) -> str:
+    """The event centre names regions by short codes (``gz``, ``sh``) as in its example."""
+    return {"ap-guangzhou": "gz", "ap-shanghai": "sh", "ap-beijing": "bj"}.get(region, region)
 
 
 def _tags_match(instance: FakeInstance, params: Mapping[str, Any]) -> bool:

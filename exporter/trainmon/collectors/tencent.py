@@ -9,7 +9,11 @@ e.g. ``minor_number`` for per-GPU answers), and ``region`` is added.
 
 ``trainmon_tencent_gpu_price_per_hour`` is the pay-as-you-go price of one
 GPU of each instance for an hour (``trainmon.tencent.pricing``), in the
-configured ``currency``. Self-metrics (``trainmon_tencent_api_*``, sample age,
+configured ``currency``. ``trainmon_tencent_event_info`` and
+``trainmon_tencent_event_start_timestamp_seconds`` are the open events of the
+instances in Cloud Monitor's event centre (``trainmon.tencent.events``), each
+with its category (``gpu_fault``, ``host_fault``, ``maintenance``,
+``migration``, ``other``). Self-metrics (``trainmon_tencent_api_*``, sample age,
 estimated monthly calls) show what the puller costs and whether its data is
 fresh. Secrets never appear in metrics, logs or ``/healthz``: only the
 credential *source* does.
@@ -86,6 +90,20 @@ def _currency(value: str) -> str:
     return value
 
 
+def _event_categories(value: Mapping[str, str]) -> Mapping[str, str]:
+    """Event name → category; ValueError for a category trainmon does not know."""
+    if not value:
+        return value
+    from trainmon.tencent.events import CATEGORIES  # the puller side, only when set
+
+    for name, category in value.items():
+        if category not in CATEGORIES:
+            raise ValueError(
+                f"{name}: unknown category {category!r}; expected one of {', '.join(CATEGORIES)}"
+            )
+    return value
+
+
 def _between(minimum: float, maximum: float) -> dict[str, object]:
     return setting(minimum=minimum, maximum=maximum)
 
@@ -140,6 +158,17 @@ class TencentConfig:
     #: The currency of the prices (the API does not say): CNY on the Chinese site, USD on
     #: the international one.
     currency: str = field(default="CNY", metadata=setting(parse=_currency))
+    #: Read the open events of the instances (Cloud Monitor DescribeProductEventList).
+    events: bool = True
+    #: Seconds between two rounds of event reads.
+    events_interval_seconds: float = field(default=60.0, metadata=_between(30, 3600))
+    #: How far back events are asked for (StartTime = now − this).
+    events_lookback_seconds: float = field(default=86400.0, metadata=_between(600, 30 * 86400))
+    #: Most events read per round; those past it are counted.
+    max_events: int = field(default=500, metadata=_between(1, 10000))
+    #: Event name → category, before the built-in table (docs/tencent-cloud.md).
+    event_categories: Mapping[str, str] = field(
+        default_factory=dict, metadata=setting(parse=_event_categories))
 
     @property
     def target_regions(self) -> tuple[str | None, ...]:
@@ -186,6 +215,7 @@ class TencentCollector(Collector):
         align: bool = True,
     ) -> None:
         from trainmon.tencent.client import APIStats
+        from trainmon.tencent.events import EventSettings
         from trainmon.tencent.puller import PullSettings, TencentPuller
         from trainmon.tencent.ratelimit import TokenBucket
 
@@ -208,6 +238,12 @@ class TencentCollector(Collector):
             align=align,
             price_interval=config.price_interval_seconds if config.prices else None,
             max_priced_types=config.max_priced_types,
+            events=EventSettings(
+                interval=config.events_interval_seconds,
+                lookback=config.events_lookback_seconds,
+                max_events=config.max_events,
+                categories=dict(config.event_categories),
+            ) if config.events else None,
         )
         self._puller = TencentPuller(
             self._connect, self._metrics, settings, clock=clock, monotonic=monotonic
@@ -302,6 +338,7 @@ class TencentCollector(Collector):
                 age.add_metric([spec.name], max(0.0, now - snapshot.newest_end[spec.name]))
         yield age
         yield from self._price_families()
+        yield from self._event_families()
         yield from self._api_families()
         yield from self._puller_families(status)
 
@@ -327,6 +364,34 @@ class TencentCollector(Collector):
             "(zone, instance type) pairs left unpriced by max_priced_types, counted at every "
             "round of price lookups.",
             value=prices.skipped_types,
+        )
+
+    def _event_families(self) -> Iterable[Metric]:
+        if self._puller.events is None:
+            return
+        events = self._puller.events.snapshot()
+        if events.events:
+            info = GaugeMetricFamily(
+                "trainmon_tencent_event_info",
+                "1 per open Cloud Monitor event of an instance (DescribeProductEventList, "
+                "product cvm): category gpu_fault, host_fault, maintenance, migration or other; "
+                "status as the API gives it (alarm: not recovered, -: no recovery concept).",
+                labels=["instance_id", "event", "category", "status"],
+            )
+            start = GaugeMetricFamily(
+                "trainmon_tencent_event_start_timestamp_seconds",
+                "Unix time the open Cloud Monitor event started (its StartTime).",
+                labels=["instance_id", "event"],
+            )
+            for event in events.events:
+                info.add_metric([event.instance_id, event.event, event.category, event.status], 1)
+                start.add_metric([event.instance_id, event.event], event.start)
+            yield from (info, start)
+        yield CounterMetricFamily(
+            "trainmon_tencent_events_skipped_total",
+            "Cloud Monitor events left unread by max_events, by the answers' Total, summed "
+            "over the rounds of event reads.",
+            value=events.skipped,
         )
 
     def _api_families(self) -> Iterable[Metric]:
@@ -419,6 +484,10 @@ class TencentCollector(Collector):
             "priced_instances": (
                 None if self._puller.prices is None
                 else len(self._puller.prices.snapshot().series)
+            ),
+            "open_events": (
+                None if self._puller.events is None
+                else len(self._puller.events.snapshot().events)
             ),
             "last_refresh_end": status.last_refresh_end,
         }

@@ -19,7 +19,11 @@ only read the result):
    ``delay`` seconds ago; the newest point in it is kept per series;
 5. price — when ``price_interval`` is set, the pay-as-you-go price of the
    instance types in use (``pricing``): only what is due, rarely, through the
-   same client and bucket; its failures never change the refresh's state.
+   same client and bucket; its failures never change the refresh's state;
+6. events — when ``events`` is set, the open Cloud Monitor events of the
+   instance targets (``events``), every ``events.interval`` seconds through the
+   same client and bucket; like prices, its failures never touch the samples
+   nor the refresh's state.
 
 An authentication failure (``AuthFailure.*``; ``UnauthorizedOperation*`` on
 GetMonitorData) aborts the refresh: the remaining calls would fail the same
@@ -48,6 +52,7 @@ from trainmon.logthrottle import LogThrottle
 from trainmon.tencent.catalogue import MetricSpec
 from trainmon.tencent.client import MONITOR, APIError, TencentAPI
 from trainmon.tencent.credentials import CredentialsUnavailable
+from trainmon.tencent.events import EventBook, EventSettings
 from trainmon.tencent.planning import (
     PlannedMetric,
     offered_metrics,
@@ -85,6 +90,8 @@ class PullSettings:
     price_interval: float | None = None
     #: Most (zone, instance type) pairs priced.
     max_priced_types: int = DEFAULT_MAX_TYPES
+    #: The event centre's settings; None: no events.
+    events: EventSettings | None = None
 
 
 @dataclass(frozen=True)
@@ -169,6 +176,11 @@ class TencentPuller:
             max_types=settings.max_priced_types,
             report=lambda error: self._log_error(error.action, error.code, str(error)),
         )
+        #: None when events are not read.
+        self.events = None if settings.events is None else EventBook(
+            settings.events,
+            report=lambda error: self._log_error(error.action, error.code, str(error)),
+        )
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -227,11 +239,12 @@ class TencentPuller:
         if aborted:
             return self._finish(started, 0, 0, aborted)
         jobs = list(self._jobs())
-        interval = self._interval(len(jobs))
+        interval = self._interval(len(jobs), self._event_calls())
         self._set(calls_per_refresh=len(jobs), refresh_interval=interval)
         failed, aborted = self._pull(connection, jobs, now)
         if not aborted:
             self._price(connection, now)
+            self._read_events(connection, now)
         return self._finish(started, len(jobs), failed, aborted)
 
     def _ensure_connection(self) -> Connection | None:
@@ -311,15 +324,20 @@ class TencentPuller:
                 for index in range(0, len(of_kind), size):
                     yield _Job(region, metric, of_kind[index : index + size])
 
-    def _interval(self, calls: int) -> float:
+    def _interval(self, calls: int, other_calls: int = 0) -> float:
+        """The refresh interval for ``calls`` GetMonitorData calls plus ``other_calls``
+        made every refresh (the events), all at the bucket's rate."""
         settings = self.settings
-        interval = plan_interval(calls, settings.rate, settings.period, settings.refresh_interval)
+        interval = plan_interval(
+            calls + other_calls, settings.rate, settings.period, settings.refresh_interval
+        )
         base = settings.refresh_interval or float(settings.period)
         if interval != base and interval != self.status().refresh_interval:
             log.warning(
-                "%d GetMonitorData calls at %.1f/s need %.0fs; refreshing every %.0fs "
-                "instead of %.0fs (raise batch_size or pull fewer metrics)",
-                calls, settings.rate, calls / settings.rate, interval, base,
+                "%d GetMonitorData and %d other calls at %.1f/s need %.0fs; refreshing every "
+                "%.0fs instead of %.0fs (raise batch_size or pull fewer metrics)",
+                calls, other_calls, settings.rate, (calls + other_calls) / settings.rate,
+                interval, base,
             )
         return interval
 
@@ -375,6 +393,22 @@ class TencentPuller:
             for target in region.instances
         }
         self.prices.refresh(connection.api, connection.targets, instances, now)
+
+    def _instance_ids(self) -> dict[str, list[str]]:
+        return {
+            region: [target.object_id for target in targets.instances]
+            for region, targets in self._targets.items()
+        }
+
+    def _event_calls(self) -> int:
+        if self.events is None:
+            return 0
+        return EventBook.planned_calls(self._instance_ids())
+
+    def _read_events(self, connection: Connection, now: float) -> None:
+        if self.events is None or self._thread.stopping.is_set():
+            return
+        self.events.refresh(connection.api, self._instance_ids(), now)
 
     def _finish(
         self, started: float, calls: int, failed: int, aborted: str | None
