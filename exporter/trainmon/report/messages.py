@@ -19,6 +19,7 @@ value itself, so it can be grepped in the metrics.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 
 log = logging.getLogger(__name__)
@@ -353,6 +354,11 @@ FINDINGS: Mapping[str, Pair] = {
         "with the cloud instance",
         "checkpoint 写在 {mountpoint}（{fstype}，{storage}）：云实例释放或回收后这份存储就没了，"
         "checkpoint 一定不要只写在本地临时盘"),
+    "fail_slow": (
+        "{who} became {ratio:.0%} slower at {start_text} and stayed slower: its "
+        "{part_words} grew{growth_text}; {cause_words}",
+        "{who}从 {start_text} 起慢了 {ratio:.0%}，一直没有恢复：{part_words}变长了"
+        "{growth_text}；{cause_words}"),
     "numa_far": (
         "process(es) {processes} run mostly on CPUs outside their GPU's NUMA node (share of "
         "allowed CPUs on the GPU's node; threshold {threshold:.0%})",
@@ -619,10 +625,118 @@ ADVICE = {**ADVICE, **{
         "（或高性能云硬盘）上再读，不要让训练循环每次都远程读文件；小文件打包成大文件"
         "（TFRecord、WebDataset）。"),
 }}
-ADVICE_ALIASES = {"sawtooth_data_wait": "data_wait", "gpu_bound_unmeasured": "gpu_bound"}
+#: What a fail-slow change grew in (``failslow.PARTS``) and what the node's evidence
+#: names as its cause (``failslow.CAUSES`` and the defaults), in words.
+FAIL_SLOW_PARTS: Mapping[str, Pair] = {
+    "compute": ("compute per step", "每步计算时间"),
+    "data_wait": ("data wait per step", "每步数据等待"),
+    "comm": ("exposed communication per step", "每步暴露通信"),
+    "step": ("step time", "步时长"),
+}
+FAIL_SLOW_CAUSES: Mapping[str, Pair] = {
+    "cpu_throttled": ("its cgroup's CPU quota throttles it", "它所在 cgroup 的 CPU 配额在限流"),
+    "gpu_thermal": ("its GPU's clocks are held down for heat", "GPU 因过热降频"),
+    "gpu_power_cap": ("its GPU is held at its power cap", "GPU 触及功耗上限而降频"),
+    "gpu_clocks": ("its GPU's SM clocks dropped", "GPU 的 SM 频率下降了"),
+    "pcie_link": ("its GPU's PCIe link runs below its width or generation",
+                  "GPU 的 PCIe 链路宽度或代数降级了"),
+    "pcie_replays": ("its GPU's PCIe link replays packets", "GPU 的 PCIe 链路在重传"),
+    "network_errors": ("the node's NIC or InfiniBand ports count errors",
+                       "节点的网卡或 InfiniBand 端口在报错"),
+    "cpu_pressure": ("the node's CPUs are oversubscribed (PSI)", "节点 CPU 资源紧张（PSI）"),
+    "cpu_steal": ("the hypervisor steals CPU time", "宿主机在抢占 CPU 时间（steal）"),
+    "mount_latency": ("the dataset's network mount answers slower",
+                      "数据集所在的网络文件系统响应变慢了"),
+    "data_loading": ("its data loading got slower", "数据加载变慢了"),
+    "instance_event": ("the cloud reports an event on the instance", "云平台报告该实例有事件"),
+    "other_node": ("the ranks here wait for a rank on another node (that node's trainmon "
+                   "names it)",
+                   "本节点的 rank 在等其他节点上的某个 rank（由那个节点的 trainmon 指出）"),
+    "unknown": ("no signal of the node changed with it", "节点上没有同时变化的信号"),
+}
+
+ADVICE = {**ADVICE, **{
+    "fail_slow": (
+        "Exclude the slow rank's node before it costs the job a day: a scheduler does not "
+        "see a half-broken node by itself (Slurm: --exclude=NODE, scontrol update "
+        "NodeName=NODE State=DRAIN; Kubernetes: kubectl cordon NODE). `trainmon suspects "
+        "--prometheus URL` lists the fleet's odd nodes out with the commands; check the "
+        "node's GPU clocks, throttling and health (trainmon_health_status).",
+        "在它拖慢整个任务一天之前把慢 rank 所在节点排除掉：故障节点一定要主动 exclude，调度器"
+        "不会自动识别“半坏”节点（Slurm：--exclude=NODE、scontrol update NodeName=NODE "
+        "State=DRAIN；Kubernetes：kubectl cordon NODE）。`trainmon suspects --prometheus URL` "
+        "会列出集群里的异常节点和命令；并检查该节点的 GPU 频率、降频和健康状态"
+        "（trainmon_health_status）。"),
+    "fail_slow_cpu_throttled": (
+        "Raise or remove the CPU limit of the rank's container or cgroup (Kubernetes: "
+        "resources.limits.cpu, whole CPUs with Guaranteed QoS for training pods), or move "
+        "the other work off its CPUs; then the rank runs at its own speed again.",
+        "调高或去掉该 rank 所在容器或 cgroup 的 CPU 限额（Kubernetes：resources.limits.cpu，"
+        "训练 pod 用整数个 CPU 的 Guaranteed QoS），或把其他负载移出它的 CPU。"),
+    "fail_slow_gpu_thermal": (
+        "The GPU is held down for heat: nvidia-smi -q -d PERFORMANCE,TEMPERATURE shows the "
+        "throttle reasons; check the node's fans, airflow and inlet temperature, and drain "
+        "it if one GPU alone runs hot (a hardware fault slows the whole synchronous job).",
+        "GPU 因过热降频：nvidia-smi -q -d PERFORMANCE,TEMPERATURE 可以看到降频原因；检查节点"
+        "风扇、风道和进风温度，若只有这一块 GPU 过热，请将节点下线（一块慢卡拖慢整个同步任务）。"),
+    "fail_slow_gpu_power_cap": (
+        "The GPU is held at its power cap: nvidia-smi -q -d POWER shows the enforced limit; "
+        "restore it (nvidia-smi -pl) or drain the node if its power delivery is at fault.",
+        "GPU 触及功耗上限：nvidia-smi -q -d POWER 可以看到生效的功耗上限；恢复它"
+        "（nvidia-smi -pl），若是节点供电问题，请将节点下线。"),
+    "fail_slow_gpu_clocks": (
+        "The GPU's clocks dropped: nvidia-smi -q -d CLOCK,PERFORMANCE shows why (application "
+        "clocks, a clock lock, throttling); reset them (nvidia-smi -rac, -rgc) or drain the "
+        "node.",
+        "GPU 频率下降了：nvidia-smi -q -d CLOCK,PERFORMANCE 可以看到原因（应用频率、锁频、降频）；"
+        "恢复频率（nvidia-smi -rac、-rgc）或将节点下线。"),
+    "fail_slow_pcie_link": (
+        "The GPU's PCIe link degraded (nvidia-smi -q -d PCI: link width and generation "
+        "against their maximum): reseat or replace the GPU or riser; drain the node until "
+        "then.",
+        "GPU 的 PCIe 链路降级了（nvidia-smi -q -d PCI：当前链路宽度和代数对比最大值）：重新插拔"
+        "或更换 GPU、转接卡；在此之前请将节点下线。"),
+    "fail_slow_network_errors": (
+        "The node's links count errors: ibstat and perfquery (symbol and link errors), "
+        "ethtool -S; replace the cable or transceiver, and drain the node until then.",
+        "节点链路在报错：用 ibstat、perfquery（symbol/link 错误）、ethtool -S 检查；更换线缆或"
+        "光模块，在此之前请将节点下线。"),
+    "fail_slow_cpu_pressure": (
+        "Other work competes for the node's CPUs (/proc/pressure/cpu): move it away, or "
+        "give the training processes their own CPUs (cpusets, Guaranteed QoS).",
+        "节点上有其他负载在争抢 CPU（/proc/pressure/cpu）：把它移走，或为训练进程分配独占 CPU"
+        "（cpuset、Guaranteed QoS）。"),
+    "fail_slow_cpu_steal": (
+        "The hypervisor gives this instance's CPUs to others (steal time): on a cloud, move "
+        "the job to another instance or a dedicated host.",
+        "宿主机把这台实例的 CPU 时间分给了别人（steal）：在云上请把任务迁到其他实例或专用宿主机。"),
+    "fail_slow_mount_latency": (
+        "The dataset's network filesystem answers slower (nfsiostat: READ round trips): "
+        "other jobs may read the same storage; warm the dataset onto local NVMe before "
+        "training and read it from there.",
+        "数据集所在的网络文件系统变慢了（nfsiostat：READ 往返时间）：可能有其他任务在读同一份"
+        "存储；训练前先把数据集预热到本地 NVMe 再读。"),
+    "fail_slow_data_loading": (
+        "The data loading got slower mid-run: a slower shard or dataset region, a cache that "
+        "stopped hitting, or fewer loader workers; raise num_workers and prefetch_factor, "
+        "and warm the dataset onto local NVMe.",
+        "训练中途数据加载变慢了：可能是更慢的分片或数据区域、缓存不再命中，或 loader worker "
+        "变少；增大 num_workers 和 prefetch_factor，并把数据集预热到本地 NVMe。"),
+    "fail_slow_instance_event": (
+        "The cloud reports an event on the instance (a fault, maintenance or migration): "
+        "checkpoint now and move the job to another instance.",
+        "云平台报告该实例有事件（故障、运维或迁移）：立即保存 checkpoint，把任务迁到其他实例。"),
+    "fail_slow_other_node": (
+        "The job waits for a rank on another node: `trainmon suspects --prometheus URL` (or "
+        "`trainmon doctor` on each of the job's nodes) names it.",
+        "任务在等其他节点上的某个 rank：用 `trainmon suspects --prometheus URL`"
+        "（或在任务的每个节点上运行 `trainmon doctor`）找到它。"),
+}}
+ADVICE_ALIASES = {"sawtooth_data_wait": "data_wait", "gpu_bound_unmeasured": "gpu_bound",
+                  "fail_slow_pcie_replays": "fail_slow_pcie_link"}
 #: Findings whose advice is added to the deciding finding's, wherever they stand.
 EXTRA_ADVICE = ("oom_risk", "spot_reclaim", "checkpoint_overdue", "checkpoint_missing",
-                "checkpoint_local_disk", "numa_far", "nccl_over_sockets")
+                "checkpoint_local_disk", "numa_far", "nccl_over_sockets", "fail_slow")
 
 #: Added to a storage finding whose data comes from an NFS/CFS mount
 #: (``risks.with_storage_source``), with and without a READ round trip.
@@ -745,6 +859,8 @@ def finding_text(code: str, values: Mapping[str, object], lang: str) -> str:
         code = "gpu_bound_unmeasured"
     if code == "hung_rank":
         code, values = _hung_rank_text(values, lang)
+    if code == "fail_slow":
+        values = fail_slow_values(values, lang)
     values = _with_derived_values(values)
     if isinstance(values.get("storage"), str):
         values = {**values, "storage": storage_name(str(values["storage"]), lang)}
@@ -771,10 +887,36 @@ def advice_text(code: str, lang: str, values: Mapping[str, object] | None = None
         values = _hung_rank_text(values, lang)[1]
     if code == "comm_exposed" and values is not None and values.get("group") == "tp":
         code = "comm_exposed_tp"
+    if code == "fail_slow" and values is not None:
+        cause = f"fail_slow_{values.get('cause', '')}"
+        if ADVICE_ALIASES.get(cause, cause) in ADVICE:
+            code = cause
     pair = ADVICE.get(ADVICE_ALIASES.get(code, code))
     if not pair:
         return ""
     return render(pick(pair, lang), _with_derived_values(values or {}))
+
+
+def fail_slow_values(values: Mapping[str, object], lang: str) -> Mapping[str, object]:
+    """A ``fail_slow`` finding's values with the words its message needs: ``who`` (``rank
+    1``, ``the job``), ``start_text`` (``10:42:05 UTC``), ``part_words``, ``cause_words``
+    and ``growth_text`` (`` from 102 ms to 141 ms``, where the finding carries them)."""
+    rank = str(values.get("rank", ""))
+    start = values.get("start")
+    before, after = values.get("before"), values.get("after")
+    growth = ""
+    if isinstance(before, (int, float)) and isinstance(after, (int, float)) and after:
+        growth = pick((f" from {before * 1000:.0f} ms to {after * 1000:.0f} ms",
+                       f"（从 {before * 1000:.0f} 毫秒到 {after * 1000:.0f} 毫秒）"), lang)
+    part, cause = str(values.get("part", "")), str(values.get("cause", ""))
+    return {**values,
+            "who": pick((f"rank {rank}", f"rank {rank} ") if rank else ("the job", "整个任务"),
+                        lang),
+            "start_text": time.strftime("%H:%M:%S UTC", time.gmtime(float(start)))
+            if isinstance(start, (int, float)) and start > 0 else "?",
+            "part_words": pick(FAIL_SLOW_PARTS.get(part, (part, part)), lang),
+            "cause_words": pick(FAIL_SLOW_CAUSES.get(cause, (cause, cause)), lang),
+            "growth_text": growth}
 
 
 def rate_text(value: float | None) -> str:
