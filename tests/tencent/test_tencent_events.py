@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -35,7 +36,7 @@ def starts(collector: TencentCollector) -> dict[tuple[str, str], float]:
             for k, v in named(samples(collector), START).items()}
 
 
-def event_calls(cloud: FakeTencentCloud) -> list[dict[str, object]]:
+def event_calls(cloud: FakeTencentCloud) -> list[dict[str, Any]]:
     return [dict(r.params) for r in cloud.records if r.action == ACTION]
 
 
@@ -80,7 +81,7 @@ def test_open_events_are_exported_with_their_category(
     # one signed, paced request: the documented filters, the instance targets only
     (params,) = event_calls(cloud)
     assert params["Module"] == "monitor" and params["ProductName"] == ["cvm"]
-    assert sorted(params["InstanceId"]) == sorted(fleet)  # type: ignore[arg-type]
+    assert sorted(params["InstanceId"]) == sorted(fleet)
     assert params["EndTime"] == int(now) and params["StartTime"] == int(now - 86400)
     assert cloud.count(ACTION, code=None) == 1
     requests = named(samples(collector), "trainmon_tencent_api_requests_total")
@@ -222,5 +223,5 @@ def test_configured_categories_come_first_and_events_can_be_off(
 
 
 def test_an_unknown_category_is_a_config_error(cloud: FakeTencentCloud) -> None:
-    with pytest.raises(ConfigError, match="event_categories.*unknown category 'gpu'"):
+    with pytest.raises(ConfigError, match=r"event_categories.*unknown category 'gpu'"):
         tencent_config(cloud, event_categories={"guest_core_error": "gpu"})
