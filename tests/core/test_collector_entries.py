@@ -56,7 +56,7 @@ def test_the_scrape_order_keeps_the_derived_collectors_last_in_their_order() -> 
     """Sources first; attribution and numa read the GPU collector; the diagnosis reads
     the families collected before it; the ledger records its verdicts, last."""
     derived = [entry.name for entry in entries() if entry.derived]
-    assert derived == ["attribution", "numa", "diagnosis", "ledger"]
+    assert derived == ["attribution", "numa", "pressure", "diagnosis", "health", "ledger"]
     assert list(MODULES[-len(derived):]) == derived
     assert [entry.name for entry in entries() if entry.real_only] == ["tencent"]
 

@@ -21,9 +21,11 @@ from trainmon.core.entry import CollectorEntry
 
 #: Every collector of the daemon, in scrape order: the sources first, then the
 #: derived collectors in this order (attribution and numa, which read the GPU
-#: collector; the diagnosis, which reads the families collected before it, and
-#: from which on everything is evaluated on the registry's clock; the ledger,
-#: which records the diagnosis' verdicts with each run, last).
+#: collector; pressure, which reads the training store's ranks; the diagnosis,
+#: which reads the families collected before it, and from which on everything
+#: is evaluated on the registry's clock; health, which sums the node's evidence
+#: up per subsystem; the ledger, which records the diagnosis' verdicts with each
+#: run, last).
 MODULES: tuple[str, ...] = (
     "network",
     "infiniband",
@@ -35,7 +37,9 @@ MODULES: tuple[str, ...] = (
     "tencent",
     "attribution",
     "numa",
+    "pressure",
     "diagnosis",
+    "health",
     "ledger",
 )
 
