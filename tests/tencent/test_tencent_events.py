@@ -10,10 +10,13 @@ from typing import Any
 import pytest
 
 from testkit.fake_tencent_api import FakeClock, FakeTencentCloud
-from tests.tencent.tencent_support import named, samples, tencent_config
+from tests.tencent.tencent_support import SECRET_ID, SECRET_KEY, named, samples, tencent_config
 from trainmon.collectors.tencent import TencentCollector
 from trainmon.config import ConfigError
+from trainmon.tencent.client import MONITOR, APIError, APIStats, TencentAPI
+from trainmon.tencent.credentials import Credential, StaticCredentials
 from trainmon.tencent.events import PAGE_SIZE
+from trainmon.tencent.ratelimit import TokenBucket
 
 MakeCollector = Callable[..., TencentCollector]
 ACTION = "DescribeProductEventList"
@@ -225,3 +228,52 @@ def test_configured_categories_come_first_and_events_can_be_off(
 def test_an_unknown_category_is_a_config_error(cloud: FakeTencentCloud) -> None:
     with pytest.raises(ConfigError, match=r"event_categories.*unknown category 'gpu'"):
         tencent_config(cloud, event_categories={"guest_core_error": "gpu"})
+
+
+#: The keys of one event in the API reference's example answer.
+DOCUMENTED_EVENT_KEYS = {
+    "AdditionMsg", "Dimensions", "EventCName", "EventEName", "EventId", "EventName",
+    "InstanceId", "InstanceName", "ProductCName", "ProductEName", "ProductName", "ProjectId",
+    "Region", "StartTime", "Status", "SupportAlarm", "Type", "UpdateTime",
+}
+
+
+def test_the_fake_answers_as_documented(
+    cloud: FakeTencentCloud, clock: FakeClock, fleet: list[str]
+) -> None:
+    now = clock()
+    cloud.add_event(fleet[0], "guest_reboot", start=now - 60, status="-")
+    cloud.add_event(fleet[1], "instance_restarted", start=now - 30)
+    cloud.add_event(fleet[1], "instance_restarting", start=now - 20, status="recover",
+                    event_type="status_change")
+
+    def ask(secret_key: str = SECRET_KEY, **params: Any) -> dict[str, Any]:
+        credentials = StaticCredentials("test", lambda: Credential(SECRET_ID, secret_key))
+        api = TencentAPI(cloud.url, credentials, limiter=TokenBucket(15.0), stats=APIStats(),
+                         clock=clock, max_retries=0)
+        return dict(api.call(MONITOR, ACTION, {"Module": "monitor", **params}, "ap-shanghai"))
+
+    everything = ask()
+    assert everything["Total"] == 3
+    assert all(set(event) >= DOCUMENTED_EVENT_KEYS for event in everything["Events"])
+    assert [e["EventName"] for e in everything["Events"]] == [  # newest update first
+        "instance_restarting", "instance_restarted", "guest_reboot"]
+    assert everything["Events"][2]["EventEName"] == "GuestReboot"
+    assert everything["OverView"]["UnRecoverAmount"] == 1
+    assert [e["EventName"] for e in ask(Status=["alarm"])["Events"]] == ["instance_restarted"]
+    assert ask(InstanceId=[fleet[0]])["Total"] == 1
+    assert ask(ProductName=["cdb"])["Total"] == 0
+    assert ask(StartTime=int(now - 40))["Total"] == 2
+    page = ask(Limit=1, Offset=1, TimeOrder="ASC")
+    assert page["Total"] == 3 and [e["EventName"] for e in page["Events"]] == [
+        "instance_restarted"]
+
+    for params, code in (({"Module": "cvm"}, "InvalidParameterValue"),
+                         ({"Limit": 0}, "InvalidParameterValue"),
+                         ({"InstanceId": fleet[0]}, "InvalidParameter")):
+        with pytest.raises(APIError) as raised:
+            ask(**params)
+        assert raised.value.code == code
+    with pytest.raises(APIError) as raised:
+        ask(secret_key="wrong-" + SECRET_KEY)
+    assert raised.value.code == "AuthFailure.SignatureFailure"
