@@ -12,7 +12,8 @@
  * fakenvml_set_time() (tests that need determinism).
  *
  * Build with -DFAKENVML_OLD_DRIVER to leave out the symbols an old driver
- * lacks (field values, energy, event wait v2, process list v3, GPM).
+ * lacks (field values, energy, event wait v2, process list v3, GPM, row
+ * remapping, fabric info, the GPU's own max PCIe generation).
  */
 #include <math.h>
 #include <pthread.h>
@@ -25,7 +26,8 @@
 #define MAX_GPUS 64
 #define MAX_RULES 128
 #define SAMPLE_BUFFER 100
-#define NVLINKS 18
+#define NVLINKS 18        /* default NVLink links per GPU (H100 SXM) */
+#define NVML_MAX_LINKS 36 /* NVML_NVLINK_MAX_LINKS as pynvml 13 declares it */
 
 enum {
     OK = 0, UNINITIALIZED = 1, INVALID_ARGUMENT = 2, NOT_SUPPORTED = 3,
@@ -58,6 +60,13 @@ typedef struct { int gpu; char name[64]; } unsupported_t;       /* gpu -1 = ever
 typedef struct { int gpu; unsigned int pid; unsigned long long bytes; } process_t;
 typedef struct { double sm, occupancy, tensor, dram; } gpm_t;   /* percent, see gpm_value() */
 typedef struct { int gpu; unsigned int metric; } gpm_metric_rule_t;
+/* Health readings of one GPU (see README.md, "Health"). */
+typedef struct { unsigned int width, gen, max_width, max_gen, replays;
+                 unsigned int remap_corr, remap_unc, remap_pending, remap_failed;
+                 unsigned int retired_sbe, retired_dbe, retired_pending;
+                 unsigned int links; unsigned long long links_down;   /* bit k = link k down */
+                 int fabric; unsigned int fabric_state; int fabric_status; /* fabric: 0 = none */
+                 unsigned int recovery_action, max_clock_mhz; } health_t;
 
 static struct {
     char path[4096];
@@ -72,6 +81,7 @@ static struct {
     process_t processes[MAX_RULES]; int nprocesses;
     gpm_t gpm[MAX_GPUS]; int gpm_named[MAX_GPUS]; int gpm_unsupported[MAX_GPUS]; unsigned int gpm_version;
     gpm_metric_rule_t gpm_missing[MAX_RULES]; int ngpm_missing;
+    health_t health[MAX_GPUS];
 } sc;
 
 struct nvmlEventSet_st { unsigned long long mask[MAX_GPUS]; double since[MAX_GPUS];
@@ -123,6 +133,23 @@ static void set_gpm(const char *target, gpm_t gpm) {
     for (int i = 0; i < MAX_GPUS; i++) if (gpu < 0 || gpu == i) { sc.gpm[i] = gpm; sc.gpm_named[i] = 1; }
 }
 
+/* Apply `edit` to the health of every GPU `target` names. */
+#define SET_HEALTH(target, edit) do { int g_ = gpu_arg(target); \
+    for (int i_ = 0; i_ < MAX_GPUS; i_++) if (g_ < 0 || g_ == i_) { health_t *h = &sc.health[i_]; edit; } } while (0)
+
+/* `nvlink GPU LINKS [DOWN,DOWN...]`: LINKS links, those listed down. */
+static void set_nvlink(const char *line) {
+    char target[16], down[256] = ""; unsigned int links;
+    if (sscanf(line, "nvlink %15s %u %255s", target, &links, down) < 2) return;
+    if (links > NVML_MAX_LINKS) links = NVML_MAX_LINKS;
+    unsigned long long mask = 0;
+    for (char *word = strtok(down, ","); word; word = strtok(NULL, ",")) {
+        int link = atoi(word);
+        if (link >= 0 && link < (int)links) mask |= 1ULL << link;
+    }
+    SET_HEALTH(target, (h->links = links, h->links_down = mask));
+}
+
 /* GPM exists on a GPU that a `gpm` line names and no `gpm_unsupported` line takes away:
  * a scenario without GPM lines is a pre-Hopper node. */
 __attribute__((unused)) static int gpm_supported(unsigned int i) { return sc.gpm_named[i] && !sc.gpm_unsupported[i]; }
@@ -136,8 +163,11 @@ static int load_scenario(const char *path) {
     strcpy(sc.name, "NVIDIA H100 80GB HBM3"); strcpy(sc.driver, "550.54.15");
     for (int i = 0; i < MAX_GPUS; i++) { sc.lost_at[i] = -1; sc.found_at[i] = -1; sc.util[i] = (util_t){STEADY, 0, 0, 0, 0}; }
     sc.gpm_version = 1;
+    for (int i = 0; i < MAX_GPUS; i++)   /* a healthy H100 SXM: x16 Gen5, 18 NVLinks up */
+        sc.health[i] = (health_t){.width = 16, .gen = 5, .max_width = 16, .max_gen = 5,
+                                  .links = NVLINKS, .max_clock_mhz = 1980};
     char line[512], word[64], target[16], text[96];
-    double a, b, c, d; unsigned long long code; int n, k; unsigned int metric;
+    double a, b, c, d; unsigned long long code; int n, k; unsigned int metric, u[4]; int status;
     while (fgets(line, sizeof line, file)) {
         char *hash = strchr(line, '#'); if (hash) *hash = 0;
         if (sscanf(line, "%63s", word) != 1) continue;
@@ -172,6 +202,18 @@ static int load_scenario(const char *path) {
         else if (sscanf(line, "no_samples %15s", target) == 1) set_flag(sc.no_samples, target);
         else if (sscanf(line, "no_nvlink_aggregate %15s", target) == 1) set_flag(sc.no_aggregate, target);
         else if (sscanf(line, "driver_unloaded %lf %lf", &a, &b) == 2) { sc.unloaded_from = a; sc.unloaded_to = b; }
+        else if (sscanf(line, "pcie_link %15s %u %u %u %u", target, &u[0], &u[1], &u[2], &u[3]) == 5)
+            SET_HEALTH(target, (h->width = u[0], h->gen = u[1], h->max_width = u[2], h->max_gen = u[3]));
+        else if (sscanf(line, "pcie_replays %15s %u", target, &u[0]) == 2) SET_HEALTH(target, h->replays = u[0]);
+        else if (sscanf(line, "remapped_rows %15s %u %u %u %u", target, &u[0], &u[1], &u[2], &u[3]) == 5)
+            SET_HEALTH(target, (h->remap_corr = u[0], h->remap_unc = u[1], h->remap_pending = u[2], h->remap_failed = u[3]));
+        else if (sscanf(line, "retired_pages %15s %u %u %u", target, &u[0], &u[1], &u[2]) == 4)
+            SET_HEALTH(target, (h->retired_sbe = u[0], h->retired_dbe = u[1], h->retired_pending = u[2]));
+        else if (!strcmp(word, "nvlink")) set_nvlink(line);
+        else if (sscanf(line, "fabric %15s %u %d", target, &u[0], &status) == 3)
+            SET_HEALTH(target, (h->fabric = 1, h->fabric_state = u[0], h->fabric_status = status));
+        else if (sscanf(line, "recovery_action %15s %u", target, &u[0]) == 2) SET_HEALTH(target, h->recovery_action = u[0]);
+        else if (sscanf(line, "max_clock %15s %u", target, &u[0]) == 2) SET_HEALTH(target, h->max_clock_mhz = u[0]);
         else fprintf(stderr, "fakenvml: ignoring scenario line: %s", line);
     }
     fclose(file);
@@ -347,16 +389,19 @@ EXPORT int nvmlDeviceGetFieldValues(nvmlDevice_t dev, int count, nvmlFieldValue_
     for (int k = 0; k < count; k++) {
         nvmlFieldValue_t *f = &values[k];
         char id[16]; snprintf(id, sizeof id, "%u", f->fieldId);
-        int all = f->scopeId == 0xFFFFFFFFu, links = all ? NVLINKS : 1;
+        unsigned int nvlinks = sc.health[i].links;
+        int all = f->scopeId == 0xFFFFFFFFu, links = all ? (int)nvlinks : 1;
         f->timestamp = (long long)(origin_epoch_us + now() * 1e6); f->latencyUsec = 0;
         f->valueType = 3; f->nvmlReturn = OK; f->value.ullVal = 0;
         if (named(sc.unsupported_fields, sc.nunsupported_fields, i, id)) { f->nvmlReturn = NOT_SUPPORTED; continue; }
         switch (f->fieldId) {
-        case 91: f->valueType = 1; f->value.uiVal = NVLINKS; break;                  /* link count */
+        case 91: f->valueType = 1; f->value.uiVal = nvlinks; break;                  /* link count */
+        case 230: f->valueType = 1; f->value.uiVal = sc.health[i].recovery_action; break; /* recovery action */
         case 197: f->value.ullVal = 1000000000ULL * (i + 1); break;                  /* PCIe TX */
         case 198: f->value.ullVal = 2000000000ULL * (i + 1); break;                  /* PCIe RX */
         case 138: case 139:                                                          /* NVLink TX, RX */
-            if ((all && sc.no_aggregate[i]) || (!all && f->scopeId >= NVLINKS)) { f->nvmlReturn = INVALID_ARGUMENT; break; }
+            if (!nvlinks) { f->nvmlReturn = NOT_SUPPORTED; break; }
+            if ((all && sc.no_aggregate[i]) || (!all && f->scopeId >= nvlinks)) { f->nvmlReturn = INVALID_ARGUMENT; break; }
             f->value.ullVal = (f->fieldId == 138 ? 1000ULL : 2000ULL) * (i + 1) * links;
             break;
         default: f->nvmlReturn = NOT_SUPPORTED;
@@ -375,6 +420,89 @@ EXPORT int nvmlDeviceGetPcieThroughput(nvmlDevice_t dev, int counter, unsigned i
     *kib_per_second = (counter == 0 ? 1000 : 2000) * (dev->index + 1);
     return OK;
 }
+
+/* -- health: PCIe link, replays, memory repair, NVLink, fabric (README.md, "Health") -- */
+#define HEALTH(dev) (&sc.health[(dev)->index])
+EXPORT int nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t dev, unsigned int *v) { ENTER(dev); *v = HEALTH(dev)->width; return OK; }
+EXPORT int nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t dev, unsigned int *v) { ENTER(dev); *v = HEALTH(dev)->max_width; return OK; }
+EXPORT int nvmlDeviceGetCurrPcieLinkGeneration(nvmlDevice_t dev, unsigned int *v) { ENTER(dev); *v = HEALTH(dev)->gen; return OK; }
+EXPORT int nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t dev, unsigned int *v) { ENTER(dev); *v = HEALTH(dev)->max_gen; return OK; }
+#ifndef FAKENVML_OLD_DRIVER
+EXPORT int nvmlDeviceGetGpuMaxPcieLinkGeneration(nvmlDevice_t dev, unsigned int *v) { ENTER(dev); *v = HEALTH(dev)->max_gen; return OK; }
+#endif
+EXPORT int nvmlDeviceGetPcieReplayCounter(nvmlDevice_t dev, unsigned int *v) { ENTER(dev); *v = HEALTH(dev)->replays; return OK; }
+EXPORT int nvmlDeviceGetMaxClockInfo(nvmlDevice_t dev, int type, unsigned int *mhz) {
+    ENTER(dev); *mhz = type == 1 ? HEALTH(dev)->max_clock_mhz : 2619; return OK;
+}
+
+#ifndef FAKENVML_OLD_DRIVER
+EXPORT int nvmlDeviceGetRemappedRows(nvmlDevice_t dev, unsigned int *corr, unsigned int *unc,
+                                     unsigned int *pending, unsigned int *failure) {
+    ENTER(dev);
+    health_t *h = HEALTH(dev);
+    *corr = h->remap_corr; *unc = h->remap_unc; *pending = h->remap_pending; *failure = h->remap_failed;
+    return OK;
+}
+#endif
+
+/* nvmlPageRetirementCause_t: 0 = multiple single-bit, 1 = double-bit. A NULL
+ * array (or one too small) answers the count with INSUFFICIENT_SIZE, as NVML. */
+EXPORT int nvmlDeviceGetRetiredPages(nvmlDevice_t dev, int cause, unsigned int *count, unsigned long long *addresses) {
+    ENTER(dev);
+    if (cause < 0 || cause > 1 || !count) return INVALID_ARGUMENT;
+    unsigned int n = cause == 0 ? HEALTH(dev)->retired_sbe : HEALTH(dev)->retired_dbe;
+    if (n == 0) { *count = 0; return OK; }
+    if (!addresses || *count < n) { *count = n; return INSUFFICIENT_SIZE; }
+    for (unsigned int k = 0; k < n; k++) addresses[k] = 0x100000ULL * (k + 1) + (cause << 12);
+    *count = n;
+    return OK;
+}
+EXPORT int nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t dev, int *pending) {
+    ENTER(dev); *pending = HEALTH(dev)->retired_pending ? 1 : 0; return OK;
+}
+
+/* isActive: NVML_FEATURE_ENABLED (1) / DISABLED (0); a GPU without NVLink, or
+ * a link past its count, answers NOT_SUPPORTED / INVALID_ARGUMENT. */
+EXPORT int nvmlDeviceGetNvLinkState(nvmlDevice_t dev, unsigned int link, unsigned int *active) {
+    ENTER(dev);
+    health_t *h = HEALTH(dev);
+    if (!h->links) return NOT_SUPPORTED;
+    if (link >= h->links) return INVALID_ARGUMENT;
+    *active = (h->links_down >> link) & 1 ? 0 : 1;
+    return OK;
+}
+
+#ifndef FAKENVML_OLD_DRIVER
+/* nvmlGpuFabricInfo_t (v1, no version field) and nvmlGpuFabricInfo_v2_t / _v3_t
+ * (nvmlGpuFabricInfoV_t: version first); versions are (N << 24) | sizeof. */
+typedef struct { unsigned char clusterUuid[16]; int status; unsigned int cliqueId, state; } nvmlGpuFabricInfo_t;
+typedef struct { unsigned int version; unsigned char clusterUuid[16]; int status; unsigned int cliqueId, state, healthMask;
+                 unsigned char healthSummary; } nvmlGpuFabricInfoV_t;
+#define FABRIC_V2 (2u << 24 | 36u)
+#define FABRIC_V3 (3u << 24 | (unsigned int)sizeof(nvmlGpuFabricInfoV_t))
+
+static int fabric_of(nvmlDevice_t dev, unsigned char *uuid, int *status, unsigned int *clique, unsigned int *state) {
+    health_t *h = HEALTH(dev);
+    if (!h->fabric) return NOT_SUPPORTED;
+    memset(uuid, 0, 16); uuid[0] = 0xfa; uuid[15] = 0xb1;
+    *status = h->fabric_status; *clique = 1; *state = h->fabric_state;
+    return OK;
+}
+EXPORT int nvmlDeviceGetGpuFabricInfo(nvmlDevice_t dev, nvmlGpuFabricInfo_t *info) {
+    ENTER(dev);
+    if (!info) return INVALID_ARGUMENT;
+    return fabric_of(dev, info->clusterUuid, &info->status, &info->cliqueId, &info->state);
+}
+EXPORT int nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t dev, nvmlGpuFabricInfoV_t *info) {
+    ENTER(dev);
+    if (!info) return INVALID_ARGUMENT;
+    if (info->version != FABRIC_V2 && info->version != FABRIC_V3) return ARGUMENT_VERSION_MISMATCH;
+    int rc = fabric_of(dev, info->clusterUuid, &info->status, &info->cliqueId, &info->state);
+    if (rc == OK) info->healthMask = 0;
+    if (rc == OK && info->version == FABRIC_V3) info->healthSummary = 1;   /* HEALTHY */
+    return rc;
+}
+#endif
 
 /* -- utilization -------------------------------------------------------------- */
 EXPORT int nvmlDeviceGetUtilizationRates(nvmlDevice_t dev, nvmlUtilization_t *u) {

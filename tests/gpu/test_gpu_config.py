@@ -26,6 +26,7 @@ def test_defaults() -> None:
         retry_seconds=10.0,
         gpm=True,
         gpm_interval_seconds=1.0,
+        health_interval_seconds=60.0,
     )
     assert gpu({}).gpm_enabled
 
@@ -41,8 +42,9 @@ def test_every_key_is_read() -> None:
         "retry_seconds": 2,
         "gpm": False,
         "gpm_interval_seconds": 0.25,
+        "health_interval_seconds": 300,
     }
-    assert gpu(section) == GPUConfig(True, 30.0, 0.5, 60.0, 0.05, 0.7, 2.0, False, 0.25)
+    assert gpu(section) == GPUConfig(True, 30.0, 0.5, 60.0, 0.05, 0.7, 2.0, False, 0.25, 300.0)
 
 
 @pytest.mark.parametrize(

@@ -1,16 +1,20 @@
 """GPU metrics from NVML: device readings, the utilization sampler, GPM activity, XID events.
 
 ``GPUCollector`` reads every GPU through the ``NVML`` facade on each scrape
-(17 cheap calls per GPU, 136 for 8 GPUs, as counted by ``bench/gpu_collection.py``
-on the fake NVML; no 20 ms blocking ones) and adds what its three background
-threads keep: the utilization sampler (``trainmon.gpu.sampler``), the GPM
-sampler (``trainmon.gpu.gpm``: SM, tensor-core and DRAM activity, where the GPU
-has GPM and ``collectors.gpu.gpm`` is on) and the XID
-listener (``trainmon.gpu.events``), which waits on an NVML event set so that no
-XID error is lost between scrapes. The ``gpu`` label is the NVML index as a
-decimal string, as in dcgm-exporter. A lost GPU keeps only its ``_info``,
-``trainmon_gpu_up`` (0) and XID series; the other GPUs go on. Process lists are
-expensive and read only on demand, at most every ``process_interval_seconds``.
+(20 cheap calls per GPU, 160 for 8 GPUs, as counted by ``bench/gpu_collection.py``
+on the fake NVML; no 20 ms blocking ones), its slow-changing health readings
+(PCIe link maxima, row remapping, retired pages, NVLink states, fabric) at most
+every ``health_interval_seconds`` (``trainmon.gpu.health``), the recommended
+recovery action from the driver or the XID table (``trainmon.gpu.recovery``),
+and adds what its three background threads keep: the utilization sampler
+(``trainmon.gpu.sampler``), the GPM sampler (``trainmon.gpu.gpm``: SM,
+tensor-core and DRAM activity, where the GPU has GPM and ``collectors.gpu.gpm``
+is on) and the XID listener (``trainmon.gpu.events``), which waits on an NVML
+event set so that no XID error is lost between scrapes. The ``gpu`` label is
+the NVML index as a decimal string, as in dcgm-exporter. A lost GPU keeps only
+its ``_info``, ``trainmon_gpu_up`` (0), XID series and the XID table's recovery
+action (where one applies); the other GPUs go on. Process lists are expensive
+and read only on demand, at most every ``process_interval_seconds``.
 Every metric is documented in ``docs/metrics.md`` (GPU section).
 """
 
@@ -27,11 +31,20 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from trainmon import contract
 from trainmon.core.collector import Collector
 from trainmon.core.entry import CollectorEntry, Wiring
-from trainmon.gpu.events import XidListener
+from trainmon.gpu.events import XidCount, XidListener
 from trainmon.gpu.gpm import GPMSampler
+from trainmon.gpu.health import REFRESH_SECONDS, HealthReader
 from trainmon.gpu.nvml import NVML
+from trainmon.gpu.recovery import XID_LOOKBACK_SECONDS, recommended_action
 from trainmon.gpu.sampler import Hysteresis, UtilizationSampler, UtilizationSnapshot
-from trainmon.gpu.types import GPMActivity, GPULost, GPUProcess, GPUReadings, NVMLUnavailable
+from trainmon.gpu.types import (
+    GPMActivity,
+    GPUHealth,
+    GPULost,
+    GPUProcess,
+    GPUReadings,
+    NVMLUnavailable,
+)
 from trainmon.section import Auto, Invalid, setting
 
 log = logging.getLogger(__name__)
@@ -61,6 +74,10 @@ class GPUConfig:
     gpm: bool = True
     #: Seconds between two GPM samples (>= 0.1; 0 turns GPM off like ``gpm: false``).
     gpm_interval_seconds: float = field(default=1.0, metadata=setting(minimum=0, maximum=60))
+    #: Seconds between two reads of a GPU's slow health readings (row remapping,
+    #: retired pages, NVLink states, fabric, PCIe link and SM clock maxima).
+    health_interval_seconds: float = field(
+        default=REFRESH_SECONDS, metadata=setting(minimum=1, maximum=3600))
 
     @property
     def gpm_enabled(self) -> bool:
@@ -98,6 +115,10 @@ class GPUCollector(Collector):
         self._nvml = nvml
         self._config = config
         self._clock = clock
+        self._wall_clock = wall_clock
+        self.health_reader = HealthReader(
+            nvml, refresh_seconds=config.health_interval_seconds, clock=clock
+        )
         self.sampler = UtilizationSampler(
             nvml,
             interval_seconds=config.sample_interval_seconds,
@@ -162,27 +183,37 @@ class GPUCollector(Collector):
         families = _Families()
         utilization = self.sampler.snapshot()
         activity = {} if self.gpm is None else self.gpm.snapshot()
+        xid_counts = self.xid.counts()
+        recent_xids = _recent_xids(xid_counts, self._wall_clock() - XID_LOOKBACK_SECONDS)
         lost = []
         for device in devices:
             gpu = str(device.index)
             families.info.add_metric(
                 [gpu, device.uuid, device.name, device.pci_bus_id, driver], 1.0
             )
+            xids = recent_xids.get(device.index, ())
             try:
                 readings = self._nvml.read(device.index)
+                health = self.health_reader.read(device.index)
             except GPULost:
                 families.up.add_metric([gpu], 0.0)
+                action, source = recommended_action(None, xids)
+                if action != "none":
+                    families.recovery.add_metric([gpu, action, source], 1.0)
                 lost.append(device.index)
                 continue
-            families.up.add_metric([gpu], 0.0 if readings.failed else 1.0)
+            families.up.add_metric([gpu], 0.0 if readings.failed or health.failed else 1.0)
             families.add_readings(gpu, readings)
+            families.add_health(gpu, health)
+            action, source = recommended_action(readings.recovery_action, xids)
+            families.recovery.add_metric([gpu, action, source], 1.0)
             snapshot = utilization.get(device.index)
             if snapshot is not None:
                 families.add_utilization(gpu, snapshot)
             gpm = activity.get(device.index)
             if gpm is not None:
                 families.add_activity(gpu, gpm)
-        for (index, xid), count in sorted(self.xid.counts().items()):
+        for (index, xid), count in sorted(xid_counts.items()):
             families.xid_errors.add_metric([str(index), str(xid)], count.count)
             families.xid_last.add_metric([str(index), str(xid)], count.last_timestamp_seconds)
         self._health = {
@@ -192,6 +223,15 @@ class GPUCollector(Collector):
             "generation": self._nvml.generation,
         }
         return families.all()
+
+
+def _recent_xids(counts: Mapping[tuple[int, int], XidCount], since: float) -> dict[int, list[int]]:
+    """GPU index → XID codes whose latest event came at or after ``since`` (Unix time)."""
+    recent: dict[int, list[int]] = {}
+    for (index, xid), count in counts.items():
+        if count.last_timestamp_seconds >= since:
+            recent.setdefault(index, []).append(xid)
+    return recent
 
 
 class _Families:
@@ -319,6 +359,78 @@ class _Families:
             "DRAM bandwidth used over the peak, last GPM interval, 0-1 (GPM DRAM_BW_UTIL).",
             labels=gpu,
         )
+        self.pcie_width = g(
+            "trainmon_gpu_pcie_link_width",
+            "PCIe link width now, lanes (nvmlDeviceGetCurrPcieLinkWidth).",
+            labels=gpu,
+        )
+        self.pcie_max_width = g(
+            "trainmon_gpu_pcie_link_max_width",
+            "PCIe link's maximum width, lanes (nvmlDeviceGetMaxPcieLinkWidth).",
+            labels=gpu,
+        )
+        self.pcie_generation = g(
+            "trainmon_gpu_pcie_link_generation",
+            "PCIe link generation now (nvmlDeviceGetCurrPcieLinkGeneration; lower when idle).",
+            labels=gpu,
+        )
+        self.pcie_max_generation = g(
+            "trainmon_gpu_pcie_link_max_generation",
+            "The GPU's maximum PCIe generation (nvmlDeviceGetGpuMaxPcieLinkGeneration).",
+            labels=gpu,
+        )
+        self.pcie_replays = c(
+            "trainmon_gpu_pcie_replays_total",
+            "PCIe packets replayed after link errors (nvmlDeviceGetPcieReplayCounter).",
+            labels=gpu,
+        )
+        self.remapped_rows = g(
+            "trainmon_gpu_remapped_rows",
+            "Memory rows remapped, by cause (nvmlDeviceGetRemappedRows).",
+            labels=["gpu", "cause"],
+        )
+        self.remap_pending = g(
+            "trainmon_gpu_row_remap_pending",
+            "1 if a row remap waits for a GPU reset to take effect.",
+            labels=gpu,
+        )
+        self.remap_failed = g(
+            "trainmon_gpu_row_remap_failed",
+            "1 if a row remap failed (the GPU needs service).",
+            labels=gpu,
+        )
+        self.retired_pages = g(
+            "trainmon_gpu_retired_pages",
+            "Memory pages retired, by cause (nvmlDeviceGetRetiredPages).",
+            labels=["gpu", "cause"],
+        )
+        self.retired_pending = g(
+            "trainmon_gpu_retired_pages_pending",
+            "1 if a page retirement waits for a driver reload "
+            "(nvmlDeviceGetRetiredPagesPendingStatus).",
+            labels=gpu,
+        )
+        self.nvlink_up = g(
+            "trainmon_gpu_nvlink_up",
+            "1 if the NVLink link is active, 0 if down (nvmlDeviceGetNvLinkState).",
+            labels=["gpu", "link"],
+        )
+        self.fabric_up = g(
+            "trainmon_gpu_fabric_up",
+            "1 if NVSwitch fabric registration completed with success, else 0 "
+            "(nvmlDeviceGetGpuFabricInfoV).",
+            labels=gpu,
+        )
+        self.recovery = g(
+            "trainmon_gpu_recovery_action",
+            "The recommended recovery action (1), from the driver or trainmon's XID table.",
+            labels=["gpu", "action", "source"],
+        )
+        self.sm_clock_max = g(
+            "trainmon_gpu_sm_clock_max_hertz",
+            "Maximum SM clock, hertz (nvmlDeviceGetMaxClockInfo).",
+            labels=gpu,
+        )
         self.sawtooth = g(
             "trainmon_gpu_sawtooth_ratio",
             "Strength of busy/idle oscillation over the last two sampler windows, 0-1: "
@@ -339,6 +451,9 @@ class _Families:
             (self.pcie_rx, readings.pcie_receive_bytes),
             (self.nvlink_tx, readings.nvlink_transmit_bytes),
             (self.nvlink_rx, readings.nvlink_receive_bytes),
+            (self.pcie_width, readings.pcie_link_width),
+            (self.pcie_generation, readings.pcie_link_generation),
+            (self.pcie_replays, readings.pcie_replays),
         )
         for family, value in optional:
             if value is not None:
@@ -347,6 +462,26 @@ class _Families:
             self.throttle.add_metric([gpu, reason], seconds)
         for severity, count in readings.ecc_errors.items():
             self.ecc.add_metric([gpu, severity], count)
+
+    def add_health(self, gpu: str, health: GPUHealth) -> None:
+        optional = (
+            (self.pcie_max_width, health.pcie_link_max_width),
+            (self.pcie_max_generation, health.pcie_link_max_generation),
+            (self.sm_clock_max, health.sm_clock_max_hertz),
+            (self.remap_pending, health.row_remap_pending),
+            (self.remap_failed, health.row_remap_failed),
+            (self.retired_pending, health.retired_pages_pending),
+            (self.fabric_up, health.fabric_up),
+        )
+        for family, value in optional:
+            if value is not None:
+                family.add_metric([gpu], float(value))
+        for cause, rows in health.remapped_rows.items():
+            self.remapped_rows.add_metric([gpu, cause], rows)
+        for cause, pages in health.retired_pages.items():
+            self.retired_pages.add_metric([gpu, cause], pages)
+        for link, up in sorted(health.nvlink_up.items()):
+            self.nvlink_up.add_metric([gpu, str(link)], 1.0 if up else 0.0)
 
     def add_utilization(self, gpu: str, snapshot: UtilizationSnapshot) -> None:
         if snapshot.utilization_ratio is not None:

@@ -9,8 +9,11 @@ every 1/6 s like the driver's, with small deterministic noise; power,
 temperature and the byte counters follow the load. GPM activity (SM,
 tensor-core, DRAM) is the mean utilization between two GPM samples times the
 job's activity profile: the starved job's SMs idle between batches, the
-healthy job's keep ~80 % of SMs and ~60 % tensor activity. The GPU names end in
-"(simulated)" so demo series are never mistaken for real ones.
+healthy job's keep ~80 % of SMs and ~60 % tensor activity. Every GPU is
+healthy: a PCIe x16 Gen5 link without replays, no remapped rows or retired
+pages, its 18 NVLink links up, NVSwitch fabric registered, no recovery action
+asked. The GPU names end in "(simulated)" so demo series are never mistaken
+for real ones.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ DRIVER_VERSION = "550.54.15"
 NAME = "NVIDIA H100 80GB HBM3 (simulated)"
 IDLE_WATTS, BUSY_WATTS = 120.0, 680.0
 NVLINK_LINKS = 18
+PCIE_WIDTH, PCIE_GENERATION = 16, 5
+MAX_SM_CLOCK_MHZ = 1980
 
 
 def pci_bus_id(gpu: int) -> str:
@@ -203,6 +208,7 @@ class SimulatedNVML:
             nvml.FIELD_NVLINK_DATA_TX_KIB: profile.nvlink_bytes_per_second * elapsed / 1024,
             nvml.FIELD_NVLINK_DATA_RX_KIB: profile.nvlink_bytes_per_second * elapsed / 1024,
             nvml.FIELD_NVLINK_LINK_COUNT: NVLINK_LINKS,
+            nvml.FIELD_GPU_RECOVERY_ACTION: 0,  # NVML_GPU_RECOVERY_ACTION_NONE
         }
         values = []
         for field_id, scope in fields:
@@ -221,6 +227,64 @@ class SimulatedNVML:
                 )
             )
         return values
+
+    # -- health: every GPU healthy ------------------------------------------------------
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: Any) -> int:
+        self._check(handle)
+        return PCIE_WIDTH
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: Any) -> int:
+        self._check(handle)
+        return PCIE_WIDTH
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: Any) -> int:
+        self._check(handle)
+        return PCIE_GENERATION
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: Any) -> int:
+        self._check(handle)
+        return PCIE_GENERATION
+
+    def nvmlDeviceGetGpuMaxPcieLinkGeneration(self, handle: Any) -> int:
+        self._check(handle)
+        return PCIE_GENERATION
+
+    def nvmlDeviceGetPcieReplayCounter(self, handle: Any) -> int:
+        self._check(handle)
+        return 0
+
+    def nvmlDeviceGetMaxClockInfo(self, handle: Any, clock: int) -> int:
+        self._check(handle)
+        return MAX_SM_CLOCK_MHZ
+
+    def nvmlDeviceGetRemappedRows(self, handle: Any) -> tuple[int, int, int, int]:
+        self._check(handle)
+        return 0, 0, 0, 0  # correctable, uncorrectable, pending, failed
+
+    def nvmlDeviceGetRetiredPages(self, handle: Any, cause: int) -> list[int]:
+        self._check(handle)
+        return []
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: Any) -> int:
+        self._check(handle)
+        return 0
+
+    def nvmlDeviceGetNvLinkState(self, handle: Any, link: int) -> int:
+        self._check(handle)
+        if not 0 <= link < NVLINK_LINKS:
+            raise SimulatedNVMLError(nvml.ERROR_NOT_SUPPORTED)
+        return nvml.FEATURE_ENABLED
+
+    def nvmlDeviceGetGpuFabricInfoV(self, handle: Any, info: Any) -> int:
+        """Fills the struct ``info`` (``ctypes.byref`` of it, as pynvml takes it)."""
+        self._check(handle)
+        info._obj.state = nvml.FABRIC_STATE_COMPLETED
+        info._obj.status = 0
+        return 0
+
+    def nvmlDeviceGetGpuFabricInfo(self, handle: Any, info: Any) -> int:
+        return self.nvmlDeviceGetGpuFabricInfoV(handle, info)
 
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
         busy = self._now_utilization(self._check(handle))

@@ -85,6 +85,12 @@ FIELD_PCIE_RX_BYTES: int = 198  # NVML_FI_DEV_PCIE_COUNT_RX_BYTES
 FIELD_NVLINK_DATA_TX_KIB: int = 138  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
 FIELD_NVLINK_DATA_RX_KIB: int = 139  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
 FIELD_NVLINK_LINK_COUNT: int = 91  # NVML_FI_DEV_NVLINK_LINK_COUNT
+FIELD_GPU_RECOVERY_ACTION: int = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+PAGE_RETIREMENT_SINGLE_BIT: int = 0  # NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
+PAGE_RETIREMENT_DOUBLE_BIT: int = 1  # NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+FEATURE_ENABLED: int = 1  # NVML_FEATURE_ENABLED (an active NVLink)
+FABRIC_STATE_NOT_SUPPORTED: int = 0  # NVML_GPU_FABRIC_STATE_NOT_SUPPORTED
+FABRIC_STATE_COMPLETED: int = 3  # NVML_GPU_FABRIC_STATE_COMPLETED
 #: ``scopeId`` that asks an NVLink field for the sum over all links (nvml.h).
 SCOPE_ALL_LINKS = 0xFFFFFFFF
 
@@ -177,8 +183,14 @@ _UNAVAILABLE_HINTS = {
 
 
 def __getattr__(name: str) -> Any:
-    """``GPMMetricsGet`` (the ctypes struct of ``nvmlGpmMetricsGet``) and ``GPMSample``
-    (the sample handle type), for the simulated node: pynvml's, imported on first use."""
+    """``GPMMetricsGet`` (the ctypes struct of ``nvmlGpmMetricsGet``), ``GPMSample``
+    (the sample handle type), ``GPUFabricInfoV`` / ``GPUFabricInfo`` (the structs of
+    ``nvmlDeviceGetGpuFabricInfoV``, version 2, and of the older ``…GetGpuFabricInfo``),
+    for the simulated node and ``trainmon.gpu.health``: pynvml's, imported on first use."""
+    if name == "GPUFabricInfoV":
+        return _import_pynvml().c_nvmlGpuFabricInfoV_t
+    if name == "GPUFabricInfo":
+        return _import_pynvml().c_nvmlGpuFabricInfo_t
     if name == "GPMMetricsGet":
         return _import_pynvml().c_nvmlGpmMetricsGet_t
     if name == "GPMSample":
@@ -229,11 +241,12 @@ def error_name(code: int) -> str:
     return str(_ERROR_NAMES.get(code, f"code {code}"))
 
 
-class _ByteCounters(NamedTuple):
+class _FieldReadings(NamedTuple):
     pcie_transmit: int | None
     pcie_receive: int | None
     nvlink_transmit: int | None
     nvlink_receive: int | None
+    recovery_action: int | None
 
 
 @dataclass
@@ -469,6 +482,11 @@ class NVML:
         if self._logged.allow(key):
             log.warning(message, *args)
 
+    def device(self, index: int) -> tuple[NVMLSession, Any]:
+        """The session and handle of GPU ``index``, for readings made elsewhere
+        (``trainmon.gpu.health``) through ``query``; ``GPULost`` while it is lost."""
+        return self._device(index)
+
     def _device(self, index: int) -> tuple[NVMLSession, Any]:
         """The session and handle of GPU ``index``; GPULost while it is lost."""
         session = self.session()
@@ -489,7 +507,10 @@ class NVML:
     # -- readings ---------------------------------------------------------------
 
     def read(self, index: int) -> GPUReadings:
-        """Every cheap reading of GPU ``index`` (no blocking throughput calls)."""
+        """Every cheap reading of GPU ``index`` (no blocking throughput calls).
+
+        The recovery action rides in the byte counters' ``nvmlDeviceGetFieldValues``
+        call; PCIe link width, generation and replays are one call each."""
         session, handle = self._device(index)
         lib = self._library
         failed: list[str] = []
@@ -513,7 +534,7 @@ class NVML:
             count = query(lib.nvmlDeviceGetTotalEccErrors, kind, VOLATILE_ECC)
             if count is not None:
                 ecc[severity] = int(count)
-        counters = self._byte_counters(index, handle, session, failed)
+        counters = self._field_readings(index, handle, session, failed)
         return GPUReadings(
             memory_used_bytes=None if memory is None else int(memory.used),
             memory_total_bytes=None if memory is None else int(memory.total),
@@ -528,6 +549,10 @@ class NVML:
             nvlink_transmit_bytes=counters.nvlink_transmit,
             nvlink_receive_bytes=counters.nvlink_receive,
             ecc_errors=ecc,
+            pcie_link_width=_whole(query(lib.nvmlDeviceGetCurrPcieLinkWidth)),
+            pcie_link_generation=_whole(query(lib.nvmlDeviceGetCurrPcieLinkGeneration)),
+            pcie_replays=_whole(query(lib.nvmlDeviceGetPcieReplayCounter)),
+            recovery_action=counters.recovery_action,
             failed=tuple(failed),
         )
 
@@ -557,28 +582,31 @@ class NVML:
             if int(value.nvmlReturn) == 0
         }
 
-    def _byte_counters(
+    def _field_readings(
         self, index: int, handle: Any, session: NVMLSession, failed: list[str]
-    ) -> _ByteCounters:
-        """PCIe and NVLink data byte counters (all links), in one field-value call."""
+    ) -> _FieldReadings:
+        """PCIe and NVLink data byte counters (all links) and the driver's recovery
+        action, in one field-value call."""
         requests = [
             (FIELD_PCIE_TX_BYTES, 0),
             (FIELD_PCIE_RX_BYTES, 0),
             (FIELD_NVLINK_DATA_TX_KIB, SCOPE_ALL_LINKS),
             (FIELD_NVLINK_DATA_RX_KIB, SCOPE_ALL_LINKS),
+            (FIELD_GPU_RECOVERY_ACTION, 0),
         ]
         values = self._field_values(index, handle, session, requests, failed)
         if values is None:
-            return _ByteCounters(None, None, None, None)
-        nvlink_kib = [values.get(request) for request in requests[2:]]
+            return _FieldReadings(None, None, None, None, None)
+        nvlink_kib = [values.get(request) for request in requests[2:4]]
         if None in nvlink_kib:
             nvlink_kib = self._nvlink_per_link(index, handle, session, failed)
         tx_kib, rx_kib = nvlink_kib
-        return _ByteCounters(
+        return _FieldReadings(
             values.get(requests[0]),
             values.get(requests[1]),
             None if tx_kib is None else tx_kib * 1024,
             None if rx_kib is None else rx_kib * 1024,
+            values.get(requests[4]),
         )
 
     def _nvlink_per_link(
@@ -586,12 +614,7 @@ class NVML:
     ) -> list[int | None]:
         """NVLink TX/RX KiB summed over the links, for drivers that reject the
         all-links scope. GPUs without NVLink report 0 links and are asked once."""
-        links = session.link_counts.get(index)
-        if links is None:
-            count = self._field_values(
-                index, handle, session, [(FIELD_NVLINK_LINK_COUNT, 0)], failed
-            )
-            links = session.link_counts[index] = (count or {}).get((FIELD_NVLINK_LINK_COUNT, 0), 0)
+        links = self.nvlink_count(index, handle, session, failed)
         if not links:
             return [None, None]
         fields = (FIELD_NVLINK_DATA_TX_KIB, FIELD_NVLINK_DATA_RX_KIB)
@@ -600,6 +623,19 @@ class NVML:
         if len(values) != len(requests):
             return [None, None]
         return [sum(values[(field_id, link)] for link in range(links)) for field_id in fields]
+
+    def nvlink_count(
+        self, index: int, handle: Any, session: NVMLSession, failed: list[str]
+    ) -> int:
+        """NVLink links of GPU ``index`` (field ``NVML_FI_DEV_NVLINK_LINK_COUNT``), read
+        once per session; 0 without NVLink or where the driver does not say."""
+        links = session.link_counts.get(index)
+        if links is None:
+            count = self._field_values(
+                index, handle, session, [(FIELD_NVLINK_LINK_COUNT, 0)], failed
+            )
+            links = session.link_counts[index] = (count or {}).get((FIELD_NVLINK_LINK_COUNT, 0), 0)
+        return links
 
     def utilization_samples(self, index: int, since_us: int) -> list[tuple[int, float]]:
         """Driver utilization samples of GPU ``index`` newer than ``since_us``.
@@ -755,6 +791,10 @@ def _text(value: object) -> str:
     if value is None:
         return ""
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _whole(value: int | None) -> int | None:
+    return None if value is None else int(value)
 
 
 def _scaled(value: float | None, factor: float) -> float | None:

@@ -53,6 +53,19 @@ class NVMLLibrary(Protocol):
     def nvmlGpmSampleFree(self, sample: Any) -> None: ...
     def nvmlGpmSampleGet(self, handle: Any, sample: Any) -> Any: ...
     def nvmlGpmMetricsGet(self, request: Any) -> Any: ...
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: Any) -> int: ...
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: Any) -> int: ...
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: Any) -> int: ...
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: Any) -> int: ...
+    def nvmlDeviceGetGpuMaxPcieLinkGeneration(self, handle: Any) -> int: ...
+    def nvmlDeviceGetPcieReplayCounter(self, handle: Any) -> int: ...
+    def nvmlDeviceGetMaxClockInfo(self, handle: Any, clock: int) -> int: ...
+    def nvmlDeviceGetRemappedRows(self, handle: Any) -> tuple[int, int, int, int]: ...
+    def nvmlDeviceGetRetiredPages(self, handle: Any, cause: int) -> list[int]: ...
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: Any) -> int: ...
+    def nvmlDeviceGetNvLinkState(self, handle: Any, link: int) -> int: ...
+    def nvmlDeviceGetGpuFabricInfoV(self, handle: Any, info: Any) -> Any: ...
+    def nvmlDeviceGetGpuFabricInfo(self, handle: Any, info: Any) -> Any: ...
 
 
 class NVMLUnavailable(CollectorUnavailable):
@@ -94,6 +107,37 @@ class GPUReadings:
     nvlink_transmit_bytes: int | None = None
     nvlink_receive_bytes: int | None = None
     ecc_errors: Mapping[str, int] = field(default_factory=dict)
+    pcie_link_width: int | None = None
+    pcie_link_generation: int | None = None
+    pcie_replays: int | None = None
+    #: ``nvmlGpuRecoveryAction_t`` of field ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``.
+    recovery_action: int | None = None
+    failed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class GPUHealth:
+    """One GPU's slow-changing health readings (``trainmon.gpu.health``); ``None``
+    or a missing key = not supported, or not in this driver.
+
+    ``remapped_rows`` by cause (``correctable`` / ``uncorrectable``, rows remapped
+    since manufacture, Ampere and later), ``retired_pages`` by cause
+    (``single_bit`` / ``double_bit``, pages retired, Volta and older mostly),
+    ``nvlink_up`` by link index (every link the GPU has), ``fabric_up`` whether
+    NVSwitch fabric registration completed with success (None: no fabric).
+    ``failed`` names the calls that failed unexpectedly at the last refresh.
+    """
+
+    pcie_link_max_width: int | None = None
+    pcie_link_max_generation: int | None = None
+    sm_clock_max_hertz: float | None = None
+    remapped_rows: Mapping[str, int] = field(default_factory=dict)
+    row_remap_pending: bool | None = None
+    row_remap_failed: bool | None = None
+    retired_pages: Mapping[str, int] = field(default_factory=dict)
+    retired_pages_pending: bool | None = None
+    nvlink_up: Mapping[int, bool] = field(default_factory=dict)
+    fabric_up: bool | None = None
     failed: tuple[str, ...] = ()
 
 
