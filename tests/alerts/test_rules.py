@@ -38,6 +38,8 @@ TEST_FILES = {
     "hang.test.yml": VARIANTS,
     "dcgm.test.yml": ("dcgm",),
     "tencent-cloud.test.yml": ("tencent-cloud",),
+    "suspects.test.yml": VARIANTS,
+    "suspects-tencent-cloud.test.yml": ("tencent-cloud",),
 }
 
 
