@@ -13,7 +13,7 @@
  *
  * Build with -DFAKENVML_OLD_DRIVER to leave out the symbols an old driver
  * lacks (field values, energy, event wait v2, process list v3, GPM, row
- * remapping, fabric info, the GPU's own max PCIe generation).
+ * remapping, versioned fabric info, the GPU's own max PCIe generation).
  */
 #include <math.h>
 #include <pthread.h>
@@ -472,7 +472,6 @@ EXPORT int nvmlDeviceGetNvLinkState(nvmlDevice_t dev, unsigned int link, unsigne
     return OK;
 }
 
-#ifndef FAKENVML_OLD_DRIVER
 /* nvmlGpuFabricInfo_t (v1, no version field) and nvmlGpuFabricInfo_v2_t / _v3_t
  * (nvmlGpuFabricInfoV_t: version first); versions are (N << 24) | sizeof. */
 typedef struct { unsigned char clusterUuid[16]; int status; unsigned int cliqueId, state; } nvmlGpuFabricInfo_t;
@@ -493,6 +492,7 @@ EXPORT int nvmlDeviceGetGpuFabricInfo(nvmlDevice_t dev, nvmlGpuFabricInfo_t *inf
     if (!info) return INVALID_ARGUMENT;
     return fabric_of(dev, info->clusterUuid, &info->status, &info->cliqueId, &info->state);
 }
+#ifndef FAKENVML_OLD_DRIVER
 EXPORT int nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t dev, nvmlGpuFabricInfoV_t *info) {
     ENTER(dev);
     if (!info) return INVALID_ARGUMENT;

@@ -135,7 +135,8 @@ def test_an_old_driver_loses_only_the_readings_it_lacks(
     gpu_env: Callable[..., dict[str, str]],
     old_driver_dir: Path,
 ) -> None:
-    daemon = start_daemon(config=CONFIG, env=gpu_env("gpus 2\n", old_driver_dir))
+    scenario = "gpus 2\nfabric * 3 0\npcie_link 1 8 4 16 5\n"
+    daemon = start_daemon(config=CONFIG, env=gpu_env(scenario, old_driver_dir))
     for _ in range(3):
         result = parse(daemon.metrics())
     assert result.by_gpu("trainmon_gpu_up") == {"0": 1.0, "1": 1.0}
@@ -147,11 +148,27 @@ def test_an_old_driver_loses_only_the_readings_it_lacks(
     assert gpu_health(daemon)["gpm"] == dict.fromkeys(
         ("0", "1"), "unsupported: nvmlGpmQueryDeviceSupport: NVML_ERROR_FUNCTION_NOT_FOUND"
     )
+    # Driver health: the GPU's own max PCIe generation falls back to the link's,
+    # the versioned fabric call to the unversioned one; no field values: no NVLink
+    # link count (no trainmon_gpu_nvlink_up) and no driver recovery action.
+    assert result.by_gpu("trainmon_gpu_pcie_link_width") == {"0": 16, "1": 8}
+    assert result.by_gpu("trainmon_gpu_pcie_link_generation") == {"0": 5, "1": 4}
+    assert result.by_gpu("trainmon_gpu_pcie_link_max_generation") == {"0": 5, "1": 5}
+    assert result.by_gpu("trainmon_gpu_fabric_up") == {"0": 1, "1": 1}
+    for name in ("trainmon_gpu_remapped_rows", "trainmon_gpu_nvlink_up"):
+        assert name not in result.samples, name
+    assert result.series("trainmon_gpu_recovery_action", "gpu", "action", "source") == {
+        ("0", "none", "none"): 1.0,
+        ("1", "none", "none"): 1.0,
+    }
     log = daemon.log()
     for function in (
         "nvmlDeviceGetTotalEnergyConsumption",
         "nvmlDeviceGetFieldValues",
         "nvmlGpmQueryDeviceSupport",
+        "nvmlDeviceGetRemappedRows",
+        "nvmlDeviceGetGpuFabricInfoV",
+        "nvmlDeviceGetGpuMaxPcieLinkGeneration",
     ):
         assert log.count(f"{function} is not in this NVIDIA driver's NVML") == 1, log
 

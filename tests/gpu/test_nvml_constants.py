@@ -41,6 +41,12 @@ _NAMES = {
     "FIELD_NVLINK_DATA_TX_KIB": "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX",
     "FIELD_NVLINK_DATA_RX_KIB": "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX",
     "FIELD_NVLINK_LINK_COUNT": "NVML_FI_DEV_NVLINK_LINK_COUNT",
+    "FIELD_GPU_RECOVERY_ACTION": "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION",
+    "PAGE_RETIREMENT_SINGLE_BIT": "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS",
+    "PAGE_RETIREMENT_DOUBLE_BIT": "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR",
+    "FEATURE_ENABLED": "NVML_FEATURE_ENABLED",
+    "FABRIC_STATE_NOT_SUPPORTED": "NVML_GPU_FABRIC_STATE_NOT_SUPPORTED",
+    "FABRIC_STATE_COMPLETED": "NVML_GPU_FABRIC_STATE_COMPLETED",
     "GPM_SM_ACTIVE": "NVML_GPM_METRIC_SM_UTIL",
     "GPM_SM_OCCUPANCY": "NVML_GPM_METRIC_SM_OCCUPANCY",
     "GPM_TENSOR_ACTIVE": "NVML_GPM_METRIC_ANY_TENSOR_UTIL",
@@ -86,6 +92,8 @@ def test_the_facades_numbers_are_pynvmls() -> None:
     } == nvml._ERROR_NAMES
     assert nvml.GPMMetricsGet is pynvml.c_nvmlGpmMetricsGet_t
     assert nvml.GPMSample is pynvml.c_nvmlGpmSample_t
+    assert nvml.GPUFabricInfoV is pynvml.c_nvmlGpuFabricInfoV_t
+    assert nvml.GPUFabricInfo is pynvml.c_nvmlGpuFabricInfo_t
 
 
 def test_without_libnvidia_ml_the_facade_reports_it_and_leaves_pynvml_unimported() -> None:

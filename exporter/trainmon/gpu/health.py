@@ -22,7 +22,6 @@ and an older driver's missing function leave the reading out, GPU_IS_LOST raises
 
 from __future__ import annotations
 
-import ctypes
 import threading
 import time
 from collections.abc import Callable
@@ -154,7 +153,11 @@ class HealthReader:
         """True when fabric registration completed with success; None without a fabric.
 
         The struct is filled in place (pynvml answers ``NVML_SUCCESS``, 0); the
-        call is told apart from an omitted one by its answer not being None."""
+        call is told apart from an omitted one by its answer not being None.
+        ``ctypes`` is imported here, where NVML (which loaded it) already runs: a
+        node without a GPU never needs it."""
+        import ctypes
+
         lib = self._nvml.library
         versioned = not self._nvml.is_missing(_FABRIC_V)
         call, info = lib.nvmlDeviceGetGpuFabricInfoV, nvml_module.GPUFabricInfoV()
