@@ -147,11 +147,11 @@ def parse_throttled_seconds(text: str, version: int) -> float | None:
     """Throttled seconds in a ``cpu.stat`` text: v1 ``throttled_time`` (ns), v2
     ``throttled_usec`` (µs); ``None`` where the field is absent (v2 without the cpu
     controller enabled for the cgroup shows only the ``usage_usec`` lines)."""
-    field, scale = ("throttled_time", 1e-9) if version == 1 else ("throttled_usec", 1e-6)
+    field, per_second = ("throttled_time", 1e9) if version == 1 else ("throttled_usec", 1e6)
     for line in text.splitlines():
         key, _, value = line.partition(" ")
         if key == field and value.strip().isdigit():
-            return int(value) * scale
+            return int(value) / per_second
     return None
 
 
