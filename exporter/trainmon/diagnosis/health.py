@@ -82,7 +82,13 @@ REASONS: tuple[Reason, ...] = (
     Reason("gpu", "recovery_reboot", FAILED, "reboot", "recovery action `reboot`"),
     Reason("gpu", "recovery_drain_p2p", FAILED, "drain",
            "recovery action `drain_p2p`: drain peer-to-peer traffic (NVLink) before a reset"),
+    Reason("gpu", "recovery_recover_imex_domain", FAILED, "drain",
+           "recovery action `recover_imex_domain`: the NVLink domain's IMEX daemons "
+           "need recovery"),
     Reason("gpu", "recovery_reset_gpu", FAILED, "reset_gpu", "recovery action `reset_gpu`"),
+    Reason("gpu", "recovery_unknown", DEGRADED, "none",
+           "the driver asks for a recovery action newer than trainmon (`unknown`): "
+           "`nvidia-smi -q` names it"),
     Reason("gpu", "recovery_restart_job", DEGRADED, "restart_job",
            "recovery action `restart_job`"),
     Reason("gpu", "xid_recent", DEGRADED, "restart_job",
@@ -136,7 +142,8 @@ _BY_CODE: dict[tuple[str, str], tuple[int, Reason]] = {
     (reason.subsystem, reason.code): (index, reason) for index, reason in enumerate(REASONS)
 }
 #: Recovery actions of ``trainmon_gpu_recovery_action{action}`` that are a reason.
-RECOVERY_ACTIONS = ("restart_job", "reset_gpu", "reboot", "drain_p2p", "drain_and_reset")
+RECOVERY_ACTIONS = ("restart_job", "reset_gpu", "reboot", "drain_p2p", "drain_and_reset",
+                    "recover_imex_domain", "unknown")
 #: Tencent event categories that are a reason of their own (the others: ``other_event``).
 EVENT_CATEGORIES = ("gpu_fault", "host_fault", "maintenance", "migration")
 #: GPU throttle reasons (``trainmon_gpu_throttle_seconds_total{reason}``) → health reason.
