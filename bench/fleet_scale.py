@@ -294,13 +294,14 @@ class Simulator:
     """``python -m bench.fleet_sim`` as a child process (its CPU is its own)."""
 
     def __init__(self, workdir: Path, templates: Path, nodes: int, interval: float,
-                 targets: Path, max_seconds: float) -> None:
+                 targets: Path, max_seconds: float, bad: int = 0) -> None:
         ready = workdir / "simulator.ready"
         self.log_path = workdir / "simulator.log"
         self.process = subprocess.Popen(
             [sys.executable, "-m", "bench.fleet_sim", "--templates", str(templates),
              "--nodes", str(nodes), "--interval", f"{interval:g}", "--targets", str(targets),
-             "--ready-file", str(ready), "--max-seconds", f"{max_seconds:.0f}"],
+             "--ready-file", str(ready), "--max-seconds", f"{max_seconds:.0f}",
+             "--bad-nodes", str(bad)],
             cwd=ROOT, stdout=self.log_path.open("wb"), stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
         )
@@ -381,19 +382,20 @@ def shipped_vmalert_flags(compose: Path = COMPOSE_FILE) -> list[str]:
 @contextlib.contextmanager
 def fleet_stack(workdir: Path, templates: Path, nodes: int, *, interval: float,
                 evaluation: float, shards: int, max_seconds: float,
-                engines: Sequence[str] = ENGINES) -> Iterator[Stack]:
-    """The simulator and ``engines`` (the VictoriaMetrics stack, Prometheus), stopped
-    on exit."""
+                engines: Sequence[str] = ENGINES, rule_files: Sequence[Path] = RULE_FILES,
+                bad: int = 0) -> Iterator[Stack]:
+    """The simulator (``bad`` planted bad nodes) and ``engines`` (the VictoriaMetrics
+    stack, Prometheus) evaluating ``rule_files``, stopped on exit."""
     timeout = min(10.0, interval)
     scrape = workdir / "scrape"
     targets = scrape / "targets"
     rules = workdir / "rules"
     rules.mkdir(parents=True)
-    for path in RULE_FILES:
+    for path in rule_files:
         shutil.copy(path, rules / path.name)
     vmagent_path = scrape / VMAGENT_CONFIG.name
     with contextlib.ExitStack() as stack:
-        simulator = Simulator(workdir, templates, nodes, interval, targets, max_seconds)
+        simulator = Simulator(workdir, templates, nodes, interval, targets, max_seconds, bad)
         stack.callback(simulator.stop)
         vmagent_path.write_text(vmagent_config(interval, timeout))
 

@@ -32,6 +32,20 @@ shipped scrape configs read (``targets/trainmon.yml``,
 ``__metrics_path__``, with ``node`` and ``instance`` (``<node>:19400``, as the
 shipped target lists would give) set.
 
+Bad nodes (``Fleet(..., bad=2)``, ``--bad-nodes 2``; issue 37) are planted among the
+healthy ones, chosen by the seed: the first has its GPUs' SM clocks at
+``SLOW_CLOCK_FACTOR`` of the rest under power throttling (``SLOW_THROTTLE_SHARE`` of
+the time) and its ranks' steps ``SLOW_STEP_FACTOR`` times as long (a node whose jobs span
+at least ``STEP_PEER_NODES`` nodes where there is one, so that its job's other nodes
+compare it); the second counts ``LINK_ERRORS_PER_SECOND`` InfiniBand symbol errors a
+second on one port and reports that InfiniBand subsystem degraded in
+``trainmon_health_status``; further ones alternate. ``Fleet.planted`` names each bad node
+with the suspect reasons (``node:trainmon_suspect:reason``) the shipped rules should give
+it. The families those rules read that the demo may not export
+(``trainmon_gpu_sm_clock_max_hertz``, ``trainmon_health_status``) are added where the
+template lacks them: the maximum clock is the demo's clock, every node reports one healthy
+InfiniBand subsystem.
+
 This is a library and a server for ``bench/fleet_scale.py``, not a benchmark
 (``make bench`` skips it).
 """
@@ -81,6 +95,18 @@ GAUGE_WOBBLE = 0.05
 WOBBLE_STEP = 0.3
 PLACEMENT_LABELS = {"leaf": "leaf-000", "rack": "rack-000"}
 SOURCES = ("trainmon", "dcgm-exporter")
+#: Planted bad nodes (``Fleet(bad=…)``): the slow GPU node's clocks, power-throttled share
+#: of the time and step time; the bad link's symbol errors per second.
+SLOW_CLOCK_FACTOR = 0.7
+SLOW_THROTTLE_SHARE = 0.6
+SLOW_STEP_FACTOR = 1.5
+LINK_ERRORS_PER_SECOND = 2.0
+#: The step comparison needs a job on this many nodes (the rule's minimum).
+STEP_PEER_NODES = 3
+#: The health series a node reports where the template has none, and the planted one.
+HEALTH_DEVICE = (("subsystem", "infiniband"), ("device", "mlx5_0:1"))
+HEALTH_OK = (*HEALTH_DEVICE, ("reason", "ok"), ("action", "none"))
+HEALTH_DEGRADED = (*HEALTH_DEVICE, ("reason", "symbol_errors"), ("action", "drain"))
 COUNTER_TYPES = frozenset({"counter", "histogram", "summary", "gaugehistogram"})
 
 
@@ -319,6 +345,66 @@ class Exposition:
         return "\n".join(lines).encode()
 
 
+@dataclass(frozen=True)
+class Plant:
+    """What is wrong with one planted bad node: ``slow_gpu`` (clocks, throttling, steps)
+    or ``bad_link`` (InfiniBand errors, a degraded health subsystem)."""
+
+    kind: str
+
+    def adjust(self, sample: TemplateSample, labels: list[tuple[str, str]],
+               value: float | None, slope: float | None,
+               ) -> tuple[float | None, float | None, list[tuple[str, str]]]:
+        """The sample's value, counter rate and labels on this node."""
+        named = dict(labels)
+        if self.kind == "slow_gpu":
+            if sample.name == "trainmon_gpu_sm_clock_hertz":
+                value = float(round(sample.value * SLOW_CLOCK_FACTOR))
+            elif sample.name == "trainmon_gpu_throttle_seconds_total" \
+                    and named.get("reason") == "power":
+                slope = SLOW_THROTTLE_SHARE
+            elif sample.name == "trainmon_training_step_seconds_sum":
+                slope = sample.slope * SLOW_STEP_FACTOR
+        elif self.kind == "bad_link":
+            if sample.name == "trainmon_infiniband_errors_total" \
+                    and named.get("counter") == "symbol" and named.get("device") == "mlx5_0":
+                slope = LINK_ERRORS_PER_SECOND
+            elif sample.name == "trainmon_health_status" \
+                    and all(named.get(k) == v for k, v in HEALTH_DEVICE):
+                value = 1.0
+                labels = [(k, {"reason": "symbol_errors", "action": "drain"}.get(k, v))
+                          for k, v in labels]
+        return value, slope, labels
+
+    def reasons(self, node: NodeLayout, spans: Mapping[str, int]) -> frozenset[str]:
+        """The suspect reasons the shipped rules give this node."""
+        if self.kind == "bad_link":
+            return frozenset({"network_errors", "health"})
+        step = any(spans[job.name] >= STEP_PEER_NODES for job in node.jobs)
+        return frozenset({"gpu_clocks", "gpu_throttle", *(("step_time",) if step else ())})
+
+
+def supplemented(template: Template) -> Template:
+    """``template`` with ``trainmon_gpu_sm_clock_max_hertz`` (the GPU's clock) and
+    ``trainmon_health_status`` (one healthy InfiniBand subsystem) where it has none."""
+    names = {sample.name for family in template.families for sample in family.samples}
+    added = []
+    if "trainmon_gpu_sm_clock_max_hertz" not in names:
+        clocks = [s for f in template.families for s in f.samples
+                  if s.name == "trainmon_gpu_sm_clock_hertz"]
+        added.append(TemplateFamily(
+            "# HELP trainmon_gpu_sm_clock_max_hertz Maximum SM clock (simulated).\n"
+            "# TYPE trainmon_gpu_sm_clock_max_hertz gauge\n",
+            tuple(TemplateSample("trainmon_gpu_sm_clock_max_hertz", s.labels, s.value, 0.0,
+                                 "gauge") for s in clocks)))
+    if "trainmon_health_status" not in names:
+        added.append(TemplateFamily(
+            "# HELP trainmon_health_status Health of a subsystem (simulated).\n"
+            "# TYPE trainmon_health_status gauge\n",
+            (TemplateSample("trainmon_health_status", HEALTH_OK, 0.0, 0.0, "gauge"),)))
+    return Template((*template.families, *added), template.captured)
+
+
 @dataclass
 class _Builder:
     """Collects one node's samples for one source."""
@@ -333,6 +419,7 @@ class _Builder:
     whole: list[bool] = field(default_factory=list)
     shares: dict[tuple[str, ...], float] = field(default_factory=dict)
     header: str = ""
+    plant: Plant | None = None
 
     def share(self, entity: tuple[str, ...], spread: float) -> float:
         key = (*entity, f"{spread}")
@@ -341,7 +428,13 @@ class _Builder:
         return self.shares[key]
 
     def add(self, sample: TemplateSample, labels: Iterable[tuple[str, str]],
-            entity: tuple[str, ...], shift: float, value: float | None = None) -> None:
+            entity: tuple[str, ...], shift: float, value: float | None = None,
+            slope: float | None = None) -> None:
+        """One sample; ``value`` fixes a gauge's value, ``slope`` a counter's rate (a bad
+        node's), else both follow the template at the entity's share."""
+        if self.plant is not None:
+            labels = list(labels)
+            value, slope, labels = self.plant.adjust(sample, labels, value, slope)
         rendered = ",".join(f'{k}="{_escape_value(v)}"' for k, v in labels)
         self.prefixes.append(f"{self.header}{sample.name}{{{rendered}}} " if rendered
                              else f"{self.header}{sample.name} ")
@@ -350,7 +443,7 @@ class _Builder:
         wobble, upper = 0.0, math.inf
         if sample.kind == "counter":
             share = self.share(entity, COUNTER_SPREAD)
-            base, slope = center * share, sample.slope * share
+            base, slope = center * share, sample.slope * share if slope is None else slope
         elif sample.kind == "timestamp":
             base, slope = center + shift, sample.slope
         elif value is not None or center.is_integer():  # flags, counts, sizes
@@ -361,7 +454,7 @@ class _Builder:
             if "_ratio" in sample.name:
                 upper = 1.0
         self.base.append(base)
-        self.slope.append(slope)
+        self.slope.append(0.0 if slope is None else slope)
         self.wobble.append(wobble)
         self.phase.append(self.rng.uniform(0.0, 2 * math.pi))
         self.upper.append(upper)
@@ -402,13 +495,14 @@ def _node_labels(labels: tuple[tuple[str, str], ...], node: NodeLayout,
 
 
 def build_node(templates: Mapping[str, Template], node: NodeLayout, seed: int,
-               started: float) -> dict[str, Exposition]:
-    """Each source's exposition for ``node``; timestamps shifted to ``started``."""
+               started: float, plant: Plant | None = None) -> dict[str, Exposition]:
+    """Each source's exposition for ``node``; timestamps shifted to ``started``; what
+    ``plant`` says is wrong with it, if anything."""
     rng = random.Random(f"{seed}/{node.name}")
     ranks = _template_ranks(templates["trainmon"])
     out = {}
     for source, template in templates.items():
-        builder = _Builder(rng)
+        builder = _Builder(rng, plant=plant if source == "trainmon" else None)
         shift = started - template.captured
         for family in template.families:
             builder.header = family.header
@@ -461,15 +555,39 @@ class Fleet:
     """``Fleet(templates, nodes=100)``: every node's expositions and their series counts."""
 
     def __init__(self, templates: Mapping[str, Template], nodes: int, *, seed: int = 17,
-                 started: float | None = None, dcgm: bool = True) -> None:
+                 started: float | None = None, dcgm: bool = True, bad: int = 0) -> None:
         self.started = time.time() if started is None else started
         self.sources = SOURCES if dcgm else SOURCES[:1]
         chosen = {source: templates[source] for source in self.sources}
+        chosen["trainmon"] = supplemented(chosen["trainmon"])
         region = _template_region(templates["trainmon"])
         self.layout = fleet_layout(nodes, sorted(_template_ranks(templates["trainmon"])),
                                    seed, region)
-        self.expositions = {node.name: build_node(chosen, node, seed, self.started)
+        plants = self._plants(bad, seed)
+        spans = {job: len(nodes) for job, nodes in self.jobs().items()}
+        #: Planted bad node → the suspect reasons the shipped rules should give it.
+        self.planted = {node.name: plants[node.name].reasons(node, spans)
+                        for node in self.layout if node.name in plants}
+        self.expositions = {node.name: build_node(chosen, node, seed, self.started,
+                                                  plants.get(node.name))
                             for node in self.layout}
+
+    def _plants(self, bad: int, seed: int) -> dict[str, Plant]:
+        """``bad`` nodes chosen by the seed: slow GPUs first (on a node whose jobs span
+        ``STEP_PEER_NODES`` nodes where there is one), then a bad link, alternating."""
+        if not 0 <= bad <= len(self.layout):
+            raise ValueError(f"bad nodes: {bad} of {len(self.layout)} nodes")
+        rng = random.Random(f"{seed}/bad")
+        spans = {job: len(nodes) for job, nodes in self.jobs().items()}
+        order = rng.sample([node.name for node in self.layout], len(self.layout))
+        wide = [node.name for node in self.layout
+                if any(spans[job.name] >= STEP_PEER_NODES for job in node.jobs)]
+        if wide:
+            first = rng.choice(wide)
+            order.remove(first)
+            order.insert(0, first)
+        kinds = ("slow_gpu", "bad_link")
+        return {name: Plant(kinds[i % 2]) for i, name in enumerate(order[:bad])}
 
     @property
     def nodes(self) -> list[str]:
@@ -623,6 +741,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="seconds a rendered body is reused (the scrape interval)")
     parser.add_argument("--started", type=float, help="the fleet's start, Unix seconds")
     parser.add_argument("--no-dcgm", action="store_true", help="no dcgm-exporter targets")
+    parser.add_argument("--bad-nodes", type=int, default=0,
+                        help="plant this many bad nodes (slow GPUs, a bad link; by the seed)")
     parser.add_argument("--targets", type=Path, required=True,
                         help="folder for the file_sd lists")
     parser.add_argument("--ready-file", type=Path, required=True,
@@ -632,7 +752,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     fleet = Fleet(load_templates(args.templates), args.nodes, seed=args.seed,
-                  started=args.started, dcgm=not args.no_dcgm)
+                  started=args.started, dcgm=not args.no_dcgm, bad=args.bad_nodes)
+    if fleet.planted:
+        logger.warning("planted bad nodes: %s", {n: sorted(r) for n, r in fleet.planted.items()})
     server = FleetServer(fleet, args.interval).start()
     fleet.write_targets(args.targets, server.address)
     args.ready_file.write_text(server.address)

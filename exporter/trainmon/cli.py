@@ -94,6 +94,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         return _doctor(args, environ)
     if args.command in ("runs", "compare"):
         return _runs(args, environ)
+    if args.command == "suspects":
+        return _suspects(args)
     return _serve(args, environ)
 
 
@@ -176,6 +178,17 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
                              help="read the runs from the daemon at URL (its /api/v1/runs)")
         _add_trust_option(history, env("TRUST_DAEMON_OWNER"))
         _add_log_level(history, env("LOG_LEVEL", "warning"))
+
+    suspects = commands.add_parser(
+        "suspects", help="nodes that stand out from their peers, with the evidence and the "
+                         "commands that exclude them; runs none of them (exit 0/1/2)")
+    suspects.add_argument(
+        "--prometheus", default=env("PROMETHEUS_URL"), metavar="URL",
+        required=not env("PROMETHEUS_URL"),
+        help="the Prometheus (or VictoriaMetrics) server that evaluates trainmon's rules "
+             "[TRAINMON_PROMETHEUS_URL]")
+    suspects.add_argument("--json", action="store_true", help="print JSON")
+    _add_log_level(suspects, env("LOG_LEVEL", "warning"))
 
     commands.add_parser("version", help="print the version")
     return parser
@@ -347,6 +360,15 @@ def _runs(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         return EXIT_CONFIG
     return list_runs(open_source, job=args.job, since=since, as_json=args.json,
                      out=sys.stdout, err=sys.stderr)
+
+
+def _suspects(args: argparse.Namespace) -> int:
+    """``suspects``: the recorded suspect nodes of a Prometheus server (trainmon.runs.suspects)."""
+    from trainmon.runs.prometheus import PrometheusSource
+    from trainmon.runs.suspects import suspects_command
+
+    return suspects_command(lambda: PrometheusSource(args.prometheus), as_json=args.json,
+                            out=sys.stdout, err=sys.stderr)
 
 
 def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
