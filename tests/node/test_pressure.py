@@ -161,3 +161,20 @@ def test_collector_without_psi_steal_or_ranks_exports_nothing(
     root = tree("pressure-old-kernel")
     result = scrape(PressureCollector(root / "proc", root / "sys", None, user_hz=100))
     assert result.samples == {}
+
+
+def test_a_process_that_moves_reads_its_new_cgroup_and_a_removed_one_reads_none(
+    writable_tree: Tree,
+) -> None:
+    root = writable_tree("pressure-host")
+    found = reader(root)
+    assert found.throttled_seconds(101) == 0.75
+    moved = (root / "proc" / "100" / "cgroup").read_text()
+    (root / "proc" / "101" / "cgroup").write_text(moved)
+    assert found.throttled_seconds(101) == 2.5
+    stat = next((root / "sys" / "fs" / "cgroup" / "cpu,cpuacct").rglob("cpu.stat"))
+    stat.write_text("nr_throttled 300\nthrottled_time 3000000000\n")
+    assert found.throttled_seconds(101) == 3.0  # read again on every call
+    stat.unlink()
+    assert found.throttled_seconds(101) is None
+    assert found.throttled_seconds(100) is None

@@ -72,6 +72,8 @@ PRESSURE_RESOURCES: tuple[str, ...] = ("cpu", "io", "memory")
 PRESSURE_SCOPES: tuple[str, ...] = ("some", "full")
 #: Position of ``steal`` among the values of ``/proc/stat``'s ``cpu`` line.
 STEAL_COLUMN = 7
+#: ``cpu.stat`` files remembered by the cgroup file that leads to them (cleared when full).
+MAX_REMEMBERED_CGROUPS = 1024
 
 
 @dataclass(frozen=True)
@@ -169,6 +171,8 @@ class CPUEvidenceReader:
         self._cgroup_root = sys_root / "fs" / "cgroup"
         self._files = KernelFileReader(log)
         self._user_hz = user_hz if user_hz is not None else os.sysconf("SC_CLK_TCK")
+        #: ``/proc/<pid>/cgroup`` text -> (its ``cpu.stat`` file, cgroup version).
+        self._stat_files: dict[str, tuple[Path, int]] = {}
 
     def pressure(self) -> list[PressureTotals]:
         """The stall totals of every PSI file present (none without PSI)."""
@@ -193,9 +197,22 @@ class CPUEvidenceReader:
     def throttled_seconds(self, pid: int) -> float | None:
         """CFS throttled seconds of the cgroup ``pid``'s ``cpu`` controller puts it in;
         ``None`` when the process is gone, its cgroup cannot be named or has no
-        throttling statistics."""
-        text = self._files.text(self._proc / str(pid) / "cgroup")
-        cgroup = cpu_cgroup(text) if text is not None else None
+        throttling statistics.
+
+        ``/proc/<pid>/cgroup`` is read on every call (a process may move); the
+        ``cpu.stat`` file its text leads to is remembered by that text (at most
+        ``MAX_REMEMBERED_CGROUPS``), so the path is built and the folders tried once.
+        """
+        text = self._files.text(self._proc / f"{pid}/cgroup")
+        if text is None:
+            return None
+        found = self._stat_files.get(text)
+        if found is not None:
+            stat = self._files.text(found[0])
+            if stat is not None:
+                return parse_throttled_seconds(stat, found[1])
+            del self._stat_files[text]  # the cgroup went away: look again
+        cgroup = cpu_cgroup(text)
         if cgroup is None:
             return None
         relative = cgroup.path.lstrip("/")
@@ -204,8 +221,11 @@ class CPUEvidenceReader:
         else:
             folders = ["", "unified"]
         for folder in folders:
-            base = self._cgroup_root / folder if folder else self._cgroup_root
-            stat = self._files.text(base / relative / "cpu.stat")
+            path = (self._cgroup_root / folder if folder else self._cgroup_root) / relative
+            stat = self._files.text(path / "cpu.stat")
             if stat is not None:
+                if len(self._stat_files) >= MAX_REMEMBERED_CGROUPS:
+                    self._stat_files.clear()
+                self._stat_files[text] = (path / "cpu.stat", cgroup.version)
                 return parse_throttled_seconds(stat, cgroup.version)
         return None
