@@ -26,7 +26,9 @@ libnvidia-ml.so.1 never imports it, see ``_check_library``). The
 values and errors handed out, and ``NVMLLibrary``, are in ``trainmon.gpu.types``;
 XID events (an event set and its listener thread) in ``trainmon.gpu.events``;
 GPM activity (the sample buffers and the thread that owns them) in
-``trainmon.gpu.gpm``, over the ``gpm_*`` calls here.
+``trainmon.gpu.gpm``, over the ``gpm_*`` calls here; the slow-changing health
+readings (row remapping, retired pages, NVLink states, fabric) in
+``trainmon.gpu.health``, through ``device`` and ``query``.
 Device readings are documented in ``docs/metrics.md`` (GPU section).
 """
 
@@ -428,7 +430,7 @@ class NVML:
         (e.g. the perf policy of a violation counter), for the not-supported
         cache; ``failed`` collects the names of calls that failed unexpectedly.
         """
-        function = getattr(call, "__name__", repr(call))
+        function = getattr(call, "__name__", None) or repr(call)
         unsupported_key = (index, function, variant)
         if function in self._missing or unsupported_key in self._unsupported:
             return None
