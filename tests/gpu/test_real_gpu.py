@@ -81,3 +81,16 @@ def test_a_real_gpu_reports_every_family() -> None:
                 if row.startswith(f'trainmon_gpu_sm_active_ratio{{gpu="{index}"}}')
             )
             assert 0.0 <= float(line.split()[-1]) <= 1.0, line
+    # Driver health: every GPU has its PCIe link, SM clock maximum and one recovery
+    # action; no health reading failed (a wrong struct version would: trainmon_gpu_up 0).
+    for name in (
+        "trainmon_gpu_pcie_link_width",
+        "trainmon_gpu_pcie_link_max_width",
+        "trainmon_gpu_pcie_link_generation",
+        "trainmon_gpu_pcie_link_max_generation",
+        "trainmon_gpu_sm_clock_max_hertz",
+        "trainmon_gpu_recovery_action",
+    ):
+        lines = [row for row in text.splitlines() if row.startswith(f"{name}{{")]
+        assert len(lines) == gpus, (name, lines)
+        assert all(float(row.split()[-1]) > 0 for row in lines), lines
