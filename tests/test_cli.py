@@ -160,7 +160,7 @@ def test_the_collector_table_builds_what_it_lists() -> None:
     ]
     assert [collector.name for collector in built] == [
         "network", "disk", "nfs", "gpu", "training", "platform", "attribution", "numa",
-        "diagnosis", "ledger",
+        "pressure", "diagnosis", "health", "ledger",
     ]
 
 

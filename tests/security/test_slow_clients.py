@@ -46,7 +46,7 @@ from trainmon.http.limits import ConnectionLimits, client_key
 QUIET_COLLECTORS: dict[str, object] = {
     name: {"enabled": False}
     for name in ("gpu", "network", "infiniband", "disk", "numa", "nfs", "platform",
-                 "attribution", "diagnosis")
+                 "attribution", "pressure", "diagnosis", "health")
 }
 ATTACKER = "127.0.0.1"
 SCRAPER = "127.0.0.2"
