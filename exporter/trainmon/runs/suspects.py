@@ -133,12 +133,12 @@ def find_suspects(source: QuerySource, at: float) -> SuspectReport:
     found: dict[str, list[Reason]] = {}
     for sample in source.query(SUSPECT_SERIES, at):
         labels = _labels(sample)
-        node, reason = labels.get("node", ""), labels.get("reason", "")
-        if node and reason:
-            found.setdefault(node, []).append(Reason(reason, _value(sample)))
+        node, name = labels.get("node", ""), labels.get("reason", "")
+        if node and name:
+            found.setdefault(node, []).append(Reason(name, _value(sample)))
     compared: set[str] = set()
     evidence: dict[tuple[str, str], Reason] = {}
-    for reason, (series, group_label, figure) in PEER_SERIES.items():
+    for peer_reason, (series, group_label, figure) in PEER_SERIES.items():
         groups: dict[str, dict[str, float]] = {}
         for sample in source.query(series, at):
             labels = _labels(sample)
@@ -149,11 +149,11 @@ def find_suspects(source: QuerySource, at: float) -> SuspectReport:
             median = statistics.median(values.values())
             for node in found:
                 if node in values:
-                    evidence[(node, reason)] = Reason(
-                        reason, 0.0, values[node], median, group, len(values), figure)
+                    evidence[(node, peer_reason)] = Reason(
+                        peer_reason, 0.0, values[node], median, group, len(values), figure)
     suspects = []
     for node in sorted(found):
-        reasons = []
+        reasons: list[Reason] = []
         for reason in sorted(found[node], key=lambda r: r.name):
             known = evidence.get((node, reason.name))
             reasons.append(Reason(reason.name, reason.deviation, known.value, known.median,
