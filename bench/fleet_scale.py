@@ -958,10 +958,13 @@ def run(nodes: Sequence[int], *, duration: float, warmup: float, interval: float
         evaluation: float, shards: int, refreshes: int, workdir: Path,
         progress: Callable[[str], None] = logger.info,
         finished: Callable[[list[SizeResult]], None] = lambda results: None,
-        engines: Sequence[str] = ENGINES) -> list[SizeResult]:
+        engines: Sequence[str] = ENGINES, templates: Path | None = None,
+        ) -> list[SizeResult]:
     """Every fleet size in turn on ``engines``, in ``workdir`` (one folder per size);
-    ``finished`` is called with the results so far after each size."""
-    templates = capture(workdir)
+    ``finished`` is called with the results so far after each size. ``templates``: a
+    file ``capture`` wrote (captured here without one)."""
+    if templates is None:
+        templates = capture(workdir)
     results = []
     for size in nodes:
         began = time.monotonic()

@@ -38,13 +38,14 @@ WARMUP_SECONDS = 3.0
 
 
 @pytest.fixture(scope="module")
-def fleet_run(tmp_path_factory: pytest.TempPathFactory,
+def fleet_run(tmp_path_factory: pytest.TempPathFactory, fleet_templates: Path,
               ) -> tuple[fleet_scale.SizeResult, fleet_sim.Fleet]:
     workdir = tmp_path_factory.mktemp("fleet")
     [result] = fleet_scale.run(
         [NODES], duration=WINDOW_SECONDS, warmup=WARMUP_SECONDS, interval=INTERVAL_SECONDS,
-        evaluation=INTERVAL_SECONDS, shards=SHARDS, refreshes=1, workdir=workdir)
-    fleet = fleet_sim.Fleet(fleet_sim.load_templates(workdir / "templates.json"), NODES)
+        evaluation=INTERVAL_SECONDS, shards=SHARDS, refreshes=1, workdir=workdir,
+        templates=fleet_templates)
+    fleet = fleet_sim.Fleet(fleet_sim.load_templates(fleet_templates), NODES)
     return result, fleet
 
 

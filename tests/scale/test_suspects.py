@@ -40,10 +40,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory,
+def stack(tmp_path_factory: pytest.TempPathFactory, fleet_templates: Path,
           ) -> Iterator[tuple[fleet_scale.Stack, fleet_sim.Fleet]]:
     workdir = tmp_path_factory.mktemp("suspects")
-    templates = fleet_scale.capture(workdir)
+    templates = fleet_templates
     scaled = workdir / "scaled-rules"
     scaled.mkdir()
     for path in fleet_scale.RULE_FILES:
