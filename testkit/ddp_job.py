@@ -504,9 +504,95 @@ def write_result_at_exit(path: Path | None, result: dict[str, Any],
 
 
 Mode = Callable[[argparse.Namespace, int], dict[str, Any]]
+class SlowingSamples(Samples):
+    """``Samples`` whose reads take ``slower_seconds`` each from ``slower_at`` seconds
+    after the first read on (a dataset region on slower storage, a cache that stops
+    hitting)."""
+
+    def __init__(self, features: int, length: int, sample_seconds: float,
+                 slower_at: float, slower_seconds: float, marker: Path) -> None:
+        super().__init__(features, length, sample_seconds)
+        self.slower_at = slower_at
+        self.slower_seconds = slower_seconds
+        self.marker = marker
+        self.began: float | None = None
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        now = time.monotonic()
+        if self.began is None:
+            self.began = now
+        if (self.slower_at >= 0 and now - self.began >= self.slower_at
+                and self.sample_seconds != self.slower_seconds):
+            self.sample_seconds = self.slower_seconds
+            self.marker.write_text(str(time.time()))  # when it slowed, for the test
+        return super().__getitem__(index)
+
+
+class CpuWork(nn.Module):
+    """Identity whose forward multiplies a ``size`` x ``size`` matrix ``rounds`` times on
+    the CPU: host work a CPU limit slows (``DeviceTime`` sleeps, which no limit slows)."""
+
+    def __init__(self, size: int, rounds: int) -> None:
+        super().__init__()
+        self.matrix = torch.randn(size, size, generator=torch.Generator().manual_seed(5))
+        self.rounds = rounds
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        product = self.matrix
+        for _ in range(self.rounds):
+            product = torch.tanh(product @ self.matrix)
+        return features + 0.0 * product.mean()
+
+
+def run_failslow(args: argparse.Namespace, rank: int) -> dict[str, Any]:
+    """The fail-slow acceptance job (``tests/diagnosis/test_fail_slow_jobs.py``): DDP
+    steps of ``--device-seconds`` of device time and ``--cpu-rounds`` of host matrix work,
+    ``--steps`` of them; its Dataset reads ``--sample-seconds`` per sample, and
+    ``--slower-seconds`` from ``--slower-at`` seconds on (writing the Unix time it did to
+    ``--output``/``slower-<rank>``); an evaluation of
+    ``--evaluate-seconds`` every ``--evaluate-every`` steps and a checkpoint (a real
+    ``torch.save`` of ``--checkpoint-bytes``, reported) every ``--checkpoint-every``
+    steps, between steps (0: none). The test slows a rank from outside (a CPU limit)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from trainmon.client import Reporter
+
+    torch.manual_seed(0)
+    reporter = Reporter(interval_seconds=0.5)  # job, rank, endpoint from the environment
+    layers: list[nn.Module] = [DeviceTime(args.device_seconds), CpuWork(256, args.cpu_rounds)]
+    layers += [nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, CLASSES)]
+    model = reporter.instrument(DistributedDataParallel(nn.Sequential(*layers)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    samples = SlowingSamples(64, 1_000_000, args.sample_seconds, args.slower_at,
+                             args.slower_seconds, Path(args.output) / f"slower-{rank}")
+    loader = DataLoader(samples, batch_size=BATCH, num_workers=0)
+    ballast = torch.zeros(args.checkpoint_bytes // 4)
+    # every rank pauses at the same steps (a collective needs them all); the test ends
+    # the job
+    for step, (features, labels) in enumerate(reporter.track(loader), start=1):
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(features), labels).backward()
+        optimizer.step()
+        reporter.step()
+        if step >= args.steps:
+            break
+        if args.evaluate_every and step % args.evaluate_every == 0:
+            with torch.no_grad():
+                stop = time.monotonic() + args.evaluate_seconds
+                while time.monotonic() < stop:
+                    model(features)
+        if args.checkpoint_every and step % args.checkpoint_every == 0:
+            path = Path(args.output) / f"checkpoint-{rank}.pt"
+            with reporter.checkpoint(str(path)):
+                torch.save({"model": model.state_dict(), "ballast": ballast}, path)
+    reporter.close()
+    return {}
+
+
 MODES: dict[str, Mode] = {
     "ddp": run_ddp, "fsdp": run_fsdp, "lightning": run_lightning, "hf": run_hf,
     "scenario": run_scenario, "goodput": run_goodput, "hang": run_hang,
+    "failslow": run_failslow,
 }
 
 
@@ -540,6 +626,20 @@ def parser() -> argparse.ArgumentParser:
     hang.add_argument("--release", type=Path, required=True)
     hang.add_argument("--timeout", type=float, default=300.0,
                       help="seconds a collective waits for the peer")
+    failslow = modes.add_parser("failslow")
+    failslow.add_argument("--steps", type=int, default=100_000)
+    failslow.add_argument("--device-seconds", type=float, default=0.05)
+    failslow.add_argument("--cpu-rounds", type=int, default=4)
+    failslow.add_argument("--sample-seconds", type=float, default=0.001)
+    failslow.add_argument("--slower-at", type=float, default=-1.0)
+    failslow.add_argument("--slower-seconds", type=float, default=0.0)
+    failslow.add_argument("--evaluate-every", type=int, default=0)
+    failslow.add_argument("--evaluate-seconds", type=float, default=1.0)
+    failslow.add_argument("--checkpoint-every", type=int, default=0)
+    failslow.add_argument("--checkpoint-bytes", type=int, default=16 << 20)
+    failslow.add_argument("--output", default="/tmp")
+    failslow.add_argument("--timeout", type=float, default=120.0,
+                          help="seconds a collective waits for the peer")
     goodput = modes.add_parser("goodput")
     goodput.add_argument("--steps", type=int, default=200)
     goodput.add_argument("--device-seconds", type=float, default=0.06)
@@ -563,7 +663,7 @@ def parser() -> argparse.ArgumentParser:
 
 def init_process_group(args: argparse.Namespace) -> None:
     """``ddp``/``fsdp``/``scenario`` set up their group here (the frameworks set up theirs)."""
-    if args.mode in ("scenario", "goodput", "hang"):
+    if args.mode in ("scenario", "goodput", "hang", "failslow"):
         torch.set_num_threads(1)
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
     elif args.mode in ("ddp", "fsdp"):

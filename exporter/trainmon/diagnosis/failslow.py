@@ -28,7 +28,11 @@ A change fires when
   spans at least ``test_seconds`` (the warm-up is left out before either:
   ``warmup_steps`` of each rank, as the verdict does).
 
-Once fired, the reference is frozen: the change holds, with its magnitude
+A change found on some of a job's ranks only, or in the step but in none of its
+parts, is named a quarter of ``test_seconds`` later: the same change reaches the other
+ranks, or shows in its part, an evaluation or two after it first shows (named at once,
+the job's data wait would be named as one rank's, or as the step's). Once fired, the
+reference is frozen: the change holds, with its magnitude
 updated, until the current level falls back below half the threshold above it.
 Where it started is the classic CUSUM estimate: the observation after which the
 sum of deviations from the middle of the two levels is lowest.
@@ -133,7 +137,7 @@ CAUSES: dict[str, Cause] = {cause.name: cause for cause in (
     Cause("pcie_replays", lambda now, before: now > 0 and now > before),
     Cause("network_errors", lambda now, before: now > 0 and now > 2 * before),
     # seconds per second some task waited for a CPU, and stolen by the hypervisor
-    Cause("cpu_pressure", lambda now, before: now >= before + 0.1),
+    Cause("cpu_pressure", lambda now, before: now >= before + 0.25 and now >= 2 * before),
     Cause("cpu_steal", lambda now, before: now >= before + 0.1),
     # mean seconds per NFS READ: half as long again
     Cause("mount_latency", lambda now, before: before > 0 and now >= 1.5 * before),
@@ -147,6 +151,10 @@ PART_CAUSES = {
     "data_wait": ("mount_latency", "cpu_throttled", "cpu_pressure", "cpu_steal"),
     "comm": ("network_errors", "pcie_link", "pcie_replays", "instance_event"),
 }
+#: The causes a rank's own process or GPU shows (the others are the node's, the same
+#: for every rank on it): only these single a rank out of a job that slowed as a whole.
+RANK_CAUSES = ("cpu_throttled", "gpu_thermal", "gpu_power_cap", "gpu_clocks", "pcie_link",
+               "pcie_replays")
 #: The cause of a part whose evidence names none.
 DEFAULT_CAUSE = {"data_wait": "data_loading"}
 #: The kind of a change, by the part that changed and whether one rank or the job.
@@ -204,6 +212,10 @@ class _Change:
     start: float
     current: float
     signals_before: Mapping[str, float]
+    #: Unix time it fired.
+    fired: float = 0.0
+    #: The cause once named: it stays (a later signal does not rename it).
+    cause: str = ""
 
 
 @dataclass
@@ -250,7 +262,7 @@ class FailSlowDetector:
                 jobs.setdefault(rank.job, []).append(rank)
         found: list[FailSlow] = []
         for job, ranks in sorted(jobs.items()):
-            found += self._attribute(job, ranks, world.get(job))
+            found += self._attribute(job, ranks, world.get(job), snapshot.wall)
         return tuple(found)
 
     # -- observations ------------------------------------------------------------------
@@ -316,16 +328,22 @@ class FailSlowDetector:
                 rank.changes[part] = _Change(
                     reference=base, reference_step=base_step,
                     start=_change_start(series, part, base, level), current=level,
-                    signals_before=_signal_medians(reference))
+                    signals_before=_signal_medians(reference), fired=now)
 
     # -- who and why -------------------------------------------------------------------
 
-    def _attribute(self, job: str, ranks: Sequence[_Rank],
-                   world_size: float | None) -> list[FailSlow]:
+    def _attribute(self, job: str, ranks: Sequence[_Rank], world_size: float | None,
+                   now: float) -> list[FailSlow]:
+        """The job's changes. A part that fired on only some ranks, or the step alone, is
+        held back for ``grace`` seconds: the same change reaches every rank, or a part of
+        the step, an evaluation or two later, and is then named once for what it is."""
         stepping = [rank for rank in ranks if rank.observations]
         if not stepping:
             return []
+        grace = self.test_seconds / 4
         fired = {part: [rank for rank in stepping if part in rank.changes] for part in PARTS}
+        settled = {part: [rank for rank in ranks if now - rank.changes[part].fired >= grace]
+                   for part, ranks in fired.items()}
         whole = len(stepping)
         multi_node = world_size is not None and world_size > whole
         found: list[FailSlow] = []
@@ -334,29 +352,29 @@ class FailSlowDetector:
             if not slowed:
                 continue
             if len(slowed) < whole:
-                found += [self._rank_change(rank, part) for rank in slowed]
+                found += [self._rank_change(rank, part) for rank in settled[part]]
                 continue
             # every rank: the job, unless the evidence names one rank of several alone
             # (a job that does not measure its communication: the others' wait for it
             # is in their compute)
-            named = [rank for rank in slowed if self._cause(rank, part)]
+            named = [rank for rank in slowed if self._cause(rank, part) in RANK_CAUSES]
             if part == "compute" and whole > 1 and len(named) == 1:
                 found.append(self._rank_change(named[0], part))
             else:
                 found.append(self._job_change(job, slowed, part))
-        if found:
-            return found
+        if found or fired["data_wait"] or fired["compute"]:
+            return found  # a part names it, or will within the grace: not the step
         if fired["comm"] and len(fired["comm"]) == whole:
             change = self._job_change(job, fired["comm"], "comm")
             if multi_node:
                 change = _replace_cause(change, "scheduling", "other_node")
             return [change]
-        if fired["step"] and len(fired["step"]) == whole:
+        if settled["step"] and len(fired["step"]) == whole:
             change = self._job_change(job, fired["step"], "step")
             if multi_node and change.cause == "unknown":
                 change = _replace_cause(change, "scheduling", "other_node")
             return [change]
-        return [self._rank_change(rank, "step") for rank in fired["step"]]
+        return [self._rank_change(rank, "step") for rank in settled["step"]]
 
     def _rank_change(self, rank: _Rank, part: str) -> FailSlow:
         change = rank.changes[part]
@@ -382,14 +400,18 @@ class FailSlowDetector:
             evidence_before=before, evidence_now=now)
 
     def _cause(self, rank: _Rank, part: str) -> str:
-        """The first of the part's causes whose signal changed ("" when none did)."""
+        """The first of the part's causes whose signal changed ("" while none did); once
+        named, it stays the change's cause."""
         change = rank.changes.get(part)
         if change is None:
             return ""
+        if change.cause:
+            return change.cause
         now = _signal_medians([o for o in rank.observations if o.start >= change.start])
         for name in PART_CAUSES[part]:
             if name in now and CAUSES[name].fired(now[name],
                                                   change.signals_before.get(name, 0.0)):
+                change.cause = name
                 return name
         return ""
 
