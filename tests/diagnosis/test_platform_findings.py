@@ -400,3 +400,48 @@ def test_every_risk_text_renders_in_both_languages(lang: str) -> None:
     texts += [str(j["advice"]) for j in report["jobs"]]
     assert all("{" not in text and "}" not in text for text in texts), texts
     assert all(f["code"] not in f["message"] for j in report["jobs"] for f in j["findings"])
+
+
+# -- mixed GPU generations, and a daemon's fail-slow read back -------------------------
+
+
+@pytest.mark.parametrize(("names", "clocks", "fires"), [
+    (("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"), (1.98e9, 1.41e9), True),
+    (("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe"), (1.98e9, 1.755e9), True),
+    (("NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"), (1.98e9, 1.98e9), False),
+])
+def test_a_job_on_mixed_gpu_generations_or_clock_classes_is_a_risk(
+        names: tuple[str, str], clocks: tuple[float, float], fires: bool) -> None:
+    node = PlatformNode()
+    for gpu, (name, clock) in enumerate(zip(names, clocks, strict=True)):
+        node.source.set("trainmon_gpu_info", 1, gpu=str(gpu), name=name, uuid=f"GPU-{gpu}")
+        node.source.set("trainmon_gpu_sm_clock_max_hertz", clock, gpu=str(gpu))
+    report = node.report()
+    assert ("mixed_gpus" in codes(report)) is fires
+    if fires:
+        mixed = finding(report, "mixed_gpus")
+        assert (mixed["kind"], mixed["severity"]) == ("scheduling", "warning")
+        assert "slowest sets the pace" in str(mixed["message"])
+        assert job(report)["kind"] == "compute"  # a risk, never the verdict
+        zh = finding(node.report("zh"), "mixed_gpus")
+        assert "混用了不同型号或频率档位" in str(zh["message"])
+
+
+def test_doctor_reads_a_daemons_fail_slow_back_with_its_words() -> None:
+    node = PlatformNode()
+    node.source.set("trainmon_diagnosis_finding_info", 1, job="llm", owner="uid:1000",
+                    kind="scheduling", finding="fail_slow", rank="1")
+    node.source.set("trainmon_diagnosis_fail_slow_ratio", 0.35, job="llm", owner="uid:1000",
+                    rank="1", part="compute", cause="gpu_thermal")
+    node.source.set("trainmon_diagnosis_fail_slow_start_timestamp_seconds", WALL + 900,
+                    job="llm", owner="uid:1000", rank="1")
+    report = node.report()
+    slow = finding(report, "fail_slow")
+    assert (slow["kind"], slow["severity"]) == ("scheduling", "warning")
+    assert slow["values"]["rank"] == "1" and slow["values"]["cause"] == "gpu_thermal"
+    assert str(slow["message"]).startswith("rank 1 became 35% slower at ")
+    assert "compute per step grew; its GPU's clocks are held down for heat" in str(
+        slow["message"])
+    assert "held down for heat" in str(job(report)["advice"])
+    zh = finding(node.report("zh"), "fail_slow")
+    assert "慢了 35%" in str(zh["message"]) and "GPU 因过热降频" in str(zh["message"])

@@ -78,7 +78,8 @@ def test_every_section_keeps_its_keys_in_order() -> None:
     assert list(gpu) == [
         "gpu", "utilization_ratio", "sawtooth_ratio", "memory_used_bytes",
         "memory_total_bytes", "sm_active_ratio", "sm_occupancy_ratio", "tensor_active_ratio",
-        "dram_active_ratio", "pipe_active_ratio", "job", "rank", "processes"]
+        "dram_active_ratio", "pipe_active_ratio", "model", "max_clock_hertz", "job", "rank",
+        "processes"]
     assert list(gpu["processes"][0]) == [
         "gpu", "pid", "pod", "namespace", "container", "slurm_job", "pod_uid", "job"]
     assert list(document["numa"]) == ["gpus", "processes"]

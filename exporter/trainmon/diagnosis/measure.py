@@ -53,7 +53,7 @@ MEASURED_SAMPLES = frozenset({
     "trainmon_gpu_memory_total_bytes",
     "trainmon_gpu_sm_active_ratio", "trainmon_gpu_sm_occupancy_ratio",
     "trainmon_gpu_tensor_active_ratio", "trainmon_gpu_dram_active_ratio",
-    "trainmon_gpu_pipe_active_ratio",
+    "trainmon_gpu_pipe_active_ratio", "trainmon_gpu_sm_clock_max_hertz",
     "trainmon_training_rank_info", "trainmon_training_last_step_timestamp_seconds",
     "trainmon_training_last_report_timestamp_seconds",
     "trainmon_training_step_seconds_count", "trainmon_training_step_seconds_sum",
@@ -94,6 +94,10 @@ class GPUState:
     dram_active: float | None = None
     #: ``(pipe, mean active ratio)`` of ``trainmon_gpu_pipe_active_ratio``, by pipe name.
     pipes: tuple[tuple[str, float], ...] = ()
+    #: Product name (``trainmon_gpu_info{name}``) and maximum SM clock (Hz,
+    #: ``trainmon_gpu_sm_clock_max_hertz``): its generation and clock class.
+    model: str = ""
+    max_clock_hertz: float | None = None
 
     @property
     def memory_used_ratio(self) -> float | None:
@@ -337,6 +341,8 @@ def _gpus(window: Window) -> tuple[GPUState, ...]:
     indices = {dict(labels).get("gpu", "") for name in (
         "trainmon_gpu_utilization_ratio", "trainmon_gpu_info", "trainmon_gpu_up")
         for labels in window.label_sets(name)}
+    models = {names.get("gpu", ""): names.get("name", "")
+              for labels in window.latest("trainmon_gpu_info") for names in (dict(labels),)}
     states = []
     for gpu in sorted(indices - {""}, key=_numeric_first):
         key = labels_of({"gpu": gpu})
@@ -351,6 +357,8 @@ def _gpus(window: Window) -> tuple[GPUState, ...]:
             tensor_active=window.mean("trainmon_gpu_tensor_active_ratio", key),
             dram_active=window.mean("trainmon_gpu_dram_active_ratio", key),
             pipes=_pipes(window, gpu),
+            model=models.get(gpu, ""),
+            max_clock_hertz=window.latest("trainmon_gpu_sm_clock_max_hertz").get(key),
         ))
     return tuple(states)
 

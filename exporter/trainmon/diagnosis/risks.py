@@ -27,6 +27,11 @@ where the alert rules read them too:
   ``numa_local_ratio_min`` of its allowed CPUs on its GPU's NUMA node. Only
   where the topology is known: a GPU whose ``numa_node`` is -1 (virtualised
   hosts) or a process without a ratio never gives a mismatch (tuning article §4.3);
+- ``mixed_gpus`` (scheduling, warning): the job's GPUs on the node span GPU models
+  (``trainmon_gpu_info{name}``) or clock classes (maximum SM clocks more than
+  ``CLOCK_CLASS_SPREAD`` apart): the slowest sets the pace of every synchronous step
+  (tuning article: 分区内不要混用不同代际GPU; across nodes, the rule
+  ``job:trainmon_gpu_models:count``);
 - ``nccl_over_sockets`` (communication, warning): a multi-node job (its world
   size above its ranks on this node) waits at least
   ``nccl_socket_min_comm_ratio`` of each step for communication while every
@@ -48,7 +53,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import replace
 
 from trainmon.diagnosis.finding import Finding
-from trainmon.diagnosis.measure import LinkState, NodeMeasurements
+from trainmon.diagnosis.measure import GPUState, LinkState, NodeMeasurements
 from trainmon.diagnosis.platform_signals import INSTANCE_BOUND_STORAGE, NfsMount
 from trainmon.diagnosis.thresholds import DiagnosisConfig
 
@@ -103,6 +108,28 @@ def checkpoint_findings(job: str, node: NodeMeasurements, config: DiagnosisConfi
                 "storage": lost[0].storage, "provider": platform.node.provider},
                 severity="warning"))
     return findings
+
+
+#: GPUs whose maximum SM clocks differ by more than this share are of different clock
+#: classes (an H100 SXM at 1.98 GHz beside an H100 PCIe at 1.755 GHz: 11 %).
+CLOCK_CLASS_SPREAD = 0.05
+
+
+def mixed_gpus_finding(gpus: Sequence[GPUState]) -> Finding | None:
+    """``mixed_gpus`` (scheduling, warning) when the job's GPUs on the node span GPU models
+    or clock classes: the slowest sets the pace of every synchronous step (tuning
+    article: 分区内不要混用不同代际GPU，否则慢节点拖累整个并行任务)."""
+    models = sorted({gpu.model for gpu in gpus if gpu.model})
+    clocks = [gpu.max_clock_hertz for gpu in gpus if gpu.max_clock_hertz]
+    spread = (max(clocks) - min(clocks)) / max(clocks) if clocks else 0.0
+    if len(models) < 2 and spread <= CLOCK_CLASS_SPREAD:
+        return None
+    return Finding("scheduling", "mixed_gpus", {
+        "models": ", ".join(models) or "?",
+        "gpus": ",".join(gpu.gpu for gpu in gpus),
+        "clock_spread": spread,
+        "slowest_mhz": min(clocks) / 1e6 if clocks else 0.0,
+        "fastest_mhz": max(clocks) / 1e6 if clocks else 0.0}, severity="warning")
 
 
 def numa_findings(processes: Collection[tuple[str, str]], node: NodeMeasurements,

@@ -239,6 +239,7 @@ def diagnose(node: NodeMeasurements, config: DiagnosisConfig) -> list[Verdict]:
         sockets = risks.nccl_socket_finding(job, len(ranks), evidence.comm_ratio, node, config)
         findings = _with_risks(findings, [
             *on_node, *fail_slow_findings(job, node),
+            *filter(None, [risks.mixed_gpus_finding([gpus[g] for g in job_gpus if g in gpus])]),
             *risks.checkpoint_findings(job, node, config),
             *risks.numa_findings(numa_processes.get(job, set()), node, config),
             *([sockets] if sockets else [])])

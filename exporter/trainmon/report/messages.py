@@ -354,6 +354,11 @@ FINDINGS: Mapping[str, Pair] = {
         "with the cloud instance",
         "checkpoint 写在 {mountpoint}（{fstype}，{storage}）：云实例释放或回收后这份存储就没了，"
         "checkpoint 一定不要只写在本地临时盘"),
+    "mixed_gpus": (
+        "the job's GPUs {gpus} span GPU models or clock classes ({models}; SM clocks "
+        "{slowest_mhz:.0f}-{fastest_mhz:.0f} MHz): the slowest sets the pace of every step",
+        "任务的 GPU {gpus} 混用了不同型号或频率档位（{models}；SM 频率 "
+        "{slowest_mhz:.0f}-{fastest_mhz:.0f} MHz）：最慢的那块决定每一步的速度"),
     "fail_slow": (
         "{who} became {ratio:.0%} slower at {start_text} and stayed slower: its "
         "{part_words} grew{growth_text}; {cause_words}",
@@ -667,6 +672,13 @@ ADVICE = {**ADVICE, **{
         "State=DRAIN；Kubernetes：kubectl cordon NODE）。`trainmon suspects --prometheus URL` "
         "会列出集群里的异常节点和命令；并检查该节点的 GPU 频率、降频和健康状态"
         "（trainmon_health_status）。"),
+    "mixed_gpus": (
+        "Keep a job on one GPU generation and clock class: schedule it to a partition (Slurm "
+        "--constraint, a Kubernetes nodeSelector on nvidia.com/gpu.product) of identical "
+        "GPUs; mixed, the slower GPUs hold back every synchronous step of the whole job.",
+        "分区内不要混用不同代际的 GPU：把任务调度到同型号 GPU 的分区（Slurm --constraint、"
+        "Kubernetes 按 nvidia.com/gpu.product 设置 nodeSelector），"
+        "否则慢卡会拖累整个并行任务的每一步。"),
     "fail_slow_cpu_throttled": (
         "Raise or remove the CPU limit of the rank's container or cgroup (Kubernetes: "
         "resources.limits.cpu, whole CPUs with Guaranteed QoS for training pods), or move "
@@ -736,7 +748,8 @@ ADVICE_ALIASES = {"sawtooth_data_wait": "data_wait", "gpu_bound_unmeasured": "gp
                   "fail_slow_pcie_replays": "fail_slow_pcie_link"}
 #: Findings whose advice is added to the deciding finding's, wherever they stand.
 EXTRA_ADVICE = ("oom_risk", "spot_reclaim", "checkpoint_overdue", "checkpoint_missing",
-                "checkpoint_local_disk", "numa_far", "nccl_over_sockets", "fail_slow")
+                "checkpoint_local_disk", "numa_far", "nccl_over_sockets", "fail_slow",
+                "mixed_gpus")
 
 #: Added to a storage finding whose data comes from an NFS/CFS mount
 #: (``risks.with_storage_source``), with and without a READ round trip.
