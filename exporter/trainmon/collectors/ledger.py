@@ -7,7 +7,9 @@ ledger's read-only interface (``trainmon.ledger.feed``: the store's
 ``snapshot()`` and this node's ``TrainingCollector.storage_of``, which its
 factory hands over). This collector is given the recorder, hands it the verdicts of each
 evaluation (``observe()``: the ``trainmon_bottleneck`` family the diagnosis
-evaluated) and exports what it reads: ``trainmon_training_run_changes_info``,
+evaluated; the fail-slow changes of ``trainmon_diagnosis_fail_slow_ratio``, their start
+and their finding's kind: ``fail_slow_changes``) and exports what it reads:
+``trainmon_training_run_changes_info``,
 ``trainmon_training_run_end_timestamp_seconds`` and the ledger's self-metrics.
 ``get_routes()`` declares the JSON read routes of ``trainmon.ledger.api``
 (``GET /api/v1/runs``).
@@ -33,12 +35,17 @@ from trainmon.ledger.config import LedgerConfig
 from trainmon.ledger.goodput import BUCKETS
 from trainmon.ledger.holding import GpuHolding, team_of
 from trainmon.ledger.recorder import GOODPUT_WINDOW_SECONDS, MAX_GOODPUT_JOBS, RunRecorder
+from trainmon.ledger.summary import FailSlowChange
 from trainmon.training.protocol import job_name
 
 #: Longest value of the ``changed`` label.
 MAX_CHANGED_LENGTH = 200
 #: The diagnosis' mean tensor-pipe activity (GPM) of each job's GPUs.
 TENSOR_FAMILY = "trainmon_diagnosis_tensor_active_ratio"
+#: The diagnosis' fail-slow changes: magnitude, start, and the finding (its kind).
+FAIL_SLOW_FAMILY = "trainmon_diagnosis_fail_slow_ratio"
+FAIL_SLOW_START_FAMILY = "trainmon_diagnosis_fail_slow_start_timestamp_seconds"
+FINDING_FAMILY = "trainmon_diagnosis_finding_info"
 
 
 class LedgerCollector(Collector):
@@ -76,6 +83,9 @@ class LedgerCollector(Collector):
                 job, kind = sample.labels.get("job"), sample.labels.get("kind")
                 if sample.value == 1 and job is not None and kind is not None:
                     current[job] = kind
+        changes = fail_slow_changes(families)
+        if changes is not None:
+            self.recorder.count_fail_slow(changes)
         if current is None:
             return  # no verdicts at all in this evaluation: it tells nothing
         self.recorder.count_verdicts(current)
@@ -220,6 +230,44 @@ class LedgerCollector(Collector):
     def get_routes(self) -> Mapping[str, GetHandler]:
         """``GET /api/v1/runs`` and ``GET /api/v1/runs/<run>`` (``trainmon.ledger.api``)."""
         return self._api.routes()
+
+
+def fail_slow_changes(families: Sequence[Metric]) -> list[FailSlowChange] | None:
+    """The fail-slow changes the diagnosis' families name (``FAIL_SLOW_FAMILY`` with the
+    start and the ``fail_slow`` finding's kind of the same job, owner and rank); None
+    when the families hold no ``FAIL_SLOW_FAMILY`` (no evaluation: it tells nothing)."""
+    ratios: dict[tuple[str, ...], float] = {}
+    starts: dict[tuple[str, str, str], float] = {}
+    kinds: dict[tuple[str, str, str], str] = {}
+    present = False
+    for family in families:
+        if family.name == FAIL_SLOW_FAMILY:
+            present = True
+            for sample in family.samples:
+                labels = sample.labels
+                ratios[tuple(labels.get(name, "") for name in (
+                    "job", "owner", "rank", "part", "cause"))] = sample.value
+        elif family.name == FAIL_SLOW_START_FAMILY:
+            for sample in family.samples:
+                labels = sample.labels
+                starts[(labels.get("job", ""), labels.get("owner", ""),
+                        labels.get("rank", ""))] = sample.value
+        elif family.name == FINDING_FAMILY:
+            for sample in family.samples:
+                labels = sample.labels
+                if labels.get("finding") == "fail_slow" and sample.value == 1:
+                    kinds[(labels.get("job", ""), labels.get("owner", ""),
+                           labels.get("rank", ""))] = labels.get("kind", "")
+    if not present:
+        return None
+    changes = []
+    for (job, owner, rank, part, cause), ratio in ratios.items():
+        if job:
+            changes.append(FailSlowChange(
+                job=job, owner=owner, rank=rank, part=part,
+                kind=kinds.get((job, owner, rank), ""), cause=cause, ratio=ratio,
+                start=starts.get((job, owner, rank), 0.0)))
+    return changes
 
 
 def _truncate(text: str) -> str:

@@ -23,6 +23,12 @@ Three paths:
   (``final_verdict``). It takes only a small lock of its own, never the
   recorder's (which a slow write may hold), and the next tick adds what it
   counted to the runs: verdicts are recorded on a node that nothing scrapes.
+- **fail-slow** (``count_fail_slow()``, from the same ``observe()``): the
+  fail-slow changes each evaluation names per (job, owner), each counted toward
+  the running runs of that job *and owner* only: a change named by consecutive
+  evaluations (same rank and part) is one change, its time the gaps between them
+  (``verdict_gap``), its start the first one named. Under the same small lock;
+  the next tick adds them to the runs' ``fail_slow`` (``RunTotals.note_fail_slow``).
 - **scrapes** (``readings()``, ``health()``): the runs' changes, the latest
   ends and the ledger's counters; they count no verdict time.
 
@@ -115,7 +121,7 @@ from trainmon.ledger.holding import GpuHoldings, owner_team
 from trainmon.ledger.records import FINAL_END_REASONS
 from trainmon.ledger.schema import LedgerError, take_writer_lock
 from trainmon.ledger.store import Ledger, RecordUpdate, WriteResult
-from trainmon.ledger.summary import Progress, RunTotals, verdict_gap
+from trainmon.ledger.summary import FailSlowChange, Progress, RunTotals, verdict_gap
 from trainmon.logthrottle import LogThrottle
 from trainmon.paths import make_state_directory
 from trainmon.training.sketch import increase as sketch_increase
@@ -308,6 +314,16 @@ class RunRecorder:
         #: (job, run) -> kind -> seconds, and the latest kind, for the next tick.
         self._pending_verdicts: dict[tuple[str, str], dict[str, float]] = {}
         self._pending_final: dict[tuple[str, str], str] = {}
+        #: (job, run) -> the owner of each run of ``_recording``.
+        self._recording_owners: dict[tuple[str, str], str] = {}
+        #: (job, owner) -> (rank, part) -> (the start first named, monotonic time of the
+        #: latest evaluation) of the fail-slow changes the latest evaluation named.
+        self._fail_slow: dict[tuple[str, str], dict[tuple[str, str], tuple[float, float]]] = {}
+        #: (job, run) -> (rank, part, start) -> (the change as last named, the largest
+        #: ratio, seconds held), for the next tick.
+        self._pending_fail_slow: dict[tuple[str, str],
+                                      dict[tuple[str, str, float], tuple[FailSlowChange,
+                                                                         float]]] = {}
         self._writes = 0
         self._write_errors = dict.fromkeys(WRITE_ERROR_REASONS, 0)
         self._stored_runs: int | None = None
@@ -478,6 +494,12 @@ class RunRecorder:
         with self._verdict_lock:
             pending, self._pending_verdicts = self._pending_verdicts, {}
             final, self._pending_final = self._pending_final, {}
+            fail_slow, self._pending_fail_slow = self._pending_fail_slow, {}
+        for key, changes in fail_slow.items():
+            run = self._runs.get(key)
+            if run is not None:
+                for change, seconds in changes.values():
+                    run.totals.note_fail_slow(change, seconds)
         for key, kinds in pending.items():
             run = self._runs.get(key)
             if run is not None:
@@ -491,11 +513,14 @@ class RunRecorder:
     def _publish_recording(self) -> None:
         """Tell the evaluations which runs of each job go on (not ended, not stalled)."""
         recording: dict[str, list[tuple[str, str]]] = {}
+        owners: dict[tuple[str, str], str] = {}
         for key, run in self._runs.items():
             if run.end_reason is None:
                 recording.setdefault(run.job, []).append(key)
+                owners[key] = run.owner
         with self._verdict_lock:
             self._recording = {job: tuple(keys) for job, keys in recording.items()}
+            self._recording_owners = owners
 
     def _progress(
         self,
@@ -1033,6 +1058,37 @@ class RunRecorder:
                 self._verdicts[job] = (kind, now)
             for job in set(self._verdicts) - set(current):
                 del self._verdicts[job]
+
+    def count_fail_slow(self, current: Sequence[FailSlowChange]) -> None:
+        """One evaluation of the diagnosis, ``current`` the fail-slow changes it names
+        (every job's; a job without one has none now): each toward the running runs of
+        its job and owner (module docstring)."""
+        now = self._clock()
+        with self._verdict_lock:
+            seen: dict[tuple[str, str], dict[tuple[str, str], tuple[float, float]]] = {}
+            for change in current:
+                held = self._fail_slow.get((change.job, change.owner), {}).get(
+                    (change.rank, change.part))
+                start, seconds = change.start, 0.0
+                if held is not None:
+                    start, seconds = held[0], verdict_gap(now - held[1])
+                seen.setdefault((change.job, change.owner), {})[
+                    (change.rank, change.part)] = (start, now)
+                for key in self._recording.get(change.job, ()):
+                    if self._recording_owners.get(key) != change.owner:
+                        continue  # another owner's run of the same job name
+                    pending = self._pending_fail_slow.setdefault(key, {})
+                    identity = (change.rank, change.part, start)
+                    named, total = replace(change, start=start), seconds
+                    before = pending.get(identity)
+                    if before is not None:  # evaluations since the last tick
+                        cause = before[0].cause if change.cause == "unknown" \
+                            else change.cause
+                        named = replace(named, ratio=max(change.ratio, before[0].ratio),
+                                        cause=cause)
+                        total += before[1]
+                    pending[identity] = (named, total)
+            self._fail_slow = seen
 
     def observe_tensor_activity(self, activity: Mapping[str, float]) -> None:
         """One evaluation's mean tensor-pipe activity (GPM) of each job's GPUs over the

@@ -65,6 +65,14 @@ exported totals). From those:
   stalled rank, or the run's end; None while it lasts), the rank that held the job and where it was
   (``trainmon.training.stalls``), its innermost frame, and where each stalled rank
   was, from the ranks' stall reports (docs/protocol.md, "Stall reports");
+- **fail_slow**: the fail-slow changes the diagnosis found during the run
+  (``trainmon.diagnosis.failslow``: finding ``fail_slow``), at most
+  ``MAX_RECORDED_FAIL_SLOW``, the largest kept, by start: the ``rank`` that
+  degraded (``""``: the whole job), the ``part`` of the step that grew, the
+  finding's ``kind`` and ``cause``, the largest ``ratio`` seen (0.25: 25 % slower
+  than before), its ``start`` (Unix) and the ``seconds`` it held from the first
+  evaluation that named it to the last (each gap ``verdict_gap``). A change is one
+  (rank, part) named by consecutive evaluations (``FailSlowChange``);
 - **gpu_hours**: ranks on this node × duration / 3600 (one GPU per rank);
   **cost** when a price per GPU hour is configured: total = gpu_hours × price,
   per_million_samples = total / samples × 10⁶.
@@ -90,6 +98,8 @@ MAX_BUCKETS = 2048
 MAX_RECORDED_STALLS = 8
 #: A scrape-to-scrape gap longer than this counts only this long toward a verdict.
 MAX_VERDICT_GAP_SECONDS = 60.0
+#: Fail-slow changes kept per run (the largest; docs/security.md).
+MAX_RECORDED_FAIL_SLOW = 8
 #: The phase whose share stands in for exposed communication when not measured.
 COMM_PHASE = "comm"
 
@@ -111,6 +121,27 @@ class Progress:
     group_exposed_seconds: Mapping[str, float] = field(default_factory=dict)
     #: The increase of the rank's step sketch; None where its client sends none.
     step_sketch: StepSketch | None = None
+
+
+@dataclass(frozen=True)
+class FailSlowChange:
+    """A fail-slow change one evaluation of the diagnosis names for a job
+    (``trainmon_diagnosis_fail_slow_ratio`` and its start and finding)."""
+
+    job: str
+    #: The writer identity that owns the job (the ``owner`` label).
+    owner: str
+    #: The rank that degraded; ``""``: the whole job.
+    rank: str
+    #: ``step``, ``compute``, ``data_wait`` or ``comm``.
+    part: str
+    #: The finding's kind (``scheduling``, ``storage``...).
+    kind: str
+    cause: str
+    #: How much slower, over the step time before (0.25: 25 % slower).
+    ratio: float
+    #: Unix time the change started.
+    start: float
 
 
 def verdict_gap(seconds: float) -> float:
@@ -158,6 +189,8 @@ class RunTotals:
     #: The durations of the run's steps (``trainmon.training.sketch``), from its ranks'
     #: sketches; None while none carries one (older clients).
     step_sketch: StepSketch | None = None
+    #: The run's fail-slow changes (module docstring), at most ``MAX_RECORDED_FAIL_SLOW``.
+    fail_slow: list[dict[str, object]] = field(default_factory=list)
 
     def resumed(self) -> RunTotals:
         """What a restarted daemon keeps of a stored run: the rate buckets, verdicts and
@@ -172,7 +205,8 @@ class RunTotals:
                          final_verdict=self.final_verdict,
                          last_checkpoint=None if self.last_checkpoint is None
                          else dict(self.last_checkpoint),
-                         gpu_seconds=dict(self.gpu_seconds))
+                         gpu_seconds=dict(self.gpu_seconds),
+                         fail_slow=[dict(change) for change in self.fail_slow])
 
     def add(self, progress: Progress) -> None:
         self.steps += progress.steps
@@ -266,6 +300,27 @@ class RunTotals:
         """``seconds`` more under verdict ``kind`` (each gap already ``verdict_gap``)."""
         self.verdict_seconds[kind] = self.verdict_seconds.get(kind, 0.0) + max(seconds, 0.0)
 
+    def note_fail_slow(self, change: FailSlowChange, seconds: float) -> None:
+        """One evaluation's word on a fail-slow change of the run: the change whose rank,
+        part and start it names held ``seconds`` more (``verdict_gap``; 0 for the
+        evaluation that names it first); its ratio is the largest seen, its cause the
+        latest one named (``unknown`` never replaces a named one). Beyond
+        ``MAX_RECORDED_FAIL_SLOW`` changes the smallest goes."""
+        for entry in self.fail_slow:
+            if (entry.get("rank"), entry.get("part"), entry.get("start")) == (
+                    change.rank, change.part, change.start):
+                entry["ratio"] = max(_number_or_none(entry.get("ratio")) or 0.0, change.ratio)
+                entry["seconds"] = (_number_or_none(entry.get("seconds")) or 0.0) + max(
+                    seconds, 0.0)
+                entry["kind"] = change.kind
+                if change.cause != "unknown" or not entry.get("cause"):
+                    entry["cause"] = change.cause
+                return
+        self.fail_slow.append({"rank": change.rank, "part": change.part, "kind": change.kind,
+                               "cause": change.cause, "ratio": change.ratio,
+                               "start": change.start, "seconds": max(seconds, 0.0)})
+        _keep_largest(self.fail_slow)
+
     def rates(self) -> list[float]:
         """The counted windows' samples/s (the warm-up one left out once there are three)."""
         rates = [rate for rate, _ in self.buckets]
@@ -329,6 +384,7 @@ class RunTotals:
             if self.gpu_seconds else {},
             "goodput_ratio": goodput_ratio(self.gpu_seconds),
             "stalls": [dict(stall) for stall in self.stalls],
+            "fail_slow": sorted((dict(change) for change in self.fail_slow), key=_start_of),
         }
 
     def to_state(self) -> dict[str, object]:
@@ -343,6 +399,7 @@ class RunTotals:
             "final_verdict": self.final_verdict, "checkpoints": self.checkpoints,
             "last_checkpoint": self.last_checkpoint, "gpu_seconds": self.gpu_seconds,
             "stalls": self.stalls, "group_exposed_seconds": self.group_exposed_seconds,
+            "fail_slow": self.fail_slow,
             "step_sketch": None if self.step_sketch is None else {
                 "level": self.step_sketch.level, "counts": to_wire(self.step_sketch.counts)},
         }
@@ -383,12 +440,48 @@ class RunTotals:
                     )[:MAX_COMM_GROUPS]},
                 # absent from the states of older daemons
                 step_sketch=_sketch_or_none(state.get("step_sketch")),
+                # absent from the states of older daemons
+                fail_slow=fail_slow_entries(state.get("fail_slow")),
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             return cls()
         if len(totals.step_buckets) != STEP_BUCKET_COUNT:
             return cls()
         return totals
+
+
+def fail_slow_entries(value: object) -> list[dict[str, object]]:
+    """The fail-slow changes of a saved state or a record's summary, each checked
+    (texts, numbers), at most ``MAX_RECORDED_FAIL_SLOW`` of the largest, by start;
+    [] where there are none or they do not parse."""
+    if not isinstance(value, list):
+        return []
+    entries: list[dict[str, object]] = []
+    for item in value[:4 * MAX_RECORDED_FAIL_SLOW]:
+        if not isinstance(item, Mapping):
+            continue
+        texts = [item.get(key) for key in ("rank", "part", "kind", "cause")]
+        numbers = [_number_or_none(item.get(key)) for key in ("ratio", "start", "seconds")]
+        if all(isinstance(text, str) for text in texts) and all(
+                number is not None for number in numbers):
+            entries.append({"rank": texts[0], "part": texts[1], "kind": texts[2],
+                            "cause": texts[3], "ratio": numbers[0], "start": numbers[1],
+                            "seconds": numbers[2]})
+    while len(entries) > MAX_RECORDED_FAIL_SLOW:
+        _keep_largest(entries)
+    return sorted(entries, key=_start_of)
+
+
+def _keep_largest(entries: list[dict[str, object]]) -> None:
+    """Drop the smallest change (by ratio) when there are more than
+    ``MAX_RECORDED_FAIL_SLOW``."""
+    if len(entries) > MAX_RECORDED_FAIL_SLOW:
+        del entries[min(range(len(entries)),
+                        key=lambda index: _number_or_none(entries[index].get("ratio")) or 0.0)]
+
+
+def _start_of(entry: Mapping[str, object]) -> float:
+    return _number_or_none(entry.get("start")) or 0.0
 
 
 def _number_or_none(value: object) -> float | None:
