@@ -123,7 +123,7 @@ FALSE_KINDS = ("scheduling", "storage", "communication")
 #: The platform risk findings (docs/diagnosis.md, Metrics): true statements about the
 #: node or the checkpoints, not about the bottleneck; never false findings here.
 RISK_FINDINGS = ("spot_reclaim", "checkpoint_overdue", "checkpoint_missing",
-                 "checkpoint_local_disk", "numa_far", "nccl_over_sockets")
+                 "checkpoint_local_disk", "numa_far", "nccl_over_sockets", "mixed_gpus")
 #: Findings that page someone (a hang, a straggler, a stall): on a healthy job, a false page.
 PAGING_FINDINGS = ("hung_rank", "straggler", "stalled")
 #: The kinds whose healthy case also runs with each confounder and with all of them.

@@ -199,7 +199,10 @@ def test_a_healthy_node_is_all_ok_over_evaluations(health: Evaluations) -> None:
 
 
 @pytest.mark.parametrize(("change", "expected"), [
-    (lambda n: n.up.update({"1": 0.0}), {("gpu", "1"): ("gpu_lost", "reboot", 2.0)}),
+    # a lost GPU keeps only its info and up series
+    (lambda n: (n.up.update({"1": 0.0}), n.utilization.pop("1")),
+     {("gpu", "1"): ("gpu_lost", "reboot", 2.0)}),
+    (lambda n: n.up.update({"1": 0.0}), {("gpu", "1"): ("query_failed", "none", 1.0)}),
     (lambda n: n.recovery.update({"0": ("reset_gpu", "driver")}),
      {("gpu", "0"): ("recovery_reset_gpu", "reset_gpu", 2.0)}),
     (lambda n: n.recovery.update({"0": ("reboot", "driver")}),
@@ -338,6 +341,7 @@ def test_rates_are_taken_over_the_time_actually_measured(health: Evaluations) ->
 def test_the_worst_reason_wins_and_the_earlier_row_among_equals(health: Evaluations) -> None:
     node = Node(xid_last={"0": WALL - 60, "1": WALL - 60})
     node.up["0"] = 0.0
+    del node.utilization["0"]  # lost
     node.recovery["1"] = ("reset_gpu", "xid_table")
     node.remap_pending["1"] = 1.0
     node.pages_pending["1"] = 1.0

@@ -160,7 +160,7 @@ def test_readings_the_gpu_does_not_support_are_left_out(
         "nvmlDeviceGetCurrPcieLinkWidth",
         "nvmlDeviceGetCurrPcieLinkGeneration",
         "nvmlDeviceGetMaxPcieLinkWidth",
-        "nvmlDeviceGetGpuMaxPcieLinkGeneration",
+        "nvmlDeviceGetMaxPcieLinkGeneration",
         "nvmlDeviceGetPcieReplayCounter",
         "nvmlDeviceGetRemappedRows",
         "nvmlDeviceGetRetiredPages",

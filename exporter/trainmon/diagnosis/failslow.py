@@ -102,8 +102,7 @@ SIGNALS = {
 #: Every sample name the detector reads beyond the verdict's (``measure.MEASURED_SAMPLES``).
 FAIL_SLOW_SAMPLES = frozenset({
     *SIGNALS.values(),
-    "trainmon_gpu_pcie_link_max_width", "trainmon_gpu_pcie_link_generation",
-    "trainmon_gpu_pcie_link_max_generation", "trainmon_network_transmit_errors_total",
+    "trainmon_gpu_pcie_link_max_width", "trainmon_network_transmit_errors_total",
     "trainmon_infiniband_errors_total", "trainmon_nfs_operations_total", "trainmon_node_info",
     "trainmon_training_world_size",
 })
@@ -132,7 +131,7 @@ CAUSES: dict[str, Cause] = {cause.name: cause for cause in (
     Cause("gpu_power_cap", lambda now, before: now >= 0.2 and now >= before + 0.1),
     # SM clock (Hz): 10 % lower
     Cause("gpu_clocks", lambda now, before: before > 0 and now <= 0.9 * before),
-    # link width x generation over their maximum: lower than it was
+    # link width over its maximum: lower than it was
     Cause("pcie_link", lambda now, before: now < before and now < 1.0),
     Cause("pcie_replays", lambda now, before: now > 0 and now > before),
     Cause("network_errors", lambda now, before: now > 0 and now > 2 * before),
@@ -557,21 +556,15 @@ def _node_signals(window: Window) -> dict[str, float]:
 
 
 def _pcie_link(window: Window, gpu: str) -> float | None:
-    """Width x generation of the GPU's PCIe link over their maximum (1: full)."""
+    """The GPU's PCIe link width over its maximum (1: full). Not the generation: an idle
+    GPU lowers it to save power, and a job that slowed for another reason idles its GPU."""
     def latest(name: str) -> float | None:
         return next((value for labels, value in window.latest(name).items()
                      if dict(labels).get("gpu") == gpu), None)
 
     width, widest = latest("trainmon_gpu_pcie_link_width"), latest(
         "trainmon_gpu_pcie_link_max_width")
-    generation, newest = latest("trainmon_gpu_pcie_link_generation"), latest(
-        "trainmon_gpu_pcie_link_max_generation")
-    if not width or not widest:
-        return None
-    ratio = width / widest
-    if generation and newest:
-        ratio *= generation / newest
-    return ratio
+    return width / widest if width and widest else None
 
 
 def _rate_where(window: Window, name: str,

@@ -76,7 +76,8 @@ class Reason:
 #: Every reason, in precedence order within a severity (docs/metrics.md prints this table).
 REASONS: tuple[Reason, ...] = (
     Reason("gpu", "gpu_lost", FAILED, "reboot",
-           "`trainmon_gpu_up` 0: the GPU no longer answers NVML (fell off the bus, XID 79)"),
+           "`trainmon_gpu_up` 0 and no reading of the GPU: it no longer answers NVML (fell "
+           "off the bus, XID 79)"),
     Reason("gpu", "recovery_drain_and_reset", FAILED, "drain",
            "recovery action `drain_and_reset`: drain the node, then reset the GPU"),
     Reason("gpu", "recovery_reboot", FAILED, "reboot", "recovery action `reboot`"),
@@ -93,6 +94,9 @@ REASONS: tuple[Reason, ...] = (
            "recovery action `restart_job`"),
     Reason("gpu", "xid_recent", DEGRADED, "restart_job",
            "an XID error within `xid_recent_seconds` (its last timestamp)"),
+    Reason("gpu", "query_failed", DEGRADED, "none",
+           "`trainmon_gpu_up` 0 while the GPU's other readings are there: a query failed "
+           "unexpectedly (the daemon's log names it), not a lost GPU"),
     Reason("gpu", "thermal_throttle", DEGRADED, "none",
            "thermal throttling at least `gpu_throttle_ratio` of the window"),
     Reason("gpu", "reliability_throttle", DEGRADED, "none",
@@ -286,9 +290,13 @@ class HealthMonitor:
 
     def _gpu(self, window: Window) -> Iterable[tuple[str, str, str | None]]:
         config = self._config
+        # a lost GPU keeps only trainmon_gpu_info and trainmon_gpu_up (docs/metrics.md)
+        answering = {_label(labels, "gpu")
+                     for labels in window.latest("trainmon_gpu_utilization_ratio")}
         for labels, up in window.latest("trainmon_gpu_up").items():
             gpu = _label(labels, "gpu")
-            yield "gpu", gpu, "gpu_lost" if up == 0 else None
+            lost = "query_failed" if gpu in answering else "gpu_lost"
+            yield "gpu", gpu, lost if up == 0 else None
         for labels, value in window.latest("trainmon_gpu_recovery_action").items():
             action = _label(labels, "action")
             if value == 1 and action in RECOVERY_ACTIONS:

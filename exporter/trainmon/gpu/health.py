@@ -44,7 +44,6 @@ from trainmon.gpu.types import GPUHealth
 #: Default seconds between two reads of one GPU's slow health readings.
 REFRESH_SECONDS = 60.0
 _FABRIC_V = "nvmlDeviceGetGpuFabricInfoV"
-_GPU_MAX_GENERATION = "nvmlDeviceGetGpuMaxPcieLinkGeneration"
 
 
 @dataclass(frozen=True)
@@ -98,9 +97,10 @@ class HealthReader:
                 index, call, handle, *args, session=session, failed=failed, variant=args
             )
 
-        max_generation = query(lib.nvmlDeviceGetGpuMaxPcieLinkGeneration)
-        if max_generation is None and self._nvml.is_missing(_GPU_MAX_GENERATION):
-            max_generation = query(lib.nvmlDeviceGetMaxPcieLinkGeneration)
+        # the link's maximum, the lower of the GPU's and the host's: a Gen5 GPU in a Gen4
+        # slot runs at its best at Gen4 (the GPU's own, nvmlDeviceGetGpuMaxPcieLinkGeneration,
+        # would call it degraded for life)
+        max_generation = query(lib.nvmlDeviceGetMaxPcieLinkGeneration)
         max_clock = query(lib.nvmlDeviceGetMaxClockInfo, CLOCK_SM)
         remapped = query(lib.nvmlDeviceGetRemappedRows)
         retired: dict[str, int] = {}
