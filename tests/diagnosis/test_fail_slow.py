@@ -30,6 +30,7 @@ class Rank:
     data_wait: float = 0.0
     exposed: float = 0.0
     throttled: float = 0.0
+    groups: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -43,6 +44,9 @@ class Stream:
     world_size: float = 2.0
     #: (rank, t) -> cgroup throttled seconds per second
     throttled: Callable[[str, float], float] = lambda rank, t: 0.0
+    #: (rank, t) -> the exposed communication of one step per process group (their sum is
+    #: the step's); none: the ranks report no groups
+    groups: Callable[[str, float], dict[str, float]] | None = None
 
     def snapshots(self, seconds: float) -> list[ScrapedSamples]:
         state = {name: Rank(name) for name in self.ranks}
@@ -59,6 +63,9 @@ class Stream:
                     rank.step_seconds += duration
                     rank.data_wait += wait
                     rank.exposed += exposed
+                    for group, waited in (self.groups(name, clock[name])
+                                          if self.groups else {}).items():
+                        rank.groups[group] = rank.groups.get(group, 0.0) + waited
                     clock[name] += duration
                 rank.throttled += self.throttled(name, t) * INTERVAL
                 labels = labels_of({"job": self.job, "owner": "uid:1000", "rank": name})
@@ -69,6 +76,9 @@ class Stream:
                         ("trainmon_training_comm_exposed_seconds_total", rank.exposed),
                         ("trainmon_training_rank_cpu_throttled_seconds_total", rank.throttled)):
                     samples.setdefault(sample, {})[labels] = value
+                for group, waited in rank.groups.items():
+                    samples.setdefault("trainmon_training_group_comm_exposed_seconds_total",
+                                       {})[labels_of({**dict(labels), "group": group})] = waited
                 samples.setdefault("trainmon_training_rank_info", {})[labels_of(
                     {"job": self.job, "owner": "uid:1000", "rank": name, "gpu": "",
                      "pid": "1"})] = 1.0
@@ -130,9 +140,12 @@ def test_every_rank_waiting_longer_on_a_multi_node_job_points_elsewhere() -> Non
     def step(rank: str, t: float) -> tuple[float, float, float]:
         return 0.1, 0.0, 0.01 + (0.03 if t >= 90 else 0.0)
 
-    _, change = first(detect(Stream(step, world_size=16), 200))
-    assert (change.rank, change.part, change.kind, change.cause) == (
-        "", "comm", "scheduling", "other_node")
+    def groups(rank: str, t: float) -> dict[str, float]:
+        return {"dp": 0.01, "tp": 0.03 if t >= 90 else 0.0}
+
+    _, change = first(detect(Stream(step, world_size=16, groups=groups), 200))
+    assert (change.rank, change.part, change.kind, change.cause, change.group) == (
+        "", "comm", "scheduling", "other_node", "tp")
     _, single = first(detect(Stream(step), 200))
     assert (single.kind, single.part) == ("communication", "comm")
 

@@ -63,12 +63,15 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from trainmon.diagnosis.samples import Labels, ScrapedSamples, Window
 
-#: The parts of a step a change is looked for in, most specific last.
+#: The parts of a step a change is looked for in, most specific last; beside them, each
+#: process group's exposed communication (``GROUP_PART`` + its name: ``comm:tp``), which
+#: says in which parallelism dimension a communication change is.
 PARTS = ("step", "compute", "data_wait", "comm")
+GROUP_PART = "comm:"
 #: A change holds on at least this share of the current observations.
 CONSISTENT_SHARE = 0.75
 #: ... and is this many standard errors of the current median above the reference.
@@ -104,7 +107,7 @@ FAIL_SLOW_SAMPLES = frozenset({
     *SIGNALS.values(),
     "trainmon_gpu_pcie_link_max_width", "trainmon_network_transmit_errors_total",
     "trainmon_infiniband_errors_total", "trainmon_nfs_operations_total", "trainmon_node_info",
-    "trainmon_training_world_size",
+    "trainmon_training_world_size", "trainmon_training_group_comm_exposed_seconds_total",
 })
 #: GPU throttle reasons behind ``gpu_thermal`` and ``gpu_power_cap``
 #: (``trainmon_gpu_throttle_seconds_total{reason}``).
@@ -200,6 +203,9 @@ class FailSlow:
     #: The cause's signal before and now ("" where none).
     evidence_before: float | None = None
     evidence_now: float | None = None
+    #: For a communication change, the process group (parallelism dimension) whose exposed
+    #: communication grew most ("" where the ranks do not report groups).
+    group: str = ""
 
 
 @dataclass
@@ -297,7 +303,9 @@ class FailSlowDetector:
         reference = [o for o in observations if o.end <= now - self.test_seconds]
         if len(current) < MIN_OBSERVATIONS:
             return
-        for part in PARTS:
+        groups = sorted({part for o in current for part in o.parts
+                         if part.startswith(GROUP_PART)})
+        for part in (*PARTS, *groups):
             values = [o.parts[part] for o in current if part in o.parts]
             if len(values) < MIN_OBSERVATIONS:  # paused: a change holds until it steps
                 continue
@@ -396,7 +404,8 @@ class FailSlowDetector:
             job=job, rank="", part=part, kind=JOB_KIND[part], cause=cause,
             ratio=_ratio(change), start=min(rank.changes[part].start for rank in ranks),
             before_seconds=change.reference, after_seconds=change.current,
-            evidence_before=before, evidence_now=now)
+            evidence_before=before, evidence_now=now,
+            group=_group(ranks) if part == "comm" else "")
 
     def _cause(self, rank: _Rank, part: str) -> str:
         """The first of the part's causes whose signal changed ("" while none did); once
@@ -423,8 +432,18 @@ class FailSlowDetector:
 
 
 def _replace_cause(change: FailSlow, kind: str, cause: str) -> FailSlow:
-    return FailSlow(change.job, change.rank, change.part, kind, cause, change.ratio,
-                    change.start, change.before_seconds, change.after_seconds)
+    return replace(change, kind=kind, cause=cause, evidence_before=None, evidence_now=None)
+
+
+def _group(ranks: Sequence[_Rank]) -> str:
+    """The process group whose exposed communication grew most on ``ranks``."""
+    grown: dict[str, float] = {}
+    for rank in ranks:
+        for part, change in rank.changes.items():
+            if part.startswith(GROUP_PART):
+                name = part[len(GROUP_PART):]
+                grown[name] = grown.get(name, 0.0) + change.current - change.reference
+    return max(grown, key=lambda name: grown[name]) if grown else ""
 
 
 def _ratio(change: _Change) -> float:
@@ -480,6 +499,13 @@ def _parts(window: Window, labels: Labels, steps: float,
         parts["data_wait"] = wait / steps
     if comm is not None:
         parts["comm"] = comm / steps
+    for group_labels in window.label_sets("trainmon_training_group_comm_exposed_seconds_total"):
+        found = dict(group_labels)
+        if all(found.get(key) == names.get(key) for key in ("job", "owner", "rank")):
+            exposed = window.increase("trainmon_training_group_comm_exposed_seconds_total",
+                                      group_labels)
+            if exposed is not None:
+                parts[GROUP_PART + found.get("group", "")] = exposed / steps
     return parts
 
 

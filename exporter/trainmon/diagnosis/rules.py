@@ -259,6 +259,7 @@ def fail_slow_findings(job: str, node: NodeMeasurements) -> list[Finding]:
     return [Finding(change.kind, "fail_slow", {
         "rank": change.rank, "part": change.part, "cause": change.cause,
         "ratio": change.ratio, "start": change.start,
+        **({"group": change.group} if change.group else {}),
         **({"before": change.before_seconds, "after": change.after_seconds}
            if change.after_seconds else {}),
         **({"evidence_before": change.evidence_before, "evidence_now": change.evidence_now}

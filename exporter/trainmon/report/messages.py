@@ -929,7 +929,9 @@ def fail_slow_values(values: Mapping[str, object], lang: str) -> Mapping[str, ob
             if isinstance(start, (int, float)) and start > 0 else "?",
             "part_words": pick(FAIL_SLOW_PARTS.get(part, (part, part)), lang),
             "cause_words": pick(FAIL_SLOW_CAUSES.get(cause, (cause, cause)), lang),
-            "growth_text": growth}
+            "growth_text": growth + (pick((f", most of it in the {values['group']} group",
+                                           f"，主要在 {values['group']} 组"), lang)
+                                     if values.get("group") else "")}
 
 
 def rate_text(value: float | None) -> str:
