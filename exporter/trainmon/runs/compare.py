@@ -37,19 +37,26 @@ communication, each phase — one figure each: a phase that stands for
 exposed communication is not said twice), then the goodput as a percentage
 and the GPU-time losses that are not step shares (stalls, startup, redone
 work...), then the cost, and last a run that did not finish cleanly ("run B
-ended: crashed"). A goodput that moved against the throughput is explained,
+ended: crashed"). Between the cost and the ends, a fail-slow that one run had and
+the other did not (``summary.fail_slow``: a rank or the job became slower during the
+run and stayed slower): "run B slowed during the run, run A did not: rank 1 +35 %
+compute (cpu_throttled) at 10:42 UTC"; when both had one, each run's largest. A
+goodput that moved against the throughput is explained,
 not cheered: "goodput 3 % → 12 % while samples/s fell 53 %: less time is lost
 waiting, but each step got slower".
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from trainmon.ledger.goodput import BUCKETS
+from trainmon.ledger.summary import fail_slow_entries
 from trainmon.runs.view import RunView, number, throughput_key
+from trainmon.terminal import duration_text
 from trainmon.training.protocol import REDACTED, is_secret_name
 
 #: Environment names that identify a run rather than configure it.
@@ -171,6 +178,8 @@ class Comparison:
             "goodput": self.goodput.to_json(),
             "badput": {name: movement.to_json() for name, movement in self.badput.items()},
             "cost_per_million_samples": cost,
+            "fail_slow": {"a": fail_slow_changes(self.a.summary),
+                          "b": fail_slow_changes(self.b.summary)},
             "unavailable": list(self.unavailable),
             "summary": self.summary,
         }
@@ -413,6 +422,7 @@ def sentence(comparison: Comparison) -> str:
         if cost.a is not None and cost.b is not None:
             parts.append(f"cost per million samples {money(cost.a)} → {money(cost.b)} "
                          f"{comparison.currency}")
+    parts += _fail_slow_words(comparison)
     for label, view in (("A", comparison.a), ("B", comparison.b)):
         if view.end_reason not in (None, "finished"):
             parts.append(f"run {label} ended: {view.end_reason}")
@@ -490,6 +500,48 @@ def _change_words(change: Change, comparison: Comparison) -> str:
     if change.b is None:
         return f"{change.key} {change.a} unset"
     return f"{change.key} {change.a} → {change.b}"
+
+
+def fail_slow_changes(summary: Mapping[str, Any]) -> list[dict[str, object]]:
+    """The run's fail-slow changes (``summary.fail_slow``, each checked), by start; []
+    for none (or a record of an older daemon)."""
+    return fail_slow_entries(summary.get("fail_slow"))
+
+
+def largest_fail_slow(summary: Mapping[str, Any]) -> dict[str, object] | None:
+    """The run's largest fail-slow change (the first by start among equals); None."""
+    changes = fail_slow_changes(summary)
+    return max(changes, key=lambda change: number(change["ratio"]) or 0.0) if changes else None
+
+
+def fail_slow_text(change: Mapping[str, object], *, held: bool = False) -> str:
+    """``rank 1 +35 % compute (cpu_throttled) at 10:42 UTC`` (``the job`` for rank "");
+    ``held``: and ``for 12m30s``, how long the evaluations saw it."""
+    rank = str(change.get("rank", ""))
+    who = f"rank {rank}" if rank else "the job"
+    ratio = number(change.get("ratio")) or 0.0
+    start = number(change.get("start"))
+    at = "" if not start else " at " + time.strftime("%H:%M UTC", time.gmtime(start))
+    text = (f"{who} {signed_percent(ratio)} {change.get('part', '')} "
+            f"({change.get('cause', '') or 'unknown'}){at}")
+    if held:
+        text += f" for {duration_text(number(change.get('seconds')), unknown='?')}"
+    return text
+
+
+def _fail_slow_words(comparison: Comparison) -> list[str]:
+    """Which run slowed during the run and how (module docstring); [] when neither did."""
+    a, b = (largest_fail_slow(view.summary) for view in (comparison.a, comparison.b))
+    if a is None and b is None:
+        return []
+    if a is not None and b is not None:
+        return [f"both runs slowed during the run (A: {fail_slow_text(a)}; "
+                f"B: {fail_slow_text(b)})"]
+    slowed, other = ("A", "B") if a is not None else ("B", "A")
+    change = a if a is not None else b
+    assert change is not None
+    return [f"run {slowed} slowed during the run, run {other} did not: "
+            f"{fail_slow_text(change)}"]
 
 
 def phase_words(name: str) -> str:

@@ -3,7 +3,9 @@
 
 ``RANKS`` is the ranks the figures cover: the job's world size when they
 cover all of it, ``8 of 16`` when only part of it (a per-node ledger; a note
-under the table says so). Every cell and line goes through
+under the table says so). ``FAIL-SLOW``, when a run of the table had one: its largest
+change (``rank 1 +35 % compute``, ``+2 more``), the others and their causes in
+``compare``. Every cell and line goes through
 ``trainmon.terminal.one_line``: what a record says (a job name, a config
 value) cannot reach the terminal as an escape sequence or start a line.
 """
@@ -18,6 +20,9 @@ from trainmon.runs.compare import (
     Movement,
     count_text,
     coverage_text,
+    fail_slow_changes,
+    fail_slow_text,
+    largest_fail_slow,
     loss_buckets,
     money,
     percent,
@@ -97,11 +102,26 @@ def largest_loss_text(summary: Mapping[str, Any]) -> str:
     return "-" if found is None else f"{found[0]} {found[1]:.0%}"
 
 
+def fail_slow_cell(summary: Mapping[str, Any]) -> str:
+    """The ``FAIL-SLOW`` column: the largest change, ``rank 1 +35 % compute``, with
+    ``+N more`` for the others; ``-`` without any."""
+    largest = largest_fail_slow(summary)
+    if largest is None:
+        return "-"
+    rank = str(largest.get("rank", ""))
+    who = f"rank {rank}" if rank else "job"
+    text = f"{who} {signed_percent(number(largest['ratio']) or 0.0)} {largest.get('part', '')}"
+    others = len(fail_slow_changes(summary)) - 1
+    return text + (f" +{others} more" if others else "")
+
+
 def render_runs(views: Sequence[RunView]) -> str:
     if not views:
         return "no runs recorded\n"
     with_cost = any(isinstance(view.summary.get("cost"), Mapping) for view in views)
-    header = RUNS_HEADER + (("COST/M SAMPLES",) if with_cost else ())
+    with_fail_slow = any(fail_slow_changes(view.summary) for view in views)
+    header = RUNS_HEADER + (("FAIL-SLOW",) if with_fail_slow else ()) + (
+        ("COST/M SAMPLES",) if with_cost else ())
     rows = [header]
     for view in views:
         row = (
@@ -117,8 +137,9 @@ def render_runs(views: Sequence[RunView]) -> str:
             largest_loss_text(view.summary),
             view.end_reason or "running",
         )
-        rows.append(tuple(map(one_line, row + ((cost_text(view.summary),) if with_cost
-                                                else ()))))
+        extra = ((fail_slow_cell(view.summary),) if with_fail_slow else ()) + (
+            (cost_text(view.summary),) if with_cost else ())
+        rows.append(tuple(map(one_line, row + extra)))
     widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
     table = "".join(
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
@@ -202,6 +223,13 @@ def render_comparison(comparison: Comparison) -> str:
         lines.append(_movement_line(
             f"cost/M samples ({comparison.currency})", comparison.cost_per_million_samples,
             lambda value: "-" if value is None else money(value)))
+    slowed = {label: fail_slow_changes(view.summary)
+              for label, view in (("A", comparison.a), ("B", comparison.b))}
+    if any(slowed.values()):
+        lines += ["", "fail-slow (a rank or the job became slower during the run):"]
+        for label, changes in slowed.items():
+            lines += [f"  run {label}: {fail_slow_text(change, held=True)}"
+                      for change in changes] or [f"  run {label}: none recorded"]
     if comparison.unavailable:
         lines += ["", "unavailable:", *(f"  {reason}" for reason in comparison.unavailable)]
     return "".join(one_line(line) + "\n" for line in lines)

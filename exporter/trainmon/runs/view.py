@@ -9,7 +9,9 @@ own ranks), the mean step and the phase shares are weighted by each node's steps
 description is the first node's (every rank of a run describes the same run;
 ``host`` differs and is kept as the node set), the end reason the worst of the
 nodes' (``trainmon.ledger.combined_end_reason``: crashed, preempted, lost,
-stalled, finished), checkpoints add up and the last checkpoint is the latest.
+stalled, finished), checkpoints add up and the last checkpoint is the latest, and the
+fail-slow changes are the nodes' together (each node names its own ranks; the largest
+``MAX_RECORDED_FAIL_SLOW`` kept).
 
 Coverage: ``ranks`` counts the ranks the records cover (each node's ledger
 records only its own ranks). While it is below ``world_size`` the figures
@@ -29,6 +31,7 @@ from typing import Any, Protocol
 
 from trainmon.ledger import combined_end_reason
 from trainmon.ledger.goodput import goodput_ratio
+from trainmon.ledger.summary import MAX_RECORDED_FAIL_SLOW, fail_slow_entries
 from trainmon.training.protocol import redact_value
 
 #: ``summary`` keys that add up over nodes.
@@ -252,7 +255,23 @@ def merge_summaries(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                 gpu_seconds[bucket] = gpu_seconds.get(bucket, 0.0) + float(seconds)
     merged["gpu_seconds"] = gpu_seconds
     merged["goodput_ratio"] = goodput_ratio(gpu_seconds)
+    merged["fail_slow"] = _merged_fail_slow(summaries)
     return merged
+
+
+def _merged_fail_slow(summaries: Sequence[Mapping[str, Any]]) -> list[dict[str, object]]:
+    """The nodes' fail-slow changes, the same change seen by two nodes once, the largest
+    ``MAX_RECORDED_FAIL_SLOW`` by start."""
+    changes: dict[tuple[object, ...], dict[str, object]] = {}
+    for summary in summaries:
+        for change in fail_slow_entries(summary.get("fail_slow")):
+            key = (change["rank"], change["part"], change["start"])
+            kept = changes.get(key)
+            if kept is None or (number(change["ratio"]) or 0.0) > (number(kept["ratio"]) or 0.0):
+                changes[key] = change
+    largest = sorted(changes.values(), key=lambda change: number(change["ratio"]) or 0.0,
+                     reverse=True)[:MAX_RECORDED_FAIL_SLOW]
+    return sorted(largest, key=lambda change: number(change["start"]) or 0.0)
 
 
 def _final_verdict(summaries: Sequence[Mapping[str, Any]]) -> str | None:
