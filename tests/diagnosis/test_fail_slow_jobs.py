@@ -102,10 +102,11 @@ class Scraper:
                                         daemon=True)
         self._thread.start()
 
-    def first_named(self, job: str) -> tuple[float, Scrape] | None:
+    def first_named(self, job: str, rank: str | None = None,
+                    kind: str | None = None) -> tuple[float, Scrape] | None:
         assert not self.error, self.error
         return next(((wall, scrape) for wall, scrape in list(self.history)
-                     if fail_slow(scrape, job)), None)
+                     if fail_slow(scrape, job, rank, kind)), None)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -195,9 +196,13 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
         yield Node(daemon, jobs, directory, cleanup, scraper)
 
 
-def fail_slow(scrape: Scrape, job: str) -> list[dict[str, str]]:
+def fail_slow(scrape: Scrape, job: str, rank: str | None = None,
+              kind: str | None = None) -> list[dict[str, str]]:
+    """The job's ``fail_slow`` findings (naming ``rank``, of ``kind``, when given)."""
     return [labels for labels in scrape.labelsets("trainmon_diagnosis_finding_info")
-            if labels["job"] == job and labels["finding"] == "fail_slow"]
+            if labels["job"] == job and labels["finding"] == "fail_slow"
+            and (rank is None or labels["rank"] == rank)
+            and (kind is None or labels["kind"] == kind)]
 
 
 def ratios(scrape: Scrape, job: str) -> list[tuple[dict[str, str], float]]:
@@ -245,22 +250,24 @@ def job_findings(report: Mapping[str, object], job: str) -> list[Mapping[str, ob
                     reason=str(cpu_limit.unavailable_reason()))
 def test_a_rank_held_to_a_tenth_of_a_cpu_is_named_within_a_minute(node: Node) -> None:
     job = node.jobs["fs-cpu"]
-    began = node.wait("fs-cpu", lambda scrape: stepping(scrape, "fs-cpu"),
-                      job.started + STARTUP_SECONDS, "stepping")
-    assert not fail_slow(began, "fs-cpu")
+    node.wait("fs-cpu", lambda scrape: stepping(scrape, "fs-cpu"),
+              job.started + STARTUP_SECONDS, "stepping")
     stepped = time.monotonic()
     node.wait("fs-cpu", lambda scrape: time.monotonic() >= stepped + SLOW_AT,
               stepped + SLOW_AT + 5, "the reference")
-    assert node.scraper.first_named("fs-cpu") is None
+    # (a burst of CPU contention from the suite's other tests may slow the whole job
+    # meanwhile, and be named with cpu_pressure: that is no claim about rank 1)
+    assert node.scraper.first_named("fs-cpu", rank="1") is None
     limit = node.cleanup.enter_context(cpu_limit.CpuLimit(0.1))
     limit.add(job.processes[1].pid)
     limited = time.monotonic()
-    scrape = node.wait("fs-cpu", lambda scrape: bool(fail_slow(scrape, "fs-cpu")),
-                       limited + DEADLINE_SECONDS, "fail_slow")
+    scrape = node.wait("fs-cpu", lambda scrape: bool(fail_slow(scrape, "fs-cpu", rank="1")),
+                       limited + DEADLINE_SECONDS, "fail_slow of rank 1")
     named = time.monotonic() - limited
-    [finding] = fail_slow(scrape, "fs-cpu")
-    assert (finding["rank"], finding["kind"]) == ("1", "scheduling"), evidence(scrape, "fs-cpu")
-    [(labels, ratio)] = ratios(scrape, "fs-cpu")
+    [finding] = fail_slow(scrape, "fs-cpu", rank="1")
+    assert finding["kind"] == "scheduling", evidence(scrape, "fs-cpu")
+    [(labels, ratio)] = [(labels, ratio) for labels, ratio in ratios(scrape, "fs-cpu")
+                         if labels["rank"] == "1"]
     assert labels["part"] == "compute" and labels["cause"] == "cpu_throttled", labels
     assert ratio >= 0.1
     start = scrape.value("trainmon_diagnosis_fail_slow_start_timestamp_seconds",
@@ -268,10 +275,12 @@ def test_a_rank_held_to_a_tenth_of_a_cpu_is_named_within_a_minute(node: Node) ->
     assert start is not None and abs(start - (time.time() - named)) < 10
     assert limit.throttled_seconds() > 0
     english, chinese = doctor(node, "en"), doctor(node, "zh")
-    text = next(f for f in job_findings(english, "fs-cpu") if f["code"] == "fail_slow")
+    text = next(f for f in job_findings(english, "fs-cpu")
+                if f["code"] == "fail_slow" and f["values"]["rank"] == "1")
     assert "rank 1 became" in str(text["message"]), text
     assert "CPU quota" in str(text["message"]), text
-    zh = next(f for f in job_findings(chinese, "fs-cpu") if f["code"] == "fail_slow")
+    zh = next(f for f in job_findings(chinese, "fs-cpu")
+              if f["code"] == "fail_slow" and f["values"]["rank"] == "1")
     assert "rank 1" in str(zh["message"]) and "慢了" in str(zh["message"]), zh
     advice = next(entry for entry in english["jobs"] if entry["job"] == "fs-cpu")["advice"]
     assert "CPU limit" in str(advice), advice
@@ -283,15 +292,19 @@ def test_a_slower_dataset_is_the_whole_job_and_storage(node: Node) -> None:
     node.wait("fs-data", lambda scrape: all(marker.exists() for marker in markers),
               job.started + STARTUP_SECONDS + SLOW_AT + 10, "the slower Dataset")
     slowed = min(float(marker.read_text()) for marker in markers)
-    node.wait("fs-data", lambda scrape: node.scraper.first_named("fs-data") is not None,
-              time.monotonic() + DEADLINE_SECONDS + slowed - time.time(), "fail_slow")
-    named = node.scraper.first_named("fs-data")
+    # (a burst of CPU contention from the suite's other tests may slow the whole job
+    # too, and be named with cpu_pressure: the storage change is the claim)
+    node.wait("fs-data", lambda scrape: node.scraper.first_named(
+        "fs-data", kind="storage") is not None,
+        time.monotonic() + DEADLINE_SECONDS + slowed - time.time(), "fail_slow")
+    named = node.scraper.first_named("fs-data", kind="storage")
     assert named is not None
     at, scrape = named
     assert slowed < at <= slowed + DEADLINE_SECONDS, (at - slowed)
-    [finding] = fail_slow(scrape, "fs-data")
-    assert (finding["rank"], finding["kind"]) == ("", "storage"), evidence(scrape, "fs-data")
-    [(labels, ratio)] = ratios(scrape, "fs-data")
+    [finding] = fail_slow(scrape, "fs-data", kind="storage")
+    assert finding["rank"] == "", evidence(scrape, "fs-data")
+    [(labels, ratio)] = [(labels, ratio) for labels, ratio in ratios(scrape, "fs-data")
+                         if labels["part"] == "data_wait"]
     assert (labels["part"], labels["cause"]) == ("data_wait", "data_loading")
     assert ratio >= 0.1
     start = scrape.value("trainmon_diagnosis_fail_slow_start_timestamp_seconds",
