@@ -14,7 +14,9 @@ the report its records with the figures the ledger's commands make of them
 
 ``history_lines`` and ``recent_lines`` write them in the report's language
 (words from ``messages``); ``history_json`` is their part of the ``--json``
-document.
+document. A run whose record holds fail-slow changes (``summary.fail_slow``: a rank or
+the job became slower during the run) gets a line with its largest, for the run and for
+the run it is measured against (``fail_slow_text``).
 """
 
 from __future__ import annotations
@@ -24,17 +26,31 @@ import shlex
 from dataclasses import dataclass
 
 from trainmon.ledger import RunRecord
+from trainmon.ledger.summary import fail_slow_entries
 from trainmon.report.messages import (
+    Pair,
     ago_text,
     end_word,
+    fail_slow_values,
     heading,
     history_text,
     kind_name,
+    pick,
+    render,
 )
 from trainmon.terminal import duration_text
 
 #: A figure the ledger does not know.
 _UNKNOWN = "?"
+#: A run's largest fail-slow change (the words of ``messages.fail_slow_values``), and how
+#: many more it had.
+FAIL_SLOW_LINE: Pair = (
+    "fail-slow in run {run}: {who} became {ratio:.0%} slower at {start_text} for {held}: "
+    "its {part_words} grew; {cause_words}",
+    "运行 {run} 中出现 fail-slow：{who}从 {start_text} 起慢了 {ratio:.0%}，持续 {held}："
+    "{part_words}变长了；{cause_words}")
+FAIL_SLOW_MORE: Pair = (" (and {more} more: trainmon compare)",
+                        "（另有 {more} 处：见 trainmon compare）")
 
 
 @dataclass(frozen=True)
@@ -69,7 +85,13 @@ class PastRun:
                 "ended": record.ended, "end_reason": record.end_reason,
                 "world_size": record.world_size, "ranks": record.ranks,
                 "samples_per_second": self.samples_per_second, "verdict": self.verdict,
-                "goodput_ratio": self.goodput_ratio, "checkpoint_saves": self.checkpoint_saves}
+                "goodput_ratio": self.goodput_ratio, "checkpoint_saves": self.checkpoint_saves,
+                "fail_slow": self.fail_slow}
+
+    @property
+    def fail_slow(self) -> list[dict[str, object]]:
+        """Its fail-slow changes as the ledger recorded them (``summary.fail_slow``)."""
+        return fail_slow_entries(self.record.summary.get("fail_slow"))
 
 
 @dataclass(frozen=True)
@@ -193,6 +215,31 @@ def fastest_text(history: History, entry: RunHistory, lang: str) -> str | None:
         **_ended_words(history, entry.fastest, lang))
 
 
+def fail_slow_text(run: PastRun, lang: str) -> str | None:
+    """``fail-slow in run vit-2: rank 1 became 35% slower at 10:42:05 UTC for 5m00s: its
+    compute per step grew; its cgroup's CPU quota throttles it``; None without any."""
+    changes = run.fail_slow
+    if not changes:
+        return None
+    largest = max(changes, key=lambda change: _number(change.get("ratio")) or 0.0)
+    text = render(pick(FAIL_SLOW_LINE, lang), {
+        **fail_slow_values(largest, lang), "run": run.record.run,
+        "held": duration_text(_number(largest.get("seconds")), unknown=_UNKNOWN)})
+    if len(changes) > 1:
+        text += render(pick(FAIL_SLOW_MORE, lang), {"more": len(changes) - 1})
+    return text
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def _fail_slow_lines(entry: RunHistory, lang: str, indent: str) -> list[str]:
+    """The fail-slow lines of the run and of the run it is measured against."""
+    runs = [entry.run] + ([entry.baseline] if entry.baseline is not None else [])
+    return [indent + text for run in runs if (text := fail_slow_text(run, lang)) is not None]
+
+
 def _commands(history: History, entry: RunHistory, *, with_runs: bool) -> list[str]:
     commands = [runs_command(history, entry)] if with_runs else []
     for against in (entry.baseline, entry.fastest):
@@ -214,6 +261,7 @@ def history_lines(history: History | None, lang: str) -> list[str]:
         if entry.baseline is not None:
             line += separator + compare_command(history, entry, entry.baseline)
         lines.append(line)
+        lines += _fail_slow_lines(entry, lang, "      ")
         if (fastest := fastest_text(history, entry, lang)) is not None:
             assert entry.fastest is not None
             lines.append(f"      {fastest}{separator}"
@@ -237,6 +285,7 @@ def recent_lines(history: History | None, lang: str) -> list[str]:
             else history_text("verdict", lang, kind=kind_name(run.verdict, lang)),
             goodput=percent_text(run.goodput_ratio), **_ended_words(history, run, lang)))
         lines.append("      " + comparison_text(history, entry, lang))
+        lines += _fail_slow_lines(entry, lang, "      ")
         if (fastest := fastest_text(history, entry, lang)) is not None:
             lines.append("      " + fastest)
         lines.append("      " + history_text(
