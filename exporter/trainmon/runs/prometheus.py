@@ -41,6 +41,12 @@ a range query at a step of about a thousandth of the span):
   ranks' step sketches);
 - data wait, exposed communication and each phase: Δseconds / Δstep seconds;
 - verdicts: seconds for which ``trainmon_bottleneck{job,kind}`` was 1;
+- fail-slow (``fail_slow``, as the ledger's): the points of
+  ``trainmon_diagnosis_fail_slow_ratio`` of the job and its owner while the run was
+  live on the node, one change per rank, part and start
+  (``…_fail_slow_start_timestamp_seconds`` at the same point; its kind from
+  ``trainmon_diagnosis_finding_info{finding="fail_slow"}``): its largest ratio and
+  the time from its first point to its last (``fail_slow_summary``);
 - end reason: each node's ``trainmon_training_run_end_timestamp_seconds{reason}``
   (the ledger exports it for an hour after the end; the latest end per node,
   a ``stalled`` one only while it is still exported), combined over the nodes
@@ -72,6 +78,7 @@ from typing import Any
 import requests
 
 from trainmon.ledger import combined_end_reason
+from trainmon.ledger.summary import MAX_RECORDED_FAIL_SLOW
 from trainmon.runs.local import UnknownRun
 from trainmon.runs.view import RunView, redacted
 
@@ -388,7 +395,28 @@ class PrometheusSource:
         summary["step_seconds_p50"] = summary["step_seconds_p95"] = None
         summary["step_seconds_mean"] = loop_seconds / steps if steps > 0 else None
         summary["verdicts"] = self._verdicts(job, run, start, end)
+        summary["fail_slow"] = self._fail_slow(job, run, start, end)
         return summary
+
+    def _fail_slow(self, job: str, run: str, start: float, end: float
+                   ) -> list[dict[str, object]]:
+        """The run's fail-slow changes, from the diagnosis' series of the job and its owner
+        while the run was live on each node."""
+        live = f"trainmon_training_run_info{{job={_quote(job)},run={_quote(run)}}}"
+
+        def series(selector: str, by: str) -> list[dict[str, Any]]:
+            return self._range(f"max by (instance, {by}) ({selector} and on(instance, job, "
+                               f"owner) {live})", start, end)
+
+        ratios = series(f"trainmon_diagnosis_fail_slow_ratio{{job={_quote(job)}}}",
+                        "rank, part, cause")
+        if not ratios:
+            return []
+        starts = series(f"trainmon_diagnosis_fail_slow_start_timestamp_seconds"
+                        f"{{job={_quote(job)}}}", "rank")
+        kinds = series(f"trainmon_diagnosis_finding_info{{job={_quote(job)},"
+                       f"finding=\"fail_slow\"}}", "rank, kind")
+        return fail_slow_summary(ratios, starts, kinds)
 
     def _world_size(self, job: str, run: str, start: float, end: float) -> int | None:
         """The largest ``trainmon_training_world_size`` of the job while the run was live."""
@@ -433,6 +461,44 @@ def unreachable_reason(error: requests.RequestException, timeout: float) -> str:
             if isinstance(linked, BaseException):
                 pending.append(linked)
     return str(error) or type(error).__name__
+
+
+def fail_slow_summary(ratios: Sequence[Mapping[str, Any]], starts: Sequence[Mapping[str, Any]],
+                      kinds: Sequence[Mapping[str, Any]]) -> list[dict[str, object]]:
+    """``summary.fail_slow`` from range results of the ratio (by instance, rank, part,
+    cause), the start (by instance, rank) and the ``fail_slow`` finding (by instance,
+    rank, kind): one change per rank, part and the start at its points, its largest
+    ratio, the span of its points (``seconds``), the latest named cause, at most
+    ``MAX_RECORDED_FAIL_SLOW`` of the largest, by start."""
+    start_at = {(s["metric"].get("instance", ""), s["metric"].get("rank", "")):
+                dict(_points(s)) for s in starts}
+    kind_at: dict[tuple[str, str], dict[float, str]] = {}
+    for s in kinds:
+        at = kind_at.setdefault((s["metric"].get("instance", ""), s["metric"].get("rank", "")),
+                                {})
+        for t, _ in _points(s):
+            at[t] = s["metric"].get("kind", "")
+    changes: dict[tuple[str, str, float], dict[str, Any]] = {}
+    for s in ratios:
+        labels = s["metric"]
+        where = (labels.get("instance", ""), labels.get("rank", ""))
+        part, cause = labels.get("part", ""), labels.get("cause", "")
+        for t, ratio in _points(s):
+            begun = start_at.get(where, {}).get(t)
+            if begun is None:
+                continue
+            change = changes.setdefault((where[1], part, begun), {
+                "rank": where[1], "part": part, "kind": "", "cause": cause, "ratio": ratio,
+                "start": begun, "first": t, "last": t})
+            change["ratio"] = max(change["ratio"], ratio)
+            if t >= change["last"] and (cause != "unknown" or not change["cause"]):
+                change["cause"] = cause
+            change["first"], change["last"] = min(change["first"], t), max(change["last"], t)
+            change["kind"] = kind_at.get(where, {}).get(t, change["kind"])
+    found = [{**{key: value for key, value in change.items() if key not in ("first", "last")},
+              "seconds": change["last"] - change["first"]} for change in changes.values()]
+    largest = sorted(found, key=lambda change: change["ratio"], reverse=True)
+    return sorted(largest[:MAX_RECORDED_FAIL_SLOW], key=lambda change: change["start"])
 
 
 def _points(series: Mapping[str, Any]) -> list[tuple[float, float]]:
