@@ -319,8 +319,8 @@ class RunRecorder:
         #: (job, owner) -> (rank, part) -> (the start first named, monotonic time of the
         #: latest evaluation) of the fail-slow changes the latest evaluation named.
         self._fail_slow: dict[tuple[str, str], dict[tuple[str, str], tuple[float, float]]] = {}
-        #: (job, run) -> (rank, part, start) -> (the change as last named, the largest
-        #: ratio, seconds held), for the next tick.
+        #: (job, run) -> (rank, part, start) -> (the change as last named, with the largest
+        #: ratio seen, and the seconds it held), for the next tick.
         self._pending_fail_slow: dict[tuple[str, str],
                                       dict[tuple[str, str, float], tuple[FailSlowChange,
                                                                          float]]] = {}
