@@ -199,3 +199,16 @@ def test_a_new_run_starts_again() -> None:
         moved = ScrapedSamples(snapshot.at + 300, snapshot.wall + 300, snapshot.samples)
         changes = detector.update(moved)
     assert not changes
+
+
+def test_one_change_per_rank_and_for_the_job_the_largest() -> None:
+    def step(rank: str, t: float) -> tuple[float, float, float]:
+        # from 90 s the data wait grows by 30 ms and, on its own, the compute by 60 ms
+        later = t >= 90
+        return 0.1 + (0.06 if later else 0.0), 0.005 + (0.03 if later else 0.0), 0.01
+
+    held = detect(Stream(step), 200)
+    assert all(len({change.rank for change in changes}) == len(changes)
+               for _, changes in held)
+    [change] = held[-1][1]
+    assert (change.rank, change.part) == ("", "compute")

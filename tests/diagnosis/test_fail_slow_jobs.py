@@ -284,6 +284,20 @@ def test_a_rank_held_to_a_tenth_of_a_cpu_is_named_within_a_minute(node: Node) ->
     assert "rank 1" in str(zh["message"]) and "慢了" in str(zh["message"]), zh
     advice = next(entry for entry in english["jobs"] if entry["job"] == "fs-cpu")["advice"]
     assert "CPU limit" in str(advice), advice
+    # the run's ledger record keeps it (the recorder flushes every few seconds)
+    recorded: list[Mapping[str, object]] = []
+
+    def in_the_ledger(scrape: Scrape) -> bool:
+        status, body = node.daemon.get("/api/v1/runs?job=fs-cpu")
+        assert status == 200, body
+        recorded[:] = [change for record in json.loads(body)
+                       for change in record["summary"].get("fail_slow", [])]
+        return any(change["rank"] == "1" for change in recorded)
+
+    node.wait("fs-cpu", in_the_ledger, time.monotonic() + 30, "the ledger record")
+    change = next(change for change in recorded if change["rank"] == "1")
+    assert (change["kind"], change["part"], change["cause"]) == (
+        "scheduling", "compute", "cpu_throttled"), change
 
 
 def test_a_slower_dataset_is_the_whole_job_and_storage(node: Node) -> None:

@@ -37,7 +37,8 @@ updated, until the current level falls back below half the threshold above it.
 Where it started is the classic CUSUM estimate: the observation after which the
 sum of deviations from the middle of the two levels is lowest.
 
-Who and why (``FailSlow``), per job, from the parts that fired:
+Who and why (``FailSlow``), from the parts that fired. One change is named per rank
+and one for the job, the largest where several parts changed on their own. Per job:
 
 - the compute of some of the job's ranks on the node, not all: those ranks
   (kind ``scheduling``: a rank degraded, its node is the suspect);
@@ -267,7 +268,13 @@ class FailSlowDetector:
                 jobs.setdefault(rank.job, []).append(rank)
         found: list[FailSlow] = []
         for job, ranks in sorted(jobs.items()):
-            found += self._attribute(job, ranks, world.get(job), snapshot.wall)
+            # one change per rank (and one for the job): the largest, when parts of it
+            # changed on their own (the data wait and, meanwhile, the compute)
+            largest: dict[str, FailSlow] = {}
+            for change in self._attribute(job, ranks, world.get(job), snapshot.wall):
+                if change.rank not in largest or change.ratio > largest[change.rank].ratio:
+                    largest[change.rank] = change
+            found += sorted(largest.values(), key=lambda change: change.rank)
         return tuple(found)
 
     # -- observations ------------------------------------------------------------------
