@@ -589,3 +589,31 @@ def stop_hang_ranks(ranks: list[subprocess.Popen[bytes]], release: Path) -> None
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+@dataclass
+class RankProcesses:
+    """The rank processes of one real job, with their logs; the test ends them."""
+
+    name: str
+    started: float
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    logs: list[Path] = field(default_factory=list)
+
+    def failed(self) -> str | None:
+        """The log of a rank that has exited (the test ends them), or None while all run."""
+        for process, log in zip(self.processes, self.logs, strict=True):
+            if process.poll() is not None:
+                return f"{self.name} rank exited with {process.returncode}:\n{log.read_text()}"
+        return None
+
+    def stop(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.terminate()
+        for process in self.processes:
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(10)

@@ -39,7 +39,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,7 @@ from testkit.daemon import serve as serve_daemon
 from testkit.ddp_job import SCENARIOS, parameter_count
 from testkit.exposition import Scrape, parse
 from testkit.netns import NetworkLab, VethLink, unavailable_reason
-from tests.diagnosis.diagnosis_support import job_verdicts
+from tests.diagnosis.diagnosis_support import RankProcesses, job_verdicts
 from trainmon import contract
 
 pytestmark = pytest.mark.integration
@@ -80,35 +80,6 @@ JOBS = {
     "storage": "ddp-storage",
     "healthy": "ddp-healthy",
 }
-
-
-@dataclass
-class DdpJob:
-    """The rank processes of one job, with their logs."""
-
-    name: str
-    scenario: str
-    started: float
-    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
-    logs: list[Path] = field(default_factory=list)
-
-    def failed(self) -> str | None:
-        """The log of a rank that has exited, or None while all run."""
-        for process, log in zip(self.processes, self.logs, strict=True):
-            if process.poll() is not None:
-                return f"{self.name} rank exited with {process.returncode}:\n{log.read_text()}"
-        return None
-
-    def stop(self) -> None:
-        for process in self.processes:
-            if process.poll() is None:
-                process.terminate()
-        for process in self.processes:
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
 
 
 class Scraper:
@@ -156,7 +127,7 @@ class Node:
 
     daemon: Daemon
     scraper: Scraper
-    jobs: dict[str, DdpJob]
+    jobs: dict[str, RankProcesses]
     link: VethLink | None
     lab: NetworkLab | None
     no_namespaces: str | None
@@ -172,10 +143,10 @@ def serve(directory: Path, config: Mapping[str, object]) -> Daemon:
 
 
 def start_job(directory: Path, scenario: str, socket: Path,
-              ranks: list[tuple[list[str], Mapping[str, str]]]) -> DdpJob:
+              ranks: list[tuple[list[str], Mapping[str, str]]]) -> RankProcesses:
     """Start one process per rank: ``ranks`` gives each one's command prefix
     (``ip netns exec …`` or nothing) and its distributed environment."""
-    job = DdpJob(JOBS[scenario], scenario, time.monotonic())
+    job = RankProcesses(JOBS[scenario], time.monotonic())
     for rank, (prefix, rank_env) in enumerate(ranks):
         env = {
             **os.environ,
@@ -231,7 +202,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
             link = lab.veth(lab.namespace("a"), lab.namespace("b"), *NAMESPACE_CIDRS)
             lab.shape(link.namespace_a, link.interface_a, rate=LINK_RATE)
             lab.shape(link.namespace_b, link.interface_b, rate=LINK_RATE)
-        jobs: dict[str, DdpJob] = {}
+        jobs: dict[str, RankProcesses] = {}
         for scenario in JOBS:
             if scenario == "communication":
                 if lab is None or link is None:

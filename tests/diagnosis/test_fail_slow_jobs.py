@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -41,6 +41,7 @@ from testkit import cpu_limit
 from testkit.daemon import Daemon, free_port, trainmon_command
 from testkit.daemon import serve as serve_daemon
 from testkit.exposition import Scrape, parse
+from tests.diagnosis.diagnosis_support import RankProcesses
 
 pytestmark = pytest.mark.integration
 
@@ -61,31 +62,6 @@ CHECKPOINT_EVERY_STEPS = 36
 DEADLINE_SECONDS = 60.0
 #: Seconds a job may take from its processes' start to its first step.
 STARTUP_SECONDS = 90.0
-
-
-@dataclass
-class Job:
-    name: str
-    started: float
-    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
-    logs: list[Path] = field(default_factory=list)
-
-    def failed(self) -> str | None:
-        for process, log in zip(self.processes, self.logs, strict=True):
-            if process.poll() not in (None, 0):
-                return f"{self.name} rank exited with {process.returncode}:\n{log.read_text()}"
-        return None
-
-    def stop(self) -> None:
-        for process in self.processes:
-            if process.poll() is None:
-                process.terminate()
-        for process in self.processes:
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
 
 
 class Scraper:
@@ -127,7 +103,7 @@ class Scraper:
 @dataclass
 class Node:
     daemon: Daemon
-    jobs: dict[str, Job]
+    jobs: dict[str, RankProcesses]
     directory: Path
     cleanup: ExitStack
     scraper: Scraper
@@ -151,8 +127,9 @@ class Node:
             time.sleep(1.0)
 
 
-def start_job(directory: Path, name: str, socket: Path, arguments: list[str]) -> Job:
-    job = Job(name, time.monotonic())
+def start_job(directory: Path, name: str, socket: Path,
+              arguments: list[str]) -> RankProcesses:
+    job = RankProcesses(name, time.monotonic())
     env = {**os.environ, "WORLD_SIZE": "2", "TRAINMON_ENDPOINT": f"unix://{socket}",
            "TRAINMON_JOB": name, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
            "GLOO_SOCKET_IFNAME": "lo",
