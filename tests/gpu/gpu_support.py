@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from testkit.prometheus import wait_until
+from trainmon.collectors.gpu import GPUCollector
 
 
 class Clock:
@@ -52,3 +53,16 @@ class FakeNVML:
 def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
     """``testkit.prometheus.wait_until`` polling every 20 ms (AssertionError after ``timeout`` s)."""
     wait_until(condition, timeout, "the condition", interval=0.02)
+
+
+def gpus(count: int) -> list[str]:
+    """The ``gpu`` labels of a node with ``count`` GPUs: ``"0"`` … ``str(count - 1)``."""
+    return [str(index) for index in range(count)]
+
+
+def start_listening(collector: GPUCollector) -> GPUCollector:
+    """Start ``collector`` and wait until its XID listener has registered with the fake
+    (an XID the fake's clock passes after this is delivered); ``collector`` back."""
+    collector.start()
+    wait_for(lambda: collector.xid.state == "listening")
+    return collector

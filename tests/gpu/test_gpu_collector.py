@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from testkit.exposition import Scrape
-from tests.gpu.gpu_support import Clock, FakeNVML, wait_for
+from tests.gpu.gpu_support import Clock, FakeNVML, gpus, start_listening, wait_for
 from trainmon.collectors.gpu import GPUCollector
 from trainmon.gpu.sampler import FLAG_THRESHOLD
 from trainmon.gpu.types import GPUProcess, NVMLUnavailable
@@ -52,16 +52,6 @@ GPU_FAMILIES = {
 REASONS = ["power", "thermal", "sync_boost", "board_limit", "low_utilization", "reliability"]
 
 
-
-
-
-
-
-
-def gpus(count: int) -> list[str]:
-    return [str(index) for index in range(count)]
-
-
 def test_every_gpu_family_matches_the_scenario(
     scenario: Callable[[str], Path],
     fake_nvml: FakeNVML,
@@ -70,9 +60,7 @@ def test_every_gpu_family_matches_the_scenario(
 ) -> None:
     scenario(EIGHT_GPUS + "xid 2 0.5 48\nxid 7 0.5 63\n")
     fake_nvml.set_time(0.1)
-    collector = make_collector()
-    collector.start()
-    wait_for(lambda: collector.xid.state == "listening")
+    collector = start_listening(make_collector())
     fake_nvml.set_time(10.0)
     wait_for(lambda: len(collector.xid.counts()) == 2)
     collector.sampler.poll()
@@ -184,9 +172,7 @@ def test_an_xid_scheduled_twice_is_counted_twice(
 ) -> None:
     scenario("gpus 4\nxid 1 2 79\nxid 1 3 79\nxid 2 3 13\nxid 0 0.1 31\n")
     fake_nvml.set_time(1.0)  # registration happens now: the XID at 0.1 s is before it
-    collector = make_collector()
-    collector.start()
-    wait_for(lambda: collector.xid.state == "listening")
+    collector = start_listening(make_collector())
     fake_nvml.set_time(4.0)
     received = time.time()
     wait_for(lambda: sum(count.count for count in collector.xid.counts().values()) == 3)

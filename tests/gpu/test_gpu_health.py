@@ -20,7 +20,7 @@ import pynvml
 import pytest
 
 from testkit.exposition import Scrape
-from tests.gpu.gpu_support import Clock, FakeNVML, wait_for
+from tests.gpu.gpu_support import Clock, FakeNVML, gpus, start_listening, wait_for
 from trainmon.collectors.gpu import GPUCollector, GPUConfig
 from trainmon.gpu import recovery
 from trainmon.gpu.nvml import NVML
@@ -39,10 +39,6 @@ HEALTH_GAUGES = (
     "trainmon_gpu_row_remap_failed",
     "trainmon_gpu_retired_pages_pending",
 )
-
-
-def gpus(count: int) -> list[str]:
-    return [str(index) for index in range(count)]
 
 
 def actions(result: Scrape) -> dict[str, tuple[str, str]]:
@@ -215,8 +211,7 @@ def test_the_xid_table_stands_in_for_the_driver_and_forgets_after_an_hour(
     wall = Clock()
     collector = GPUCollector(NVML(clock=clock), GPUConfig(), clock=clock, wall_clock=wall)
     try:
-        collector.start()
-        wait_for(lambda: collector.xid.state == "listening")
+        start_listening(collector)
         fake_nvml.set_time(3.0)
         wait_for(lambda: len(collector.xid.counts()) == 4)
         assert actions(scrape(collector)) == {
@@ -244,9 +239,7 @@ def test_a_lost_gpu_keeps_only_the_xid_tables_action(
 ) -> None:
     scenario("gpus 3\nxid 1 4 79\nlost 1 5\n")
     fake_nvml.set_time(1.0)
-    collector = make_collector()
-    collector.start()
-    wait_for(lambda: collector.xid.state == "listening")
+    collector = start_listening(make_collector())
     before = scrape(collector)
     assert set(before.by_gpu("trainmon_gpu_remapped_rows", cause="correctable")) == {"0", "1", "2"}
 
