@@ -1,14 +1,22 @@
-"""Hand-built ledger records for the ``trainmon runs`` / ``compare`` tests."""
+"""Hand-built ledger records for the ``trainmon runs`` / ``compare`` tests, and the
+``trainmon doctor`` run history over them (job ``vit``)."""
 
 from __future__ import annotations
 
+import io
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from trainmon.diagnosis.thresholds import DiagnosisConfig
+from trainmon.doctor import DoctorOptions, run_doctor
 from trainmon.ledger import Ledger, RecordUpdate, RunRecord
 
 STARTED = 1_764_576_000.0  # 2025-12-01 08:00 UTC
+CONFIG_HASH = "sha256:00112233aabbccdd"
+#: doctor's clock in the run-history tests: two hours after ``earlier``'s run ended.
+DOCTOR_NOW = STARTED + 3600 + 7200
 
 
 def description(**overrides: Any) -> dict[str, Any]:
@@ -47,7 +55,7 @@ def summary(**overrides: Any) -> dict[str, Any]:
 
 
 def record(run: str, *, job: str = "llama", node: str = "gpu-node-1",
-           config_hash: str = "sha256:00112233aabbccdd", started: float = STARTED,
+           config_hash: str = CONFIG_HASH, started: float = STARTED,
            ended: float | None = STARTED + 3600, end_reason: str | None = "finished",
            world_size: int | None = 8, ranks: int = 8,
            description_: Mapping[str, Any] | None = None,
@@ -68,3 +76,46 @@ def write_ledger(path: Path, records: Sequence[RunRecord]) -> Path:
     finally:
         ledger.close()
     return path
+
+
+def history(tmp_path: Path, records: Sequence[RunRecord]) -> Path:
+    """``records`` in a real ledger file under ``tmp_path``."""
+    return write_ledger(tmp_path / "ledger.sqlite3", records)
+
+
+def current(speed: float, **kwargs: Any) -> RunRecord:
+    """``vit-2``, the run that goes on: started after every other (``record``'s arguments
+    in ``kwargs`` replace those of the job)."""
+    settings: dict[str, Any] = {"job": "vit", "config_hash": CONFIG_HASH,
+                                "started": DOCTOR_NOW - 600, "ended": None, "end_reason": None}
+    settings.update(kwargs)
+    return record("vit-2", summary_=summary(samples_per_second_median=speed), **settings)
+
+
+def earlier(run: str, speed: float | None, *, started: float = STARTED,
+            end_reason: str = "finished", **kwargs: Any) -> RunRecord:
+    """An hour-long run of ``vit`` that ended (at ``speed`` samples/s median)."""
+    return record(run, job="vit", config_hash=CONFIG_HASH, started=started,
+                  ended=started + 3600, end_reason=end_reason,
+                  summary_=summary(samples_per_second_median=speed), **kwargs)
+
+
+def doctor(url: str, ledger: Path | None, *, json_out: bool = False, lang: str = "en",
+           now: float = DOCTOR_NOW) -> tuple[int, str]:
+    """``trainmon doctor`` on the daemon at ``url`` with ``ledger``: exit code and output."""
+    out = io.StringIO()
+    code = run_doctor(DoctorOptions(url=url, seconds=0.4, interval_seconds=0.2, json=json_out,
+                                    ledger=ledger, lang=lang),
+                      DiagnosisConfig(), list, out, wall_clock=lambda: now)
+    return code, out.getvalue()
+
+
+def text_of(url: str, ledger: Path | None, **kwargs: Any) -> str:
+    """``doctor``'s output alone."""
+    return doctor(url, ledger, **kwargs)[1]
+
+
+def english_sentences(text: str) -> list[str]:
+    """Runs of four or more English words outside the commands a line names."""
+    without_commands = re.sub(r"trainmon [a-z]+ [^；;\n]*", "", text)
+    return re.findall(r"[A-Za-z]{2,}(?:[ ,]+[A-Za-z]{2,}){3,}", without_commands)

@@ -5,80 +5,29 @@ from __future__ import annotations
 
 import io
 import json
-import re
-from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from testkit.loopback import LoopbackHTTPServer, Reply, Request
-from tests.diagnosis.diagnosis_support import StarvedNode
-from tests.runs.runs_support import STARTED, record, summary, write_ledger
+from tests.runs.runs_support import (
+    CONFIG_HASH,
+    DOCTOR_NOW,
+    STARTED,
+    current,
+    doctor,
+    earlier,
+    english_sentences,
+    history,
+    record,
+    summary,
+    text_of,
+)
 from trainmon import contract
 from trainmon.diagnosis.thresholds import DiagnosisConfig
 from trainmon.doctor import DoctorOptions, run_doctor
 from trainmon.ledger import RunRecord
-
-HASH = "sha256:00112233aabbccdd"
-#: doctor's clock: two hours after the previous run ended.
-NOW = STARTED + 3600 + 7200
-
-
-@pytest.fixture
-def daemon_url() -> Iterator[str]:
-    """A daemon whose one job, ``vit``, is data-starved (its verdict: storage)."""
-    node = StarvedNode()
-
-    def answer(request: Request) -> Reply:
-        return Reply(200, node.text(), "text/plain; version=0.0.4")
-
-    with LoopbackHTTPServer(answer) as server:
-        yield server.address
-
-
-@pytest.fixture
-def idle_url() -> Iterator[str]:
-    """A daemon that sees no GPU and no job (its jobs ended)."""
-    def answer(request: Request) -> Reply:
-        return Reply.text("# TYPE trainmon_build_info gauge\n"
-                          'trainmon_build_info{version="1",mode="real"} 1\n',
-                          "text/plain; version=0.0.4")
-
-    with LoopbackHTTPServer(answer) as server:
-        yield server.address
-
-
-def doctor(url: str, ledger: Path | None, *, json_out: bool = False, lang: str = "en",
-           now: float = NOW) -> tuple[int, str]:
-    out = io.StringIO()
-    code = run_doctor(DoctorOptions(url=url, seconds=0.4, interval_seconds=0.2, json=json_out,
-                                    ledger=ledger, lang=lang),
-                      DiagnosisConfig(), list, out, wall_clock=lambda: now)
-    return code, out.getvalue()
-
-
-def text_of(url: str, ledger: Path | None, **kwargs: Any) -> str:
-    return doctor(url, ledger, **kwargs)[1]
-
-
-def current(speed: float, **kwargs: Any) -> RunRecord:
-    """``vit-2``, the run that goes on: started after every other."""
-    settings: dict[str, Any] = {"job": "vit", "config_hash": HASH, "started": NOW - 600,
-                                "ended": None, "end_reason": None}
-    settings.update(kwargs)
-    return record("vit-2", summary_=summary(samples_per_second_median=speed), **settings)
-
-
-def earlier(run: str, speed: float | None, *, started: float = STARTED,
-            end_reason: str = "finished", **kwargs: Any) -> RunRecord:
-    return record(run, job="vit", config_hash=HASH, started=started, ended=started + 3600,
-                  end_reason=end_reason,
-                  summary_=summary(samples_per_second_median=speed), **kwargs)
-
-
-def history(tmp_path: Path, records: Sequence[RunRecord]) -> Path:
-    return write_ledger(tmp_path / "ledger.sqlite3", records)
 
 
 def history_line(text: str) -> str:
@@ -148,7 +97,7 @@ def test_without_a_finished_run_a_crash_with_a_rate_serves_and_says_so(
 ])
 def test_runs_of_another_shape_are_not_comparable(
         tmp_path: Path, daemon_url: str, other: dict[str, Any], why: str) -> None:
-    settings: dict[str, Any] = {"job": "vit", "config_hash": HASH, "world_size": 8,
+    settings: dict[str, Any] = {"job": "vit", "config_hash": CONFIG_HASH, "world_size": 8,
                                 "ranks": 8, **other}
     different = record("vit-0", started=STARTED - 7200, ended=STARTED - 3600,
                        summary_=summary(samples_per_second_median=5000.0), **settings)
@@ -172,7 +121,7 @@ def test_the_fastest_run_of_the_week_shows_a_slowdown_that_came_run_by_run(
     ledger = history(tmp_path, [
         earlier("vit-0", 1000.0, started=STARTED - 7200),
         earlier("vit-1", 850.0),
-        earlier("vit-old", 5000.0, started=NOW - contract.THROUGHPUT_BEST_LOOKBACK_SECONDS
+        earlier("vit-old", 5000.0, started=DOCTOR_NOW - contract.THROUGHPUT_BEST_LOOKBACK_SECONDS
                 - 7200),
         current(750.0)])
     lines = text_of(daemon_url, ledger).splitlines()
@@ -217,11 +166,11 @@ def test_the_running_runs_own_checkpoints_and_goodput(tmp_path: Path, daemon_url
 
 def test_after_the_job_the_last_runs_and_what_to_run_exit_0(
         tmp_path: Path, idle_url: str) -> None:
-    ended = RunRecord(**{**earlier("vit-2", 780.0, started=NOW - 3600 - 720).__dict__,
+    ended = RunRecord(**{**earlier("vit-2", 780.0, started=DOCTOR_NOW - 3600 - 720).__dict__,
                          "summary": summary(samples_per_second_median=780.0,
                                             goodput_ratio=0.62,
                                             verdicts={"storage": 3000.0, "compute": 600.0})})
-    old = record("bert-1", job="bert", started=NOW - 3 * 86400, ended=NOW - 2 * 86400)
+    old = record("bert-1", job="bert", started=DOCTOR_NOW - 3 * 86400, ended=DOCTOR_NOW - 2 * 86400)
     ledger = history(tmp_path, [earlier("vit-1", 1000.0), ended, old])
     code, text = doctor(idle_url, ledger)
     assert code == 0, text
@@ -247,7 +196,7 @@ def test_after_the_job_the_last_runs_and_what_to_run_exit_0(
 def test_after_the_job_in_chinese_no_english_sentence_is_left(
         tmp_path: Path, idle_url: str) -> None:
     ledger = history(tmp_path, [earlier("vit-1", 1000.0),
-                                earlier("vit-2", 780.0, started=NOW - 3600 - 720)])
+                                earlier("vit-2", 780.0, started=DOCTOR_NOW - 3600 - 720)])
     code, text = doctor(idle_url, ledger, lang="zh")
     assert code == 0
     assert "vit：运行 vit-2 于 12 分钟前正常结束，运行了 1h00m：780 samples/s，结论 算（计算）" in text
@@ -257,8 +206,8 @@ def test_after_the_job_in_chinese_no_english_sentence_is_left(
 
 def test_with_no_recent_run_nothing_could_be_measured_in_either_language(
         tmp_path: Path, idle_url: str) -> None:
-    ledger = history(tmp_path, [record("bert-1", job="bert", started=NOW - 3 * 86400,
-                                       ended=NOW - 2 * 86400)])
+    ledger = history(tmp_path, [record("bert-1", job="bert", started=DOCTOR_NOW - 3 * 86400,
+                                       ended=DOCTOR_NOW - 2 * 86400)])
     code, text = doctor(idle_url, ledger)
     assert code == 2 and "Could not measure: no GPU and no training job seen" in text
     code, text = doctor(idle_url, ledger, lang="zh")
@@ -266,18 +215,12 @@ def test_with_no_recent_run_nothing_could_be_measured_in_either_language(
     assert english_sentences(text) == []
 
 
-def english_sentences(text: str) -> list[str]:
-    """Runs of four or more English words outside the commands a line names."""
-    without_commands = re.sub(r"trainmon [a-z]+ [^；;\n]*", "", text)
-    return re.findall(r"[A-Za-z]{2,}(?:[ ,]+[A-Za-z]{2,}){3,}", without_commands)
-
-
 @pytest.mark.parametrize("mode", ["demo", "real"])
 def test_the_demo_daemon_is_read_with_the_demos_own_ledger(tmp_path: Path, mode: str) -> None:
     """``trainmon serve --demo`` keeps its runs apart: doctor reads them there when the
     daemon it read says it is the demo, and only then."""
     demo_ledger = history(tmp_path, [earlier("vit-1", 1000.0),
-                                     earlier("vit-2", 780.0, started=NOW - 3600 - 720)])
+                                     earlier("vit-2", 780.0, started=DOCTOR_NOW - 3600 - 720)])
 
     def answer(request: Request) -> Reply:
         return Reply.text("# TYPE trainmon_build_info gauge\n"
@@ -289,7 +232,7 @@ def test_the_demo_daemon_is_read_with_the_demos_own_ledger(tmp_path: Path, mode:
         code = run_doctor(DoctorOptions(url=server.address, seconds=0.2, interval_seconds=0.1,
                                         ledger=tmp_path / "absent.sqlite3",
                                         demo_ledger=demo_ledger),
-                          DiagnosisConfig(), list, out, err=err, wall_clock=lambda: NOW)
+                          DiagnosisConfig(), list, out, err=err, wall_clock=lambda: DOCTOR_NOW)
     if mode == "demo":
         assert code == 0 and "vit: run vit-2 finished 12 min ago" in out.getvalue()
         assert f"the daemon is the demo: reading its ledger {demo_ledger}" in err.getvalue()
