@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import io
 import re
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from testkit.loopback import LoopbackHTTPServer, Reply, Request
+from testkit.prometheus import Prometheus
 from trainmon.diagnosis.thresholds import DiagnosisConfig
 from trainmon.doctor import DoctorOptions, run_doctor
 from trainmon.ledger import Ledger, RecordUpdate, RunRecord
@@ -119,3 +122,46 @@ def english_sentences(text: str) -> list[str]:
     """Runs of four or more English words outside the commands a line names."""
     without_commands = re.sub(r"trainmon [a-z]+ [^；;\n]*", "", text)
     return re.findall(r"[A-Za-z]{2,}(?:[ ,]+[A-Za-z]{2,}){3,}", without_commands)
+
+
+class PhasedNode:
+    """A fake node daemon's /metrics on loopback that a test moves through phases: in
+    phase ``n`` (1 at first) it answers ``text_of_phase(n)``. A context manager."""
+
+    def __init__(self, text_of_phase: Callable[[int], str]) -> None:
+        self._text_of_phase = text_of_phase
+        self._phase = 1
+        self._lock = threading.Lock()
+        self._server = LoopbackHTTPServer(self._answer)
+
+    @property
+    def address(self) -> str:
+        """``host:port`` to scrape."""
+        return self._server.address
+
+    def move_to(self, phase: int) -> None:
+        """Answer ``text_of_phase(phase)`` from the next scrape on."""
+        with self._lock:
+            self._phase = phase
+
+    def _answer(self, request: Request) -> Reply:
+        with self._lock:
+            phase = self._phase
+        return Reply.text(self._text_of_phase(phase), "text/plain; version=0.0.4")
+
+    def __enter__(self) -> PhasedNode:
+        self._server.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.stop()
+
+
+def scrape_every_second(prometheus: Prometheus, address: str) -> None:
+    """Start ``prometheus`` scraping the daemon at ``address`` every second as job
+    ``trainmon``, keeping the daemon's own ``job`` labels (as deploy/ configures it)."""
+    prometheus.start({
+        "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+        "scrape_configs": [{"job_name": "trainmon", "honor_labels": True,
+                            "static_configs": [{"targets": [address]}]}],
+    })

@@ -3,14 +3,13 @@ a real Prometheus scrapes a fake node daemon whose runs end, stall and resume.""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from testkit.loopback import LoopbackHTTPServer, Reply, Request
 from testkit.prometheus import Prometheus, wait_until
+from tests.runs.runs_support import PhasedNode, scrape_every_second
 from trainmon.runs.prometheus import PrometheusSource
 
 pytestmark = pytest.mark.integration
@@ -30,57 +29,39 @@ PHASES = {
 LIVE = {1: ("r1", "r2", "r3", "r4"), 2: ("r2", "r3")}
 
 
-class FakeNode:
+def metrics(phase: int) -> str:
     """A node daemon's /metrics in phase 1 or 2 of ``PHASES``."""
-
-    def __init__(self) -> None:
-        self.phase = 1
-        self.lock = threading.Lock()
-
-    def text(self) -> str:
-        with self.lock:
-            phase = self.phase
-        lines = ["# TYPE trainmon_training_run_info gauge"]
-        lines += [f'trainmon_training_run_info{{job="llama",run="{run}",config_hash="sha256:0"}} 1'
-                  for run in LIVE[phase]]
-        lines.append("# TYPE trainmon_training_run_start_timestamp_seconds gauge")
-        lines += [f'trainmon_training_run_start_timestamp_seconds{{job="llama",run="{run}"}} '
-                  f"{STARTED}" for run in LIVE[phase]]
-        lines.append("# TYPE trainmon_training_run_end_timestamp_seconds gauge")
-        for run, ends in PHASES.items():
-            end = ends[phase - 1]
-            if end is not None:
-                lines.append(f'trainmon_training_run_end_timestamp_seconds{{job="llama",'
-                             f'run="{run}",reason="{end[0]}"}} {end[1]}')
-        return "\n".join(lines) + "\n"
-
-    def answer(self, request: Request) -> Reply:
-        return Reply.text(self.text(), "text/plain; version=0.0.4")
+    lines = ["# TYPE trainmon_training_run_info gauge"]
+    lines += [f'trainmon_training_run_info{{job="llama",run="{run}",config_hash="sha256:0"}} 1'
+              for run in LIVE[phase]]
+    lines.append("# TYPE trainmon_training_run_start_timestamp_seconds gauge")
+    lines += [f'trainmon_training_run_start_timestamp_seconds{{job="llama",run="{run}"}} '
+              f"{STARTED}" for run in LIVE[phase]]
+    lines.append("# TYPE trainmon_training_run_end_timestamp_seconds gauge")
+    for run, ends in PHASES.items():
+        end = ends[phase - 1]
+        if end is not None:
+            lines.append(f'trainmon_training_run_end_timestamp_seconds{{job="llama",'
+                         f'run="{run}",reason="{end[0]}"}} {end[1]}')
+    return "\n".join(lines) + "\n"
 
 
 @pytest.fixture
-def node() -> Iterator[tuple[FakeNode, LoopbackHTTPServer]]:
-    fake = FakeNode()
-    with LoopbackHTTPServer(fake.answer) as server:
-        yield fake, server
+def node() -> Iterator[PhasedNode]:
+    with PhasedNode(metrics) as node:
+        yield node
 
 
 def test_end_reasons_come_from_the_ledgers_series(
-        node: tuple[FakeNode, LoopbackHTTPServer], prometheus: Prometheus) -> None:
-    fake, server = node
-    prometheus.start({
-        "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
-        "scrape_configs": [{"job_name": "trainmon", "honor_labels": True,
-                            "static_configs": [{"targets": [server.address]}]}],
-    })
+        node: PhasedNode, prometheus: Prometheus) -> None:
+    scrape_every_second(prometheus, node.address)
 
     def scraped(expr: str, count: int) -> bool:
         return len(prometheus.query(expr)) == count
 
     wait_until(lambda: scraped("count_over_time(trainmon_training_run_info[1m]) >= 2", 4),
                30, "two scrapes of phase 1")
-    with fake.lock:
-        fake.phase = 2
+    node.move_to(2)
     wait_until(lambda: scraped('trainmon_training_run_end_timestamp_seconds{reason="finished"}',
                                1), 30, "a scrape of phase 2")
     wait_until(lambda: scraped('trainmon_training_run_end_timestamp_seconds', 3), 30,

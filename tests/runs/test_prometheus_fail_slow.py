@@ -3,14 +3,13 @@ arithmetic over query results, and a real Prometheus scraping a fake node daemon
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from testkit.loopback import LoopbackHTTPServer, Reply, Request
 from testkit.prometheus import Prometheus, wait_until
+from tests.runs.runs_support import PhasedNode, scrape_every_second
 from trainmon.ledger.summary import MAX_RECORDED_FAIL_SLOW
 from trainmon.runs.prometheus import PrometheusSource, fail_slow_summary
 
@@ -61,62 +60,44 @@ STARTED = time.time() - 60
 OWNER = "uid:1000"
 
 
-class FakeNode:
+def metrics(phase: int) -> str:
     """A node daemon whose run ``r1`` slows on rank 1 (phase 1), then recovers (phase 2);
     another owner's job of the same name slows too, and is not the run's."""
-
-    def __init__(self) -> None:
-        self.phase = 1
-        self.lock = threading.Lock()
-
-    def text(self) -> str:
-        with self.lock:
-            phase = self.phase
-        lines = ["# TYPE trainmon_training_run_info gauge",
-                 f'trainmon_training_run_info{{job="llama",owner="{OWNER}",run="r1",'
-                 'config_hash="sha256:0"} 1']
-        if phase == 1:
-            lines += [
-                "# TYPE trainmon_diagnosis_fail_slow_ratio gauge",
-                f'trainmon_diagnosis_fail_slow_ratio{{job="llama",owner="{OWNER}",rank="1",'
-                'part="compute",cause="cpu_throttled"} 0.35',
-                'trainmon_diagnosis_fail_slow_ratio{job="llama",owner="uid:1001",rank="0",'
-                'part="step",cause="unknown"} 0.9',
-                "# TYPE trainmon_diagnosis_fail_slow_start_timestamp_seconds gauge",
-                f'trainmon_diagnosis_fail_slow_start_timestamp_seconds{{job="llama",'
-                f'owner="{OWNER}",rank="1"}} {STARTED + 30}',
-                'trainmon_diagnosis_fail_slow_start_timestamp_seconds{job="llama",'
-                f'owner="uid:1001",rank="0"}} {STARTED}',
-                "# TYPE trainmon_diagnosis_finding_info gauge",
-                f'trainmon_diagnosis_finding_info{{job="llama",owner="{OWNER}",'
-                'kind="scheduling",finding="fail_slow",rank="1"} 1']
-        return "\n".join(lines) + "\n"
-
-    def answer(self, request: Request) -> Reply:
-        return Reply.text(self.text(), "text/plain; version=0.0.4")
+    lines = ["# TYPE trainmon_training_run_info gauge",
+             f'trainmon_training_run_info{{job="llama",owner="{OWNER}",run="r1",'
+             'config_hash="sha256:0"} 1']
+    if phase == 1:
+        lines += [
+            "# TYPE trainmon_diagnosis_fail_slow_ratio gauge",
+            f'trainmon_diagnosis_fail_slow_ratio{{job="llama",owner="{OWNER}",rank="1",'
+            'part="compute",cause="cpu_throttled"} 0.35',
+            'trainmon_diagnosis_fail_slow_ratio{job="llama",owner="uid:1001",rank="0",'
+            'part="step",cause="unknown"} 0.9',
+            "# TYPE trainmon_diagnosis_fail_slow_start_timestamp_seconds gauge",
+            f'trainmon_diagnosis_fail_slow_start_timestamp_seconds{{job="llama",'
+            f'owner="{OWNER}",rank="1"}} {STARTED + 30}',
+            'trainmon_diagnosis_fail_slow_start_timestamp_seconds{job="llama",'
+            f'owner="uid:1001",rank="0"}} {STARTED}',
+            "# TYPE trainmon_diagnosis_finding_info gauge",
+            f'trainmon_diagnosis_finding_info{{job="llama",owner="{OWNER}",'
+            'kind="scheduling",finding="fail_slow",rank="1"} 1']
+    return "\n".join(lines) + "\n"
 
 
 @pytest.fixture
-def node() -> Iterator[tuple[FakeNode, LoopbackHTTPServer]]:
-    fake = FakeNode()
-    with LoopbackHTTPServer(fake.answer) as server:
-        yield fake, server
+def node() -> Iterator[PhasedNode]:
+    with PhasedNode(metrics) as node:
+        yield node
 
 
 @pytest.mark.integration
 def test_a_runs_fail_slow_is_read_from_prometheus_for_its_owner_only(
-        node: tuple[FakeNode, LoopbackHTTPServer], prometheus: Prometheus) -> None:
-    fake, server = node
-    prometheus.start({
-        "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
-        "scrape_configs": [{"job_name": "trainmon", "honor_labels": True,
-                            "static_configs": [{"targets": [server.address]}]}],
-    })
+        node: PhasedNode, prometheus: Prometheus) -> None:
+    scrape_every_second(prometheus, node.address)
     wait_until(lambda: len(prometheus.query(
         "count_over_time(trainmon_diagnosis_fail_slow_ratio[1m]) >= 4")) == 2,
         30, "four scrapes of the slowed run")
-    with fake.lock:
-        fake.phase = 2
+    node.move_to(2)
     wait_until(lambda: not prometheus.query("trainmon_diagnosis_fail_slow_ratio"), 30,
                "the recovered change gone stale")
     source = PrometheusSource(prometheus.url)
