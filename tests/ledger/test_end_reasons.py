@@ -15,11 +15,6 @@ from trainmon.ledger.recorder import MAX_EXPORTED_RUN_ENDS, RUN_END_EXPORT_SECON
 REPORTERS = ("a1b2c3d4e5f60718", "b1b2c3d4e5f60718")
 
 
-@pytest.fixture
-def clocks() -> Clocks:
-    return Clocks()
-
-
 def two_ranks(clocks: Clocks, training, ledger, run: str = "run-a") -> None:  # type: ignore[no-untyped-def]
     """Ranks 0 and 1 of a 2-rank run, both described and stepping for 30 s."""
     for rank, reporter in enumerate(REPORTERS):

@@ -17,11 +17,6 @@ TICK = 10.0
 TICKS = 4
 
 
-@pytest.fixture
-def clocks() -> Clocks:
-    return Clocks()
-
-
 def run_ticks(clocks: Clocks, tmp_path: Path, holdings: list[GpuHolding], *,
               reporting: bool = False):  # type: ignore[no-untyped-def]
     """``TICKS`` ticks ``TICK`` s apart with ``holdings`` on the GPUs; with ``reporting``,

@@ -42,11 +42,6 @@ def run_job(clocks: Clocks, training, ledger, *, run: str, rate_steps: int,  # t
         ledger.tick()
 
 
-@pytest.fixture
-def clocks() -> Clocks:
-    return Clocks()
-
-
 def test_two_runs_are_measured_compared_and_finished(clocks: Clocks, tmp_path: Path) -> None:
     path = tmp_path / "ledger.sqlite3"
     training, ledger = make_recorder(clocks, path, flush_seconds=3600.0,

@@ -145,11 +145,6 @@ def close(node: Node, job: Job, ended: str = "finished") -> float:
 
 
 @pytest.fixture
-def clocks() -> Clocks:
-    return Clocks()
-
-
-@pytest.fixture
 def path(tmp_path: Path) -> Path:
     """The ledger's file."""
     return tmp_path / "ledger.sqlite3"
