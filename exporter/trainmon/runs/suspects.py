@@ -169,38 +169,37 @@ def find_suspects(source: QuerySource, at: float) -> SuspectReport:
     return SuspectReport(chosen, len(compared), tuple(exclusion_commands(chosen)))
 
 
+def _rows(source: QuerySource, expr: str, at: float,
+          row: Callable[[dict[str, str], float], str]) -> tuple[str, ...]:
+    """``row(labels, value)`` of each sample ``expr`` answers at ``at``, sorted."""
+    return tuple(sorted(row(_labels(sample), _value(sample))
+                        for sample in source.query(expr, at)))
+
+
 def _health(source: QuerySource, node: str, at: float) -> tuple[str, ...]:
-    rows = []
-    for sample in source.query(f"trainmon_health_status{{node={_quote(node)}}} > 0", at):
-        labels = _labels(sample)
-        state = "failed" if _value(sample) >= 2 else "degraded"
-        rows.append(f"{labels.get('subsystem', '?')} {labels.get('device', '?')} {state}: "
-                    f"{labels.get('reason', '?')} (action {labels.get('action', '?')})")
-    return tuple(sorted(rows))
+    def row(labels: dict[str, str], status: float) -> str:
+        state = "failed" if status >= 2 else "degraded"
+        return (f"{labels.get('subsystem', '?')} {labels.get('device', '?')} {state}: "
+                f"{labels.get('reason', '?')} (action {labels.get('action', '?')})")
+
+    return _rows(source, f"trainmon_health_status{{node={_quote(node)}}} > 0", at, row)
 
 
 def _events(source: QuerySource, node: str, at: float) -> tuple[str, ...]:
     expr = ("trainmon_tencent_event_info * on (instance_id) group_left () topk by "
             f"(instance_id) (1, group by (instance_id) (trainmon_node_info{{node={_quote(node)},"
             "instance_id!=\"\"}))")
-    rows = []
-    for sample in source.query(expr, at):
-        labels = _labels(sample)
-        rows.append(f"{labels.get('event', '?')} ({labels.get('category', '?')}, "
-                    f"{labels.get('status', '?')}) on {labels.get('instance_id', '?')}")
-    return tuple(sorted(rows))
+    return _rows(source, expr, at, lambda labels, _: (
+        f"{labels.get('event', '?')} ({labels.get('category', '?')}, "
+        f"{labels.get('status', '?')}) on {labels.get('instance_id', '?')}"))
 
 
 def _slow_jobs(source: QuerySource, node: str, at: float) -> tuple[str, ...]:
     expr = (f"{STEP_SERIES} / on (job, owner) group_left () quantile by (job, owner) "
             f"(0.5, {STEP_SERIES}) * on (instance) group_left () "
             f"group by (instance) (trainmon_build_info{{node={_quote(node)}}})")
-    rows = []
-    for sample in source.query(expr, at):
-        labels = _labels(sample)
-        rows.append(f"{labels.get('job', '?')} ({labels.get('owner', '?')}) "
-                    f"{_value(sample):.2f}× its median node")
-    return tuple(sorted(rows))
+    return _rows(source, expr, at, lambda labels, ratio: (
+        f"{labels.get('job', '?')} ({labels.get('owner', '?')}) {ratio:.2f}× its median node"))
 
 
 def _taint_value(reason: str) -> str:
