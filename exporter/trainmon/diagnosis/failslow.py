@@ -28,11 +28,11 @@ A change fires when
   spans at least ``test_seconds`` (the warm-up is left out before either:
   ``warmup_steps`` of each rank, as the verdict does).
 
-A change found on some of a job's ranks only, or in the step but in none of its
-parts, is named a quarter of ``test_seconds`` later: the same change reaches the other
-ranks, or shows in its part, an evaluation or two after it first shows (named at once,
-the job's data wait would be named as one rank's, or as the step's). Once fired, the
-reference is frozen: the change holds, with its magnitude
+A change is named once it has held ``test_seconds`` more since it fired (24 s by
+default): a burst of CPU contention on the node ends within that, and the same change
+reaches the job's other ranks, or shows in its part, an evaluation or two after it
+first shows (named at once, the job's data wait would be named as one rank's, or as the
+step's). Once fired, the reference is frozen: the change holds, with its magnitude
 updated, until the current level falls back below half the threshold above it.
 Where it started is the classic CUSUM estimate: the observation after which the
 sum of deviations from the middle of the two levels is lowest.
@@ -348,25 +348,30 @@ class FailSlowDetector:
 
     def _attribute(self, job: str, ranks: Sequence[_Rank], world_size: float | None,
                    now: float) -> list[FailSlow]:
-        """The job's changes. A part that fired on only some ranks, or the step alone, is
-        held back for ``grace`` seconds: the same change reaches every rank, or a part of
-        the step, an evaluation or two later, and is then named once for what it is."""
+        """The job's changes that have held ``confirm`` seconds since they fired (a current
+        window: a burst of contention that fired ends within it). Until then the
+        same change reaches the other ranks, or shows in a part of the step, and is named
+        once for what it is."""
         stepping = [rank for rank in ranks if rank.observations]
         if not stepping:
             return []
-        grace = self.test_seconds / 4
+        confirm = self.test_seconds
+
+        def held(slowed: Sequence[_Rank], part: str) -> bool:
+            return bool(slowed) and now - min(
+                rank.changes[part].fired for rank in slowed) >= confirm
+
         fired = {part: [rank for rank in stepping if part in rank.changes] for part in PARTS}
-        settled = {part: [rank for rank in ranks if now - rank.changes[part].fired >= grace]
-                   for part, ranks in fired.items()}
         whole = len(stepping)
         multi_node = world_size is not None and world_size > whole
         found: list[FailSlow] = []
         for part in ("data_wait", "compute"):
             slowed = fired[part]
-            if not slowed:
-                continue
             if len(slowed) < whole:
-                found += [self._rank_change(rank, part) for rank in settled[part]]
+                found += [self._rank_change(rank, part) for rank in slowed
+                          if held([rank], part)]
+                continue
+            if not held(slowed, part):
                 continue
             # every rank: the job, unless the evidence names one rank of several alone
             # (a job that does not measure its communication: the others' wait for it
@@ -377,18 +382,19 @@ class FailSlowDetector:
             else:
                 found.append(self._job_change(job, slowed, part))
         if found or fired["data_wait"] or fired["compute"]:
-            return found  # a part names it, or will within the grace: not the step
-        if fired["comm"] and len(fired["comm"]) == whole:
+            return found  # a part names it, or will once it held: not the step
+        if len(fired["comm"]) == whole and held(fired["comm"], "comm"):
             change = self._job_change(job, fired["comm"], "comm")
             if multi_node:
                 change = _replace_cause(change, "scheduling", "other_node")
             return [change]
-        if settled["step"] and len(fired["step"]) == whole:
+        if len(fired["step"]) == whole and held(fired["step"], "step"):
             change = self._job_change(job, fired["step"], "step")
             if multi_node and change.cause == "unknown":
                 change = _replace_cause(change, "scheduling", "other_node")
             return [change]
-        return [self._rank_change(rank, "step") for rank in settled["step"]]
+        return [self._rank_change(rank, "step") for rank in fired["step"]
+                if held([rank], "step")]
 
     def _rank_change(self, rank: _Rank, part: str) -> FailSlow:
         change = rank.changes[part]
