@@ -737,7 +737,10 @@ def series_by_name(stack: Stack, budget: ReadBudget, served: Mapping[str, int],
     timeout."""
     sizes = dict(served)
     if stack.victoria_metrics is not None:
-        tsdb = stack.victoria_metrics.api("status/tsdb", [("topN", "100000")])
+        vm = stack.victoria_metrics
+        # retried while the engine is busy; unread, the simulator's counts size the chunks
+        tsdb = _or_unread(lambda: vm.api("status/tsdb", [("topN", "100000")]),
+                          {"seriesCountByMetricName": []})
         sizes.update({row["name"]: int(row["value"]) for row in tsdb["seriesCountByMetricName"]})
     now = time.time()
     for engine in stack.engines:
