@@ -47,6 +47,8 @@ class Stream:
     #: (rank, t) -> the exposed communication of one step per process group (their sum is
     #: the step's); none: the ranks report no groups
     groups: Callable[[str, float], dict[str, float]] | None = None
+    #: (rank, t) -> the SM clock (Hz) of the rank's GPU (GPU index = rank); none: no GPU
+    gpu_clock: Callable[[str, float], float] | None = None
 
     def snapshots(self, seconds: float) -> list[ScrapedSamples]:
         state = {name: Rank(name) for name in self.ranks}
@@ -80,8 +82,11 @@ class Stream:
                     samples.setdefault("trainmon_training_group_comm_exposed_seconds_total",
                                        {})[labels_of({**dict(labels), "group": group})] = waited
                 samples.setdefault("trainmon_training_rank_info", {})[labels_of(
-                    {"job": self.job, "owner": "uid:1000", "rank": name, "gpu": "",
-                     "pid": "1"})] = 1.0
+                    {"job": self.job, "owner": "uid:1000", "rank": name,
+                     "gpu": name if self.gpu_clock else "", "pid": "1"})] = 1.0
+                if self.gpu_clock:
+                    samples.setdefault("trainmon_gpu_sm_clock_hertz", {})[labels_of(
+                        {"gpu": name})] = self.gpu_clock(name, t)
             samples.setdefault("trainmon_training_world_size", {})[labels_of(
                 {"job": self.job, "owner": "uid:1000"})] = self.world_size
             out.append(ScrapedSamples(t, START + t, samples))
@@ -214,3 +219,15 @@ def test_one_change_per_rank_and_for_the_job_the_largest() -> None:
                for _, changes in held)
     [change] = held[-1][1]
     assert (change.rank, change.part) == ("", "compute")
+
+
+def test_a_rank_whose_gpu_clocks_dropped_is_named_with_it() -> None:
+    def step(rank: str, t: float) -> tuple[float, float, float]:
+        slow = 0.03 if t >= 90 else 0.0
+        return 0.1 + (slow if rank == "0" else 0.0), 0.0, 0.01 + (slow if rank == "1" else 0.0)
+
+    _, change = first(detect(Stream(step, gpu_clock=lambda rank, t: 1.4e9 if rank == "0"
+                                    and t >= 90 else 1.98e9), 220))
+    assert (change.rank, change.part, change.kind, change.cause) == (
+        "0", "compute", "scheduling", "gpu_clocks")
+    assert (change.evidence_before, change.evidence_now) == (1.98e9, 1.4e9)

@@ -88,8 +88,9 @@ FORGET_SECONDS = 600.0
 MAD_SCALE = 1.4826
 MEDIAN_EFFICIENCY = 1.2533
 
-#: The evidence signals: name -> (the sample it is the rate (or, ``gauge``, the level)
-#: of, scope ``rank`` (the rank's GPU or process) or ``node``).
+#: The evidence signals, each by the sample it is read from: a counter's rate over an
+#: interval, or a gauge's level (``gpu_clocks``, ``pcie_link``, ``instance_event``); of
+#: the rank's own process or GPU (``RANK_CAUSES``) or of the node.
 SIGNALS = {
     "cpu_throttled": "trainmon_training_rank_cpu_throttled_seconds_total",
     "gpu_thermal": "trainmon_gpu_throttle_seconds_total",
