@@ -241,6 +241,7 @@ def test_a_rank_held_to_a_tenth_of_a_cpu_is_named_within_a_minute(node: Node) ->
     scrape = node.wait("fs-cpu", lambda scrape: bool(fail_slow(scrape, "fs-cpu", rank="1")),
                        limited + DEADLINE_SECONDS, "fail_slow of rank 1")
     named = time.monotonic() - limited
+    print(f"fs-cpu: rank 1 named {named:.0f} s after its CPU limit")
     [finding] = fail_slow(scrape, "fs-cpu", rank="1")
     assert finding["kind"] == "scheduling", evidence(scrape, "fs-cpu")
     [(labels, ratio)] = [(labels, ratio) for labels, ratio in ratios(scrape, "fs-cpu")
@@ -292,6 +293,7 @@ def test_a_slower_dataset_is_the_whole_job_and_storage(node: Node) -> None:
     assert named is not None
     at, scrape = named
     assert slowed < at <= slowed + DEADLINE_SECONDS, (at - slowed)
+    print(f"fs-data: the job's storage named {at - slowed:.0f} s after its Dataset slowed")
     [finding] = fail_slow(scrape, "fs-data", kind="storage")
     assert finding["rank"] == "", evidence(scrape, "fs-data")
     [(labels, ratio)] = [(labels, ratio) for labels, ratio in ratios(scrape, "fs-data")
