@@ -36,7 +36,7 @@ from trainmon.diagnosis.health import HealthConfig
 from trainmon.training.protocol import parse_report
 from trainmon.training.store import TrainingStore
 
-GPUS, LINKS, NICS, PORTS = 8, 18, 4, 8
+GPUS, NICS, PORTS = 8, 4, 8
 
 
 def node_families(tick: int) -> list[Metric]:
@@ -75,8 +75,7 @@ def node_families(tick: int) -> list[Metric]:
     ):
         add(g(name, "x", labels=per_gpu), [([gpu], value) for gpu in gpus])
     add(c("trainmon_gpu_pcie_replays_total", "x", labels=per_gpu), [([gpu], tick) for gpu in gpus])
-    add(g("trainmon_gpu_nvlink_up", "x", labels=["gpu", "link"]),
-        [([gpu, str(link)], 1) for gpu in gpus for link in range(LINKS)])
+    add(g("trainmon_gpu_nvlink_links_down", "x", labels=per_gpu), [([gpu], 0) for gpu in gpus])
     for name in ("trainmon_network_receive_errors_total", "trainmon_network_transmit_errors_total"):
         add(c(name, "x", labels=["device"]), [([f"eth{index}"], tick) for index in range(NICS)])
     ports = [[f"mlx5_{index}", "1"] for index in range(PORTS)]

@@ -117,7 +117,7 @@ def test_check_config_lists_what_the_file_turns_on(tmp_path: Path) -> None:
     result = run("check-config", str(path))
     assert result.returncode == 0, result.stderr
     assert ("collectors: network, infiniband, disk, nfs, training, platform, tencent, "
-            "diagnosis, ledger;") in result.stdout
+            "pressure, diagnosis, health, ledger;") in result.stdout
 
 
 def test_check_config_validates_without_building_collectors(tmp_path: Path) -> None:

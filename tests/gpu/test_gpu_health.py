@@ -78,8 +78,7 @@ def test_a_healthy_gpu_reads_healthy_in_every_family(
         assert result.by_gpu("trainmon_gpu_remapped_rows", cause=cause) == {"0": 0, "1": 0}
     for cause in ("single_bit", "double_bit"):
         assert result.by_gpu("trainmon_gpu_retired_pages", cause=cause) == {"0": 0, "1": 0}
-    links = result.series("trainmon_gpu_nvlink_up", "gpu", "link")
-    assert links == {(gpu, str(link)): 1.0 for gpu in gpus(2) for link in range(18)}
+    assert result.by_gpu("trainmon_gpu_nvlink_links_down") == dict.fromkeys(gpus(2), 0)
     assert actions(result) == dict.fromkeys(gpus(2), ("none", "driver"))
 
 
@@ -132,9 +131,8 @@ def test_each_fault_shows_on_its_own_gpu(
         **dict.fromkeys(gpus(8), 0),
         "5": 1,
     }
-    links = result.series("trainmon_gpu_nvlink_up", "gpu", "link")
-    assert {link for link, up in links.items() if up == 0} == {("6", "3"), ("6", "17")}
-    assert len(result.samples["trainmon_gpu_nvlink_up"]) == 8 * 18
+    assert result.by_gpu("trainmon_gpu_nvlink_links_down") == {**dict.fromkeys(gpus(8), 0),
+                                                                "6": 2}
     assert result.by_gpu("trainmon_gpu_fabric_up") == {**healthy, "0": 0.0, "7": 0.0}
     assert actions(result) == {
         **dict.fromkeys(gpus(8), ("none", "driver")),
@@ -182,7 +180,7 @@ def test_readings_the_gpu_does_not_support_are_left_out(
     for name in every_health_family:
         assert "0" not in result.by_gpu(name), name
         assert "1" in result.by_gpu(name), name
-    assert {gpu for gpu, _ in result.series("trainmon_gpu_nvlink_up", "gpu", "link")} == {"1", "2"}
+    assert set(result.by_gpu("trainmon_gpu_nvlink_links_down")) == {"1", "2"}
     assert "trainmon_gpu_fabric_up" not in result.samples  # no GPU has a fabric here
     # Not supported is no failure; an unexpected error is, and leaves its reading out.
     assert result.by_gpu("trainmon_gpu_up") == {"0": 1.0, "1": 1.0, "2": 0.0}
@@ -249,7 +247,7 @@ def test_a_lost_gpu_keeps_only_the_xid_tables_action(
     assert after.by_gpu("trainmon_gpu_up") == {"0": 1.0, "1": 0.0, "2": 1.0}
     for name in (*HEALTH_GAUGES, "trainmon_gpu_pcie_link_width", "trainmon_gpu_pcie_replays_total"):
         assert set(after.by_gpu(name)) == {"0", "2"}, name
-    assert {gpu for gpu, _ in after.series("trainmon_gpu_nvlink_up", "gpu", "link")} == {"0", "2"}
+    assert set(after.by_gpu("trainmon_gpu_nvlink_links_down")) == {"0", "2"}
     assert actions(after) == {
         "0": ("none", "driver"),
         "1": ("reboot", "xid_table"),  # XID 79: fallen off the bus

@@ -150,12 +150,12 @@ def test_an_old_driver_loses_only_the_readings_it_lacks(
     )
     # Driver health: the GPU's own max PCIe generation falls back to the link's,
     # the versioned fabric call to the unversioned one; no field values: no NVLink
-    # link count (no trainmon_gpu_nvlink_up) and no driver recovery action.
+    # link count (no trainmon_gpu_nvlink_links_down) and no driver recovery action.
     assert result.by_gpu("trainmon_gpu_pcie_link_width") == {"0": 16, "1": 8}
     assert result.by_gpu("trainmon_gpu_pcie_link_generation") == {"0": 5, "1": 4}
     assert result.by_gpu("trainmon_gpu_pcie_link_max_generation") == {"0": 5, "1": 5}
     assert result.by_gpu("trainmon_gpu_fabric_up") == {"0": 1, "1": 1}
-    for name in ("trainmon_gpu_remapped_rows", "trainmon_gpu_nvlink_up"):
+    for name in ("trainmon_gpu_remapped_rows", "trainmon_gpu_nvlink_links_down"):
         assert name not in result.samples, name
     assert result.series("trainmon_gpu_recovery_action", "gpu", "action", "source") == {
         ("0", "none", "none"): 1.0,

@@ -410,10 +410,11 @@ class _Families:
             "(nvmlDeviceGetRetiredPagesPendingStatus).",
             labels=gpu,
         )
-        self.nvlink_up = g(
-            "trainmon_gpu_nvlink_up",
-            "1 if the NVLink link is active, 0 if down (nvmlDeviceGetNvLinkState).",
-            labels=["gpu", "link"],
+        self.nvlink_down = g(
+            "trainmon_gpu_nvlink_links_down",
+            "NVLink links of the GPU that are not active (nvmlDeviceGetNvLinkState), "
+            "out of every link it has.",
+            labels=gpu,
         )
         self.fabric_up = g(
             "trainmon_gpu_fabric_up",
@@ -480,8 +481,9 @@ class _Families:
             self.remapped_rows.add_metric([gpu, cause], rows)
         for cause, pages in health.retired_pages.items():
             self.retired_pages.add_metric([gpu, cause], pages)
-        for link, up in sorted(health.nvlink_up.items()):
-            self.nvlink_up.add_metric([gpu, str(link)], 1.0 if up else 0.0)
+        if health.nvlink_up:
+            self.nvlink_down.add_metric(
+                [gpu], float(sum(not up for up in health.nvlink_up.values())))
 
     def add_utilization(self, gpu: str, snapshot: UtilizationSnapshot) -> None:
         if snapshot.utilization_ratio is not None:

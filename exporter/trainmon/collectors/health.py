@@ -1,4 +1,4 @@
-"""Health collector: ``trainmon_health_status``, one series per (subsystem, device).
+"""Health collector: ``trainmon_health_status``, per subsystem its unhealthy devices.
 
 A derived collector on the daemon's evaluation clock, after ``diagnosis``: the
 registry shows it the families every collector before it produced in the same
@@ -8,7 +8,8 @@ exports the statuses of the latest evaluation:
 
 ``trainmon_health_status{subsystem,device,reason,action}`` = 0 healthy
 (``reason="ok"``, ``action="none"``), 1 degraded, 2 failed; the worst reason of
-the (subsystem, device) wins. Its ``evaluation_seconds`` is
+the (subsystem, device) wins. A subsystem whose every device is healthy is one
+``ok`` series with ``device=""`` (``exported_statuses``). Its ``evaluation_seconds`` is
 ``window_seconds / 20`` (3 s by default), so it runs on the clock also where
 the diagnosis is off.
 """
@@ -24,6 +25,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from trainmon.core.collector import Collector
 from trainmon.core.entry import CollectorEntry, Wiring
 from trainmon.diagnosis.health import (
+    OK,
     SNAPSHOTS_PER_WINDOW,
     HealthConfig,
     HealthMonitor,
@@ -65,14 +67,30 @@ class HealthCollector(Collector):
             "trainmon_health_status",
             "Health of one subsystem of the node (gpu, gpu_memory, pcie, nvlink, fabric, "
             "network, infiniband, cpu, instance) per device: 0 healthy (reason ok), "
-            "1 degraded, 2 failed; the worst reason and its recommended action "
+            "1 degraded, 2 failed; the worst reason and its recommended action; one ok "
+            "series (device \"\") for a subsystem whose devices are all healthy "
             "(docs/metrics.md, Node health).",
             labels=["subsystem", "device", "reason", "action"],
         )
-        for found in self._statuses:
+        for found in exported_statuses(self._statuses):
             status.add_metric([found.subsystem, found.device, found.reason, found.action],
                               found.severity)
         return [status] if status.samples else []
+
+
+def exported_statuses(statuses: Sequence[HealthStatus]) -> list[HealthStatus]:
+    """What the gauge carries: per subsystem, its unhealthy devices; a subsystem whose
+    every device is healthy is one ``ok`` series with ``device=""``. A healthy 8-GPU node
+    then exports one series per subsystem instead of one per GPU and subsystem (the
+    series budget, docs/deploy.md), and an unhealthy device is still named."""
+    exported: list[HealthStatus] = []
+    by_subsystem: dict[str, list[HealthStatus]] = {}
+    for found in statuses:
+        by_subsystem.setdefault(found.subsystem, []).append(found)
+    for subsystem, found in by_subsystem.items():
+        unhealthy = [status for status in found if status.severity > 0]
+        exported.extend(unhealthy or [HealthStatus(subsystem, "", "ok", OK, "none")])
+    return exported
 
 
 def _build(config: HealthConfig, wiring: Wiring) -> Collector:

@@ -10,8 +10,9 @@ temperature and the byte counters follow the load. GPM activity (SM,
 tensor-core, DRAM) is the mean utilization between two GPM samples times the
 job's activity profile: the starved job's SMs idle between batches, the
 healthy job's keep ~80 % of SMs and ~60 % tensor activity. Every GPU is
-healthy: a PCIe x16 Gen5 link without replays, no remapped rows or retired
-pages, its 18 NVLink links up, NVSwitch fabric registered, no recovery action
+healthy: a PCIe x16 Gen5 link without replays, no remapped rows (page
+retirement is not supported, as on a real H100: Ampere and later remap rows
+instead), its 18 NVLink links up, NVSwitch fabric registered, no recovery action
 asked. The GPU names end in "(simulated)" so demo series are never mistaken
 for real ones.
 """
@@ -264,11 +265,11 @@ class SimulatedNVML:
 
     def nvmlDeviceGetRetiredPages(self, handle: Any, cause: int) -> list[int]:
         self._check(handle)
-        return []
+        raise SimulatedNVMLError(nvml.ERROR_NOT_SUPPORTED)  # Hopper remaps rows instead
 
     def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: Any) -> int:
         self._check(handle)
-        return 0
+        raise SimulatedNVMLError(nvml.ERROR_NOT_SUPPORTED)
 
     def nvmlDeviceGetNvLinkState(self, handle: Any, link: int) -> int:
         self._check(handle)

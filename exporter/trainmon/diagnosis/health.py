@@ -30,7 +30,7 @@ Kinds of evidence:
 Where a subsystem's series come from: ``gpu`` from ``trainmon_gpu_up``;
 ``gpu_memory`` from any ECC, remapped-row or retired-page sample of the GPU;
 ``pcie`` from its link width, generation or replay counter; ``nvlink`` from
-``trainmon_gpu_nvlink_up``; ``fabric`` from ``trainmon_gpu_fabric_up``;
+``trainmon_gpu_nvlink_links_down``; ``fabric`` from ``trainmon_gpu_fabric_up``;
 ``network`` from the NIC's error counters; ``infiniband`` from the port's state
 or error counters (device ``mlx5_0:1``); ``cpu`` (device ``node``) from the PSI
 or steal counters; ``instance`` (device = the instance id) only where this
@@ -118,7 +118,7 @@ REASONS: tuple[Reason, ...] = (
            "link generation below its maximum while the GPU is at least "
            "`pcie_busy_utilization_ratio` busy (an idle GPU lowers it to save power)"),
     Reason("nvlink", "link_down", FAILED, "reset_gpu",
-           "an NVLink link of the GPU is down (`trainmon_gpu_nvlink_up` 0)"),
+           "an NVLink link of the GPU is down (`trainmon_gpu_nvlink_links_down` above 0)"),
     Reason("fabric", "fabric_not_up", FAILED, "reboot",
            "NVSwitch fabric registration not completed with success "
            "(`trainmon_gpu_fabric_up` 0): CUDA cannot start"),
@@ -166,7 +166,7 @@ HEALTH_SAMPLES = frozenset({
     "trainmon_gpu_retired_pages", "trainmon_gpu_retired_pages_pending",
     "trainmon_gpu_pcie_link_width", "trainmon_gpu_pcie_link_max_width",
     "trainmon_gpu_pcie_link_generation", "trainmon_gpu_pcie_link_max_generation",
-    "trainmon_gpu_pcie_replays_total", "trainmon_gpu_nvlink_up", "trainmon_gpu_fabric_up",
+    "trainmon_gpu_pcie_replays_total", "trainmon_gpu_nvlink_links_down", "trainmon_gpu_fabric_up",
     "trainmon_network_receive_errors_total", "trainmon_network_transmit_errors_total",
     "trainmon_infiniband_port_up", "trainmon_infiniband_errors_total",
     "trainmon_node_pressure_seconds_total", "trainmon_node_cpu_steal_seconds_total",
@@ -350,8 +350,8 @@ class HealthMonitor:
 
     @staticmethod
     def _links(window: Window) -> Iterable[tuple[str, str, str | None]]:
-        for labels, up in window.latest("trainmon_gpu_nvlink_up").items():
-            yield "nvlink", _label(labels, "gpu"), "link_down" if up == 0 else None
+        for labels, down in window.latest("trainmon_gpu_nvlink_links_down").items():
+            yield "nvlink", _label(labels, "gpu"), "link_down" if down > 0 else None
         for labels, up in window.latest("trainmon_gpu_fabric_up").items():
             yield "fabric", _label(labels, "gpu"), "fabric_not_up" if up == 0 else None
 
