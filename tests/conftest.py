@@ -29,14 +29,47 @@ from trainmon.collectors.training import TrainingCollector, TrainingConfig
 __all__ = ["Daemon", "free_port", "trainmon_command", "wait_ready"]
 
 
+#: Files that keep both cores busy for minutes (simulated fleets with both engines;
+#: multi-process torch jobs) and whose assertions are about time (a change named
+#: within 60 s, a rate within 5 %, every scrape on time). Under ``make test`` the
+#: files of one lane run one after another on one worker, so two of them never load
+#: the machine at once; the lanes start first, the other files fill the other workers.
+CPU_LANES: dict[str, tuple[str, ...]] = {
+    "fleet": ("tests/scale/test_fleet.py", "tests/scale/test_suspects.py"),
+    "torch-jobs": (
+        "tests/ledger/test_rate_acceptance.py",
+        "tests/diagnosis/test_fail_slow_jobs.py",
+        "tests/ledger/test_parallel_rate_acceptance.py",
+        "tests/ledger/test_step_percentiles.py",
+    ),
+}
+_LANE_OF = {path: lane for lane, paths in CPU_LANES.items() for path in paths}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The files with integration tests first, in their order, then the rest: under
-    ``pytest -n N --dist loadfile`` (``make test``) the long files, which wait on engine
-    clocks and training processes, start at once and the short ones fill the gaps,
-    instead of a long file starting last and running alone. Every worker collects the
-    same order, as xdist requires."""
+    """The files of ``CPU_LANES`` first, then the other files with integration tests, in
+    their order, then the rest: under ``pytest -n N --dist loadfile`` (``make test``) the
+    long files, which wait on engine clocks and training processes, start at once and
+    the short ones fill the gaps, instead of a long file starting last and running
+    alone. Every worker collects the same order, as xdist requires."""
     long_files = {item.path for item in items if item.get_closest_marker("integration")}
-    items.sort(key=lambda item: item.path not in long_files)  # stable: order kept within
+    items.sort(key=lambda item: (item.nodeid.split("::", 1)[0] not in _LANE_OF,
+                                 item.path not in long_files))  # stable: order kept within
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """``--dist loadfile`` with the files of a lane in ``CPU_LANES`` as one unit of work;
+    any other ``--dist`` as xdist has it."""
+    if config.getoption("dist", None) != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class LaneScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return _LANE_OF.get(path, path)
+
+    return LaneScheduling(config, log)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="session", autouse=True)
