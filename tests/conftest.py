@@ -57,6 +57,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                                  item.path not in long_files))  # stable: order kept within
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of xdist: unknown under -p no:xdist
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
     """``--dist loadfile`` with the files of a lane in ``CPU_LANES`` as one unit of work;
     any other ``--dist`` as xdist has it."""
