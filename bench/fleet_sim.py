@@ -103,10 +103,12 @@ SLOW_STEP_FACTOR = 1.5
 LINK_ERRORS_PER_SECOND = 2.0
 #: The step comparison needs a job on this many nodes (the rule's minimum).
 STEP_PEER_NODES = 3
-#: The health series a node reports where the template has none, and the planted one.
-HEALTH_DEVICE = (("subsystem", "infiniband"), ("device", "mlx5_0:1"))
-HEALTH_OK = (*HEALTH_DEVICE, ("reason", "ok"), ("action", "none"))
-HEALTH_DEGRADED = (*HEALTH_DEVICE, ("reason", "symbol_errors"), ("action", "drain"))
+#: The health series a node reports where the template has none (a daemon exports one
+#: ``ok`` series with ``device=""`` for a subsystem whose devices are all healthy), and
+#: what the planted node reports instead: the port, degraded by its errors.
+HEALTH_SUBSYSTEM = ("subsystem", "infiniband")
+HEALTH_OK = (HEALTH_SUBSYSTEM, ("device", ""), ("reason", "ok"), ("action", "none"))
+HEALTH_DEGRADED = {"device": "mlx5_0:1", "reason": "errors", "action": "drain"}
 COUNTER_TYPES = frozenset({"counter", "histogram", "summary", "gaugehistogram"})
 
 
@@ -370,10 +372,9 @@ class Plant:
                     and named.get("counter") == "symbol" and named.get("device") == "mlx5_0":
                 slope = LINK_ERRORS_PER_SECOND
             elif sample.name == "trainmon_health_status" \
-                    and all(named.get(k) == v for k, v in HEALTH_DEVICE):
+                    and named.get(HEALTH_SUBSYSTEM[0]) == HEALTH_SUBSYSTEM[1]:
                 value = 1.0
-                labels = [(k, {"reason": "symbol_errors", "action": "drain"}.get(k, v))
-                          for k, v in labels]
+                labels = [(k, HEALTH_DEGRADED.get(k, v)) for k, v in labels]
         return value, slope, labels
 
     def reasons(self, node: NodeLayout, spans: Mapping[str, int]) -> frozenset[str]:
