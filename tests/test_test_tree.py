@@ -146,3 +146,13 @@ def test_helpers_are_named_for_their_folder() -> None:
                     f"tests/{folder.name}/{path.name}: helpers of tests/{folder.name} live "
                     f"in {support}.py (or a {support}/ package); scripts the tests run are "
                     "*_job.py")
+
+
+def test_every_file_of_a_cpu_lane_exists_and_is_in_one_lane() -> None:
+    """tests/conftest.py's ``CPU_LANES``: a renamed file would silently leave its lane."""
+    from tests.conftest import CPU_LANES
+
+    paths = [path for lane in CPU_LANES.values() for path in lane]
+    assert len(paths) == len(set(paths))
+    for path in paths:
+        assert (TESTS.parent / path).is_file(), path
