@@ -28,6 +28,8 @@
 #define SAMPLE_BUFFER 100
 #define NVLINKS 18        /* default NVLink links per GPU (H100 SXM) */
 #define NVML_MAX_LINKS 36 /* NVML_NVLINK_MAX_LINKS as pynvml 13 declares it */
+#define MAX_MIG 7         /* MIG devices per GPU (nvmlDeviceGetMaxMigDeviceCount on an H100) */
+#define NO_INSTANCE 0xFFFFFFFFu /* gpuInstanceId / computeInstanceId outside MIG */
 
 enum {
     OK = 0, UNINITIALIZED = 1, INVALID_ARGUMENT = 2, NOT_SUPPORTED = 3,
@@ -35,7 +37,8 @@ enum {
     MEMORY = 20, GPU_IS_LOST = 15, ARGUMENT_VERSION_MISMATCH = 25, UNKNOWN = 999
 };
 
-typedef struct nvmlDevice_st { unsigned int index; } *nvmlDevice_t;
+/* A GPU (mig = -1) or one of its MIG devices (mig = slot in sc.instances[index]). */
+typedef struct nvmlDevice_st { unsigned int index; int mig; } *nvmlDevice_t;
 typedef struct nvmlEventSet_st *nvmlEventSet_t;
 typedef union { double dVal; unsigned int uiVal; unsigned long ulVal;
                 unsigned long long ullVal; long long sllVal; int siVal;
@@ -57,8 +60,10 @@ enum pattern { STEADY, SQUARE, SAW };
 typedef struct { enum pattern kind; double a, b, c, d; } util_t; /* see util_at() */
 typedef struct { int gpu; double at; unsigned long long code; } xid_t;
 typedef struct { int gpu; char name[64]; } unsupported_t;       /* gpu -1 = every GPU */
-typedef struct { int gpu; unsigned int pid; unsigned long long bytes; } process_t;
+typedef struct { int gpu; unsigned int pid; unsigned long long bytes; int gi; } process_t; /* gi -1: no MIG */
 typedef struct { double sm, occupancy, tensor, dram; } gpm_t;   /* percent, see gpm_value() */
+/* A GPU instance (with one compute instance, id 0) of a GPU in MIG mode. */
+typedef struct { unsigned int id; char profile[32]; unsigned long long used, total; gpm_t gpm; } instance_t;
 typedef struct { int gpu; unsigned int metric; } gpm_metric_rule_t;
 /* Health readings of one GPU (see README.md, "Health"). */
 typedef struct { unsigned int width, gen, max_width, max_gen, replays;
@@ -82,12 +87,14 @@ static struct {
     gpm_t gpm[MAX_GPUS]; int gpm_named[MAX_GPUS]; int gpm_unsupported[MAX_GPUS]; unsigned int gpm_version;
     gpm_metric_rule_t gpm_missing[MAX_RULES]; int ngpm_missing;
     health_t health[MAX_GPUS];
+    int mig[MAX_GPUS], ninstances[MAX_GPUS];
+    instance_t instances[MAX_GPUS][MAX_MIG];
 } sc;
 
 struct nvmlEventSet_st { unsigned long long mask[MAX_GPUS]; double since[MAX_GPUS];
                          unsigned char delivered[MAX_RULES]; };
 
-static struct nvmlDevice_st devices[MAX_GPUS];
+static struct nvmlDevice_st devices[MAX_GPUS], mig_devices[MAX_GPUS][MAX_MIG];
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static int refcount;
 static double session_start, origin, manual_time = -1;
@@ -102,7 +109,10 @@ __attribute__((constructor)) static void loaded(void) {
     struct timespec ts; clock_gettime(CLOCK_REALTIME, &ts);
     origin = monotonic();
     origin_epoch_us = ts.tv_sec * 1000000ULL + ts.tv_nsec / 1000;
-    for (int i = 0; i < MAX_GPUS; i++) devices[i].index = i;
+    for (int i = 0; i < MAX_GPUS; i++) {
+        devices[i] = (struct nvmlDevice_st){(unsigned int)i, -1};
+        for (int k = 0; k < MAX_MIG; k++) mig_devices[i][k] = (struct nvmlDevice_st){(unsigned int)i, k};
+    }
 }
 
 static double now(void) {
@@ -150,6 +160,24 @@ static void set_nvlink(const char *line) {
     SET_HEALTH(target, (h->links = links, h->links_down = mask));
 }
 
+/* The slot of GPU instance `id` of GPU `gpu` in sc.instances, -1 if none. */
+static int instance_slot(int gpu, unsigned int id) {
+    for (int k = 0; k < sc.ninstances[gpu]; k++) if (sc.instances[gpu][k].id == id) return k;
+    return -1;
+}
+
+/* `mig_instance GPU ID PROFILE USED_MIB TOTAL_MIB`: add (or redefine) a GPU instance. */
+static void add_instance(const char *line) {
+    int gpu; unsigned int id; char profile[32]; unsigned long long used, total;
+    if (sscanf(line, "mig_instance %d %u %31s %llu %llu", &gpu, &id, profile, &used, &total) != 5
+        || gpu < 0 || gpu >= MAX_GPUS) return;
+    int slot = instance_slot(gpu, id);
+    if (slot < 0) { if (sc.ninstances[gpu] >= MAX_MIG) return; slot = sc.ninstances[gpu]++; }
+    instance_t *in = &sc.instances[gpu][slot];
+    in->id = id; snprintf(in->profile, sizeof in->profile, "%s", profile);
+    in->used = used << 20; in->total = total << 20;
+}
+
 /* GPM exists on a GPU that a `gpm` line names and no `gpm_unsupported` line takes away:
  * a scenario without GPM lines is a pre-Hopper node. */
 __attribute__((unused)) static int gpm_supported(unsigned int i) { return sc.gpm_named[i] && !sc.gpm_unsupported[i]; }
@@ -185,6 +213,12 @@ static int load_scenario(const char *path) {
             sc.gpm_missing[sc.ngpm_missing++] = (gpm_metric_rule_t){gpu_arg(target), metric};
         else if (sscanf(line, "gpm_version %u", &metric) == 1) sc.gpm_version = metric;
         else if (sscanf(line, "gpm %15s %lf %lf %lf %lf", target, &a, &b, &c, &d) == 5) set_gpm(target, (gpm_t){a, b, c, d});
+        else if (sscanf(line, "mig %15s", target) == 1 && !strcmp(word, "mig")) set_flag(sc.mig, target);
+        else if (!strcmp(word, "mig_instance")) add_instance(line);
+        else if (sscanf(line, "mig_gpm %d %u %lf %lf %lf %lf", &n, &metric, &a, &b, &c, &d) == 6 && n >= 0 && n < MAX_GPUS) {
+            if ((k = instance_slot(n, metric)) >= 0) sc.instances[n][k].gpm = (gpm_t){a, b, c, d};
+        } else if (sscanf(line, "mig_process %d %u %u %llu", &n, &metric, &u[0], &code) == 4 && sc.nprocesses < MAX_RULES)
+            sc.processes[sc.nprocesses++] = (process_t){n, u[0], code, (int)metric};
         else if (sscanf(line, "xid %d %lf %llu", &n, &a, &code) == 3 && sc.nxids < MAX_RULES)
             sc.xids[sc.nxids++] = (xid_t){n, a, code};
         else if (sscanf(line, "unsupported_field %15s %63s", target, text) == 2 && sc.nunsupported_fields < MAX_RULES) {
@@ -197,7 +231,8 @@ static int load_scenario(const char *path) {
             sc.failing[sc.nfailing].gpu = gpu_arg(target);
             snprintf(sc.failing[sc.nfailing++].name, 64, "%.63s", text);
         } else if (sscanf(line, "process %d %u %llu", &n, &sc.processes[sc.nprocesses].pid, &code) == 3 && sc.nprocesses < MAX_RULES) {
-            sc.processes[sc.nprocesses].gpu = n; sc.processes[sc.nprocesses++].bytes = code;
+            sc.processes[sc.nprocesses].gpu = n; sc.processes[sc.nprocesses].gi = -1;
+            sc.processes[sc.nprocesses++].bytes = code;
         } else if (sscanf(line, "sparse_idle %15s", target) == 1) set_flag(sc.sparse_idle, target);
         else if (sscanf(line, "no_samples %15s", target) == 1) set_flag(sc.no_samples, target);
         else if (sscanf(line, "no_nvlink_aggregate %15s", target) == 1) set_flag(sc.no_aggregate, target);
@@ -248,13 +283,21 @@ static int named(const unsupported_t *rules, int n, int gpu, const char *name) {
 static int unloaded(double t) { return sc.unloaded_from >= 0 && t >= sc.unloaded_from && t < sc.unloaded_to; }
 
 /* The state a call meets: session, driver, device, lost, unsupported, failing. */
+static int is_mig_handle(nvmlDevice_t dev) {
+    return dev >= &mig_devices[0][0] && dev < &mig_devices[0][0] + MAX_GPUS * MAX_MIG;
+}
+
+/* A MIG handle is valid while its GPU is in MIG mode and has that instance. */
 static int check(nvmlDevice_t dev, const char *function) {
     double t = now();
     if (refcount <= 0) return UNINITIALIZED;
     if (unloaded(t)) return DRIVER_NOT_LOADED;
     if (sc.unloaded_from >= 0 && session_start < sc.unloaded_from && t >= sc.unloaded_to) return UNINITIALIZED;
     if (dev == NULL) return OK;
-    if (dev < devices || dev >= devices + sc.count) return INVALID_ARGUMENT;
+    if (is_mig_handle(dev)) {
+        if ((int)dev->index >= sc.count || !sc.mig[dev->index] || dev->mig >= sc.ninstances[dev->index])
+            return INVALID_ARGUMENT;
+    } else if (dev < devices || dev >= devices + sc.count) return INVALID_ARGUMENT;
     if (sc.lost_at[dev->index] >= 0 && t >= sc.lost_at[dev->index]
         && (sc.found_at[dev->index] < 0 || t < sc.found_at[dev->index])) return GPU_IS_LOST;
     if (named(sc.unsupported, sc.nunsupported, dev->index, function)) return NOT_SUPPORTED;
@@ -267,7 +310,12 @@ static int enter(nvmlDevice_t dev, const char *function) {
     __atomic_fetch_add(&calls, 1, __ATOMIC_RELAXED);
     return check(dev, function);
 }
-#define ENTER(dev) do { int rc_ = enter(dev, __func__); if (rc_) return rc_; } while (0)
+/* ENTER: a call on a GPU handle (a MIG handle is refused, INVALID_ARGUMENT);
+ * ENTER_ANY: a call that also takes MIG handles. */
+#define ENTER_ANY(dev) do { int rc_ = enter(dev, __func__); if (rc_) return rc_; } while (0)
+#define ENTER(dev) do { if (dev && is_mig_handle(dev)) { enter(NULL, __func__); return INVALID_ARGUMENT; } \
+                        ENTER_ANY(dev); } while (0)
+#define INSTANCE(dev) (&sc.instances[(dev)->index][(dev)->mig])
 
 /* -- init, system ------------------------------------------------------------- */
 EXPORT int nvmlInitWithFlags(unsigned int flags) {
@@ -322,12 +370,20 @@ EXPORT int nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *devic
 }
 
 /* -- identity ----------------------------------------------------------------- */
+/* A MIG device is named after its GPU and profile, as drivers do ("… MIG 1g.10gb"). */
 EXPORT int nvmlDeviceGetName(nvmlDevice_t dev, char *name, unsigned int length) {
-    ENTER(dev); snprintf(name, length, "%s", sc.name); return OK;
+    ENTER_ANY(dev);
+    if (is_mig_handle(dev)) snprintf(name, length, "%s MIG %s", sc.name, INSTANCE(dev)->profile);
+    else snprintf(name, length, "%s", sc.name);
+    return OK;
 }
 
 EXPORT int nvmlDeviceGetUUID(nvmlDevice_t dev, char *uuid, unsigned int length) {
-    ENTER(dev); snprintf(uuid, length, "GPU-%08x-fake-4000-8000-%012x", dev->index, dev->index); return OK;
+    ENTER_ANY(dev);
+    if (is_mig_handle(dev))
+        snprintf(uuid, length, "MIG-%08x-fake-4000-8000-%012x", dev->index, (dev->index << 16) | INSTANCE(dev)->id);
+    else snprintf(uuid, length, "GPU-%08x-fake-4000-8000-%012x", dev->index, dev->index);
+    return OK;
 }
 
 EXPORT int nvmlDeviceGetPciInfo_v3(nvmlDevice_t dev, nvmlPciInfo_t *pci) {
@@ -343,8 +399,9 @@ EXPORT int nvmlDeviceGetPciInfo_v3(nvmlDevice_t dev, nvmlPciInfo_t *pci) {
 static unsigned int power_mw(unsigned int i) { return 250000 + 1000 * i; }
 
 EXPORT int nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *memory) {
-    ENTER(dev);
-    memory->total = 80ULL << 30; memory->used = (dev->index + 1ULL) << 30;
+    ENTER_ANY(dev);
+    if (is_mig_handle(dev)) { memory->total = INSTANCE(dev)->total; memory->used = INSTANCE(dev)->used; }
+    else { memory->total = 80ULL << 30; memory->used = (dev->index + 1ULL) << 30; }
     memory->free = memory->total - memory->used;
     return OK;
 }
@@ -536,13 +593,20 @@ EXPORT int nvmlDeviceGetSamples(nvmlDevice_t dev, int type, unsigned long long l
 
 /* -- processes ------------------------------------------------------------------ */
 #ifndef FAKENVML_OLD_DRIVER
+/* On a GPU handle every process of the GPU (in MIG mode with its instance ids,
+ * as NVML gives them to root); on a MIG handle those of that instance. */
 EXPORT int nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t dev, unsigned int *count, nvmlProcessInfo_t *infos) {
-    ENTER(dev);
-    unsigned int n = 0;
+    ENTER_ANY(dev);
+    unsigned int n = 0, i = dev->index;
     for (int k = 0; k < sc.nprocesses; k++) {
-        if (sc.processes[k].gpu != (int)dev->index) continue;
+        process_t *p = &sc.processes[k];
+        if (p->gpu != (int)i) continue;
+        int on_mig = sc.mig[i] && p->gi >= 0 && instance_slot(i, (unsigned int)p->gi) >= 0;
+        if (is_mig_handle(dev) && (!on_mig || (unsigned int)p->gi != INSTANCE(dev)->id)) continue;
+        if (!is_mig_handle(dev) && sc.mig[i] != (p->gi >= 0)) continue;  /* no process outside an instance in MIG mode */
         if (infos && n < *count)
-            infos[n] = (nvmlProcessInfo_t){sc.processes[k].pid, sc.processes[k].bytes, 0xFFFFFFFFu, 0xFFFFFFFFu};
+            infos[n] = (nvmlProcessInfo_t){p->pid, p->bytes, on_mig ? (unsigned int)p->gi : NO_INSTANCE,
+                                           on_mig ? 0 : NO_INSTANCE};
         n++;
     }
     if (n > *count || (!infos && n > 0)) { *count = n; return INSUFFICIENT_SIZE; }
@@ -550,6 +614,34 @@ EXPORT int nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t dev, unsigned in
     return OK;
 }
 #endif
+
+/* -- MIG: mode, MIG device handles (README.md, "MIG") ------------------------ */
+EXPORT int nvmlDeviceGetMigMode(nvmlDevice_t dev, unsigned int *current, unsigned int *pending) {
+    ENTER(dev); *current = *pending = sc.mig[dev->index] ? 1 : 0; return OK;
+}
+EXPORT int nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t dev, unsigned int *count) {
+    ENTER(dev); *count = sc.mig[dev->index] ? MAX_MIG : 0; return OK;
+}
+/* Instances in scenario order; NOT_FOUND for an index no instance occupies. */
+EXPORT int nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t dev, unsigned int index, nvmlDevice_t *mig) {
+    ENTER(dev);
+    if (!sc.mig[dev->index] || index >= MAX_MIG) return INVALID_ARGUMENT;
+    if ((int)index >= sc.ninstances[dev->index]) return NOT_FOUND;
+    *mig = &mig_devices[dev->index][index];
+    return OK;
+}
+EXPORT int nvmlDeviceIsMigDeviceHandle(nvmlDevice_t dev, unsigned int *is_mig) {
+    ENTER_ANY(dev); *is_mig = is_mig_handle(dev) ? 1 : 0; return OK;
+}
+EXPORT int nvmlDeviceGetGpuInstanceId(nvmlDevice_t dev, unsigned int *id) {
+    ENTER_ANY(dev); if (!is_mig_handle(dev)) return INVALID_ARGUMENT; *id = INSTANCE(dev)->id; return OK;
+}
+EXPORT int nvmlDeviceGetComputeInstanceId(nvmlDevice_t dev, unsigned int *id) {
+    ENTER_ANY(dev); if (!is_mig_handle(dev)) return INVALID_ARGUMENT; *id = 0; return OK;
+}
+EXPORT int nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t dev, nvmlDevice_t *gpu) {
+    ENTER_ANY(dev); if (!is_mig_handle(dev)) return INVALID_ARGUMENT; *gpu = &devices[dev->index]; return OK;
+}
 
 /* -- events: XIDs scheduled by the scenario, delivered once per event set to
  * devices registered before they happen -------------------------------------- */
@@ -626,7 +718,7 @@ EXPORT int nvmlEventSetFree(nvmlEventSet_t set) { ENTER(NULL); free(set); return
  * metrics are the scenario's percentages, constant over any interval ------- */
 #define GPM_POOL 512
 #define GPM_METRIC_MAX 477      /* NVML_GPM_METRIC_MAX as pynvml 13 declares it */
-struct nvmlGpmSample_st { int in_use, taken; unsigned int gpu; double t; };
+struct nvmlGpmSample_st { int in_use, taken; unsigned int gpu; int gi; double t; }; /* gi -1: the whole GPU */
 typedef struct nvmlGpmSample_st *nvmlGpmSample_t;
 typedef struct { unsigned int version, isSupportedDevice; } nvmlGpmSupport_t;
 typedef struct { char *shortName, *longName, *unit; } nvmlGpmMetricInfo_t;
@@ -646,8 +738,7 @@ __attribute__((unused)) static int in_pool(nvmlGpmSample_t s) { return s >= gpm_
 /* Percent of metric `id` on GPU i: sm, occupancy, tensor, dram from the scenario;
  * pipes derived from them (HMMA = tensor, FP32 = sm / 2, FP16 = sm / 4, IMMA,
  * DFMA, FP64 = 0). Returns NOT_SUPPORTED for a metric the scenario leaves out. */
-__attribute__((unused)) static int gpm_value(unsigned int i, unsigned int id, double *value, const char **name) {
-    gpm_t g = sc.gpm[i];
+__attribute__((unused)) static int gpm_value(unsigned int i, gpm_t g, unsigned int id, double *value, const char **name) {
     for (int k = 0; k < sc.ngpm_missing; k++)
         if ((sc.gpm_missing[k].gpu < 0 || sc.gpm_missing[k].gpu == (int)i) && sc.gpm_missing[k].metric == id) return NOT_SUPPORTED;
     switch (id) {
@@ -682,7 +773,7 @@ EXPORT int nvmlGpmSampleAlloc(nvmlGpmSample_t *sample) {
     int rc = MEMORY;
     for (int k = 0; k < GPM_POOL; k++)
         if (!gpm_pool[k].in_use) {
-            gpm_pool[k] = (struct nvmlGpmSample_st){1, 0, 0, 0};
+            gpm_pool[k] = (struct nvmlGpmSample_st){1, 0, 0, -1, 0};
             *sample = &gpm_pool[k]; gpm_allocs++; rc = OK;
             break;
         }
@@ -706,7 +797,22 @@ EXPORT int nvmlGpmSampleGet(nvmlDevice_t dev, nvmlGpmSample_t sample) {
     if (!gpm_supported(dev->index)) return NOT_SUPPORTED;
     pthread_mutex_lock(&lock);
     int rc = in_pool(sample) ? OK : INVALID_ARGUMENT;
-    if (rc == OK) { sample->taken = 1; sample->gpu = dev->index; sample->t = now(); gpm_samples++; }
+    if (rc == OK) { sample->taken = 1; sample->gpu = dev->index; sample->gi = -1; sample->t = now(); gpm_samples++; }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+/* A sample of one GPU instance of a GPU in MIG mode (dev: the GPU's handle). */
+EXPORT int nvmlGpmMigSampleGet(nvmlDevice_t dev, unsigned int gpu_instance_id, nvmlGpmSample_t sample) {
+    ENTER(dev);
+    if (!gpm_supported(dev->index)) return NOT_SUPPORTED;
+    if (!sc.mig[dev->index] || instance_slot(dev->index, gpu_instance_id) < 0) return INVALID_ARGUMENT;
+    pthread_mutex_lock(&lock);
+    int rc = in_pool(sample) ? OK : INVALID_ARGUMENT;
+    if (rc == OK) {
+        sample->taken = 1; sample->gpu = dev->index; sample->gi = (int)gpu_instance_id;
+        sample->t = now(); gpm_samples++;
+    }
     pthread_mutex_unlock(&lock);
     return rc;
 }
@@ -720,8 +826,11 @@ EXPORT int nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *request) {
     pthread_mutex_lock(&lock);
     nvmlGpmSample_t s1 = request->sample1, s2 = request->sample2;
     int rc = in_pool(s1) && in_pool(s2) && s1->taken && s2->taken && s1->gpu == s2->gpu
-             && s2->t > s1->t ? OK : INVALID_ARGUMENT;
+             && s1->gi == s2->gi && s2->t > s1->t ? OK : INVALID_ARGUMENT;
     unsigned int gpu = rc == OK ? s1->gpu : 0;
+    int slot = rc == OK && s1->gi >= 0 ? instance_slot(gpu, (unsigned int)s1->gi) : -1;
+    if (rc == OK && s1->gi >= 0 && slot < 0) rc = INVALID_ARGUMENT;   /* the instance is gone */
+    gpm_t activity = slot >= 0 ? sc.instances[gpu][slot].gpm : sc.gpm[gpu];
     pthread_mutex_unlock(&lock);
     if (rc) return rc;
     static char unit[] = "%", empty[] = "";
@@ -729,7 +838,7 @@ EXPORT int nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *request) {
         nvmlGpmMetric_t *m = &request->metrics[k];
         const char *name = empty;
         m->value = 0;
-        m->nvmlReturn = gpm_value(gpu, m->metricId, &m->value, &name);
+        m->nvmlReturn = gpm_value(gpu, activity, m->metricId, &m->value, &name);
         m->metricInfo.shortName = (char *)name; m->metricInfo.longName = (char *)name;
         m->metricInfo.unit = m->nvmlReturn == OK ? unit : empty;
     }
