@@ -37,7 +37,10 @@ Schema versions: 1 (the first release of the ledger) had no ``owner`` column; 2 
 (the writer identity of the run, ``trainmon.training.writers``; ``''`` for
 rows written before); 3 renames the end reason ``vanished`` to ``lost``
 (``trainmon.ledger.records.END_REASONS``). An older file opened writable is
-upgraded in place in one transaction (``migrate``); opened read-only it is
+first copied whole to ``<file>.schema-<N>.bak`` beside it (``back_up``: written
+as ``.partial``, synced, then renamed, so it is whole or absent; a disk with no
+room for it leaves the file unmigrated and the error reported), then upgraded
+in place in one transaction (``migrate``); opened read-only it is
 read as it is, every owner ``''`` in a version 1 file, and ``vanished`` read as
 ``lost`` (``RunRecord.from_json``).
 
@@ -52,6 +55,7 @@ never block the writer and wait up to ``BUSY_TIMEOUT_MS`` for a checkpoint.
 
 from __future__ import annotations
 
+import errno
 import grp
 import logging
 import os
@@ -84,6 +88,8 @@ BUSY_TIMEOUT_MS = 5000
 FILE_MODE = 0o640
 #: Bits a ledger file must not have: group write, anything for others.
 LOOSE_BITS = stat.S_IWGRP | stat.S_IRWXO
+#: Mode of the copy made before an upgrade (``back_up``): the daemon's user only.
+BACKUP_MODE = 0o600
 #: The group given the ledger file when it exists (docs/deploy.md: readers of the ledger).
 LEDGER_GROUP = "trainmon"
 
@@ -128,6 +134,9 @@ _CODES: dict[str, tuple[str, str]] = {
     "SQLITE_BUSY": ("busy", "locked by another writer"),
     "SQLITE_CORRUPT": ("corrupt", "the file is corrupt"),
 }
+#: The ``LedgerError.reason`` of an ``OSError`` met opening or backing up the file.
+_ERRNO_REASONS = {errno.ENOSPC: "disk_full", errno.EDQUOT: "disk_full",
+                  errno.EROFS: "read_only", errno.EIO: "io_error"}
 #: The -shm file could not grow: ENOSPC, whatever the primary code says.
 _SHM_FULL = ("disk_full", "the disk is full (the -shm file cannot grow)")
 #: SQLite's message of each primary result code (``sqlite3_errstr``), for Python 3.10,
@@ -196,8 +205,8 @@ def connect(
     the checked file (``release`` it when the connection is closed).
 
     ``readonly``: the file must exist. Otherwise a missing or empty file is
-    created with the schema, and a file of an older schema is upgraded (its
-    directory must exist). ``owners``: the uids that may own the file and its
+    created with the schema, and a file of an older schema is backed up
+    (``back_up``) and upgraded (its directory must exist). ``owners``: the uids that may own the file and its
     folders (default: root and this process's user; readers also the service
     user, ``trainmon.paths.reader_owners``).
     """
@@ -209,8 +218,7 @@ def connect(
     except UnsafeLedgerFile as error:
         raise LedgerError(str(error), error.reason) from None
     except OSError as error:
-        raise LedgerError(f"cannot open the ledger {path}: {error.strerror or error}") \
-            from None
+        raise _os_error(f"cannot open the ledger {path}", error) from None
     try:
         connection, version = _connect_checked(path, checked, readonly)
     except BaseException:
@@ -247,6 +255,8 @@ def _connect_checked(path: Path, checked: CheckedFile,
     if checked.fresh:
         restrict(checked)
     tighten(checked)
+    if version < SCHEMA_VERSION:
+        back_up(checked.path, path, version)
     connection = _open(checked.path, path, "rwc")
     _confirm(connection, checked, path)
     try:
@@ -323,6 +333,76 @@ def migrate(connection: sqlite3.Connection, version: int) -> None:
         connection.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     _immediate(connection, upgrade)
+
+
+def backup_path(path: Path, version: int) -> Path:
+    """Where the ledger at ``path`` is copied before it is upgraded from schema ``version``:
+    ``<path>.schema-<version>.bak`` beside it."""
+    return path.with_name(f"{path.name}.schema-{version}.bak")
+
+
+def back_up(real: Path, path: Path, version: int) -> Path:
+    """Copy the checked ledger file ``real`` (of schema ``version``; ``path`` as
+    configured, for messages) to ``backup_path`` before its first write: SQLite's online
+    backup of a read-only connection (the committed content of the file and its
+    ``-wal``, as one file) into ``<backup>.partial`` (made with ``O_EXCL``, never
+    through a symlink, mode ``BACKUP_MODE``), synced, then renamed over the backup and
+    the folder synced, so a backup either is whole or is not there. ``LedgerError``
+    (``disk_full`` when the disk has no room for it) leaves the ledger as it was and no
+    partial file."""
+    target = backup_path(real, version)
+    partial = target.with_name(target.name + ".partial")
+    partial.unlink(missing_ok=True)  # left by a daemon killed while it wrote one
+    try:
+        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, BACKUP_MODE)
+    except OSError as error:
+        raise _os_error(f"cannot back up the ledger {path} before upgrading it", error) \
+            from None
+    try:
+        source = _open(real, path, "ro")
+        try:
+            copy = sqlite3.connect(partial, isolation_level=None)
+            try:
+                source.backup(copy)
+                copy.execute("PRAGMA journal_mode=DELETE")  # one file, as restored
+            finally:
+                copy.close()
+        finally:
+            source.close()
+        os.fsync(descriptor)
+        os.replace(partial, target)
+        _sync_folder(target.parent)
+    except sqlite3.Error as error:
+        partial.unlink(missing_ok=True)
+        raise LedgerError.of(f"cannot back up the ledger {path} before upgrading it",
+                             error) from None
+    except OSError as error:
+        partial.unlink(missing_ok=True)
+        raise _os_error(f"cannot back up the ledger {path} before upgrading it", error) \
+            from None
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    finally:
+        os.close(descriptor)
+    log.info("run ledger %s: schema %d backed up to %s before the upgrade", path, version,
+             target)
+    return target
+
+
+def _sync_folder(folder: Path) -> None:
+    descriptor = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _os_error(what: str, error: OSError) -> LedgerError:
+    """``what`` failed with ``error``, its ``LedgerError.reason`` from its errno."""
+    reason = _ERRNO_REASONS.get(error.errno or 0, "other")
+    return LedgerError(f"{what}: {error.strerror or error}", reason)
 
 
 def _immediate(connection: sqlite3.Connection, work: Callable[[], None]) -> None:
