@@ -206,9 +206,9 @@ def connect(
 
     ``readonly``: the file must exist. Otherwise a missing or empty file is
     created with the schema, and a file of an older schema is backed up
-    (``back_up``) and upgraded (its directory must exist). ``owners``: the uids that may own the file and its
-    folders (default: root and this process's user; readers also the service
-    user, ``trainmon.paths.reader_owners``).
+    (``back_up``) and upgraded (its directory must exist). ``owners``: the uids
+    that may own the file and its folders (default: root and this process's
+    user; readers also the service user, ``trainmon.paths.reader_owners``).
     """
     if owners is None:
         owners = reader_owners() if readonly else trusted_owners()
