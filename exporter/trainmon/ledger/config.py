@@ -18,8 +18,10 @@ most rows first (``trainmon.ledger.store``).
 
 from __future__ import annotations
 
+import os
 import re
 import socket
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +32,22 @@ from trainmon.section import Auto, ConfigError, Section, setting
 #: The system default (root's, the deployed daemon's); other users': ``file``.
 DEFAULT_LEDGER_PATH = SYSTEM_LEDGER_PATH
 _CURRENCY = re.compile(r"[A-Z]{3}")
+#: Set by the DaemonSet from the downward API (``spec.nodeName``): the node's name as
+#: the cluster, and so Prometheus' ``node`` label, knows it (docs/deploy.md).
+NODE_NAME_VARIABLE = "NODE_NAME"
+#: A Kubernetes node name: a DNS subdomain (RFC 1123), at most 253 characters.
+_NODE_NAME = re.compile(r"[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?")
+
+
+def default_node_name(environ: Mapping[str, str] | None = None,
+                      hostname: Callable[[], str] = socket.gethostname) -> str:
+    """``$NODE_NAME`` when it holds a valid Kubernetes node name, else the hostname.
+
+    On Kubernetes the hostname may differ from the node's name (EKS: ``ip-10-0-0-7``
+    for ``ip-10-0-0-7.ec2.internal``); anything else in the variable is ignored.
+    """
+    value = (os.environ if environ is None else environ).get(NODE_NAME_VARIABLE, "")
+    return value if _NODE_NAME.fullmatch(value) else hostname()
 
 
 def _currency(code: str) -> str:
@@ -73,7 +91,7 @@ class LedgerConfig:
         default=None, metadata=setting(read=_optional_price))
     #: ISO 4217 code shown beside costs.
     currency: str = field(default="USD", metadata=setting(parse=_currency))
-    #: The node name stored in records; None: the hostname.
+    #: The node name stored in records; None: ``$NODE_NAME``, else the hostname.
     node: str | None = None
 
     @property
@@ -83,4 +101,4 @@ class LedgerConfig:
 
     @property
     def node_name(self) -> str:
-        return self.node or socket.gethostname()
+        return self.node or default_node_name()
