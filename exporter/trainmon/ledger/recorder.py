@@ -136,6 +136,12 @@ log = logging.getLogger(__name__)
 MAX_STEP_REPORT_LAG_SECONDS = 60.0
 #: Seconds between two attempts to open an unusable ledger.
 REOPEN_SECONDS = 30.0
+#: Seconds between two attempts to open a ledger whose filesystem was full or read-only
+#: (``flush_seconds`` when longer): space or a remount returns by itself, and finding
+#: the disk still full or read-only costs a few system calls.
+DISK_REOPEN_SECONDS = 1.0
+#: ``LedgerError.reason`` of the open failures tried again after ``DISK_REOPEN_SECONDS``.
+DISK_REASONS = ("disk_full", "read_only")
 #: Process groups (``comm_groups`` names) whose ranks train on the same samples:
 #: tensor, pipeline and context parallel. The group's lowest rank counts them.
 SAMPLE_SHARING_GROUPS = ("tp", PIPELINE_GROUP, "cp")
@@ -148,6 +154,9 @@ RECLAIM_SECONDS = 300.0
 REWRITE_SECONDS = 60.0
 #: Ended runs remembered so that a lingering description does not reopen them.
 MAX_CLOSED = 4096
+#: Records of ended runs kept in memory while the file cannot be written (full or
+#: read-only disk), to be written once it can; beyond, the oldest are dropped (logged).
+MAX_UNWRITTEN = 4096
 #: Seconds after the ledger was opened by which a reporter must have continued a run
 #: the file holds as going on, else it is closed ``lost`` (``stall_seconds`` when
 #: shorter): a job that goes on reports within its client's interval (1 s by default).
@@ -288,6 +297,11 @@ class RunRecorder:
         self._away: dict[tuple[str, str], str] = {}
         self._away_due = float("inf")
         self._error: str | None = None
+        #: Why the file could not be opened last (None once it is open).
+        self._open_error: LedgerError | None = None
+        #: (job, run) -> the latest record not yet written of a run no longer in
+        #: ``_runs`` (ended while the file could not be written), oldest first.
+        self._unwritten: OrderedDict[tuple[str, str], RecordUpdate] = OrderedDict()
         self._next_open = float("-inf")
         self._next_prune = float("-inf")
         #: Rows were deleted since the last ``Ledger.reclaim``; the next one not before.
@@ -402,6 +416,9 @@ class RunRecorder:
                 if reclaim:
                     self._reclaim_due, self._next_reclaim = False, now + RECLAIM_SECONDS
             written = _store(ledger, updates, self.config.max_runs_per_owner, reclaim)
+            if written is None and ledger is None and updates \
+                    and self._open_error is not None:
+                written = self._open_error  # a flush with records that cannot be written
             with self._lock:
                 self._written(written, updates, wall)
                 self._publish_recording()
@@ -447,6 +464,11 @@ class RunRecorder:
                 self._recent_ends[key] = (run.end_reason, run.ended or wall,
                                           goodput_ratio(run.totals.gpu_seconds))
         updates += self._close_lost_while_away(now, wall)
+        if self._unwritten:  # ended while the file could not be written: theirs first
+            fresh = {(update.record.job, update.record.run) for update in updates}
+            updates[:0] = [update for key, update in self._unwritten.items()
+                           if key not in fresh]
+            self._unwritten.clear()
         while self._recent_ends and (
                 len(self._recent_ends) > MAX_EXPORTED_RUN_ENDS
                 or wall - next(iter(self._recent_ends.values()))[1] > RUN_END_EXPORT_SECONDS):
@@ -957,8 +979,11 @@ class RunRecorder:
                     self._writer = take_writer_lock(self.config.file)
                 self._ledger = Ledger.open(self.config.file, readonly=False)
             except LedgerError as error:
+                self._open_error = error
+                self._next_open = now + self._reopen_seconds(error)
                 self._failed(error)
                 return
+            self._open_error = None
             self._error = None
             self._errors.forget("ledger")
             log.info("run ledger at %s", self.config.file)
@@ -1002,9 +1027,19 @@ class RunRecorder:
             self._write_errors[reason] += 1
             self._failed(written)
             for update in updates:  # written again at the next tick
-                run = self._runs.get((update.record.job, update.record.run))
+                key = (update.record.job, update.record.run)
+                run = self._runs.get(key)
                 if run is not None:
                     run.written_fingerprint = None
+                else:  # ended: its last record is kept until the file takes it
+                    self._unwritten.pop(key, None)
+                    self._unwritten[key] = update
+            if len(self._unwritten) > MAX_UNWRITTEN:
+                dropped = len(self._unwritten) - MAX_UNWRITTEN
+                for _ in range(dropped):
+                    self._unwritten.popitem(last=False)
+                log.warning("run ledger: %d records of ended runs dropped: more than %d "
+                            "waiting for the file (%s)", dropped, MAX_UNWRITTEN, written)
             return
         result, self._stored_runs, reclaimed = written
         if result.owner_limit:
@@ -1027,11 +1062,17 @@ class RunRecorder:
             if run is not None:
                 self._refuse((job, run_id), run.owner, holder)
 
+    def _reopen_seconds(self, error: LedgerError) -> float:
+        """Seconds until the next attempt to open the file after ``error``."""
+        if error.reason in DISK_REASONS:
+            return min(REOPEN_SECONDS, max(DISK_REOPEN_SECONDS, self.config.flush_seconds))
+        return REOPEN_SECONDS
+
     def _failed(self, error: LedgerError) -> None:
         self._error = str(error)
         if self._errors.allow("ledger", self._error):
             retry = ("written again at the next flush" if self._ledger is not None
-                     else f"opened again every {REOPEN_SECONDS:.0f} s")
+                     else f"opened again every {self._reopen_seconds(error):g} s")
             log.error("run ledger: %s (recording goes on in memory, %s)", error, retry)
         if self._ledger is not None and not self.config.file.exists():
             self._close()

@@ -55,7 +55,6 @@ never block the writer and wait up to ``BUSY_TIMEOUT_MS`` for a checkpoint.
 
 from __future__ import annotations
 
-import errno
 import grp
 import logging
 import os
@@ -74,6 +73,7 @@ from trainmon.ledger.files import (
     lock_writer,
     release,
 )
+from trainmon.ledger.files import _cannot as cannot_use
 from trainmon.paths import reader_owners, trusted_owners
 
 log = logging.getLogger(__name__)
@@ -134,9 +134,6 @@ _CODES: dict[str, tuple[str, str]] = {
     "SQLITE_BUSY": ("busy", "locked by another writer"),
     "SQLITE_CORRUPT": ("corrupt", "the file is corrupt"),
 }
-#: The ``LedgerError.reason`` of an ``OSError`` met opening or backing up the file.
-_ERRNO_REASONS = {errno.ENOSPC: "disk_full", errno.EDQUOT: "disk_full",
-                  errno.EROFS: "read_only", errno.EIO: "io_error"}
 #: The -shm file could not grow: ENOSPC, whatever the primary code says.
 _SHM_FULL = ("disk_full", "the disk is full (the -shm file cannot grow)")
 #: SQLite's message of each primary result code (``sqlite3_errstr``), for Python 3.10,
@@ -400,9 +397,11 @@ def _sync_folder(folder: Path) -> None:
 
 
 def _os_error(what: str, error: OSError) -> LedgerError:
-    """``what`` failed with ``error``, its ``LedgerError.reason`` from its errno."""
-    reason = _ERRNO_REASONS.get(error.errno or 0, "other")
-    return LedgerError(f"{what}: {error.strerror or error}", reason)
+    """``what`` failed with ``error``, its ``LedgerError.reason`` from its errno (as
+    ``trainmon.ledger.files`` reads them: ``ENOSPC`` ``disk_full``, ``EROFS``
+    ``read_only``, ``EIO`` ``io_error``)."""
+    unusable = cannot_use(what, error)
+    return LedgerError(str(unusable), unusable.reason)
 
 
 def _immediate(connection: sqlite3.Connection, work: Callable[[], None]) -> None:

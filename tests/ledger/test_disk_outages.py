@@ -1,0 +1,111 @@
+"""The ledger's disk full (``ENOSPC``) or read-only (``EROFS``): metrics and step intake
+go on, ``/healthz`` and ``trainmon_ledger_write_errors_total`` say so, nothing is
+corrupted, and the records are written once the disk takes them again, those of runs
+that ended meanwhile included.
+
+A real filesystem: a small tmpfs mounted for each test (``testkit.small_disk``; root
+only, skipped where mounting is not permitted). The kernel refuses to remount a
+filesystem read-only while a file on it is open for writing, so ``EROFS`` is met as a
+daemon meets it after a filesystem went read-only under it and it (re)opens the ledger:
+the file and its folder are there, every write is refused.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from testkit.exposition import scrape
+from testkit.small_disk import CannotMount, fill, remount, small_disk
+from tests.ledger.ledger_support import Clocks, description, make_recorder, send, step
+from trainmon.ledger import Ledger
+from trainmon.ledger.recorder import REOPEN_SECONDS
+
+SIZE_BYTES = 512 * 1024
+
+
+@pytest.fixture
+def disk(tmp_path: Path) -> Iterator[Path]:
+    """A 512 KiB tmpfs on ``tmp_path/disk``, unmounted afterwards."""
+    try:
+        with small_disk(tmp_path / "disk", SIZE_BYTES) as mounted:
+            yield mounted
+    except CannotMount as error:
+        pytest.skip(str(error))
+
+
+def intact(path: Path) -> dict[str, tuple[int, str | None]]:
+    """``PRAGMA integrity_check`` is ok; each run's steps and end reason."""
+    connection = sqlite3.connect(path)
+    try:
+        assert connection.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    finally:
+        connection.close()
+    with Ledger.open(path) as reader:
+        return {record.run: (int(record.summary["steps"]), record.end_reason)
+                for record in reader.runs()}
+
+
+def test_a_run_that_ends_while_the_disk_is_full_is_written_once_space_returns(
+        disk: Path, clocks: Clocks) -> None:
+    path = disk / "ledger.sqlite3"
+    training, ledger = make_recorder(clocks, path, flush_seconds=3600.0)()
+    ledger.start()
+    try:
+        send(training, description(run="before"), step(50, run="before"))
+        ledger.tick()
+        filler = fill(disk, SIZE_BYTES)
+        clocks.advance(10)
+        send(training, description(run="before", ended="finished"),
+             step(60, run="before"))
+        ledger.tick()  # the end is decided and its record fails to reach the file
+        exposition = scrape(ledger)
+        assert exposition.value("trainmon_ledger_write_errors_total",
+                                reason="disk_full") >= 1.0
+        assert "the disk is full" in str(ledger.health()["ledger_error"])
+        filler.unlink()
+        clocks.advance(10)
+        ledger.tick()
+        assert scrape(ledger).value("trainmon_ledger_up") == 1.0
+    finally:
+        ledger.stop()
+        training.stop()
+    assert intact(path) == {"before": (60, "finished")}
+
+
+def test_a_read_only_disk_is_counted_and_recording_resumes_when_it_is_writable(
+        disk: Path, clocks: Clocks) -> None:
+    path = disk / "ledger.sqlite3"
+    training, ledger = make_recorder(clocks, path, flush_seconds=3600.0)()
+    ledger.start()
+    send(training, description(run="before", ended="finished"), step(30, run="before"))
+    ledger.tick()
+    ledger.stop()
+    training.stop()
+    remount(disk, readonly=True)
+    training, ledger = make_recorder(clocks, path, flush_seconds=3600.0)()
+    ledger.start()
+    try:
+        for steps in (10, 20):  # two flushes with records the file cannot take
+            clocks.advance(10)
+            send(training, description(run="after"), step(steps, run="after"))
+            ledger.tick()
+        exposition = scrape(ledger)
+        assert exposition.value("trainmon_ledger_write_errors_total",
+                                reason="read_only") == 2.0
+        assert exposition.value("trainmon_ledger_up") == 0.0
+        health = ledger.health()
+        assert health["state"] == "degraded" and health["open"] is False
+        assert "read-only" in str(health["error"]).lower(), health
+        remount(disk, readonly=False)
+        clocks.advance(REOPEN_SECONDS)
+        send(training, description(run="after", ended="finished"), step(25, run="after"))
+        ledger.tick()
+        assert ledger.health().get("state") != "degraded", ledger.health()
+    finally:
+        ledger.stop()
+        training.stop()
+    assert intact(path) == {"before": (30, "finished"), "after": (25, "finished")}
