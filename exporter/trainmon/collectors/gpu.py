@@ -14,7 +14,10 @@ event set so that no XID error is lost between scrapes. The ``gpu`` label is
 the NVML index as a decimal string, as in dcgm-exporter. A lost GPU keeps only
 its ``_info``, ``trainmon_gpu_up`` (0), XID series and the XID table's recovery
 action (where one applies); the other GPUs go on. Process lists are expensive
-and read only on demand, at most every ``process_interval_seconds``.
+and read only on demand, at most every ``process_interval_seconds``. A GPU in
+MIG mode adds its GPU instances (``trainmon_gpu_mig_*``: identity, memory, GPM
+activity per instance, labelled ``gpu_instance_id`` and ``mig_profile``); a GPU
+without MIG mode adds nothing (the MIG families are left out of the scrape).
 Every metric is documented in ``docs/metrics.md`` (GPU section).
 """
 
@@ -43,6 +46,7 @@ from trainmon.gpu.types import (
     GPULost,
     GPUProcess,
     GPUReadings,
+    MIGInstance,
     NVMLUnavailable,
 )
 from trainmon.section import Auto, Invalid, setting
@@ -183,9 +187,11 @@ class GPUCollector(Collector):
         families = _Families()
         utilization = self.sampler.snapshot()
         activity = {} if self.gpm is None else self.gpm.snapshot()
+        mig_activity = {} if self.gpm is None else self.gpm.mig_snapshot()
         xid_counts = self.xid.counts()
         recent_xids = _recent_xids(xid_counts, self._wall_clock() - XID_LOOKBACK_SECONDS)
         lost = []
+        mig_gpus: list[str] = []
         for device in devices:
             gpu = str(device.index)
             families.info.add_metric(
@@ -195,6 +201,7 @@ class GPUCollector(Collector):
             try:
                 readings = self._nvml.read(device.index)
                 health = self.health_reader.read(device.index)
+                instances = self._nvml.mig_instances(device.index)
             except GPULost:
                 families.up.add_metric([gpu], 0.0)
                 action, source = recommended_action(None, xids)
@@ -213,6 +220,19 @@ class GPUCollector(Collector):
             gpm = activity.get(device.index)
             if gpm is not None:
                 families.add_activity(gpu, gpm)
+            if instances:
+                mig_gpus.append(gpu)
+            for instance in instances:
+                families.add_instance(
+                    gpu, instance, mig_activity.get((device.index, instance.gpu_instance_id))
+                )
+        if mig_gpus:  # which instance each process runs on (the rate-limited process list)
+            for index, processes in sorted(self.processes().items()):
+                for process in processes:
+                    if str(index) in mig_gpus and process.gpu_instance_id is not None:
+                        families.mig_process.add_metric(
+                            [str(index), str(process.gpu_instance_id), str(process.pid)], 1.0
+                        )
         for (index, xid), count in sorted(xid_counts.items()):
             families.xid_errors.add_metric([str(index), str(xid)], count.count)
             families.xid_last.add_metric([str(index), str(xid)], count.last_timestamp_seconds)
@@ -432,6 +452,46 @@ class _Families:
             "Maximum SM clock, hertz (nvmlDeviceGetMaxClockInfo).",
             labels=gpu,
         )
+        mig = ["gpu", "gpu_instance_id", "mig_profile"]
+        self.mig_info = g(
+            "trainmon_gpu_mig_info",
+            "A MIG GPU instance of a GPU in MIG mode (gauge = 1); uuid is its MIG device's.",
+            labels=[*mig, "uuid"],
+        )
+        self.mig_process = g(
+            "trainmon_gpu_mig_process_info",
+            "A compute process on a MIG GPU instance (gauge = 1); join on gpu, pid with "
+            "trainmon_gpu_process_info.",
+            labels=["gpu", "gpu_instance_id", "pid"],
+        )
+        self.mig_memory_used = g(
+            "trainmon_gpu_mig_memory_used_bytes",
+            "Memory in use in a MIG GPU instance, bytes (nvmlDeviceGetMemoryInfo on its handle).",
+            labels=mig,
+        )
+        self.mig_memory_total = g(
+            "trainmon_gpu_mig_memory_total_bytes",
+            "Memory of a MIG GPU instance, bytes.",
+            labels=mig,
+        )
+        self.mig_sm_active = g(
+            "trainmon_gpu_mig_sm_active_ratio",
+            "Share of a MIG instance's SMs busy over the last GPM interval, 0-1 "
+            "(nvmlGpmMigSampleGet, GPM SM_UTIL).",
+            labels=mig,
+        )
+        self.mig_tensor_active = g(
+            "trainmon_gpu_mig_tensor_active_ratio",
+            "Share of time any tensor-core pipe of a MIG instance was active, last GPM "
+            "interval, 0-1 (GPM ANY_TENSOR_UTIL).",
+            labels=mig,
+        )
+        self.mig_dram_active = g(
+            "trainmon_gpu_mig_dram_active_ratio",
+            "DRAM bandwidth a MIG instance used over its peak, last GPM interval, 0-1 "
+            "(GPM DRAM_BW_UTIL).",
+            labels=mig,
+        )
         self.sawtooth = g(
             "trainmon_gpu_sawtooth_ratio",
             "Strength of busy/idle oscillation over the last two sampler windows, 0-1: "
@@ -506,8 +566,34 @@ class _Families:
         for pipe, ratio in activity.pipe_active_ratio.items():
             self.pipe_active.add_metric([gpu, pipe], ratio)
 
+    def add_instance(
+        self, gpu: str, instance: MIGInstance, activity: GPMActivity | None
+    ) -> None:
+        labels = [gpu, str(instance.gpu_instance_id), instance.profile]
+        self.mig_info.add_metric([*labels, instance.uuid], 1.0)
+        optional: list[tuple[GaugeMetricFamily, float | None]] = [
+            (self.mig_memory_used, instance.memory_used_bytes),
+            (self.mig_memory_total, instance.memory_total_bytes),
+        ]
+        if activity is not None:
+            optional += [
+                (self.mig_sm_active, activity.sm_active_ratio),
+                (self.mig_tensor_active, activity.tensor_active_ratio),
+                (self.mig_dram_active, activity.dram_active_ratio),
+            ]
+        for family, value in optional:
+            if value is not None:
+                family.add_metric(labels, value)
+
     def all(self) -> list[Metric]:
-        return [value for value in vars(self).values() if isinstance(value, Metric)]
+        """Every family; the MIG ones only where a GPU is in MIG mode (so that a node
+        without MIG exposes no empty ``trainmon_gpu_mig_*`` family)."""
+        return [
+            value
+            for value in vars(self).values()
+            if isinstance(value, Metric)
+            and (value.samples or not value.name.startswith("trainmon_gpu_mig_"))
+        ]
 
 
 def _build(config: GPUConfig, wiring: Wiring) -> Collector:
@@ -517,7 +603,12 @@ def _build(config: GPUConfig, wiring: Wiring) -> Collector:
         from trainmon.demo.gpus import SimulatedNVML
 
         library = SimulatedNVML()
-    return GPUCollector(NVML(library, retry_seconds=config.retry_seconds), config)
+    nvml = NVML(
+        library,
+        retry_seconds=config.retry_seconds,
+        mig_refresh_seconds=config.health_interval_seconds,
+    )
+    return GPUCollector(nvml, config)
 
 
 ENTRY = CollectorEntry("gpu", GPUConfig, _build)

@@ -28,7 +28,12 @@ XID events (an event set and its listener thread) in ``trainmon.gpu.events``;
 GPM activity (the sample buffers and the thread that owns them) in
 ``trainmon.gpu.gpm``, over the ``gpm_*`` calls here; the slow-changing health
 readings (row remapping, retired pages, NVLink states, fabric) in
-``trainmon.gpu.health``, through ``device`` and ``query``.
+``trainmon.gpu.health``, through ``device`` and ``query``. MIG: a GPU in MIG mode
+hands out its GPU instances (``mig_instances``: id, profile, uuid, memory),
+their GPM samples (``gpm_mig_sample``) and its processes with their instance;
+the layout is read once per session on a GPU without MIG mode, else again
+every ``mig_refresh_seconds``; a driver or GPU without the MIG calls (or the
+simulated node) simply has no instances.
 Device readings are documented in ``docs/metrics.md`` (GPU section).
 """
 
@@ -42,7 +47,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple, TypeVar, cast
 
 from trainmon.gpu.types import (
@@ -51,6 +56,7 @@ from trainmon.gpu.types import (
     GPULost,
     GPUProcess,
     GPUReadings,
+    MIGInstance,
     NVMLLibrary,
     NVMLUnavailable,
 )
@@ -93,6 +99,12 @@ PAGE_RETIREMENT_DOUBLE_BIT: int = 1  # NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC
 FEATURE_ENABLED: int = 1  # NVML_FEATURE_ENABLED (an active NVLink)
 FABRIC_STATE_NOT_SUPPORTED: int = 0  # NVML_GPU_FABRIC_STATE_NOT_SUPPORTED
 FABRIC_STATE_COMPLETED: int = 3  # NVML_GPU_FABRIC_STATE_COMPLETED
+MIG_ENABLED: int = 1  # NVML_DEVICE_MIG_ENABLE
+#: ``gpuInstanceId`` of a process outside MIG (NVML's 0xFFFFFFFF "invalid").
+NO_GPU_INSTANCE = 0xFFFFFFFF
+#: Seconds between two reads of a MIG GPU's instance layout (instances come and go
+#: without a GPU reset; MIG mode itself changes only with one: read once per session).
+MIG_REFRESH_SECONDS = 60.0
 #: ``scopeId`` that asks an NVLink field for the sum over all links (nvml.h).
 SCOPE_ALL_LINKS = 0xFFFFFFFF
 
@@ -261,6 +273,18 @@ class NVMLSession:
     handles: list[Any]
     lost_since: dict[int, float] = field(default_factory=dict)
     link_counts: dict[int, int] = field(default_factory=dict)
+    mig_layouts: dict[int, _MIGLayout] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _MIGLayout:
+    """A GPU's MIG devices: ``(MIG device handle, identity)`` per GPU instance, as
+    read at ``read_at``; ``final`` when MIG mode is off or not supported (not
+    read again this session)."""
+
+    read_at: float
+    final: bool
+    instances: tuple[tuple[Any, MIGInstance], ...] = ()
 
 
 class NVML:
@@ -273,7 +297,9 @@ class NVML:
         retry_seconds: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        mig_refresh_seconds: float = MIG_REFRESH_SECONDS,
     ) -> None:
+        self._mig_refresh_seconds = mig_refresh_seconds
         #: ``_UNLOADED`` until the first session opens: then ``pynvml``, imported there.
         self._library: NVMLLibrary = _UNLOADED if library is None else library
         self._retry_seconds = retry_seconds
@@ -683,9 +709,106 @@ class NVML:
             return None
         return tuple(
             GPUProcess(
-                int(info.pid), None if info.usedGpuMemory is None else int(info.usedGpuMemory)
+                int(info.pid),
+                None if info.usedGpuMemory is None else int(info.usedGpuMemory),
+                _instance_id(getattr(info, "gpuInstanceId", None)),
             )
             for info in infos
+        )
+
+    # -- MIG ---------------------------------------------------------------------
+
+    def mig_instances(self, index: int) -> tuple[MIGInstance, ...]:
+        """The GPU instances of GPU ``index`` with their memory now (one
+        ``nvmlDeviceGetMemoryInfo`` on each MIG device handle); empty when the GPU
+        is not in MIG mode, or where MIG is not supported. ``GPULost`` for a lost GPU."""
+        session, handle = self._device(index)
+        layout = self._mig_layout(index, handle, session)
+        instances = []
+        for mig_handle, instance in layout.instances:
+            memory = self.query(
+                index,
+                self._library.nvmlDeviceGetMemoryInfo,
+                mig_handle,
+                session=session,
+                variant=("mig", instance.gpu_instance_id),
+            )
+            if memory is not None:
+                instance = replace(
+                    instance,
+                    memory_used_bytes=int(memory.used),
+                    memory_total_bytes=int(memory.total),
+                )
+            instances.append(instance)
+        return tuple(instances)
+
+    def mig_instance_ids(self, index: int) -> tuple[int, ...]:
+        """GPU instance ids of GPU ``index`` (the cached layout: no NVML call
+        unless it is due); empty without MIG mode."""
+        session, handle = self._device(index)
+        layout = self._mig_layout(index, handle, session)
+        return tuple(instance.gpu_instance_id for _, instance in layout.instances)
+
+    def _mig_layout(self, index: int, handle: Any, session: NVMLSession) -> _MIGLayout:
+        """GPU ``index``'s MIG devices, read again once ``mig_refresh_seconds`` passed
+        (never again this session where MIG mode is off or unsupported). No lock:
+        two threads that both find it due read the same layout twice, harmlessly."""
+        layout = session.mig_layouts.get(index)
+        if layout is not None and (
+            layout.final or self._clock() - layout.read_at < self._mig_refresh_seconds
+        ):
+            return layout
+        layout = session.mig_layouts[index] = self._read_mig_layout(index, handle, session)
+        return layout
+
+    def _read_mig_layout(self, index: int, handle: Any, session: NVMLSession) -> _MIGLayout:
+        now = self._clock()
+        get_mode = getattr(self._library, "nvmlDeviceGetMigMode", None)
+        if get_mode is None:  # a library without MIG (the simulated node)
+            return _MIGLayout(now, final=True)
+        mode = self.query(index, get_mode, handle, session=session)
+        if mode is None:  # unsupported: final; failed: asked again after the refresh interval
+            return _MIGLayout(now, final=self.omitted_reason(index, get_mode.__name__) is not None)
+        if int(mode[0]) != MIG_ENABLED:
+            return _MIGLayout(now, final=True)
+        library: Any = self._library  # MIG calls: pynvml's (not in ``NVMLLibrary``)
+        count = self.query(index, library.nvmlDeviceGetMaxMigDeviceCount, handle, session=session)
+        instances = []
+        for slot in range(int(count or 0)):
+            mig_handle = self.query(
+                index,
+                library.nvmlDeviceGetMigDeviceHandleByIndex,
+                handle,
+                slot,
+                session=session,
+                absent=frozenset({ERROR_NOT_FOUND}),
+            )
+            if mig_handle is None:
+                continue
+            instance = self._identify_mig(index, mig_handle, session)
+            if instance is not None:
+                instances.append((mig_handle, instance))
+        return _MIGLayout(now, final=False, instances=tuple(instances))
+
+    def _identify_mig(
+        self, index: int, mig_handle: Any, session: NVMLSession
+    ) -> MIGInstance | None:
+        """Ids, profile and uuid of one MIG device; None without its GPU instance id."""
+        library: Any = self._library
+
+        def query(call: Callable[..., T]) -> T | None:
+            return self.query(index, call, mig_handle, session=session, variant="mig")
+
+        gpu_instance = query(library.nvmlDeviceGetGpuInstanceId)
+        if gpu_instance is None:
+            return None
+        compute_instance = query(library.nvmlDeviceGetComputeInstanceId)
+        name = _text(query(library.nvmlDeviceGetName))
+        return MIGInstance(
+            gpu_instance_id=int(gpu_instance),
+            compute_instance_id=-1 if compute_instance is None else int(compute_instance),
+            profile=mig_profile(name),
+            uuid=_text(query(library.nvmlDeviceGetUUID)),
         )
 
     # -- GPM (GPU performance monitoring, Hopper and later) -----------------------
@@ -736,6 +859,23 @@ class NVML:
             index, self._library.nvmlGpmSampleGet, handle, sample, session=session, failed=failed
         )
         return not failed and self.supports(index, "nvmlGpmSampleGet")
+
+    def gpm_mig_sample(self, index: int, gpu_instance_id: int, sample: Any) -> bool:
+        """Take a GPM sample of one GPU instance of GPU ``index`` (``nvmlGpmMigSampleGet``);
+        as ``gpm_sample`` (``omitted_reason(index, "nvmlGpmMigSampleGet")`` says why not)."""
+        session, handle = self._device(index)
+        failed: list[str] = []
+        library: Any = self._library  # pynvml's (not in ``NVMLLibrary``)
+        self.query(
+            index,
+            library.nvmlGpmMigSampleGet,
+            handle,
+            gpu_instance_id,
+            sample,
+            session=session,
+            failed=failed,
+        )
+        return not failed and self.supports(index, "nvmlGpmMigSampleGet")
 
     def gpm_activity(self, index: int, older: Any, newer: Any) -> GPMActivity | None:
         """GPU ``index``'s activity between two of its samples (``nvmlGpmMetricsGet``,
@@ -793,6 +933,21 @@ def _text(value: object) -> str:
     if value is None:
         return ""
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def mig_profile(name: str) -> str:
+    """The MIG profile in a MIG device's name, as drivers and ``nvidia-smi -L`` give it:
+    ``NVIDIA H100 80GB HBM3 MIG 1g.10gb`` → ``1g.10gb``; empty if the name has none."""
+    head, marker, profile = name.rpartition(" MIG ")
+    return profile.strip() if marker and head else ""
+
+
+def _instance_id(value: object) -> int | None:
+    """A process's ``gpuInstanceId``: None outside MIG (0xFFFFFFFF) or where not given."""
+    if value is None:
+        return None
+    number = int(cast(int, value))
+    return None if number == NO_GPU_INSTANCE else number
 
 
 def _whole(value: int | None) -> int | None:

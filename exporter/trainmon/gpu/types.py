@@ -142,10 +142,31 @@ class GPUHealth:
 
 @dataclass(frozen=True)
 class GPUProcess:
-    """A compute process on a GPU; ``used_memory_bytes`` is None where hidden."""
+    """A compute process on a GPU; ``used_memory_bytes`` is None where hidden.
+
+    ``gpu_instance_id``: the MIG GPU instance it runs on (None outside MIG, or
+    where the driver does not say, as for an unprivileged reader)."""
 
     pid: int
     used_memory_bytes: int | None
+    gpu_instance_id: int | None = None
+
+
+@dataclass(frozen=True)
+class MIGInstance:
+    """One MIG GPU instance of a GPU in MIG mode, as its MIG device handle tells.
+
+    ``profile`` is the GPU instance profile (``1g.10gb``, ``3g.40gb``…) as
+    ``nvidia-smi`` names it, taken from the MIG device's name; empty where the
+    name does not carry it. Memory in bytes, ``None`` where not supported.
+    """
+
+    gpu_instance_id: int
+    compute_instance_id: int
+    profile: str
+    uuid: str
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
 
 
 @dataclass(frozen=True)

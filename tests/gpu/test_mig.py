@@ -1,0 +1,193 @@
+"""MIG GPU instances through the real pynvml and the fake libnvidia-ml.so.1.
+
+The fake's MIG directives (``mig``, ``mig_instance``, ``mig_gpm``,
+``mig_process``, see ``testkit/fakenvml/README.md``) give a GPU in MIG mode its
+GPU instances with their memory, GPM activity and processes. The GPM sampler
+is driven by hand (``collector.gpm.poll()`` on the fake's frozen clock), as in
+``test_gpm.py``; every test checks that no sample buffer leaks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from testkit.exposition import Scrape
+from tests.gpu.gpu_support import FakeNVML
+from trainmon.collectors.gpu import GPUCollector
+from trainmon.gpu.nvml import mig_profile
+from trainmon.gpu.types import GPUProcess
+
+MIB = 2**20
+#: GPU 0 in MIG mode with three instances (GPM on two), GPU 1 a whole GPU.
+MIG_NODE = """\
+gpus 2
+gpm * 50 40 30 20
+mig 0
+mig_instance 0 1 3g.40gb 2048 40960
+mig_instance 0 2 1g.10gb 512 10240
+mig_instance 0 9 1g.10gb 0 10240
+mig_gpm 0 1 80 60 70 40
+mig_gpm 0 2 10 5 0 15
+mig_process 0 1 4242 1073741824
+mig_process 0 2 4343 536870912
+process 1 77 1048576
+"""
+MIG_FAMILIES = (
+    "trainmon_gpu_mig_info",
+    "trainmon_gpu_mig_process_info",
+    "trainmon_gpu_mig_memory_used_bytes",
+    "trainmon_gpu_mig_memory_total_bytes",
+    "trainmon_gpu_mig_sm_active_ratio",
+    "trainmon_gpu_mig_tensor_active_ratio",
+    "trainmon_gpu_mig_dram_active_ratio",
+)
+LABELS = ("gpu", "gpu_instance_id", "mig_profile")
+
+
+@pytest.fixture
+def live(fake_nvml: FakeNVML) -> Callable[[], int]:
+    """Buffers this test holds: allocated since it began and not freed."""
+    before = fake_nvml.gpm_buffers_live()
+    return lambda: fake_nvml.gpm_buffers_live() - before
+
+
+def poll_at(fake_nvml: FakeNVML, collector: GPUCollector, *seconds: float) -> None:
+    assert collector.gpm is not None
+    for second in seconds:
+        fake_nvml.set_time(second)
+        collector.gpm.poll()
+
+
+def test_gpu_instances_are_exported_with_memory_activity_and_processes(
+    scenario: Callable[[str], Path],
+    fake_nvml: FakeNVML,
+    make_collector: Callable[..., GPUCollector],
+    scrape: Callable[..., Scrape],
+    live: Callable[[], int],
+) -> None:
+    scenario(MIG_NODE)
+    collector = make_collector()
+    poll_at(fake_nvml, collector, 1.0, 2.0)
+    assert live() == 2 * (2 + 3)  # two buffers for each GPU and each instance
+    result = scrape(collector)
+
+    assert result.series("trainmon_gpu_mig_info", *LABELS, "uuid") == {
+        ("0", "1", "3g.40gb", "MIG-00000000-fake-4000-8000-000000000001"): 1.0,
+        ("0", "2", "1g.10gb", "MIG-00000000-fake-4000-8000-000000000002"): 1.0,
+        ("0", "9", "1g.10gb", "MIG-00000000-fake-4000-8000-000000000009"): 1.0,
+    }
+    assert result.series("trainmon_gpu_mig_memory_used_bytes", *LABELS) == {
+        ("0", "1", "3g.40gb"): 2048 * MIB,
+        ("0", "2", "1g.10gb"): 512 * MIB,
+        ("0", "9", "1g.10gb"): 0.0,
+    }
+    assert result.series("trainmon_gpu_mig_memory_total_bytes", *LABELS)[
+        ("0", "1", "3g.40gb")
+    ] == 40960 * MIB
+    assert result.series("trainmon_gpu_mig_sm_active_ratio", *LABELS) == {
+        ("0", "1", "3g.40gb"): 0.8,
+        ("0", "2", "1g.10gb"): 0.1,
+        ("0", "9", "1g.10gb"): 0.0,  # an instance without mig_gpm reads 0 %
+    }
+    assert result.series("trainmon_gpu_mig_tensor_active_ratio", *LABELS)[
+        ("0", "1", "3g.40gb")
+    ] == 0.7
+    assert result.series("trainmon_gpu_mig_dram_active_ratio", *LABELS)[
+        ("0", "2", "1g.10gb")
+    ] == 0.15
+    # The whole GPU's own series stay as they are, for both GPUs.
+    assert result.by_gpu("trainmon_gpu_sm_active_ratio") == {"0": 0.5, "1": 0.5}
+    assert result.by_gpu("trainmon_gpu_memory_used_bytes") == {"0": 2**30, "1": 2 * 2**30}
+    # Processes with their instance, from the process list attribution reads too.
+    assert result.series("trainmon_gpu_mig_process_info", "gpu", "gpu_instance_id", "pid") == {
+        ("0", "1", "4242"): 1.0,
+        ("0", "2", "4343"): 1.0,
+    }
+    assert collector.processes() == {
+        0: (GPUProcess(4242, 2**30, 1), GPUProcess(4343, 512 * MIB, 2)),
+        1: (GPUProcess(77, MIB, None),),
+    }
+    collector.stop()
+    assert live() == 0
+
+
+def test_a_node_without_mig_exposes_no_mig_family(
+    scenario: Callable[[str], Path],
+    fake_nvml: FakeNVML,
+    make_collector: Callable[..., GPUCollector],
+    scrape: Callable[..., Scrape],
+    live: Callable[[], int],
+) -> None:
+    # Instances listed for a GPU not in MIG mode do not exist (MIG is off).
+    scenario("gpus 2\ngpm * 50 40 30 20\nmig_instance 0 1 3g.40gb 2048 40960\nprocess 0 7 0\n")
+    collector = make_collector()
+    poll_at(fake_nvml, collector, 1.0, 2.0)
+    assert live() == 4  # the GPUs' buffers only
+    first = scrape(collector)
+    assert not [name for name in first.types if name.startswith("trainmon_gpu_mig_")]
+    assert "mig" not in first.text.replace("trainmon_gpu_", "")
+    assert collector.processes() == {0: (GPUProcess(7, 0, None),), 1: ()}
+    collector.stop()
+    assert live() == 0
+
+
+def test_mig_not_supported_is_omitted_not_failed(
+    scenario: Callable[[str], Path],
+    fake_nvml: FakeNVML,
+    make_collector: Callable[..., GPUCollector],
+    scrape: Callable[..., Scrape],
+    live: Callable[[], int],
+) -> None:
+    """An old driver or GPU answering NOT_SUPPORTED to the MIG calls: no MIG series,
+    the GPU stays up; per-instance GPM unsupported leaves memory and the GPU's GPM."""
+    scenario(MIG_NODE + "unsupported 0 nvmlDeviceGetMigMode\n")
+    collector = make_collector()
+    poll_at(fake_nvml, collector, 1.0, 2.0)
+    result = scrape(collector)
+    assert not [name for name in result.types if name.startswith("trainmon_gpu_mig_")]
+    assert result.by_gpu("trainmon_gpu_up") == {"0": 1.0, "1": 1.0}
+    assert live() == 4
+    collector.stop()
+
+    scenario(MIG_NODE + "unsupported 0 nvmlGpmMigSampleGet\n")
+    collector = make_collector()
+    poll_at(fake_nvml, collector, 3.0, 4.0, 5.0)
+    result = scrape(collector)
+    assert len(result.samples["trainmon_gpu_mig_memory_used_bytes"]) == 3
+    assert "trainmon_gpu_mig_sm_active_ratio" not in result.samples
+    assert result.by_gpu("trainmon_gpu_sm_active_ratio") == {"0": 0.5, "1": 0.5}
+    assert result.by_gpu("trainmon_gpu_up") == {"0": 1.0, "1": 1.0}
+    assert live() == 4  # the instances' buffers were freed
+    collector.stop()
+    assert live() == 0
+
+
+def test_a_failing_mig_call_marks_the_gpu_and_keeps_the_rest(
+    scenario: Callable[[str], Path],
+    fake_nvml: FakeNVML,
+    make_collector: Callable[..., GPUCollector],
+    scrape: Callable[..., Scrape],
+) -> None:
+    scenario(MIG_NODE + "failing 0 nvmlDeviceGetMemoryInfo\n")
+    result = scrape(make_collector())
+    # The instances are still listed; their memory (as the GPU's) is omitted.
+    assert len(result.samples["trainmon_gpu_mig_info"]) == 3
+    assert "trainmon_gpu_mig_memory_used_bytes" not in result.samples
+    assert result.by_gpu("trainmon_gpu_memory_used_bytes") == {"1": 2 * 2**30}
+
+
+@pytest.mark.parametrize(
+    ("name", "profile"),
+    [
+        ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", "1g.10gb"),
+        ("NVIDIA A100-SXM4-40GB MIG 3g.20gb", "3g.20gb"),
+        ("NVIDIA H100 80GB HBM3 MIG 1c.3g.40gb", "1c.3g.40gb"),
+        ("NVIDIA H100 80GB HBM3", ""),
+        ("", ""),
+    ],
+)
+def test_the_profile_is_read_from_the_mig_device_name(name: str, profile: str) -> None:
+    assert mig_profile(name) == profile
