@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from testkit.daemon import trainmon_command
+from testkit.small_disk import CannotMount, fill, small_disk
 from tests.ledger.fixtures.make_old_ledgers import EXPECTED, fixture_path
 from trainmon.ledger import Ledger, LedgerError
 from trainmon.ledger.schema import SCHEMA_VERSION, backup_path
@@ -122,3 +123,28 @@ def test_a_ledger_of_a_newer_schema_is_refused_and_never_rewritten(tmp_path: Pat
     # SQLite's read-only connections leave an empty -wal and the -shm of a WAL file
     assert not any("schema" in p.name for p in path.parent.iterdir())
     assert Path(f"{path}-wal").stat().st_size == 0
+
+
+def test_an_old_ledger_on_a_full_disk_is_left_as_it_was_until_its_backup_fits(
+        tmp_path: Path) -> None:
+    size = 256 * 1024
+    try:
+        with small_disk(tmp_path / "disk", size) as disk:
+            path = disk / "ledger.sqlite3"
+            shutil.copyfile(fixture_path(1), path)
+            saved = path.read_bytes()
+            Ledger.open(path).close()  # a reader made the -shm before the disk filled up
+            filler = fill(disk, size)
+            with pytest.raises(LedgerError) as refused:
+                Ledger.open(path, readonly=False)
+            assert refused.value.reason == "disk_full", refused.value
+            assert "cannot back up the ledger" in str(refused.value)
+            assert path.read_bytes() == saved
+            assert not any("schema" in p.name for p in disk.iterdir())  # nor a .partial
+            filler.unlink()
+            with Ledger.open(path, readonly=False) as ledger:
+                assert ledger.version == SCHEMA_VERSION
+                assert len(ledger.runs()) == len(EXPECTED)
+            assert backup_path(path, 1).exists()
+    except CannotMount as error:
+        pytest.skip(str(error))
