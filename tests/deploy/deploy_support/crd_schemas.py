@@ -1,8 +1,8 @@
 """JSON Schemas for the Prometheus Operator objects the manifests use.
 
 kubernetes-validate knows only the built-in kinds. These schemas restate, from
-the operator's published CRDs (``monitoring.coreos.com_servicemonitors.yaml``
-and ``monitoring.coreos.com_prometheusrules.yaml``, v1), the required fields,
+the operator's published CRDs (``monitoring.coreos.com_servicemonitors.yaml``,
+``…_podmonitors.yaml`` and ``…_prometheusrules.yaml``, v1), the required fields,
 types, patterns and enums of every field trainmon's manifests set. They are
 stricter than the API server in one way: a field outside this subset is an
 error (``additionalProperties: false``) rather than silently pruned, so a typo
@@ -180,4 +180,25 @@ PROMETHEUS_RULE: dict[str, Any] = {
     "additionalProperties": False,
 }
 
-SCHEMAS = {"ServiceMonitor": SERVICE_MONITOR, "PrometheusRule": PROMETHEUS_RULE}
+#: ``monitoring.coreos.com_podmonitors.yaml`` (v1): the ServiceMonitor's shape, with
+#: ``podMetricsEndpoints`` (the same endpoint fields) in place of ``endpoints``.
+_SERVICE_SPEC = SERVICE_MONITOR["properties"]["spec"]
+POD_MONITOR: dict[str, Any] = {
+    **SERVICE_MONITOR,
+    "properties": {
+        **SERVICE_MONITOR["properties"],
+        "kind": {"const": "PodMonitor"},
+        "spec": {
+            **_SERVICE_SPEC,
+            "required": ["podMetricsEndpoints", "selector"],
+            "properties": {
+                **{key: value for key, value in _SERVICE_SPEC["properties"].items()
+                   if key not in ("endpoints", "targetLabels")},
+                "podMetricsEndpoints": _SERVICE_SPEC["properties"]["endpoints"],
+            },
+        },
+    },
+}
+
+SCHEMAS = {"ServiceMonitor": SERVICE_MONITOR, "PodMonitor": POD_MONITOR,
+           "PrometheusRule": PROMETHEUS_RULE}
