@@ -17,8 +17,10 @@ Each fetch is one ``trainmon.outbound`` request: the whole request within
 ``timeout_seconds`` (a kubelet that trickles bytes cannot hold the scrape
 longer), at most ``MAX_POD_LIST_BYTES`` of body, never through a proxy.
 
-The kubelet's pod-resources socket speaks only gRPC, which is not a
-dependency of trainmon, so it is not used.
+Each pod's ``metadata.labels`` are kept too (at most ``MAX_LABELS_PER_POD``, values
+cut at ``MAX_LABEL_VALUE_LENGTH``), for ``trainmon_pod_info``. Which GPUs the
+kubelet allocated comes from its pod-resources socket instead
+(``trainmon.attribution.podresources``).
 
 A pod UID never changes its name, and a restarted container gets a new id, so
 the list is fetched only when a UID or container id is not known yet, at most
@@ -34,7 +36,7 @@ import logging
 import ssl
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainmon import outbound
@@ -43,6 +45,10 @@ log = logging.getLogger(__name__)
 
 #: Longest pod list read, bytes (110 pods with sidecars are ~2-4 MiB).
 MAX_POD_LIST_BYTES = 64 * 1024 * 1024
+
+#: Pod labels kept per pod, and the longest label value kept (cut past it).
+MAX_LABELS_PER_POD = 64
+MAX_LABEL_VALUE_LENGTH = 256
 
 #: Prefixes of ``containerID`` in pod status (``<runtime>://<id>``).
 _RUNTIME_SEPARATOR = "://"
@@ -56,6 +62,8 @@ class PodNames:
     namespace: str
     #: Container id (64 hex digits, no runtime prefix) → container name.
     containers: Mapping[str, str]
+    #: The pod's labels (``metadata.labels``).
+    labels: Mapping[str, str] = field(default_factory=dict)
 
 
 class KubeletPodDirectory:
@@ -87,6 +95,7 @@ class KubeletPodDirectory:
         self._request = fetch
         self._clock = clock
         self._pods: dict[str, PodNames] = {}
+        self._by_name: dict[tuple[str, str], PodNames] = {}
         self._next_fetch = float("-inf")
         self._last_error: str | None = None
         self.fetches = {"ok": 0, "error": 0}
@@ -110,6 +119,17 @@ class KubeletPodDirectory:
             self._next_fetch = now + self._refresh_seconds
             self._fetch()
         return self._pods.get(pod_uid)
+
+    def lookup_name(self, namespace: str, name: str) -> PodNames | None:
+        """The pod ``namespace/name``; fetches the list (rate-limited) when it is new."""
+        known = self._by_name.get((namespace, name))
+        if known is None:
+            now = self._clock()
+            if now >= self._next_fetch:
+                self._next_fetch = now + self._refresh_seconds
+                self._fetch()
+            known = self._by_name.get((namespace, name))
+        return known
 
     def _fetch(self) -> None:
         headers = {"Accept": "application/json"}
@@ -136,6 +156,7 @@ class KubeletPodDirectory:
             log.info("kubelet pod list at %s/pods readable again", self.url)
         self._last_error = None
         self._pods = pods
+        self._by_name = {(pod.namespace, pod.name): pod for pod in pods.values()}
 
 
     def _tls(self) -> ssl.SSLContext | None:
@@ -171,8 +192,22 @@ def parse_pod_list(document: object) -> dict[str, PodNames]:
         uid, name, namespace = (metadata.get(key) for key in ("uid", "name", "namespace"))
         if not (isinstance(uid, str) and isinstance(name, str) and isinstance(namespace, str)):
             continue
-        pods[uid] = PodNames(name, namespace, _containers(item.get("status")))
+        pods[uid] = PodNames(name, namespace, _containers(item.get("status")),
+                             _labels(metadata.get("labels")))
     return pods
+
+
+def _labels(labels: object) -> dict[str, str]:
+    """The string labels of a pod, bounded (module docstring)."""
+    if not isinstance(labels, Mapping):
+        return {}
+    kept: dict[str, str] = {}
+    for key, value in labels.items():
+        if len(kept) >= MAX_LABELS_PER_POD:
+            break
+        if isinstance(key, str) and isinstance(value, str):
+            kept[key] = value[:MAX_LABEL_VALUE_LENGTH]
+    return kept
 
 
 def _containers(status: object) -> dict[str, str]:

@@ -15,6 +15,23 @@ NVML at most every ``gpu.process_interval_seconds``):
 - ``trainmon_attribution_kubelet_requests_total{result}`` when a kubelet is
   configured.
 
+With the kubelet's pod-resources socket (``pod_resources_socket``, by default the
+kubelet's own path where it exists), a background poller
+(``trainmon.attribution.podresources``) reads which GPUs each container was
+allocated, by the device plugin or by DRA, process or not:
+
+- ``trainmon_gpu_allocation_info{gpu,uuid,pod,namespace,container}`` = 1, the GPUs
+  mapped to the GPU collector's index and UUID (read from ``trainmon_gpu_info``, and
+  from any ``trainmon_gpu*_info`` family that has both labels: MIG instances);
+- ``trainmon_pod_resources_requests_total{call,result}``,
+  ``trainmon_pod_resources_dropped_total{limit}``,
+  ``trainmon_pod_resources_unmapped_devices`` and
+  ``trainmon_pod_resources_allocatable_devices{resource}``.
+
+``trainmon_pod_info{namespace,pod,label_<name>...}`` = 1 carries the pod labels of
+``pod_labels`` for the pods that hold or were allocated a GPU (from the kubelet's pod
+list, ``kubelet_url``).
+
 Sources are documented in ``trainmon.attribution`` and ``trainmon.diagnosis.nccl``;
 docs/diagnosis.md explains the deployment requirements (host PID view, kubelet
 RBAC).
@@ -32,6 +49,15 @@ from typing import Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from trainmon.attribution import KubeletPodDirectory, ProcessAttribution, ProcessAttributor
+from trainmon.attribution.podresources import (
+    DEFAULT_SOCKET,
+    LIMITS,
+    GpuDirectory,
+    PodResourcesClient,
+    PodResourcesPoller,
+    allocatable_gpus,
+    gpu_allocations,
+)
 from trainmon.collectors.gpu import GPUCollector
 from trainmon.core.collector import Collector
 from trainmon.core.entry import CollectorEntry, Wiring
@@ -44,6 +70,28 @@ log = logging.getLogger(__name__)
 PROCESS_LABELS = [
     "gpu", "pid", "pod", "namespace", "container", "slurm_job", "pod_uid", "container_id",
 ]
+
+
+#: Most pod labels ``trainmon_pod_info`` carries (``pod_labels``).
+MAX_POD_LABELS = 16
+ALLOCATION_LABELS = ["gpu", "uuid", "pod", "namespace", "container"]
+_LABEL_NAME = re.compile(r"[^a-zA-Z0-9_]")
+
+
+def _pod_labels(names: tuple[str, ...]) -> tuple[str, ...]:
+    if len(names) > MAX_POD_LABELS:
+        raise ValueError(f"at most {MAX_POD_LABELS} pod labels, got {len(names)}")
+    kept = tuple(dict.fromkeys(name for name in names if name))
+    labels = [label_name(name) for name in kept]
+    if len(set(labels)) < len(labels):
+        raise ValueError(f"two pod labels make the same Prometheus label: {labels}")
+    return kept
+
+
+def label_name(pod_label: str) -> str:
+    """The Prometheus label of a pod label: ``app.kubernetes.io/name`` →
+    ``label_app_kubernetes_io_name`` (kube-state-metrics' convention)."""
+    return "label_" + _LABEL_NAME.sub("_", pod_label)
 
 
 def _kubelet_url(url: str) -> str:
@@ -69,6 +117,15 @@ class AttributionConfig:
     kubelet_timeout_seconds: float = field(default=5.0, metadata=setting(minimum=0.1, maximum=60))
     #: Check GPU processes' NCCL_* environment (trainmon_nccl_problem_info).
     nccl_checks: bool = True
+    #: The kubelet's pod-resources socket (trainmon_gpu_allocation_info): the default is
+    #: used where it exists when the daemon starts; "" disables.
+    pod_resources_socket: str = str(DEFAULT_SOCKET)
+    pod_resources_interval_seconds: float = field(
+        default=10.0, metadata=setting(minimum=0.1, maximum=3600))
+    pod_resources_timeout_seconds: float = field(
+        default=2.0, metadata=setting(minimum=0.1, maximum=30))
+    #: Pod labels exported on trainmon_pod_info as label_<name> (needs kubelet_url).
+    pod_labels: tuple[str, ...] = field(default=(), metadata=setting(parse=_pod_labels))
 
 
 class GPUProcessLike(Protocol):
@@ -95,6 +152,7 @@ class AttributionCollector(Collector):
         gpu_processes: GPUProcessSource,
         *,
         pods: KubeletPodDirectory | None = None,
+        pod_resources: PodResourcesPoller | None = None,
     ) -> None:
         self._config = config
         self._proc = proc_root
@@ -104,6 +162,8 @@ class AttributionCollector(Collector):
         self._attributor = ProcessAttributor(proc_root, pods)
         self._files = KernelFileReader(log)
         self._last_counts: dict[str, int] = {"processes": 0}
+        self._pod_resources = pod_resources
+        self._gpus = GpuDirectory()
 
     @classmethod
     def from_config(
@@ -121,7 +181,41 @@ class AttributionCollector(Collector):
                 refresh_seconds=config.kubelet_refresh_seconds,
                 timeout_seconds=config.kubelet_timeout_seconds,
             )
-        return cls(config, proc_root, sys_root, gpu_processes, pods=pods)
+        poller = None
+        socket = config.pod_resources_socket
+        if socket and (socket != str(DEFAULT_SOCKET) or DEFAULT_SOCKET.exists()):
+            poller = PodResourcesPoller(
+                PodResourcesClient(Path(socket),
+                                   deadline_seconds=config.pod_resources_timeout_seconds),
+                interval_seconds=config.pod_resources_interval_seconds,
+            )
+        return cls(config, proc_root, sys_root, gpu_processes, pods=pods,
+                   pod_resources=poller)
+
+    def start(self) -> None:
+        if self._pod_resources is not None:
+            self._pod_resources.start()
+
+    def stop(self) -> None:
+        if self._pod_resources is not None:
+            self._pod_resources.stop()
+
+    def observe(self, families: Sequence[Metric]) -> None:
+        """The GPUs' indices and UUIDs, from the GPU collector's info families."""
+        if self._pod_resources is None:
+            return
+        index_of: dict[str, str] = {}
+        uuid_of: dict[str, str] = {}
+        for family in families:
+            if not (family.name.startswith("trainmon_gpu") and family.name.endswith("_info")):
+                continue
+            for sample in family.samples:
+                gpu, uuid = sample.labels.get("gpu"), sample.labels.get("uuid")
+                if gpu and uuid:
+                    index_of.setdefault(uuid, gpu)
+                    if family.name == "trainmon_gpu_info":
+                        uuid_of[gpu] = uuid
+        self._gpus = GpuDirectory(index_of, uuid_of)
 
     @property
     def attributor(self) -> ProcessAttributor:
@@ -135,6 +229,13 @@ class AttributionCollector(Collector):
             state["kubelet_pods"] = self._pods.pod_count
             if self._pods.last_error is not None:
                 state["kubelet_error"] = self._pods.last_error
+        if self._pod_resources is not None:
+            resources = self._pod_resources.state()
+            state["pod_resources_socket"] = str(self._pod_resources.client.socket)
+            state["pod_resources_pods"] = len(resources.pods)
+            if resources.error is not None:
+                state["pod_resources_error"] = resources.error
+                state["state"] = "degraded"
         return state
 
     def collect(self) -> Iterable[Metric]:
@@ -157,6 +258,11 @@ class AttributionCollector(Collector):
                     who.pod_uid, who.container_id,
                 ], 1.0)
         families: list[Metric] = [info]
+        holders = {(who.namespace, who.pod) for who in attributed.values() if who.pod}
+        if self._pod_resources is not None:
+            families.extend(self._allocation_families(holders))
+        if self._config.pod_labels and self._pods is not None:
+            families.append(self._pod_info(holders))
         if self._config.nccl_checks:
             families.extend(self._nccl_families(attributed.values()))
         if self._pods is not None:
@@ -170,6 +276,73 @@ class AttributionCollector(Collector):
             families.append(requests)
         self._last_counts = {"processes": len(attributed)}
         return families
+
+    def _allocation_families(self, holders: set[tuple[str, str]]) -> list[Metric]:
+        """The pod-resources poller's latest answer (never waits on the kubelet); adds the
+        allocated pods to ``holders``."""
+        assert self._pod_resources is not None
+        resources = self._pod_resources.state()
+        allocations, unmapped = gpu_allocations(resources.pods, self._gpus)
+        info = GaugeMetricFamily(
+            "trainmon_gpu_allocation_info",
+            "A GPU (or MIG instance) the kubelet allocated to a container, by the device "
+            "plugin or DRA, whether or not a process runs on it (the pod-resources API); "
+            "gpu is the GPU collector's index, empty where it cannot be told; always 1.",
+            labels=ALLOCATION_LABELS,
+        )
+        for allocation in allocations:
+            info.add_metric([allocation.gpu, allocation.uuid, allocation.pod,
+                             allocation.namespace, allocation.container], 1.0)
+            holders.add((allocation.namespace, allocation.pod))
+        requests = CounterMetricFamily(
+            "trainmon_pod_resources_requests_total",
+            "Calls to the kubelet's pod-resources API, by call (list, allocatable) and "
+            "result (ok, timeout, unavailable, too_large, invalid, unimplemented, error, "
+            "no_grpc).",
+            labels=["call", "result"],
+        )
+        for (call, result), count in sorted(self._pod_resources.requests().items()):
+            requests.add_metric([call, result], count)
+        dropped = CounterMetricFamily(
+            "trainmon_pod_resources_dropped_total",
+            "Pods, containers per pod or devices per container of the kubelet's answers "
+            "dropped past their limit (docs/security.md).",
+            labels=["limit"],
+        )
+        counts = self._pod_resources.dropped()
+        for limit in LIMITS:
+            dropped.add_metric([limit], counts[limit])
+        unmapped_family = GaugeMetricFamily(
+            "trainmon_pod_resources_unmapped_devices",
+            "GPU devices allocated to containers that could not be mapped to a GPU of this "
+            "node (a DRA device named neither by UUID nor gpu-<index>: docs/deploy.md).",
+            value=unmapped,
+        )
+        allocatable = GaugeMetricFamily(
+            "trainmon_pod_resources_allocatable_devices",
+            "GPU devices the kubelet can allocate, by device-plugin resource name.",
+            labels=["resource"],
+        )
+        for resource, count in sorted(allocatable_gpus(resources.allocatable).items()):
+            allocatable.add_metric([resource], count)
+        return [info, requests, dropped, unmapped_family, allocatable]
+
+    def _pod_info(self, holders: set[tuple[str, str]]) -> Metric:
+        """``trainmon_pod_info`` of the pods in ``holders`` the kubelet's pod list names."""
+        assert self._pods is not None
+        names = self._config.pod_labels
+        info = GaugeMetricFamily(
+            "trainmon_pod_info",
+            "A pod that holds or was allocated a GPU, with the pod labels of "
+            "collectors.attribution.pod_labels as label_<name>; always 1.",
+            labels=["namespace", "pod", *(label_name(name) for name in names)],
+        )
+        for namespace, pod in sorted(holders):
+            found = self._pods.lookup_name(namespace, pod)
+            if found is not None:
+                info.add_metric([namespace, pod, *(found.labels.get(n, "") for n in names)],
+                                1.0)
+        return info
 
     def _nccl_families(self, processes: Iterable[ProcessAttribution]) -> list[Metric]:
         problems = GaugeMetricFamily(
