@@ -48,8 +48,13 @@ read-only filesystem, or a file that is not a trainmon ledger (never
 modified: ``trainmon.ledger.schema``) is reported in ``health()`` and
 ``readings().up`` (the collector's ``trainmon_ledger_up`` 0, ``/healthz``
 state ``degraded``, with the error, also while the last write failed), logged
-(rate-limited), and tried again every ``REOPEN_SECONDS``; recording goes on
-in memory meanwhile. One daemon records into a file: the recorder takes the
+(rate-limited), and tried again every ``REOPEN_SECONDS`` (a full or read-only
+disk: every ``flush_seconds``, at least ``DISK_REOPEN_SECONDS``); recording goes on
+in memory meanwhile. A flush whose records cannot reach the file (a failed write,
+or the file not open) counts in ``readings().write_errors`` by reason; the runs
+still going on are written whole by the next flush that succeeds, and the last
+record of each run that ended meanwhile waits in ``_unwritten`` (at most
+``MAX_UNWRITTEN``) for it. One daemon records into a file: the recorder takes the
 file's writer lock (``trainmon.ledger.files``, ``<ledger>.lock``) before it
 opens it and gives it back when it closes it; while another daemon holds it,
 the file counts as unusable as above, the holder named. A daemon restarted during

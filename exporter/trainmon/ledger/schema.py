@@ -349,8 +349,8 @@ def back_up(real: Path, path: Path, version: int) -> Path:
     partial file."""
     target = backup_path(real, version)
     partial = target.with_name(target.name + ".partial")
-    partial.unlink(missing_ok=True)  # left by a daemon killed while it wrote one
     try:
+        partial.unlink(missing_ok=True)  # left by a daemon killed while it wrote one
         descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                              | os.O_CLOEXEC, BACKUP_MODE)
     except OSError as error:
