@@ -15,8 +15,13 @@ from pathlib import Path
 import pytest
 
 from testkit.exposition import Scrape
+from tests.diagnosis.diagnosis_support import ContractSource
 from tests.gpu.gpu_support import FakeNVML
 from trainmon.collectors.gpu import GPUCollector
+from trainmon.diagnosis.measure import MEASURED_SAMPLES, measure
+from trainmon.diagnosis.rules import diagnose
+from trainmon.diagnosis.samples import ScrapedSamples, Window
+from trainmon.diagnosis.thresholds import DiagnosisConfig
 from trainmon.gpu.nvml import mig_profile
 from trainmon.gpu.types import GPUProcess
 
@@ -177,6 +182,46 @@ def test_a_failing_mig_call_marks_the_gpu_and_keeps_the_rest(
     assert len(result.samples["trainmon_gpu_mig_info"]) == 3
     assert "trainmon_gpu_mig_memory_used_bytes" not in result.samples
     assert result.by_gpu("trainmon_gpu_memory_used_bytes") == {"1": 2 * 2**30}
+
+
+def test_the_diagnosis_reads_a_rank_on_an_instance_as_the_gpu_it_is(
+    scenario: Callable[[str], Path],
+    fake_nvml: FakeNVML,
+    make_collector: Callable[..., GPUCollector],
+    live: Callable[[], int],
+) -> None:
+    """Rank 0 of job ``a`` is process 4242, on GPU 0's instance 1 (3g.40gb): its
+    evidence is that instance's memory and GPM activity, not GPU 0's."""
+    scenario(MIG_NODE)
+    collector = make_collector()
+    training = ContractSource(name="training")  # what the training collector would export
+    training.set("trainmon_training_rank_info", 1.0, job="a", rank="0", gpu="0", pid="4242")
+    snapshots = []
+    for second, steps in ((1.0, 10.0), (2.0, 40.0), (3.0, 70.0)):
+        poll_at(fake_nvml, collector, second)
+        training.set("trainmon_training_step_seconds_count", steps, job="a", rank="0")
+        training.set("trainmon_training_step_seconds_sum", steps * 0.1, job="a", rank="0")
+        families = [*collector.collect(), *training.collect()]
+        snapshots.append(ScrapedSamples.from_families(
+            families, 30.0 * second, 1_000_000.0 + 30.0 * second, MEASURED_SAMPLES))
+    node = measure(Window(snapshots))
+
+    assert [(rank.job, rank.gpu) for rank in node.ranks] == [("a", "0/mig1")]
+    gpus = {gpu.gpu: gpu for gpu in node.gpus}
+    assert sorted(gpus) == ["0", "0/mig1", "0/mig2", "0/mig9", "1"]
+    instance = gpus["0/mig1"]
+    assert (instance.memory_used_bytes, instance.memory_total_bytes) == (2048 * MIB, 40960 * MIB)
+    assert (instance.sm_active, instance.tensor_active, instance.dram_active) == (0.8, 0.7, 0.4)
+    assert instance.model == gpus["0"].model == "NVIDIA H100 80GB HBM3"
+    assert gpus["0"].sm_active == 0.5  # the whole GPU keeps its own reading
+
+    [verdict] = diagnose(node, DiagnosisConfig())
+    assert verdict.evidence.gpus == ("0/mig1",)
+    assert verdict.evidence.gpm_gpus == ("0/mig1",)
+    assert verdict.evidence.sm_active_ratio == 0.8
+    assert verdict.evidence.memory_used_ratio == 2048 / 40960
+    collector.stop()
+    assert live() == 0
 
 
 @pytest.mark.parametrize(

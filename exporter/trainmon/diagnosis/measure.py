@@ -9,6 +9,8 @@ collector's internals, so the same code serves the daemon and ``doctor``:
   (Hopper and newer), the means of ``trainmon_gpu_sm_active_ratio``,
   ``trainmon_gpu_sm_occupancy_ratio``, ``trainmon_gpu_tensor_active_ratio``,
   ``trainmon_gpu_dram_active_ratio`` and ``trainmon_gpu_pipe_active_ratio{pipe}``;
+  each MIG GPU instance (``trainmon_gpu_mig_*``) as a GPU of its own, ``0/mig1``,
+  with the ranks and processes ``trainmon_gpu_mig_process_info`` puts on it;
 - ranks: those whose run has not said it ended (no
   ``trainmon_training_rank_end_timestamp_seconds`` in the newest snapshot that
   holds the rank), with increases of
@@ -36,7 +38,7 @@ A value a source does not provide is ``None``, never zero.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from trainmon.diagnosis.failslow import FAIL_SLOW_SAMPLES, FailSlow
 from trainmon.diagnosis.platform_signals import (
@@ -54,6 +56,10 @@ MEASURED_SAMPLES = frozenset({
     "trainmon_gpu_sm_active_ratio", "trainmon_gpu_sm_occupancy_ratio",
     "trainmon_gpu_tensor_active_ratio", "trainmon_gpu_dram_active_ratio",
     "trainmon_gpu_pipe_active_ratio", "trainmon_gpu_sm_clock_max_hertz",
+    "trainmon_gpu_mig_info", "trainmon_gpu_mig_process_info",
+    "trainmon_gpu_mig_memory_used_bytes", "trainmon_gpu_mig_memory_total_bytes",
+    "trainmon_gpu_mig_sm_active_ratio", "trainmon_gpu_mig_tensor_active_ratio",
+    "trainmon_gpu_mig_dram_active_ratio",
     "trainmon_training_rank_info", "trainmon_training_last_step_timestamp_seconds",
     "trainmon_training_last_report_timestamp_seconds",
     "trainmon_training_step_seconds_count", "trainmon_training_step_seconds_sum",
@@ -266,12 +272,19 @@ class NodeMeasurements:
 
 def measure(window: Window, comm_phases: Sequence[str] = ("comm",),
             warmup_steps: int = 0) -> NodeMeasurements:
-    """Everything the rules and the report need, from one window."""
+    """Everything the rules and the report need, from one window.
+
+    A MIG GPU instance is a GPU of its own here (``mig_gpu``): the ranks and
+    processes on it (``trainmon_gpu_mig_process_info``) read its memory and GPM
+    activity, not its parent GPU's."""
+    instance_of_pid = _instance_of_pid(window)
     return NodeMeasurements(
         window_seconds=window.seconds,
         wall_time=window.last.wall,
-        gpus=_gpus(window),
-        ranks=_ranks(window, tuple(comm_phases), warmup_steps),
+        gpus=_gpus(window) + _mig_gpus(window),
+        ranks=tuple(
+            replace(rank, gpu=instance_of_pid.get(rank.pid, rank.gpu))
+            for rank in _ranks(window, tuple(comm_phases), warmup_steps)),
         ended_ranks=tuple(sorted(
             (dict(labels).get("job", ""), dict(labels).get("rank", ""), ended)
             for labels, ended in window.latest(
@@ -279,9 +292,10 @@ def measure(window: Window, comm_phases: Sequence[str] = ("comm",),
         disks=_disks(window),
         links=_links(window),
         processes=tuple(
-            GPUProcessState(*(dict(labels).get(key, "") for key in (
-                "gpu", "pid", "pod", "namespace", "container", "slurm_job", "pod_uid")))
+            replace(process, gpu=instance_of_pid.get(process.pid, process.gpu))
             for labels in window.latest("trainmon_gpu_process_info")
+            for process in (GPUProcessState(*(dict(labels).get(key, "") for key in (
+                "gpu", "pid", "pod", "namespace", "container", "slurm_job", "pod_uid"))),)
         ),
         nccl=tuple(
             NcclState(*(dict(labels).get(key, "") for key in ("pid", "problem", "variable",
@@ -361,6 +375,47 @@ def _gpus(window: Window) -> tuple[GPUState, ...]:
             max_clock_hertz=window.latest("trainmon_gpu_sm_clock_max_hertz").get(key),
         ))
     return tuple(states)
+
+
+def mig_gpu(gpu: str, gpu_instance_id: str) -> str:
+    """The ``gpu`` a MIG GPU instance has in the diagnosis: ``0/mig1`` (GPU 0, instance 1)."""
+    return f"{gpu}/mig{gpu_instance_id}"
+
+
+def _mig_gpus(window: Window) -> tuple[GPUState, ...]:
+    """Each MIG GPU instance as a GPU (``trainmon_gpu_mig_*``): its memory and GPM
+    activity; model and clock are its parent's (no driver utilization per instance)."""
+    models = {names.get("gpu", ""): names.get("name", "")
+              for labels in window.latest("trainmon_gpu_info") for names in (dict(labels),)}
+    max_clocks = {dict(labels).get("gpu", ""): value for labels, value in
+                  window.latest("trainmon_gpu_sm_clock_max_hertz").items()}
+    states = []
+    for labels in window.latest("trainmon_gpu_mig_info"):
+        names = dict(labels)
+        gpu, instance = names.get("gpu", ""), names.get("gpu_instance_id", "")
+        key = labels_of({name: value for name, value in names.items() if name != "uuid"})
+        states.append(GPUState(
+            gpu=mig_gpu(gpu, instance),
+            utilization=None,
+            sawtooth=None,
+            memory_used_bytes=window.latest("trainmon_gpu_mig_memory_used_bytes").get(key),
+            memory_total_bytes=window.latest("trainmon_gpu_mig_memory_total_bytes").get(key),
+            sm_active=window.mean("trainmon_gpu_mig_sm_active_ratio", key),
+            tensor_active=window.mean("trainmon_gpu_mig_tensor_active_ratio", key),
+            dram_active=window.mean("trainmon_gpu_mig_dram_active_ratio", key),
+            model=models.get(gpu, ""),
+            max_clock_hertz=max_clocks.get(gpu),
+        ))
+    return tuple(sorted(states, key=lambda state: state.gpu))
+
+
+def _instance_of_pid(window: Window) -> dict[str, str]:
+    """pid → the ``mig_gpu`` of the MIG instance it runs on (``…_mig_process_info``)."""
+    return {
+        names.get("pid", ""): mig_gpu(names.get("gpu", ""), names.get("gpu_instance_id", ""))
+        for labels in window.latest("trainmon_gpu_mig_process_info")
+        for names in (dict(labels),)
+    }
 
 
 def _pipes(window: Window, gpu: str) -> tuple[tuple[str, float], ...]:
