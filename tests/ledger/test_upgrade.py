@@ -2,7 +2,7 @@
 every run; a ledger of a newer schema is refused and left byte for byte as it was.
 
 The files (``tests/ledger/fixtures/ledger-schema-{1,2,3}.sqlite3``) were written by the
-old code itself (``tests/ledger/fixtures/make_old_ledgers.py``): a finished run of
+old code itself (``testkit/old_ledgers.py``): a finished run of
 ``resnet50`` (40 steps) and a ``bert`` run whose process went away without closing
 (25 steps), ``vanished`` in schemas 1 and 2, ``lost`` since.
 """
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from testkit.daemon import trainmon_command
+from testkit.old_ledgers import EXPECTED, fixture_path
 from testkit.small_disk import CannotMount, fill, small_disk
-from tests.ledger.fixtures.make_old_ledgers import EXPECTED, fixture_path
 from trainmon.ledger import Ledger, LedgerError
 from trainmon.ledger.schema import SCHEMA_VERSION, backup_path
 
