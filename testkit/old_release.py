@@ -32,7 +32,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -108,14 +108,14 @@ def environment(tree: Path | None, **extra: str) -> dict[str, str]:
 
 
 def serve(tree: Path | None, folder: Path, *, ledger: Path,
-          settings: Mapping[str, object] | None = None) -> Daemon:
+          ttl_seconds: float = 1.0) -> Daemon:
     """``trainmon serve`` of ``tree`` (None: the current code) on a free loopback port,
     its training socket ``folder/steps.sock``, its ledger ``ledger`` (flushed every
-    0.2 s), ranks expiring after 1 s; its log and configuration in ``folder``."""
+    0.2 s), ranks expiring after ``ttl_seconds``; its log and configuration in
+    ``folder``."""
     config = {"collectors": {
-        "training": {"socket": str(folder / "steps.sock"), "ttl_seconds": 1},
-        "ledger": {"path": str(ledger), "flush_seconds": 0.2},
-        **dict(settings or {})}}
+        "training": {"socket": str(folder / "steps.sock"), "ttl_seconds": ttl_seconds},
+        "ledger": {"path": str(ledger), "flush_seconds": 0.2}}}
     config_path = folder / "trainmon.yml"
     config_path.write_text(yaml.safe_dump(config))
     log_path = folder / "trainmon.log"
