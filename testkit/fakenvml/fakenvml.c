@@ -63,7 +63,8 @@ typedef struct { int gpu; char name[64]; } unsupported_t;       /* gpu -1 = ever
 typedef struct { int gpu; unsigned int pid; unsigned long long bytes; int gi; } process_t; /* gi -1: no MIG */
 typedef struct { double sm, occupancy, tensor, dram; } gpm_t;   /* percent, see gpm_value() */
 /* A GPU instance (with one compute instance, id 0) of a GPU in MIG mode. */
-typedef struct { unsigned int id; char profile[32]; unsigned long long used, total; gpm_t gpm; } instance_t;
+typedef struct { unsigned int id; char profile[32]; unsigned long long used, total; gpm_t gpm;
+                 double gone_at; } instance_t;   /* gone_at -1: never destroyed */
 typedef struct { int gpu; unsigned int metric; } gpm_metric_rule_t;
 /* Health readings of one GPU (see README.md, "Health"). */
 typedef struct { unsigned int width, gen, max_width, max_gen, replays;
@@ -161,9 +162,17 @@ static void set_nvlink(const char *line) {
 }
 
 /* The slot of GPU instance `id` of GPU `gpu` in sc.instances, -1 if none. */
-static int instance_slot(int gpu, unsigned int id) {
+static int find_instance(int gpu, unsigned int id) {
     for (int k = 0; k < sc.ninstances[gpu]; k++) if (sc.instances[gpu][k].id == id) return k;
     return -1;
+}
+static double now(void);
+/* Whether the instance in slot k of GPU gpu exists at the fake time (`mig_destroyed`). */
+static int instance_live(int gpu, int k) { double gone = sc.instances[gpu][k].gone_at; return gone < 0 || now() < gone; }
+/* The slot of live GPU instance `id` of GPU `gpu`, -1 if none. */
+__attribute__((unused)) static int instance_slot(int gpu, unsigned int id) {
+    int k = find_instance(gpu, id);
+    return k >= 0 && instance_live(gpu, k) ? k : -1;
 }
 
 /* `mig_instance GPU ID PROFILE USED_MIB TOTAL_MIB`: add (or redefine) a GPU instance. */
@@ -171,8 +180,9 @@ static void add_instance(const char *line) {
     int gpu; unsigned int id; char profile[32]; unsigned long long used, total;
     if (sscanf(line, "mig_instance %d %u %31s %llu %llu", &gpu, &id, profile, &used, &total) != 5
         || gpu < 0 || gpu >= MAX_GPUS) return;
-    int slot = instance_slot(gpu, id);
+    int slot = find_instance(gpu, id);
     if (slot < 0) { if (sc.ninstances[gpu] >= MAX_MIG) return; slot = sc.ninstances[gpu]++; }
+    sc.instances[gpu][slot].gone_at = -1;
     instance_t *in = &sc.instances[gpu][slot];
     in->id = id; snprintf(in->profile, sizeof in->profile, "%s", profile);
     in->used = used << 20; in->total = total << 20;
@@ -216,7 +226,9 @@ static int load_scenario(const char *path) {
         else if (sscanf(line, "mig %15s", target) == 1 && !strcmp(word, "mig")) set_flag(sc.mig, target);
         else if (!strcmp(word, "mig_instance")) add_instance(line);
         else if (sscanf(line, "mig_gpm %d %u %lf %lf %lf %lf", &n, &metric, &a, &b, &c, &d) == 6 && n >= 0 && n < MAX_GPUS) {
-            if ((k = instance_slot(n, metric)) >= 0) sc.instances[n][k].gpm = (gpm_t){a, b, c, d};
+            if ((k = find_instance(n, metric)) >= 0) sc.instances[n][k].gpm = (gpm_t){a, b, c, d};
+        } else if (sscanf(line, "mig_destroyed %d %u %lf", &n, &metric, &a) == 3 && n >= 0 && n < MAX_GPUS) {
+            if ((k = find_instance(n, metric)) >= 0) sc.instances[n][k].gone_at = a;
         } else if (sscanf(line, "mig_process %d %u %u %llu", &n, &metric, &u[0], &code) == 4 && sc.nprocesses < MAX_RULES)
             sc.processes[sc.nprocesses++] = (process_t){n, u[0], code, (int)metric};
         else if (sscanf(line, "xid %d %lf %llu", &n, &a, &code) == 3 && sc.nxids < MAX_RULES)
@@ -295,7 +307,8 @@ static int check(nvmlDevice_t dev, const char *function) {
     if (sc.unloaded_from >= 0 && session_start < sc.unloaded_from && t >= sc.unloaded_to) return UNINITIALIZED;
     if (dev == NULL) return OK;
     if (is_mig_handle(dev)) {
-        if ((int)dev->index >= sc.count || !sc.mig[dev->index] || dev->mig >= sc.ninstances[dev->index])
+        if ((int)dev->index >= sc.count || !sc.mig[dev->index] || dev->mig >= sc.ninstances[dev->index]
+            || !instance_live(dev->index, dev->mig))
             return INVALID_ARGUMENT;
     } else if (dev < devices || dev >= devices + sc.count) return INVALID_ARGUMENT;
     if (sc.lost_at[dev->index] >= 0 && t >= sc.lost_at[dev->index]
@@ -622,13 +635,13 @@ EXPORT int nvmlDeviceGetMigMode(nvmlDevice_t dev, unsigned int *current, unsigne
 EXPORT int nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t dev, unsigned int *count) {
     ENTER(dev); *count = sc.mig[dev->index] ? MAX_MIG : 0; return OK;
 }
-/* Instances in scenario order; NOT_FOUND for an index no instance occupies. */
+/* Live instances in scenario order; NOT_FOUND for an index no instance occupies. */
 EXPORT int nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t dev, unsigned int index, nvmlDevice_t *mig) {
     ENTER(dev);
     if (!sc.mig[dev->index] || index >= MAX_MIG) return INVALID_ARGUMENT;
-    if ((int)index >= sc.ninstances[dev->index]) return NOT_FOUND;
-    *mig = &mig_devices[dev->index][index];
-    return OK;
+    for (int k = 0, n = 0; k < sc.ninstances[dev->index]; k++)
+        if (instance_live(dev->index, k) && n++ == (int)index) { *mig = &mig_devices[dev->index][k]; return OK; }
+    return NOT_FOUND;
 }
 EXPORT int nvmlDeviceIsMigDeviceHandle(nvmlDevice_t dev, unsigned int *is_mig) {
     ENTER_ANY(dev); *is_mig = is_mig_handle(dev) ? 1 : 0; return OK;

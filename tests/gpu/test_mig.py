@@ -16,7 +16,7 @@ import pytest
 
 from testkit.exposition import Scrape
 from tests.diagnosis.diagnosis_support import ContractSource
-from tests.gpu.gpu_support import FakeNVML
+from tests.gpu.gpu_support import Clock, FakeNVML
 from trainmon.collectors.gpu import GPUCollector
 from trainmon.diagnosis.measure import MEASURED_SAMPLES, measure
 from trainmon.diagnosis.rules import diagnose
@@ -182,6 +182,35 @@ def test_a_failing_mig_call_marks_the_gpu_and_keeps_the_rest(
     assert len(result.samples["trainmon_gpu_mig_info"]) == 3
     assert "trainmon_gpu_mig_memory_used_bytes" not in result.samples
     assert result.by_gpu("trainmon_gpu_memory_used_bytes") == {"1": 2 * 2**30}
+
+
+def test_a_destroyed_instance_is_dropped_at_the_next_layout_read(
+    scenario: Callable[[str], Path],
+    fake_nvml: FakeNVML,
+    clock: Clock,
+    make_collector: Callable[..., GPUCollector],
+    scrape: Callable[..., Scrape],
+    live: Callable[[], int],
+) -> None:
+    """Instances come and go without a GPU reset: the layout is read again every
+    ``mig_refresh_seconds`` (60 s here), and the sampler frees a gone instance's buffers."""
+    scenario(MIG_NODE + "mig_destroyed 0 9 10\n")
+    collector = make_collector()
+    poll_at(fake_nvml, collector, 1.0, 2.0)
+    assert live() == 10
+    poll_at(fake_nvml, collector, 11.0)  # gone, the layout not read again yet
+    assert len(scrape(collector).samples["trainmon_gpu_mig_info"]) == 3
+    clock.now += 61.0
+    poll_at(fake_nvml, collector, 12.0, 13.0)
+    assert live() == 8
+    result = scrape(collector)
+    assert sorted(key[1] for key in result.series("trainmon_gpu_mig_info", *LABELS, "uuid")) == [
+        "1", "2"]
+    assert sorted(key[1] for key in result.series("trainmon_gpu_mig_sm_active_ratio", *LABELS)) == [
+        "1", "2"]
+    assert result.by_gpu("trainmon_gpu_up") == {"0": 1.0, "1": 1.0}
+    collector.stop()
+    assert live() == 0
 
 
 def test_the_diagnosis_reads_a_rank_on_an_instance_as_the_gpu_it_is(
