@@ -52,6 +52,7 @@ from trainmon.attribution import KubeletPodDirectory, ProcessAttribution, Proces
 from trainmon.attribution.podresources import (
     DEFAULT_SOCKET,
     LIMITS,
+    GpuAllocation,
     GpuDirectory,
     PodResourcesClient,
     PodResourcesPoller,
@@ -221,6 +222,13 @@ class AttributionCollector(Collector):
     def attributor(self) -> ProcessAttributor:
         """Who runs a process (with the kubelet's pod names when configured)."""
         return self._attributor
+
+    def allocations(self) -> list[GpuAllocation]:
+        """The GPUs the kubelet allocated to containers now (empty without the socket):
+        the poller's latest answer, mapped to the GPUs of the latest scrape."""
+        if self._pod_resources is None:
+            return []
+        return gpu_allocations(self._pod_resources.state().pods, self._gpus)[0]
 
     def health(self) -> Mapping[str, object]:
         state: dict[str, object] = dict(self._last_counts)

@@ -18,12 +18,13 @@ and their finding's kind: ``fail_slow_changes``) and exports what it reads:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from trainmon.attribution import ProcessAttributor
+from trainmon.attribution.podresources import GpuAllocation
 from trainmon.collectors.attribution import AttributionCollector, GPUProcessSource
 from trainmon.collectors.gpu import GPUCollector
 from trainmon.collectors.training import TrainingCollector
@@ -33,7 +34,7 @@ from trainmon.core.routes import GetHandler
 from trainmon.ledger.api import RunsAPI
 from trainmon.ledger.config import LedgerConfig
 from trainmon.ledger.goodput import BUCKETS
-from trainmon.ledger.holding import GpuHolding, team_of
+from trainmon.ledger.holding import GpuHolding, pod_holding, team_of
 from trainmon.ledger.recorder import GOODPUT_WINDOW_SECONDS, MAX_GOODPUT_JOBS, RunRecorder
 from trainmon.ledger.summary import FailSlowChange
 from trainmon.training.protocol import job_name
@@ -278,13 +279,17 @@ class ProcessHoldings:
     """The GPUs' holdings (``trainmon.ledger.holding``): NVML's compute processes, each
     with its user (the owner of ``<proc>/<pid>``), the job its environment names
     (``trainmon.training.protocol.job_name``) and its team (its pod's namespace, Slurm
-    account or user). A process whose environment cannot be read names no job."""
+    account or user). A process whose environment cannot be read names no job. With
+    ``allocations`` (the attribution collector's, from the kubelet's pod-resources API),
+    each GPU allocated to a pod is held by it too (``trainmon.ledger.holding.pod_holding``)."""
 
     def __init__(self, processes: GPUProcessSource, attributor: ProcessAttributor,
-                 proc_root: Path) -> None:
+                 proc_root: Path,
+                 allocations: Callable[[], Sequence[GpuAllocation]] | None = None) -> None:
         self._processes = processes
         self._attributor = attributor
         self._proc = proc_root
+        self._allocations = allocations
 
     def __call__(self) -> list[GpuHolding]:
         holdings = []
@@ -296,6 +301,10 @@ class ProcessHoldings:
                     known[pid] = self._who(pid)
                 uid, job, team = known[pid]
                 holdings.append(GpuHolding(gpu=gpu, pid=pid, uid=uid, job=job, team=team))
+        for allocation in self._allocations() if self._allocations is not None else ():
+            if allocation.gpu.isdigit() and allocation.pod:
+                holdings.append(pod_holding(int(allocation.gpu), allocation.namespace,
+                                            allocation.pod))
         return holdings
 
     def _who(self, pid: int) -> tuple[int | None, str | None, str]:
@@ -314,9 +323,10 @@ def _build(config: LedgerConfig, wiring: Wiring) -> Collector:
     if "gpu" in wiring.built:
         gpu = wiring.collector("gpu", GPUCollector)
         attribution = wiring.built.get("attribution")
-        attributor = (attribution.attributor if isinstance(attribution, AttributionCollector)
-                      else ProcessAttributor(wiring.proc_root))
-        holdings = ProcessHoldings(gpu.processes, attributor, wiring.proc_root)
+        known = attribution if isinstance(attribution, AttributionCollector) else None
+        attributor = known.attributor if known else ProcessAttributor(wiring.proc_root)
+        holdings = ProcessHoldings(gpu.processes, attributor, wiring.proc_root,
+                                   known.allocations if known else None)
     return LedgerCollector(RunRecorder(config, training.store, training.storage_of,
                                        holdings=holdings))
 

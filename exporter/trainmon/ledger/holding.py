@@ -13,6 +13,10 @@ evidence and the rules that name a job's team:
 - else the **user** who runs the process (or owns the job's reports: ``uid:<n>``
   as a user name, ``token:<name>`` as the token's name).
 
+A GPU the kubelet allocated to a pod that runs no process on it (a notebook that
+reserved one before starting its kernel, a crashed rank's pod) is held too: by
+``pod_holding``, booked only while no process holds the GPU and no rank reports on it.
+
 The team labels ``trainmon_job_team_info``, never the counters, so a job that
 moves between teams does not split its series (docs/metrics.md).
 """
@@ -42,6 +46,17 @@ class GpuHolding:
     job: str | None
     #: Its team (module docstring), "" when nothing tells.
     team: str
+    #: The writer identity it is booked for where no process tells one: a GPU the kubelet
+    #: allocated to a pod that runs nothing on it (``pod_holding``); None for a process.
+    owner: str | None = None
+
+
+def pod_holding(gpu: int, namespace: str, pod: str) -> GpuHolding:
+    """A GPU allocated to a pod with no process on it (the kubelet's pod-resources API),
+    held by the pseudo-job ``pod:<namespace>/<pod>`` (the diagnosis' name for a pod that
+    reports no steps), owned by that name, of the pod's namespace's team."""
+    name = f"pod:{namespace}/{pod}"
+    return GpuHolding(gpu=gpu, pid=0, uid=None, job=name, team=namespace, owner=name)
 
 
 #: The GPUs' holdings now (read at each tick of the recorder).

@@ -777,7 +777,9 @@ class RunRecorder:
         the writer identity of the job's reports in the store (else of its first booking)
         must be the process's user (or in-process, ``local``); otherwise its seconds are
         counted in ``refused_idle_seconds``. A user books at most
-        ``MAX_IDLE_JOBS_PER_USER`` jobs that no rank reports for."""
+        ``MAX_IDLE_JOBS_PER_USER`` jobs that no rank reports for. A GPU allocated to a
+        pod (``holding.pod_holding``) is booked to its pseudo-job only while no process
+        holds it and no rank reports on it."""
         interval = None if self._last_idle is None else wall - self._last_idle
         self._last_idle = wall
         if self._holdings is None:
@@ -799,15 +801,23 @@ class RunRecorder:
         # changed owner again) are done: a covered process's team wins over the rest
         told: dict[str, str] = {}
         idle_told: dict[str, str] = {}
+        # a pod's allocated GPU is idle only where no process holds it and no rank reports
+        used = {gpu for _, gpus in covered.values() for gpu in gpus} | {
+            str(holding.gpu) for holding in holdings if holding.owner is None}
         for holding in holdings:
-            if holding.job is None or holding.uid is None:
+            if holding.owner is not None:
+                if holding.job is None or str(holding.gpu) in used:
+                    continue
+                identity = holding.owner
+            elif holding.job is None or holding.uid is None:
                 continue
+            else:
+                identity = uid_writer(holding.uid)
             pids, gpus = covered.get(holding.job, (set(), set()))
             if holding.pid in pids or str(holding.gpu) in gpus:
                 if holding.team:
                     told[holding.job] = holding.team
                 continue
-            identity = uid_writer(holding.uid)
             owner = owners.get(holding.job) or self._job_owners.get(holding.job) or identity
             if owner not in (identity, LOCAL_WRITER):
                 if interval is not None:
