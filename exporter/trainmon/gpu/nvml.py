@@ -105,6 +105,9 @@ NO_GPU_INSTANCE = 0xFFFFFFFF
 #: Seconds between two reads of a MIG GPU's instance layout (instances come and go
 #: without a GPU reset; MIG mode itself changes only with one: read once per session).
 MIG_REFRESH_SECONDS = 60.0
+#: MIG devices read per GPU at most, whatever ``nvmlDeviceGetMaxMigDeviceCount`` says
+#: (every MIG GPU so far, A100 to B200, has at most 7).
+MAX_MIG_DEVICES = 8
 #: ``scopeId`` that asks an NVLink field for the sum over all links (nvml.h).
 SCOPE_ALL_LINKS = 0xFFFFFFFF
 
@@ -774,7 +777,7 @@ class NVML:
         library: Any = self._library  # MIG calls: pynvml's (not in ``NVMLLibrary``)
         count = self.query(index, library.nvmlDeviceGetMaxMigDeviceCount, handle, session=session)
         instances = []
-        for slot in range(int(count or 0)):
+        for slot in range(min(int(count or 0), MAX_MIG_DEVICES)):
             mig_handle = self.query(
                 index,
                 library.nvmlDeviceGetMigDeviceHandleByIndex,
