@@ -20,13 +20,15 @@ from tests.deploy.deploy_support.common import ALERTS, KUBERNETES, VARIANTS, run
 from tests.deploy.deploy_support.kustomize import Manifest, by_kind_and_name
 
 COMPONENTS = KUBERNETES / "components"
-#: Each component and the overlays it is built with: dcgm-compat only where no
-#: dcgm-exporter runs (docs/alerts.md, "DCGM-compatible series").
+#: Each component and the overlay it is tested on alone: dcgm-compat only where no
+#: dcgm-exporter runs (docs/alerts.md, "DCGM-compatible series"); the others, which
+#: patch the base, on dcgm, and all four together on tencent-cloud
+#: (test_components_combine), so each is built with every overlay it applies to.
 COMPONENT_VARIANTS: dict[str, tuple[str, ...]] = {
     "dcgm-compat": ("tencent-cloud",),
-    "host-pid": VARIANTS,
-    "all-nodes": VARIANTS,
-    "pod-monitor": VARIANTS,
+    "host-pid": ("dcgm",),
+    "all-nodes": ("dcgm",),
+    "pod-monitor": ("dcgm",),
 }
 KUBERNETES_VERSION = kubernetes_validate.latest_version()
 
@@ -94,6 +96,22 @@ def test_the_node_daemon_names_its_node_from_the_downward_api_on_gpu_nodes(
             "action": "replace"} in endpoint["relabelings"]
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_monitor_keeps_the_labels_its_target_exports(
+    plain: dict[str, dict[tuple[str, str], Manifest]], variant: str
+) -> None:
+    """honorLabels on every endpoint: a `pod` label that trainmon (or dcgm-exporter) gives
+    a GPU stays `pod`, not `exported_pod` under the exporter pod's own (the pod-monitor
+    component's endpoint is the ServiceMonitor's: its test)."""
+    objects = plain[variant]
+    monitors = [o for (kind, _), o in objects.items() if kind in ("ServiceMonitor", "PodMonitor")]
+    assert len(monitors) >= 2, list(objects)
+    for monitor in monitors:
+        spec = monitor["spec"]
+        for endpoint in spec.get("endpoints", []) + spec.get("podMetricsEndpoints", []):
+            assert endpoint["honorLabels"] is True, monitor["metadata"]["name"]
+
+
 def changed(before: dict[tuple[str, str], Manifest],
             after: dict[tuple[str, str], Manifest]) -> set[tuple[str, str]]:
     """Objects added, removed or changed between two builds."""
@@ -147,9 +165,15 @@ def test_dcgm_compat_adds_the_pack_as_a_prometheus_rule(
     assert objects[("PrometheusRule", "trainmon-dcgm-compat")]["spec"]["groups"] == rules["groups"]
 
 
-def test_components_combine(tmp_path: Path) -> None:
+def test_components_combine(
+    tmp_path: Path, plain: dict[str, dict[tuple[str, str], Manifest]]
+) -> None:
     objects = build(tmp_path, "tencent-cloud", *COMPONENT_VARIANTS)
+    assert changed(plain["tencent-cloud"], objects) == {
+        ("DaemonSet", "trainmon"), ("ServiceMonitor", "trainmon"), ("Service", "trainmon"),
+        ("PodMonitor", "trainmon"), ("PrometheusRule", "trainmon-dcgm-compat")}
     spec = pod_spec(objects)
     assert spec["hostPID"] is True and "nodeSelector" not in spec
-    assert ("PodMonitor", "trainmon") in objects and ("ServiceMonitor", "trainmon") not in objects
-    assert ("PrometheusRule", "trainmon-dcgm-compat") in objects
+    assert spec["tolerations"] == [{"operator": "Exists"}]
+    [endpoint] = objects[("PodMonitor", "trainmon")]["spec"]["podMetricsEndpoints"]
+    assert endpoint["honorLabels"] is True
