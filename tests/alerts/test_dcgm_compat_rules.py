@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from testkit.prometheus import require
+from testkit.victoriametrics import dry_run_rules
 from tests.alerts.alerts_support.bundle import REPO
 from tests.alerts.alerts_support.stack import PROMTOOL
 
@@ -45,6 +46,11 @@ def test_the_pack_loads_and_records_every_field_and_nothing_else() -> None:
     assert {name for name in recorded if name.startswith("DCGM_")} == DCGM_FIELDS
     helpers = recorded - DCGM_FIELDS
     assert all(re.fullmatch(r"instance_gpu:trainmon_[a-z_]+:[a-z]+", name) for name in helpers)
+
+
+def test_the_pack_loads_in_vmalert() -> None:
+    status, output = dry_run_rules([PACK])
+    assert status == 0, output
 
 
 def test_promtool_units_and_labels() -> None:
