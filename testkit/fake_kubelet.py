@@ -27,7 +27,7 @@ from typing import Any
 
 import grpc
 
-from trainmon.attribution.podresources import (
+from trainmon.attribution.podresources_wire import (
     AllocatableResources,
     PodResources,
     encode_allocatable_response,

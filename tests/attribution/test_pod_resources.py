@@ -27,15 +27,17 @@ from testkit.loopback import LoopbackHTTPServer, Reply, Request
 from tests.diagnosis.diagnosis_support import ProcTree, SysTree
 from trainmon.attribution import KubeletPodDirectory
 from trainmon.attribution.podresources import (
+    PodResourcesClient,
+    PodResourcesPoller,
+)
+from trainmon.attribution.podresources_wire import (
     AllocatableResources,
     ClaimResource,
     ContainerDevices,
     ContainerResources,
     DynamicResource,
     PodResources,
-    PodResourcesClient,
     PodResourcesLimits,
-    PodResourcesPoller,
 )
 from trainmon.collectors.attribution import AttributionCollector, AttributionConfig
 from trainmon.config import parse_config

@@ -10,24 +10,26 @@ from __future__ import annotations
 import pytest
 
 from trainmon.attribution.podresources import (
+    GpuAllocation,
+    GpuDirectory,
+    allocatable_gpus,
+    claim_gpu,
+    device_gpu,
+    gpu_allocations,
+)
+from trainmon.attribution.podresources_wire import (
     AllocatableResources,
     ClaimResource,
     ContainerDevices,
     ContainerResources,
     Decoder,
     DynamicResource,
-    GpuAllocation,
-    GpuDirectory,
     PodResources,
     PodResourcesLimits,
     WireError,
-    allocatable_gpus,
-    claim_gpu,
-    device_gpu,
     encode_allocatable_response,
     encode_list_response,
     encode_varint,
-    gpu_allocations,
 )
 
 GPU0, GPU1 = "GPU-00000000-fake-4000-8000-000000000000", "GPU-00000001-fake-4000-8000-000000000001"

@@ -24,11 +24,13 @@ from tests.diagnosis.diagnosis_support import ProcTree, SysTree
 from tests.ledger.ledger_support import Clocks, make_recorder
 from trainmon.attribution import ProcessAttributor
 from trainmon.attribution.podresources import (
+    PodResourcesClient,
+    PodResourcesPoller,
+)
+from trainmon.attribution.podresources_wire import (
     ContainerDevices,
     ContainerResources,
     PodResources,
-    PodResourcesClient,
-    PodResourcesPoller,
 )
 from trainmon.collectors.attribution import AttributionCollector, AttributionConfig
 from trainmon.collectors.ledger import ProcessHoldings

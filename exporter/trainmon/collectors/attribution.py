@@ -51,7 +51,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from trainmon.attribution import KubeletPodDirectory, ProcessAttribution, ProcessAttributor
 from trainmon.attribution.podresources import (
     DEFAULT_SOCKET,
-    LIMITS,
     GpuAllocation,
     GpuDirectory,
     PodResourcesClient,
@@ -59,6 +58,7 @@ from trainmon.attribution.podresources import (
     allocatable_gpus,
     gpu_allocations,
 )
+from trainmon.attribution.podresources_wire import LIMITS
 from trainmon.collectors.gpu import GPUCollector
 from trainmon.core.collector import Collector
 from trainmon.core.entry import CollectorEntry, Wiring
