@@ -85,10 +85,10 @@ def exported_statuses(statuses: Sequence[HealthStatus]) -> list[HealthStatus]:
     series budget, docs/deploy.md), and an unhealthy device is still named."""
     exported: list[HealthStatus] = []
     by_subsystem: dict[str, list[HealthStatus]] = {}
-    for found in statuses:
-        by_subsystem.setdefault(found.subsystem, []).append(found)
-    for subsystem, found in by_subsystem.items():
-        unhealthy = [status for status in found if status.severity > 0]
+    for status in statuses:
+        by_subsystem.setdefault(status.subsystem, []).append(status)
+    for subsystem, members in by_subsystem.items():
+        unhealthy = [status for status in members if status.severity > 0]
         exported.extend(unhealthy or [HealthStatus(subsystem, "", "ok", OK, "none")])
     return exported
 
