@@ -132,3 +132,11 @@ def test_installed_demo_serves_metrics(image: containerfile.Stage, tmp_path: Pat
     finally:
         process.terminate()
         assert process.wait(20) == 0, log.read_text()
+
+
+def test_the_image_has_the_kubernetes_extra(image: containerfile.Stage, tmp_path: Path) -> None:
+    """grpcio (the kubelet's pod-resources API) is in the image, so the DaemonSet has it."""
+    python = image.host_path("/opt/trainmon/bin/python")
+    completed = run([str(python), "-c", "import grpc; print(grpc.__version__)"],
+                    cwd=tmp_path, env=isolated(tmp_path))
+    assert completed.returncode == 0, completed.stderr
