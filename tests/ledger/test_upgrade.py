@@ -13,11 +13,12 @@ import json
 import shutil
 import sqlite3
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from testkit.daemon import trainmon_command
+from testkit.daemon import Daemon, trainmon_command
 from testkit.old_ledgers import EXPECTED, fixture_path
 from testkit.small_disk import CannotMount, fill, small_disk
 from trainmon.ledger import Ledger, LedgerError
@@ -148,3 +149,39 @@ def test_an_old_ledger_on_a_full_disk_is_left_as_it_was_until_its_backup_fits(
             assert backup_path(path, 1).exists()
     except CannotMount as error:
         pytest.skip(str(error))
+
+
+@pytest.mark.integration
+def test_a_daemon_migrates_an_old_ledger_and_serves_its_runs(
+        tmp_path: Path, start_daemon: Callable[..., Daemon]) -> None:
+    path = copy_of(1, tmp_path / "state")
+    daemon = start_daemon(config={"collectors": {"ledger": {"path": str(path)}}})
+    status, body = daemon.get("/api/v1/runs")
+    assert status == 200, body
+    records = json.loads(body)
+    assert_runs({record["job"]: (record["summary"]["steps"], record["summary"]["samples"],
+                                 record["end_reason"]) for record in records})
+    assert backup_path(path, 1).exists()
+    log = daemon.log()
+    assert f"schema 1 backed up to {backup_path(path, 1)}" in log, log
+    assert "upgraded from schema 1 to 3" in log, log
+
+
+@pytest.mark.integration
+def test_a_daemon_refuses_a_newer_ledger_in_one_line_and_leaves_it_alone(
+        tmp_path: Path, start_daemon: Callable[..., Daemon]) -> None:
+    path = copy_of(SCHEMA_VERSION, tmp_path / "state")
+    newer = sqlite3.connect(path, isolation_level=None)
+    newer.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    newer.close()
+    saved = path.read_bytes()
+    daemon = start_daemon(config={"collectors": {"ledger": {"path": str(path)}}})
+    _, body = daemon.get("/healthz")
+    ledger = json.loads(body)["collectors"]["ledger"]
+    assert ledger["state"] == "degraded", body
+    assert "newer than this trainmon's" in ledger["error"], body
+    assert daemon.stop() == 0
+    lines = [line for line in daemon.log().splitlines() if "newer than" in line]
+    assert len(lines) == 1, daemon.log()
+    assert path.read_bytes() == saved
+    assert not any("schema" in p.name for p in path.parent.iterdir())
