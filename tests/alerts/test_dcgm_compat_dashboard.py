@@ -1,11 +1,13 @@
 """The dcgm-exporter dashboard's queries on the DCGM-compatible pack, end to end.
 
-A real ``trainmon serve`` on the fake NVML (two H100s: GPU 0 busy with GPM, an XID
-and a process of pod ``ml/trainer-0``; GPU 1 idle, no pod) is scraped every second
-by a real Prometheus that evaluates ``alerts/dcgm-compat/dcgm-compat.rules.yml``
-every second. The pod comes the way it does on a node: the process's cgroup in a
-``/proc`` tree (``paths.proc``) names the pod's UID, a loopback kubelet's pod list
-its name. Every panel query of NVIDIA's "DCGM Exporter Dashboard" (grafana.com
+A real ``trainmon serve`` on the fake NVML (three H100s: GPU 0 busy with GPM, an
+XID and a process of pod ``ml/trainer-0``; GPU 1 allocated to pod
+``team-a/notebook-0`` that runs nothing on it; GPU 2 idle, no pod) is scraped every
+second by a real Prometheus that evaluates ``alerts/dcgm-compat/dcgm-compat.rules.yml``
+every second. The pods come the ways they do on a node: for GPU 0 the process's
+cgroup in a ``/proc`` tree (``paths.proc``) names the pod's UID and a loopback
+kubelet's pod list its name; for GPU 1 the kubelet's pod-resources API
+(``testkit.fake_kubelet``, a real gRPC server) names the allocation. Every panel query of NVIDIA's "DCGM Exporter Dashboard" (grafana.com
 12239), with its template variables resolved as Grafana does, returns data with
 dcgm-exporter's labels and values in DCGM's units.
 """
@@ -13,6 +15,8 @@ dcgm-exporter's labels and values in DCGM's units.
 from __future__ import annotations
 
 import re
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,10 +25,16 @@ from typing import Any
 import pytest
 
 from testkit.daemon import Daemon
+from testkit.fake_kubelet import FakeKubelet, fake_kubelet
 from testkit.loopback import LoopbackHTTPServer, Reply, Request
 from testkit.prometheus import Prometheus
 from tests.alerts.alerts_support.bundle import REPO
 from tests.diagnosis.diagnosis_support import ProcTree
+from trainmon.attribution.podresources_wire import (
+    ContainerDevices,
+    ContainerResources,
+    PodResources,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -33,9 +43,10 @@ NODE = "gpu-node-7"
 POD_UID = "7d1c3d4e-1f2a-4b3c-8d9e-0a1b2c3d4e5f"
 CONTAINER_ID = "3f4e5d6c7b8a9f0e1d2c3b4a5f6e7d8c9b0a1f2e3d4c5b6a7f8e9d0c1b2a3f4e"
 PID = 4242
-SCENARIO = f"""gpus 2
+SCENARIO = f"""gpus 3
 steady 0 80 5
 steady 1 0 0
+steady 2 0 0
 gpm 0 70 50 40 30
 process 0 {PID} 21474836480
 xid 0 3 79
@@ -67,6 +78,9 @@ PANEL_RANGES = {
     "GPU SM Clocks": (1e8, 4e9), "GPU Utilization": (0, 100),
     "GPU Framebuffer Mem Used": (0, 200_000), "Tensor Core Utilization": (0, 1),
 }
+#: GPU 1 as the device plugin allocated it (by index): a notebook that runs nothing.
+ALLOCATION = PodResources("notebook-0", "team-a", (ContainerResources(
+    "jupyter", (ContainerDevices("nvidia.com/gpu", ("1",)),)),))
 DCGM_LABELS = {"gpu", "UUID", "modelName", "Hostname"}
 DEADLINE_SECONDS = 30.0
 
@@ -89,8 +103,19 @@ def kubelet() -> Iterator[Kubelet]:
 
 
 @pytest.fixture
+def pod_resources() -> Iterator[FakeKubelet]:
+    folder = Path(tempfile.mkdtemp(prefix="kubelet-", dir="/tmp"))  # socket paths are short
+    try:
+        with fake_kubelet(folder) as server:
+            server.pods = [ALLOCATION]
+            yield server
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
 def node_daemon(start_daemon: Callable[..., Daemon], fake_nvml_dir: Path, tmp_path: Path,
-                kubelet: Kubelet) -> Daemon:
+                kubelet: Kubelet, pod_resources: FakeKubelet) -> Daemon:
     ProcTree(tmp_path / "proc").add(
         PID, cgroup=f"0::/kubepods.slice/kubepods-pod{POD_UID.replace('-', '_')}.slice/"
                     f"cri-containerd-{CONTAINER_ID}.scope\n")
@@ -99,7 +124,9 @@ def node_daemon(start_daemon: Callable[..., Daemon], fake_nvml_dir: Path, tmp_pa
     return start_daemon(
         config={"paths": {"proc": str(tmp_path / "proc")}, "collectors": {
             "gpu": {"process_interval_seconds": 1, "sample_interval_seconds": 0.5},
-            "attribution": {"kubelet_url": kubelet.url}}},
+            "attribution": {"kubelet_url": kubelet.url,
+                            "pod_resources_socket": str(pod_resources.socket),
+                            "pod_resources_interval_seconds": 0.5}}},
         env={"LD_LIBRARY_PATH": str(fake_nvml_dir), "FAKENVML_SCENARIO": str(scenario)})
 
 
@@ -133,15 +160,17 @@ def test_dashboard_12239_queries_return_dcgm_series(
                                 "labels": {"node": NODE}}],
         }],
     })
-    # the pod reaches the series once the process list and the kubelet have been read
+    # the pods reach the series once the process list and the kubelet have been read
     wait_for(prometheus, 'DCGM_FI_DEV_XID_ERRORS{pod="trainer-0"} == 79', 1)
+    wait_for(prometheus, 'DCGM_FI_DEV_XID_ERRORS{pod="notebook-0"}', 1)
     series = wait_for(prometheus, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", 1)
     now = time.time()
     variables = {
         name: prometheus.label_values(name, "DCGM_FI_DEV_GPU_TEMP", now - 60, now)
         for name in ("instance", "gpu")
     }
-    assert variables == {"instance": [f"127.0.0.1:{node_daemon.port}"], "gpu": ["0", "1"]}
+    assert variables == {"instance": [f"127.0.0.1:{node_daemon.port}"],
+                         "gpu": ["0", "1", "2"]}
 
     for title, expr in DASHBOARD_12239:
         result = prometheus.query(expand(expr, variables))
@@ -156,16 +185,18 @@ def test_dashboard_12239_queries_return_dcgm_series(
                 assert labels["modelName"] == "NVIDIA H100 80GB HBM3"
 
     by_gpu = {s["metric"]["gpu"]: s["metric"] for s in prometheus.query("DCGM_FI_DEV_GPU_UTIL")}
-    assert by_gpu.keys() == {"0", "1"}
-    assert (by_gpu["0"]["pod"], by_gpu["0"]["namespace"], by_gpu["0"]["container"]) == \
-        ("trainer-0", "ml", "pytorch")
-    assert "pod" not in by_gpu["1"] and "namespace" not in by_gpu["1"]
-    assert by_gpu["0"]["UUID"].startswith("GPU-") and by_gpu["0"]["UUID"] != by_gpu["1"]["UUID"]
+    assert by_gpu.keys() == {"0", "1", "2"}
+    pods = {gpu: (labels.get("pod"), labels.get("namespace"), labels.get("container"))
+            for gpu, labels in by_gpu.items()}
+    assert pods == {"0": ("trainer-0", "ml", "pytorch"),  # its process
+                    "1": ("notebook-0", "team-a", "jupyter"),  # allocated, nothing running
+                    "2": (None, None, None)}
+    assert len({labels["UUID"] for labels in by_gpu.values()}) == 3
     # GPM exists on GPU 0 only, as DCGM's profiling fields would
     assert [s["metric"]["gpu"] for s in series] == ["0"]
     xid = {s["metric"]["gpu"]: float(s["value"][1])
            for s in prometheus.query("DCGM_FI_DEV_XID_ERRORS")}
-    assert xid == {"0": 79.0, "1": 0.0}
+    assert xid == {"0": 79.0, "1": 0.0, "2": 0.0}
     used, free = (float(prometheus.query(f'{name}{{gpu="0"}}')[0]["value"][1])
                   for name in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"))
     assert (used, free) == (1024.0, 80 * 1024 - 1024.0)  # the fake: GPU i uses i + 1 GiB of 80
