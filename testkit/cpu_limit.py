@@ -9,6 +9,7 @@ cgroup. Root only; ``unavailable_reason()`` says why not where it cannot work.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from pathlib import Path
@@ -74,8 +75,6 @@ class CpuLimit:
                  trace: TracebackType | None) -> None:
         parent = self.path.parent / "cgroup.procs"
         for pid in (self.path / "cgroup.procs").read_text().split():
-            try:
+            with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
                 parent.write_text(pid)
-            except ProcessLookupError:
-                pass
         self.path.rmdir()
