@@ -28,7 +28,9 @@ collector's internals, so the same code serves the daemon and ``doctor``:
 - links: rates of ``trainmon_network_{receive,transmit}_bytes_total`` against
   ``trainmon_network_speed_bytes``, and of the InfiniBand port counters against
   ``trainmon_infiniband_rate_bytes``;
-- processes: ``trainmon_gpu_process_info``; NCCL: ``trainmon_nccl_problem_info``;
+- processes: ``trainmon_gpu_process_info``, and the GPUs the kubelet allocated to a
+  pod that no process holds (``trainmon_gpu_allocation_info``, without a pid); NCCL:
+  ``trainmon_nccl_problem_info``;
 - the platform signals (instance and spot state, checkpoints, NUMA, NFS
   mounts, RDMA port state): ``trainmon.diagnosis.platform_signals``.
 
@@ -73,6 +75,7 @@ MEASURED_SAMPLES = frozenset({
     "trainmon_infiniband_receive_bytes_total", "trainmon_infiniband_transmit_bytes_total",
     "trainmon_infiniband_rate_bytes",
     "trainmon_gpu_process_info", "trainmon_nccl_problem_info",
+    "trainmon_gpu_allocation_info",
     "trainmon_job_gpu_seconds_total", "trainmon_job_goodput_ratio",
     "trainmon_training_stall_info", "trainmon_training_stall_start_timestamp_seconds",
     "trainmon_training_group_comm_exposed_seconds_total",
@@ -291,12 +294,12 @@ def measure(window: Window, comm_phases: Sequence[str] = ("comm",),
                 "trainmon_training_rank_end_timestamp_seconds").items())),
         disks=_disks(window),
         links=_links(window),
-        processes=tuple(
+        processes=_with_allocations(window, tuple(
             replace(process, gpu=instance_of_pid.get(process.pid, process.gpu))
             for labels in window.latest("trainmon_gpu_process_info")
             for process in (GPUProcessState(*(dict(labels).get(key, "") for key in (
                 "gpu", "pid", "pod", "namespace", "container", "slurm_job", "pod_uid"))),)
-        ),
+        )),
         nccl=tuple(
             NcclState(*(dict(labels).get(key, "") for key in ("pid", "problem", "variable",
                                                               "value")))
@@ -380,6 +383,20 @@ def _gpus(window: Window) -> tuple[GPUState, ...]:
 def mig_gpu(gpu: str, gpu_instance_id: str) -> str:
     """The ``gpu`` a MIG GPU instance has in the diagnosis: ``0/mig1`` (GPU 0, instance 1)."""
     return f"{gpu}/mig{gpu_instance_id}"
+
+
+def _with_allocations(window: Window, processes: tuple[GPUProcessState, ...]
+                      ) -> tuple[GPUProcessState, ...]:
+    """``processes``, then each GPU the kubelet allocated to a pod that no process holds
+    (``trainmon_gpu_allocation_info``) as held by that pod, without a pid."""
+    held = {process.gpu for process in processes}
+    allocated = dict.fromkeys(
+        GPUProcessState(names["gpu"], "", names["pod"], names.get("namespace", ""),
+                        names.get("container", ""), "", "")
+        for labels in window.latest("trainmon_gpu_allocation_info")
+        for names in (dict(labels),)
+        if names.get("gpu") and names.get("pod") and names["gpu"] not in held)
+    return processes + tuple(allocated)
 
 
 def _mig_gpus(window: Window) -> tuple[GPUState, ...]:

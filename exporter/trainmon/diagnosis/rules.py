@@ -92,7 +92,8 @@ A GPU process belongs to a job when a rank reports its PID, else when a rank
 reports its GPU (a rank in a container reports the PID of its own namespace,
 NVML the host's). The others form pseudo-jobs named
 ``pod:<namespace>/<pod>``, ``slurm:<id>`` or ``pid:<pid>``: scheduling
-``idle_held`` when every GPU they hold is idle, else none ``no_telemetry``.
+``idle_held`` when every GPU they hold is idle, else none ``no_telemetry``. A GPU the
+kubelet allocated to a pod that runs no process on it is held by that pod (no pid).
 """
 
 from __future__ import annotations
@@ -795,7 +796,8 @@ def _holder_verdict(
         idle_gpus=idle,
         gpu_utilization_ratio=mean_utilization,
     )
-    pids = ",".join(sorted({p.pid for p in processes}, key=lambda pid: (len(pid), pid)))
+    pids = ",".join(sorted({p.pid for p in processes if p.pid},  # none: only allocated
+                           key=lambda pid: (len(pid), pid)))
     if held and len(idle) == len(held):
         finding = Finding("scheduling", "idle_held", {
             "gpus": ",".join(idle), "pids": pids, "threshold": config.idle_utilization_ratio})

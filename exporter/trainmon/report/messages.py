@@ -331,6 +331,9 @@ FINDINGS: Mapping[str, Pair] = {
     "idle_held": (
         "GPU(s) {gpus} are held by pid(s) {pids}, which do no work on them",
         "GPU {gpus} 被进程 {pids} 占用，但没有在上面做任何计算"),
+    "idle_held_allocated": (
+        "GPU(s) {gpus} are allocated to the pod by the kubelet, and no process runs on them",
+        "GPU {gpus} 已由 kubelet 分配给该 pod，但上面没有任何进程在运行"),
     "no_telemetry": (
         "pid(s) {pids} use GPUs but report no training steps",
         "进程 {pids} 在使用 GPU，但没有上报训练步数"),
@@ -745,6 +748,7 @@ ADVICE = {**ADVICE, **{
         "（或在任务的每个节点上运行 `trainmon doctor`）找到它。"),
 }}
 ADVICE_ALIASES = {"sawtooth_data_wait": "data_wait", "gpu_bound_unmeasured": "gpu_bound",
+                  "idle_held_allocated": "idle_held",
                   "fail_slow_pcie_replays": "fail_slow_pcie_link"}
 #: Findings whose advice is added to the deciding finding's, wherever they stand.
 EXTRA_ADVICE = ("oom_risk", "spot_reclaim", "checkpoint_overdue", "checkpoint_missing",
@@ -870,6 +874,8 @@ COMM_GROUP_NOTE: Pair = ("; most of it in the {group} group",
 def finding_text(code: str, values: Mapping[str, object], lang: str) -> str:
     if code == "gpu_bound" and "utilization" not in values:
         code = "gpu_bound_unmeasured"
+    if code == "idle_held" and not values.get("pids"):
+        code = "idle_held_allocated"
     if code == "hung_rank":
         code, values = _hung_rank_text(values, lang)
     if code == "fail_slow":
