@@ -1,7 +1,8 @@
 """``trainmon serve`` on the fake NVML with a fake kubelet's pod-resources API.
 
 The daemon polls ``testkit.fake_kubelet`` (a real gRPC server on a unix socket)
-and maps its device-plugin allocations to the fake NVML's GPUs; then the
+and maps its device-plugin allocations to the fake NVML's GPUs (by UUID, by
+index, a MIG instance by its UUID to its parent GPU); then the
 kubelet goes away, and the scrapes go on while ``/healthz`` says why.
 """
 
@@ -28,7 +29,9 @@ from trainmon.attribution.podresources_wire import (
 pytestmark = pytest.mark.integration
 
 #: The fake NVML's UUIDs (``nvmlDeviceGetUUID`` in testkit/fakenvml/fakenvml.c).
-GPU = [f"GPU-{i:08x}-fake-4000-8000-{i:012x}" for i in range(2)]
+GPU = [f"GPU-{i:08x}-fake-4000-8000-{i:012x}" for i in range(3)]
+#: GPU 2's MIG instance 1 (the fake's UUID: GPU index << 16 | instance id).
+MIG = "MIG-00000002-fake-4000-8000-000000020001"
 PODS = [
     # a notebook that reserved GPU 0 (by UUID) and runs nothing on it
     PodResources("notebook-0", "team-a", (ContainerResources(
@@ -36,6 +39,9 @@ PODS = [
     # a trainer given GPU 1 by index, whose process runs there
     PodResources("trainer-0", "team-b", (ContainerResources(
         "pytorch", (ContainerDevices("nvidia.com/gpu", ("1",)),)),)),
+    # a server given a MIG instance of GPU 2
+    PodResources("infer-0", "team-c", (ContainerResources(
+        "server", (ContainerDevices("nvidia.com/mig-1g.10gb", (MIG,)),)),)),
 ]
 
 
@@ -71,7 +77,8 @@ def test_serve_exports_allocations_of_the_fake_nvml_gpus(
     tmp_path: Path
 ) -> None:
     scenario = tmp_path / "scenario.txt"
-    scenario.write_text("gpus 2\nsteady * 0 0\nprocess 1 4242 1000000\n")
+    scenario.write_text("gpus 3\nsteady * 0 0\nprocess 1 4242 1000000\n"
+                        "mig 2\nmig_instance 2 1 1g.10gb 100 10240\n")
     daemon = start_daemon(
         config={"collectors": {
             "gpu": {"retry_seconds": 1},
@@ -80,17 +87,20 @@ def test_serve_exports_allocations_of_the_fake_nvml_gpus(
                             "pod_resources_timeout_seconds": 0.5}}},
         env={"LD_LIBRARY_PATH": str(fake_nvml_dir), "FAKENVML_SCENARIO": str(scenario)},
     )
-    result = scrape_until(daemon, lambda r: len(r.labelsets("trainmon_gpu_allocation_info")) == 2)
+    result = scrape_until(daemon, lambda r: len(r.labelsets("trainmon_gpu_allocation_info")) == 3
+                          and all(row["gpu"] for row in
+                                  r.labelsets("trainmon_gpu_allocation_info")))
     assert allocations(result) == [
         ("0", GPU[0], "team-a", "notebook-0", "jupyter"),
         ("1", GPU[1], "team-b", "trainer-0", "pytorch"),
+        ("2", MIG, "team-c", "infer-0", "server"),  # by the GPU collector's MIG info
     ]
     assert result.value("trainmon_pod_resources_requests_total", call="list", result="ok")
 
     kubelet.stop()  # the kubelet goes away: scrapes go on, /healthz says why
     result = scrape_until(daemon, lambda r: not r.labelsets("trainmon_gpu_allocation_info"))
     assert result.value("trainmon_collector_success", collector="attribution") == 1
-    assert len(result.labelsets("trainmon_gpu_info")) == 2
+    assert len(result.labelsets("trainmon_gpu_info")) == 3
     assert (result.value("trainmon_pod_resources_requests_total", call="list",
                          result="unavailable") or 0) >= 1
     status, body = daemon.get("/healthz")
