@@ -77,7 +77,7 @@ def gpu_info(count: int = 4, mig: bool = True) -> list[GaugeMetricFamily]:
                              labels=["gpu", "uuid", "name", "pci_bus_id", "driver_version"])
     for index in range(count):
         info.add_metric([str(index), GPU[index], "H100", f"0000:0{index}:00.0", "570"], 1.0)
-    instances = GaugeMetricFamily("trainmon_gpu_instance_info", "MIG instances",
+    instances = GaugeMetricFamily("trainmon_gpu_mig_info", "MIG instances",
                                   labels=["gpu", "uuid", "gpu_instance_id", "mig_profile"])
     if mig:
         instances.add_metric(["3", MIG, "1", "1g.10gb"], 1.0)
