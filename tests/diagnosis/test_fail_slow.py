@@ -131,6 +131,26 @@ def test_one_rank_slowed_in_its_compute_is_named_with_its_cause() -> None:
     assert held[-1][1] and held[-1][1][0].rank == "1"  # it holds
 
 
+def test_a_throttled_rank_whose_collectives_slowed_with_it_is_named() -> None:
+    """Its compute grew less than the threshold: the job's communication and step grew on
+    every rank (the others wait for it; its own collectives run on its throttled CPU), and
+    its cgroup's throttling names it, not "the job"."""
+    jitter = noisy(3, 0.03)
+
+    def step(rank: str, t: float) -> tuple[float, float, float]:
+        late = t >= 90
+        compute = jitter(0.10) + (0.008 if late and rank == "1" else 0.0)
+        return compute, 0.002, 0.01 + (0.03 if late else 0.0)
+
+    held = detect(Stream(step, throttled=lambda rank, t: 0.3 if rank == "1" and t >= 90
+                         else 0.0), 200)
+    at, change = first(held)
+    assert (change.rank, change.part, change.kind, change.cause) == (
+        "1", "step", "scheduling", "cpu_throttled"), change
+    assert 90 < at <= 90 + 60
+    assert [c.rank for c in held[-1][1]] == ["1"]
+
+
 def test_a_slower_dataset_is_the_whole_job_and_storage() -> None:
     def step(rank: str, t: float) -> tuple[float, float, float]:
         return 0.1, 0.005 + (0.03 if t >= 90 else 0.0), 0.01

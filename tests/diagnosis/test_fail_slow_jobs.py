@@ -246,7 +246,8 @@ def test_a_rank_held_to_a_tenth_of_a_cpu_is_named_within_a_minute(node: Node) ->
     assert finding["kind"] == "scheduling", evidence(scrape, "fs-cpu")
     [(labels, ratio)] = [(labels, ratio) for labels, ratio in ratios(scrape, "fs-cpu")
                          if labels["rank"] == "1"]
-    assert labels["part"] == "compute" and labels["cause"] == "cpu_throttled", labels
+    # its compute grew, or (its collectives run on the same throttled CPU) its whole step
+    assert labels["part"] in ("compute", "step") and labels["cause"] == "cpu_throttled", labels
     assert ratio >= 0.1
     start = scrape.value("trainmon_diagnosis_fail_slow_start_timestamp_seconds",
                          job="fs-cpu", owner=labels["owner"], rank="1")
@@ -274,8 +275,8 @@ def test_a_rank_held_to_a_tenth_of_a_cpu_is_named_within_a_minute(node: Node) ->
 
     node.wait("fs-cpu", in_the_ledger, time.monotonic() + 30, "the ledger record")
     change = next(change for change in recorded if change["rank"] == "1")
-    assert (change["kind"], change["part"], change["cause"]) == (
-        "scheduling", "compute", "cpu_throttled"), change
+    assert (change["kind"], change["cause"]) == ("scheduling", "cpu_throttled"), change
+    assert change["part"] in ("compute", "step"), change
 
 
 def test_a_slower_dataset_is_the_whole_job_and_storage(node: Node) -> None:

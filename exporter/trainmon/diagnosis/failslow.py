@@ -384,18 +384,47 @@ class FailSlowDetector:
                 found.append(self._job_change(job, slowed, part))
         if found or fired["data_wait"] or fired["compute"]:
             return found  # a part names it, or will once it held: not the step
-        if len(fired["comm"]) == whole and held(fired["comm"], "comm"):
-            change = self._job_change(job, fired["comm"], "comm")
-            if multi_node:
-                change = _replace_cause(change, "scheduling", "other_node")
-            return [change]
-        if len(fired["step"]) == whole and held(fired["step"], "step"):
-            change = self._job_change(job, fired["step"], "step")
-            if multi_node and change.cause == "unknown":
-                change = _replace_cause(change, "scheduling", "other_node")
-            return [change]
+        for part in ("comm", "step"):
+            if len(fired[part]) == whole and held(fired[part], part):
+                # a synchronous job slows as a whole when one rank does: its own process
+                # or GPU (a throttled cgroup slows its collectives too) names it
+                singled = self._singled_out(stepping)
+                if singled is not None:
+                    return [singled]
+                change = self._job_change(job, fired[part], part)
+                if multi_node and (part == "comm" or change.cause == "unknown"):
+                    change = _replace_cause(change, "scheduling", "other_node")
+                return [change]
         return [self._rank_change(rank, "step") for rank in fired["step"]
                 if held([rank], "step")]
+
+    def _singled_out(self, stepping: Sequence[_Rank]) -> FailSlow | None:
+        """The change of the one rank of several whose own process or GPU shows a cause
+        (``RANK_CAUSES``, on any part that changed), as its compute's or else its step's
+        change; None when no rank or more than one does."""
+        if len(stepping) < 2:
+            return None
+        named = [(rank, found) for rank in stepping if (found := self._own_cause(rank))]
+        if len(named) != 1:
+            return None
+        rank, cause = named[0]
+        part = next((p for p in ("compute", "step") if p in rank.changes), None)
+        if part is None:
+            return None
+        change = rank.changes[part]
+        change.cause = change.cause if change.cause in RANK_CAUSES else cause
+        return self._rank_change(rank, part)
+
+    def _own_cause(self, rank: _Rank) -> str:
+        """The first of ``RANK_CAUSES`` whose signal fired since any change of the rank
+        started ("" if none)."""
+        for change in rank.changes.values():
+            now = _signal_medians([o for o in rank.observations if o.start >= change.start])
+            for name in RANK_CAUSES:
+                if name in now and CAUSES[name].fired(now[name],
+                                                      change.signals_before.get(name, 0.0)):
+                    return name
+        return ""
 
     def _rank_change(self, rank: _Rank, part: str) -> FailSlow:
         change = rank.changes[part]
