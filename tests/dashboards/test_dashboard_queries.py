@@ -92,7 +92,7 @@ from trainmon.training.writers import uid_writer
 # No skips: a missing /usr/bin/prometheus or /usr/bin/victoria-metrics fails with the
 # install hint of testkit.prometheus.require (every start calls it), and the fake Tencent
 # Cloud API (tests/tencent, tencentcloud-sdk-python of the test extra) is imported.
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.quiet]
 
 #: The demo node's price, so that the Training overview's cost per million samples
 #: has trainmon_ledger_price_per_gpu_hour to read.

@@ -43,7 +43,7 @@ from testkit.daemon import serve as serve_daemon
 from testkit.exposition import Scrape, parse
 from tests.diagnosis.diagnosis_support import RankProcesses
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.quiet]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 WINDOW_SECONDS = 20

@@ -131,6 +131,7 @@ SECONDS = 10.0
 
 
 @pytest.mark.integration
+@pytest.mark.quiet
 def test_a_torchrun_jobs_step_percentiles_are_its_own(
         start_daemon: Callable[..., Daemon], tmp_path: Path) -> None:
     """Steps that sleep 30 ms or 80 ms (7 to 3) on 2 ranks: the ledger's p50 is a fast
