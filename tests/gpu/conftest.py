@@ -95,3 +95,10 @@ def make_collector(clock: Clock) -> Iterator[Callable[..., GPUCollector]]:
     yield make
     for collector in collectors:
         collector.stop()
+
+
+@pytest.fixture
+def live(fake_nvml: FakeNVML) -> Callable[[], int]:
+    """Buffers this test holds: allocated since it began and not freed."""
+    before = fake_nvml.gpm_buffers_live()
+    return lambda: fake_nvml.gpm_buffers_live() - before

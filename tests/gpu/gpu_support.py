@@ -66,3 +66,11 @@ def start_listening(collector: GPUCollector) -> GPUCollector:
     collector.start()
     wait_for(lambda: collector.xid.state == "listening")
     return collector
+
+
+def poll_at(fake_nvml: FakeNVML, collector: GPUCollector, *seconds: float) -> None:
+    """Take a GPM sample of every GPU at each fake NVML time of ``seconds``."""
+    assert collector.gpm is not None
+    for second in seconds:
+        fake_nvml.set_time(second)
+        collector.gpm.poll()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from testkit.exposition import Scrape
-from tests.gpu.gpu_support import Clock, FakeNVML, wait_for
+from tests.gpu.gpu_support import Clock, FakeNVML, poll_at, wait_for
 from trainmon.collectors.gpu import GPUCollector
 from trainmon.gpu.types import NVMLUnavailable
 
@@ -28,26 +28,6 @@ GPM_FAMILIES = (
     "trainmon_gpu_dram_active_ratio",
 )
 PIPES = ("fp16", "fp32", "fp64", "tensor_hmma", "tensor_imma", "tensor_dfma")
-
-
-
-
-
-
-
-
-@pytest.fixture
-def live(fake_nvml: FakeNVML) -> Callable[[], int]:
-    """Buffers this test holds: allocated since it began and not freed."""
-    before = fake_nvml.gpm_buffers_live()
-    return lambda: fake_nvml.gpm_buffers_live() - before
-
-
-def poll_at(fake_nvml: FakeNVML, collector: GPUCollector, *seconds: float) -> None:
-    assert collector.gpm is not None
-    for second in seconds:
-        fake_nvml.set_time(second)
-        collector.gpm.poll()
 
 
 def test_activity_is_exported_as_ratios_from_consecutive_samples(

@@ -16,7 +16,7 @@ import pytest
 
 from testkit.exposition import Scrape
 from tests.diagnosis.diagnosis_support import ContractSource
-from tests.gpu.gpu_support import Clock, FakeNVML
+from tests.gpu.gpu_support import Clock, FakeNVML, poll_at
 from trainmon.collectors.gpu import GPUCollector
 from trainmon.diagnosis.measure import MEASURED_SAMPLES, measure
 from trainmon.diagnosis.rules import diagnose
@@ -50,20 +50,6 @@ MIG_FAMILIES = (
     "trainmon_gpu_mig_dram_active_ratio",
 )
 LABELS = ("gpu", "gpu_instance_id", "mig_profile")
-
-
-@pytest.fixture
-def live(fake_nvml: FakeNVML) -> Callable[[], int]:
-    """Buffers this test holds: allocated since it began and not freed."""
-    before = fake_nvml.gpm_buffers_live()
-    return lambda: fake_nvml.gpm_buffers_live() - before
-
-
-def poll_at(fake_nvml: FakeNVML, collector: GPUCollector, *seconds: float) -> None:
-    assert collector.gpm is not None
-    for second in seconds:
-        fake_nvml.set_time(second)
-        collector.gpm.poll()
 
 
 def test_gpu_instances_are_exported_with_memory_activity_and_processes(
