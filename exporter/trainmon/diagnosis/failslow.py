@@ -418,13 +418,8 @@ class FailSlowDetector:
     def _own_cause(self, rank: _Rank) -> str:
         """The first of ``RANK_CAUSES`` whose signal fired since any change of the rank
         started ("" if none)."""
-        for change in rank.changes.values():
-            now = _signal_medians([o for o in rank.observations if o.start >= change.start])
-            for name in RANK_CAUSES:
-                if name in now and CAUSES[name].fired(now[name],
-                                                      change.signals_before.get(name, 0.0)):
-                    return name
-        return ""
+        return next((found for change in rank.changes.values()
+                     if (found := _fired(rank, change, RANK_CAUSES))), "")
 
     def _rank_change(self, rank: _Rank, part: str) -> FailSlow:
         change = rank.changes[part]
@@ -456,15 +451,9 @@ class FailSlowDetector:
         change = rank.changes.get(part)
         if change is None:
             return ""
-        if change.cause:
-            return change.cause
-        now = _signal_medians([o for o in rank.observations if o.start >= change.start])
-        for name in PART_CAUSES[part]:
-            if name in now and CAUSES[name].fired(now[name],
-                                                  change.signals_before.get(name, 0.0)):
-                change.cause = name
-                return name
-        return ""
+        if not change.cause:
+            change.cause = _fired(rank, change, PART_CAUSES[part])
+        return change.cause
 
     def _evidence(self, rank: _Rank, cause: str) -> tuple[float | None, float | None]:
         change = next(iter(rank.changes.values()), None)
@@ -472,6 +461,14 @@ class FailSlowDetector:
             return None, None
         now = _signal_medians([o for o in rank.observations if o.start >= change.start])
         return change.signals_before.get(cause), now.get(cause)
+
+
+def _fired(rank: _Rank, change: _Change, names: Iterable[str]) -> str:
+    """The first of ``names`` whose signal fired on ``rank`` since ``change`` started
+    ("" if none)."""
+    now = _signal_medians([o for o in rank.observations if o.start >= change.start])
+    return next((name for name in names if name in now and CAUSES[name].fired(
+        now[name], change.signals_before.get(name, 0.0))), "")
 
 
 def _replace_cause(change: FailSlow, kind: str, cause: str) -> FailSlow:
