@@ -29,10 +29,16 @@ PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: run demo test test-quick lint bench clean debian-packages generate stack dist
 
+# The daemon runs as the systemd unit runs it: its Environment= (PYTHONOPTIMIZE=2 and
+# MALLOC_ARENA_MAX=1: docs/benchmarks.md, "Resident memory of the node daemon"), with the
+# -OO bytecode compiled at install (python -m trainmon.bytecode).
+UNIT_ENVIRONMENT := $(shell sed -n 's/^Environment=//p' deploy/systemd/trainmon.service)
+
 $(BIN)/trainmon: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e .
+	$(BIN)/python -m trainmon.bytecode
 	touch $@
 
 $(VENV)/.test-installed: $(BIN)/trainmon pyproject.toml
@@ -40,10 +46,10 @@ $(VENV)/.test-installed: $(BIN)/trainmon pyproject.toml
 	touch $@
 
 run: $(BIN)/trainmon
-	exec $(BIN)/trainmon serve $(ARGS)
+	exec env $(UNIT_ENVIRONMENT) $(BIN)/trainmon serve $(ARGS)
 
 demo: $(BIN)/trainmon
-	exec $(BIN)/trainmon serve --demo $(ARGS)
+	exec env $(UNIT_ENVIRONMENT) $(BIN)/trainmon serve --demo $(ARGS)
 
 debian-packages:
 	@missing=""; for p in $(DEBIAN_PACKAGES); do \

@@ -1,6 +1,7 @@
 """Resident memory of ``trainmon serve`` with built-in defaults (no GPU), optionally A/B.
 
-Each run starts a daemon without ``--config`` on a free loopback port, scrapes
+Each run starts a daemon without ``--config`` on a free loopback port, with the
+systemd unit's environment (``PYTHONOPTIMIZE=2``; ``--plain`` adds runs without it), scrapes
 ``/metrics`` ``testkit.footprint.SCRAPES`` times and reads ``VmRSS``/``VmHWM``
 (``testkit.footprint.measure_serve``, the measurement tests/test_footprint.py
 holds to its ceiling). With ``--compare DIR`` (a source folder of another
@@ -31,14 +32,20 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--compare", metavar="DIR",
                         help="source folder (holding trainmon/) of the version to compare")
+    parser.add_argument("--plain", action="store_true",
+                        help="also run each tree without the unit's PYTHONOPTIMIZE")
     args = parser.parse_args()
     trees = {"this tree": str(benchlib.ROOT / "exporter")}
     if args.compare:
         trees = {args.compare: args.compare, **trees}
-    results: dict[str, list[Footprint]] = {name: [] for name in trees}
+    variants = {f"{name}{suffix}": {"PYTHONPATH": source, **extra}
+                for name, source in trees.items()
+                for suffix, extra in ((("", {}),) + (((", plain", {"PYTHONOPTIMIZE": ""}),)
+                                                     if args.plain else ()))}
+    results: dict[str, list[Footprint]] = {name: [] for name in variants}
     for _ in range(args.runs):
-        for name, source in trees.items():  # alternate: both see the same machine load
-            results[name].append(measure_serve(env={"PYTHONPATH": source}))
+        for name, env in variants.items():  # alternate: all see the same machine load
+            results[name].append(measure_serve(env=env))
     print(f"`trainmon serve`, built-in defaults, no GPU; {args.runs} runs each, alternating; "
           f"ceiling {SERVE_RSS_CEILING_MIB} MiB\n")
     print("| tree | VmRSS MiB, each run | median | peak (VmHWM) max | threads |")

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from testkit.daemon import free_port
+from testkit.footprint import unit_environment
 from tests.deploy.deploy_support import containerfile
 from tests.deploy.deploy_support.common import REPO, run, shipped_trainmon_configs
 from trainmon import __version__
@@ -35,6 +36,17 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> containerfile.Stage:
 def isolated(tmp_path: Path) -> dict[str, str]:
     """An environment that cannot see the checkout (no PYTHONPATH, no virtualenv)."""
     return {"PYTHONPATH": "", "VIRTUAL_ENV": "", "PYTHONSAFEPATH": "1", "HOME": str(tmp_path)}
+
+
+def test_the_image_runs_the_daemon_as_the_systemd_unit_does(image: containerfile.Stage) -> None:
+    """The unit's Environment= (-OO, one malloc arena) is the image's, and the -OO bytecode
+    of the standard library and the installed packages was compiled at build."""
+    environment = unit_environment()
+    assert environment["PYTHONOPTIMIZE"] == "2"
+    assert {key: image.env.get(key) for key in environment} == environment
+    site_packages = next(image.host_path("/opt/trainmon/lib").glob("python3*/site-packages"))
+    compiled = site_packages / "trainmon" / "__pycache__"
+    assert sorted(compiled.glob("cli.*.opt-2.pyc")), sorted(compiled.iterdir())
 
 
 def test_image_runs_as_a_numeric_non_root_user(image: containerfile.Stage) -> None:
@@ -113,7 +125,8 @@ def test_installed_demo_serves_metrics(image: containerfile.Stage, tmp_path: Pat
                 *("serve", "--demo", "--listen", f"127.0.0.1:{port}"),
             ],
             cwd=tmp_path,
-            env={**os.environ, **isolated(tmp_path)},
+            env={**os.environ, **unit_environment(), **isolated(tmp_path),
+                 "PYTHONDONTWRITEBYTECODE": "1"},  # the image's: -OO, its bytecode read-only
             stdout=output,
             stderr=subprocess.STDOUT,
         )

@@ -230,3 +230,13 @@ def test_sysctl_file_sets_existing_kernel_settings() -> None:
     assert settings["net.core.rmem_max"] >= TrainingConfig().receive_buffer_bytes
     for key in settings:
         assert Path("/proc/sys", *key.split(".")).exists(), key
+
+
+def test_both_units_run_python_alike() -> None:
+    """The puller's unit sets the node daemon unit's Environment= (-OO, one malloc arena),
+    which make run and testkit.footprint also read."""
+    def environment(name: str) -> set[str]:
+        return {word for line in parse_unit(SYSTEMD / name).get("Service.Environment", [])
+                for word in line.split()}
+    assert environment("trainmon.service") == environment("trainmon-tencent.service") == {
+        "PYTHONOPTIMIZE=2", "MALLOC_ARENA_MAX=1"}
