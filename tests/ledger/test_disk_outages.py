@@ -26,6 +26,7 @@ from testkit.old_release import report
 from testkit.small_disk import CannotMount, fill, remount, small_disk
 from tests.ledger.ledger_support import Clocks, description, make_recorder, send, step
 from trainmon.ledger import Ledger
+from trainmon.ledger import recorder as recorder_module
 from trainmon.ledger.recorder import REOPEN_SECONDS
 
 SIZE_BYTES = 512 * 1024
@@ -72,14 +73,42 @@ def test_a_run_that_ends_while_the_disk_is_full_is_written_once_space_returns(
         assert exposition.value("trainmon_ledger_write_errors_total",
                                 reason="disk_full") >= 1.0
         assert "the disk is full" in str(ledger.health()["ledger_error"])
+        assert exposition.value("trainmon_ledger_unwritten_runs") == 1.0
         filler.unlink()
         clocks.advance(10)
         ledger.tick()
         assert scrape(ledger).value("trainmon_ledger_up") == 1.0
+        assert scrape(ledger).value("trainmon_ledger_unwritten_runs") == 0.0
     finally:
         ledger.stop()
         training.stop()
     assert intact(path) == {"before": (60, "finished")}
+
+
+def test_ended_runs_beyond_the_bound_are_dropped_oldest_first_and_counted(
+        disk: Path, clocks: Clocks, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(recorder_module, "MAX_UNWRITTEN", 2)
+    path = disk / "ledger.sqlite3"
+    training, ledger = make_recorder(clocks, path, flush_seconds=3600.0)()
+    ledger.start()
+    try:
+        ledger.tick()  # the file is made while there is room
+        filler = fill(disk, SIZE_BYTES)
+        for run in ("first", "second", "third"):
+            clocks.advance(10)
+            send(training, description(run=run, ended="finished"), step(10, run=run))
+            ledger.tick()
+        exposition = scrape(ledger)
+        assert exposition.value("trainmon_ledger_unwritten_runs") == 2.0
+        assert exposition.value("trainmon_ledger_dropped_unwritten_runs_total") == 1.0
+        filler.unlink()
+        clocks.advance(10)
+        ledger.tick()
+    finally:
+        ledger.stop()
+        training.stop()
+    assert {run: end for run, (_, end) in intact(path).items()} == {
+        "second": "finished", "third": "finished"}
 
 
 def test_a_read_only_disk_is_counted_and_recording_resumes_when_it_is_writable(

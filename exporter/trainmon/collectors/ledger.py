@@ -35,7 +35,12 @@ from trainmon.ledger.api import RunsAPI
 from trainmon.ledger.config import LedgerConfig
 from trainmon.ledger.goodput import BUCKETS
 from trainmon.ledger.holding import GpuHolding, pod_holding, team_of
-from trainmon.ledger.recorder import GOODPUT_WINDOW_SECONDS, MAX_GOODPUT_JOBS, RunRecorder
+from trainmon.ledger.recorder import (
+    GOODPUT_WINDOW_SECONDS,
+    MAX_GOODPUT_JOBS,
+    MAX_UNWRITTEN,
+    RunRecorder,
+)
 from trainmon.ledger.summary import FailSlowChange
 from trainmon.training.protocol import job_name
 
@@ -132,6 +137,17 @@ class LedgerCollector(Collector):
             labels=["reason"])
         for reason, count in readings.write_errors.items():
             errors.add_metric([reason], count)
+        unwritten = GaugeMetricFamily(
+            "trainmon_ledger_unwritten_runs",
+            "Records of ended runs kept in memory because the run ledger cannot be "
+            f"written (a full or read-only disk), at most {MAX_UNWRITTEN}; written, oldest "
+            "first, once it can.")
+        unwritten.add_metric([], readings.unwritten_runs)
+        dropped_unwritten = _counter(
+            "trainmon_ledger_dropped_unwritten_runs_total",
+            f"Records of ended runs lost because more than {MAX_UNWRITTEN} waited for a "
+            "run ledger that could not be written (the oldest go first).",
+            readings.dropped_unwritten_runs)
         refused = _counter(
             "trainmon_ledger_refused_runs_total",
             "Runs not recorded because their (job, run, node) record in the ledger "
@@ -205,7 +221,8 @@ class LedgerCollector(Collector):
             labels=["reason"])
         for reason, count in api.cut.items():
             api_cut.add_metric([reason], count)
-        families: list[Metric] = [changes, ends, up, writes, errors, refused, pruned,
+        families: list[Metric] = [changes, ends, up, writes, errors, unwritten, dropped_unwritten,
+                                  refused, pruned,
                                   gpu_seconds, goodput, evicted, teams, tensor, refused_idle,
                                   api_refused, api_cut]
         if readings.stored_runs is not None:

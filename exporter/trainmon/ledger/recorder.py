@@ -254,6 +254,10 @@ class RecorderReadings:
     goodput: Mapping[str, float] = field(default_factory=dict)
     #: Jobs whose GPU-seconds were dropped to keep ``MAX_GOODPUT_JOBS``.
     goodput_evicted_jobs: int = 0
+    #: Records of ended runs waiting in memory for a ledger that cannot be written.
+    unwritten_runs: int = 0
+    #: Such records dropped to keep ``MAX_UNWRITTEN``.
+    dropped_unwritten_runs: int = 0
     #: job -> its team (``trainmon.ledger.holding``), for the jobs of ``gpu_seconds``.
     teams: Mapping[str, str] = field(default_factory=dict)
     #: job -> the writer identity its GPU-seconds, goodput and team are booked for, for
@@ -307,6 +311,7 @@ class RunRecorder:
         #: (job, run) -> the latest record not yet written of a run no longer in
         #: ``_runs`` (ended while the file could not be written), oldest first.
         self._unwritten: OrderedDict[tuple[str, str], RecordUpdate] = OrderedDict()
+        self._dropped_unwritten = 0
         self._next_open = float("-inf")
         self._next_prune = float("-inf")
         #: Rows were deleted since the last ``Ledger.reclaim``; the next one not before.
@@ -1053,6 +1058,7 @@ class RunRecorder:
                 dropped = len(self._unwritten) - MAX_UNWRITTEN
                 for _ in range(dropped):
                     self._unwritten.popitem(last=False)
+                self._dropped_unwritten += dropped
                 log.warning("run ledger: %d records of ended runs dropped: more than %d "
                             "waiting for the file (%s)", dropped, MAX_UNWRITTEN, written)
             return
@@ -1207,6 +1213,8 @@ class RunRecorder:
                 goodput=goodput,
                 productive_tensor_active=self._productive_tensor_active(goodput),
                 goodput_evicted_jobs=self._goodput_evicted,
+                unwritten_runs=len(self._unwritten),
+                dropped_unwritten_runs=self._dropped_unwritten,
                 teams={job: self._teams[job] for job in self._gpu_seconds if job in self._teams},
                 owners={job: self._job_owners[job] for job in self._gpu_seconds},
                 refused_idle_seconds=self._refused_idle)
