@@ -18,17 +18,19 @@ import yaml
 from tests.deploy.deploy_support import crd_schemas
 from tests.deploy.deploy_support.common import ALERTS, KUBERNETES, VARIANTS, run
 from tests.deploy.deploy_support.kustomize import Manifest, by_kind_and_name
+from trainmon.attribution.podresources import DEFAULT_SOCKET
 
 COMPONENTS = KUBERNETES / "components"
 #: Each component and the overlay it is tested on alone: dcgm-compat only where no
 #: dcgm-exporter runs (docs/alerts.md, "DCGM-compatible series"); the others, which
-#: patch the base, on dcgm, and all four together on tencent-cloud
+#: patch the base, on dcgm, and all of them together on tencent-cloud
 #: (test_components_combine), so each is built with every overlay it applies to.
 COMPONENT_VARIANTS: dict[str, tuple[str, ...]] = {
     "dcgm-compat": ("tencent-cloud",),
     "host-pid": ("dcgm",),
     "all-nodes": ("dcgm",),
     "pod-monitor": ("dcgm",),
+    "pod-resources": ("dcgm",),
 }
 KUBERNETES_VERSION = kubernetes_validate.latest_version()
 
@@ -156,6 +158,28 @@ def test_pod_monitor_replaces_the_service_monitor_and_keeps_its_scrape(
     assert endpoint["port"] in ports
 
 
+@pytest.mark.parametrize("variant", COMPONENT_VARIANTS["pod-resources"])
+def test_pod_resources_mounts_the_kubelet_socket_where_the_daemon_looks_for_it(
+    tmp_path: Path, plain: dict[str, dict[tuple[str, str], Manifest]], variant: str
+) -> None:
+    objects = build(tmp_path, variant, "pod-resources")
+    assert changed(plain[variant], objects) == {("DaemonSet", "trainmon")}
+    spec = pod_spec(objects)
+    [daemon] = [c for c in spec["containers"] if c["name"] == "trainmon"]
+    [mount] = [m for m in daemon["volumeMounts"] if m["name"] == "pod-resources"]
+    socket = Path(mount["mountPath"]) / "kubelet.sock"
+    assert socket == DEFAULT_SOCKET  # collectors.attribution.pod_resources_socket's
+    assert mount["readOnly"] is True
+    [volume] = [v for v in spec["volumes"] if v["name"] == "pod-resources"]
+    assert volume["hostPath"] == {"path": mount["mountPath"], "type": "Directory"}
+    # root for the kubelet's root-only socket, and nothing more: no capability back
+    security = daemon["securityContext"]
+    assert security["runAsUser"] == 0 and security["capabilities"] == {"drop": ["ALL"]}
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert spec["hostPID"] is False and spec["securityContext"]["runAsUser"] == 19400
+
+
 def test_dcgm_compat_adds_the_pack_as_a_prometheus_rule(
     tmp_path: Path, plain: dict[str, dict[tuple[str, str], Manifest]]
 ) -> None:
@@ -175,5 +199,6 @@ def test_components_combine(
     spec = pod_spec(objects)
     assert spec["hostPID"] is True and "nodeSelector" not in spec
     assert spec["tolerations"] == [{"operator": "Exists"}]
+    assert {"name", "hostPath"} <= next(v for v in spec["volumes"] if v["name"] == "pod-resources").keys()
     [endpoint] = objects[("PodMonitor", "trainmon")]["spec"]["podMetricsEndpoints"]
     assert endpoint["honorLabels"] is True
