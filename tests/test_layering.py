@@ -46,8 +46,10 @@ IMPORT_FUNCTIONS = frozenset({"import_module", "__import__"})
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("trainmon",),
     # what every layer may use: shared numbers, paths, rate-limited logs, threads,
-    # outbound HTTP deadlines, the YAML section reader, text made safe for a terminal
-    ("contract", "paths", "logthrottle", "background", "outbound", "section", "terminal"),
+    # outbound HTTP deadlines, the YAML section reader, text made safe for a terminal,
+    # the wall clock's steps
+    ("contract", "paths", "logthrottle", "background", "outbound", "section", "terminal",
+     "clock"),
     # the collector contract, the registry and the route types
     ("core",),
     # the sources and the server, each on its own

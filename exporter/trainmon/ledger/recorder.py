@@ -104,6 +104,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from trainmon.background import BackgroundThread
+from trainmon.clock import WallSteps
 from trainmon.contract import PIPELINE_GROUP
 from trainmon.ledger.config import LedgerConfig
 from trainmon.ledger.ending import (
@@ -123,7 +124,7 @@ from trainmon.ledger.feed import (
 from trainmon.ledger.files import WriterLock
 from trainmon.ledger.goodput import RankBooking, RankTotals, empty_buckets, goodput_ratio
 from trainmon.ledger.holding import GpuHoldings, owner_team
-from trainmon.ledger.records import FINAL_END_REASONS
+from trainmon.ledger.records import FINAL_END_REASONS, RunRecord
 from trainmon.ledger.schema import LedgerError, take_writer_lock
 from trainmon.ledger.store import Ledger, RecordUpdate, WriteResult
 from trainmon.ledger.summary import FailSlowChange, Progress, RunTotals, verdict_gap
@@ -290,6 +291,9 @@ class RunRecorder:
         self._holdings = holdings
         self._clock = clock
         self._wall_clock = wall_clock
+        #: The wall clock's steps (read under ``_lock``): every time the recorder holds
+        #: is on their steady time (module docstring).
+        self._wall_steps = WallSteps(clock(), wall_clock())
         self._node = config.node_name
         self._lock = threading.Lock()
         #: Held for a whole tick, the file's write included (``_lock`` is not).
@@ -419,7 +423,8 @@ class RunRecorder:
         snapshot = self._training.snapshot()
         with self._tick_lock:
             with self._lock:
-                now, wall = self._clock(), self._wall_clock()
+                now = self._clock()
+                wall = self._wall_steps.observe(now, self._wall_clock())
                 updates = self._update(snapshot, now, wall)
                 ledger = self._ledger
                 reclaim = self._reclaim_due and now >= self._next_reclaim
@@ -430,7 +435,7 @@ class RunRecorder:
                     and self._open_error is not None:
                 written = self._open_error  # a flush with records that cannot be written
             with self._lock:
-                self._written(written, updates, wall)
+                self._written(written, updates, self._wall_steps.unix(wall))
                 self._publish_recording()
 
     def _update(self, snapshot: TrainingSnapshot, now: float, wall: float
@@ -462,8 +467,7 @@ class RunRecorder:
                                           sort_keys=True, default=str))
             if fingerprint != run.written_fingerprint \
                     or now - run.written_at >= REWRITE_SECONDS:
-                record = run.record(self._node, wall, self.config)
-                updates.append(RecordUpdate(record, state))
+                updates.append(self._as_said(run.record(self._node, wall, self.config), state))
                 run.written_fingerprint, run.written_at = fingerprint, now
             if run.end_reason in FINAL_END_REASONS:
                 del self._runs[key]
@@ -508,8 +512,10 @@ class RunRecorder:
                     or stored[0].owner != owner:
                 continue
             run = RecordedRun.lost_while_away(*stored)
-            updates.append(RecordUpdate(run.record(self._node, wall, self.config), run.state()))
-            ended = run.ended if run.ended is not None else wall
+            # its times are the file's, as the wall clock said them
+            updates.append(RecordUpdate(run.record(self._node, self._wall_steps.unix(wall),
+                                                   self.config), run.state()))
+            ended = wall if run.ended is None else self._on_timeline(run.ended)
             self._recent_ends.pop((job, run_id), None)
             self._recent_ends[(job, run_id)] = ("lost", ended,
                                                 goodput_ratio(run.totals.gpu_seconds))
@@ -600,8 +606,10 @@ class RunRecorder:
             first_step = None
             if progress.steps > 0:
                 run.last_progress = wall
-                end = view.last_report_time if view.last_step_time is None else max(
-                    view.last_step_time, view.last_report_time - MAX_STEP_REPORT_LAG_SECONDS)
+                reported = self._on_timeline(view.last_report_time)
+                end = reported if view.last_step_time is None else max(
+                    self._on_timeline(view.last_step_time),
+                    reported - MAX_STEP_REPORT_LAG_SECONDS)
                 fresh = first or restarted
                 after = None if fresh else run.rank_last_step.get(view.rank)
                 # the client times its steps back to back: they began step_seconds before
@@ -609,7 +617,7 @@ class RunRecorder:
                 start = after if after is not None else end - progress.step_seconds
                 run.add_steps(view.rank, progress.samples, start, end, fresh=fresh)
                 first_step = start
-            run.note_report(view.rank, view.last_report_time, first=first,
+            run.note_report(view.rank, self._on_timeline(view.last_report_time), first=first,
                             first_step=first_step)
             live.setdefault(key, []).append(view)
         self._seen = seen
@@ -628,11 +636,12 @@ class RunRecorder:
             run = self._runs.get(key)
             if run is None or run.owner != view.owner:
                 continue
-            if wall - view.last_report_time > SILENT_SECONDS:
+            if wall - self._on_timeline(view.last_report_time) > SILENT_SECONDS:
                 gone.setdefault(key, []).append(view.rank)
             elif view.stall is not None:
                 stalled.setdefault(key, {})[view.rank] = (
-                    view.stall.where, frame_text(view.stall.frames), view.stall.since)
+                    view.stall.where, frame_text(view.stall.frames),
+                    self._on_timeline(view.stall.since))
         for key, run in self._runs.items():
             if run.end_reason in FINAL_END_REASONS:
                 continue
@@ -647,7 +656,11 @@ class RunRecorder:
         was first seen), else from the start of its first step; ``before``: the rank's
         totals at the previous tick (an earlier run's, which the store's cumulative
         totals still hold), where its new run's are counted from."""
-        totals = _rank_totals(view)
+        saved = view.last_checkpoint
+        totals = _totals_of(view.totals, None if saved is None else self._on_timeline(saved.time))
+        reported = self._on_timeline(view.last_report_time)
+        last_step = None if view.last_step_time is None \
+            else self._on_timeline(view.last_step_time)
         booking = run.bookings.get(view.rank)
         if booking is None:
             if run.resumed or not first:
@@ -656,11 +669,11 @@ class RunRecorder:
                 baseline = RankTotals() if before is None else _totals_of(before)
                 # the rank's last step is this run's only if it stepped since the baseline
                 # (the store keeps an earlier run's last step until the new one steps)
-                last_step = view.last_step_time if totals.steps > baseline.steps else None
-                began = (last_step or wall) - (totals.step_seconds - baseline.step_seconds)
+                stepped = last_step if totals.steps > baseline.steps else None
+                began = (stepped or wall) - (totals.step_seconds - baseline.step_seconds)
                 if (described is not None and described.description.run == run.run
                         and described.owner == run.owner):
-                    began = min(began, max(described.description.started,
+                    began = min(began, max(self._on_timeline(described.description.started),
                                            wall - MAX_STARTUP_LOOKBACK_SECONDS))
                 booking = RankBooking.new_run(min(began, wall), baseline)
                 booking.redo_steps = self._steps_to_redo(run, view.rank, wall)
@@ -669,8 +682,7 @@ class RunRecorder:
                  if rank != view.rank and other.work_per_step is not None]
         # up to its latest report: a rank that went silent (crashed) is not booked on
         # while the run's end is decided
-        self._add_booked(run, booking.book(min(wall, view.last_report_time), totals,
-                                           view.last_step_time,
+        self._add_booked(run, booking.book(min(wall, reported), totals, last_step,
                                            peers_work=max(peers, default=None)), wall)
 
     def _close_bookings(self, run: RecordedRun, wall: float) -> None:
@@ -933,7 +945,7 @@ class RunRecorder:
         if not mine:
             return
         rank, kept = mine[0]
-        run.take_started(min(kept.description.started for _, kept in mine))
+        run.take_started(self._on_timeline(min(kept.description.started for _, kept in mine)))
         run.ranks.update(rank for rank, _ in mine)
         if kept.description is run.source:
             return
@@ -1099,6 +1111,29 @@ class RunRecorder:
             self._close()
 
 
+    # -- the recorder's time and the wall clock's ------------------------------------
+
+    def _on_timeline(self, unix: float) -> float:
+        """Unix time as the wall clock reckons it now (a snapshot's, a sender's) on the
+        steady time, the recorder's."""
+        return self._wall_steps.steady(unix)
+
+    def _said(self, time: float) -> float:
+        """The recorder's ``time`` as Unix time as the wall clock said it then."""
+        return self._wall_steps.said(time)
+
+    def _as_said(self, record: RunRecord, state: dict[str, object]) -> RecordUpdate:
+        """``record`` and ``state`` of a run in memory with their times (the recorder's)
+        as the wall clock said them; the duration stays the monotonic one."""
+        record = replace(record, started=self._said(record.started),
+                         ended=None if record.ended is None else self._said(record.ended),
+                         updated=self._wall_steps.unix(record.updated))
+        for name in ("started", "first_report", "last_report", "active_start", "active_end"):
+            value = state.get(name)
+            if isinstance(value, float):
+                state[name] = self._said(value)
+        return RecordUpdate(record, state)
+
     # -- evaluations and scrapes ------------------------------------------------------
 
     def count_verdicts(self, current: Mapping[str, str]) -> None:
@@ -1155,15 +1190,15 @@ class RunRecorder:
     def observe_tensor_activity(self, activity: Mapping[str, float]) -> None:
         """One evaluation's mean tensor-pipe activity (GPM) of each job's GPUs over the
         diagnosis window, for ``productive_tensor_active``."""
-        wall = self._wall_clock()
+        now = self._clock()
         with self._lock:
             for job, value in activity.items():
                 if job not in self._gpu_seconds:
                     continue  # bounded by the jobs with goodput series
                 samples = self._tensor.setdefault(job, deque())
-                samples.append((wall, value))
+                samples.append((now, value))
                 self._tensor_sums[job] = self._tensor_sums.get(job, 0.0) + value
-                while samples and wall - samples[0][0] > GOODPUT_WINDOW_SECONDS:
+                while samples and now - samples[0][0] > GOODPUT_WINDOW_SECONDS:
                     self._tensor_sums[job] -= samples.popleft()[1]
             for job in set(self._tensor) - set(self._gpu_seconds):
                 del self._tensor[job]
@@ -1184,8 +1219,8 @@ class RunRecorder:
 
     def readings(self) -> RecorderReadings:
         """The runs' changes, the latest ends and the counters, at one instant."""
-        wall = self._wall_clock()
         with self._lock:
+            wall = self._wall_steps.observe(self._clock(), self._wall_clock())
             changes = tuple((job, run.owner, run_id, run.changed)
                             for (job, run_id), run in sorted(self._runs.items())
                             if run.changed is not None)
@@ -1198,7 +1233,7 @@ class RunRecorder:
                       if run.end_reason == "stalled" and run.ended is not None]
             recent = sorted((item for item in ended if wall - item[0] <= RUN_END_EXPORT_SECONDS),
                             reverse=True)[:MAX_EXPORTED_RUN_ENDS]
-            ends = tuple(RunEnd(job, run_id, reason, end, ratio, owner)
+            ends = tuple(RunEnd(job, run_id, reason, self._said(end), ratio, owner)
                          for end, (job, run_id), reason, ratio, owner
                          in sorted(recent, key=lambda item: item[1]))
             goodput = {job: ratio for job, history in self._goodput_history.items()
@@ -1373,11 +1408,6 @@ def _totals_of(totals: StepTotals, last_checkpoint_time: float | None = None) ->
         phase_seconds=dict(totals.phase_seconds),
         checkpoint_seconds=totals.checkpoint_seconds, checkpoints=totals.checkpoints,
         last_checkpoint_time=last_checkpoint_time)
-
-
-def _rank_totals(view: ReportingRank) -> RankTotals:
-    saved = view.last_checkpoint
-    return _totals_of(view.totals, None if saved is None else saved.time)
 
 
 def _window_ratio(history: deque[tuple[float, float, float]]) -> float | None:

@@ -56,6 +56,11 @@ expires. A stall of a rank that never reported is refused (``invalid_field``).
 Config, environment and framework values under secret-looking names
 (``protocol.is_secret_name``) are redacted here again, whatever the sender
 did: nothing downstream (metrics, ledger, logs) can see them.
+Clocks (docs/architecture.md, "Clocks"): the TTL and the data-wait window run on
+the monotonic clock; a rank's last report, last step and stall arrival are kept on
+the steady time (``trainmon.clock``) and shown as the wall clock reckons them at the
+snapshot, so that their age is right after the wall clock stepped. A description's
+``received`` and a checkpoint's time are Unix times as said, read by no interval.
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
+from trainmon.clock import WallSteps
 from trainmon.contract import STEP_BUCKET_COUNT
 from trainmon.training.protocol import (
     REDACTED,
@@ -319,13 +325,16 @@ class _Rank:
     gpu: str | None
     pid: int | None
     world_size: int | None
+    #: Monotonic time its latest accepted report arrived (a heartbeat: sent ~1/s).
     last_seen: float
+    #: The same on the steady time (``trainmon.clock``).
+    last_report_at: float
     #: The sending process as the kernel names it in the daemon's pid namespace
     #: (``SCM_CREDENTIALS`` of the unix socket); None over HTTP or from outside it.
     sender_pid: int | None
-    last_step_time: float | None
-    #: Unix time of the rank's latest accepted report (a heartbeat: sent ~1/s).
-    last_report_time: float
+    #: Steady time its latest step ended: the sender's Unix time, never after the
+    #: arrival of the report that said it.
+    last_step_at: float | None
     reporters: OrderedDict[str, Totals] = field(default_factory=OrderedDict)
     resets: int = 0
     #: Run id of the rank's latest report that named one.
@@ -337,8 +346,8 @@ class _Rank:
     collective_seq: int | None = None
     #: The latest stall report while the rank's steps have not moved past it.
     stall: StallReport | None = None
-    #: Unix time it arrived.
-    stall_received: float | None = None
+    #: Steady time it arrived.
+    stall_received_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -355,6 +364,9 @@ class RankView:
     #: Monotonic totals; ``totals.comm_groups``: communication per process group.
     totals: Totals
     counter_resets: int
+    #: Unix time the rank's latest step ended and its latest report arrived, as the wall
+    #: clock reckons them at the snapshot: the wall clock less them is their age, also
+    #: after the wall clock stepped (``trainmon.clock``).
     last_step_time: float | None
     last_report_time: float
     #: Data wait / step time over the last window; None before any step time.
@@ -488,6 +500,8 @@ class TrainingStore:
         self._window = window_seconds
         self._clock = clock
         self._wall_clock = wall_clock
+        #: The wall clock's steps (read under the lock: ``_now``).
+        self._wall_steps = WallSteps(clock(), wall_clock())
         self._lock = threading.Lock()
         self._jobs: OrderedDict[str, _Job] = OrderedDict()
         self._accepted = dict.fromkeys(TRANSPORTS, 0)
@@ -509,7 +523,7 @@ class TrainingStore:
         redacted = redact(description)
         received = self._wall_clock()
         with self._lock:
-            now = self._clock()
+            now, _ = self._now()
             self._maybe_expire(now)
             job = self._admit(description.job, identity)
             previous = job.descriptions.get(description.rank)
@@ -547,7 +561,7 @@ class TrainingStore:
         (``forbidden`` like ``ingest``; ``invalid_field`` for a rank that has not
         reported, or a stall of a reporter other than the rank's latest)."""
         with self._lock:
-            now = self._clock()
+            now, steady = self._now()
             self._maybe_expire(now)
             job = self._jobs.get(stall.job)
             if job is not None and identity != job.owner and identity not in self._trusted:
@@ -564,7 +578,7 @@ class TrainingStore:
                 # a rank cannot be stalled after steps it never reported: its next step
                 # report would never pass such a claim, and the stall would never clear
                 stall = replace(stall, steps=reported.steps)
-            state.stall, state.stall_received = stall, self._wall_clock()
+            state.stall, state.stall_received_at = stall, steady
             self._accepted[transport] += 1
 
     def reject(self, reason: str, count: int = 1) -> None:
@@ -592,27 +606,28 @@ class TrainingStore:
         daemon's pid namespace (unix socket credentials), when known.
         """
         with self._lock:
-            now = self._clock()
+            now, steady = self._now()
             self._maybe_expire(now)
             job = self._admit(report.job, identity)
             state = job.ranks.get(report.rank)
             if identity not in self._trusted:
                 self._within_budget(job, report.job, identity, report=report, rank=state)
             if state is None:
-                self._add_rank(job, report, now, sender_pid)
+                self._add_rank(job, report, now, steady, sender_pid)
             else:
                 if report.run is not None and report.run != state.run:
                     job.name_run(state.run, -1)
                     job.name_run(report.run, 1)
-                self._update_rank(state, report, now, sender_pid)
+                self._update_rank(state, report, now, steady, sender_pid)
                 job.ranks.move_to_end(report.rank)
             self._jobs.move_to_end(report.job)
             self._accepted[transport] += 1
 
     def snapshot(self) -> TrainingStoreView:
         with self._lock:
-            now = self._clock()
+            now, _ = self._now()
             self._expire(now)
+            unix = self._wall_steps.unix
             views = [
                 RankView(
                     job=name,
@@ -623,15 +638,17 @@ class TrainingStore:
                     sender_pid=state.sender_pid,
                     totals=state.totals.copy(),
                     counter_resets=state.resets,
-                    last_step_time=state.last_step_time,
-                    last_report_time=state.last_report_time,
+                    last_step_time=None if state.last_step_at is None
+                    else unix(state.last_step_at),
+                    last_report_time=unix(state.last_report_at),
                     data_wait_ratio=self._ratio(state),
                     last_checkpoint=state.last_checkpoint,
                     run=state.run,
                     owner=job.owner,
                     collective_seq=state.collective_seq,
                     stall=state.stall,
-                    stall_received=state.stall_received,
+                    stall_received=None if state.stall_received_at is None
+                    else unix(state.stall_received_at),
                 )
                 for name, job in self._jobs.items()
                 for rank, state in job.ranks.items()
@@ -655,6 +672,11 @@ class TrainingStore:
             }
 
     # -- under the lock ---------------------------------------------------------
+
+    def _now(self) -> tuple[float, float]:
+        """The monotonic time and the steady time (``trainmon.clock``)."""
+        now = self._clock()
+        return now, self._wall_steps.observe(now, self._wall_clock())
 
     def _admit(self, name: str, identity: str) -> _Job:
         """The job ``name`` for a report of ``identity``, created if new; raises
@@ -740,7 +762,7 @@ class TrainingStore:
                     "bytes (collectors.training.max_description_bytes_per_writer)")
 
     def _add_rank(
-        self, job: _Job, report: StepReport, now: float, sender_pid: int | None
+        self, job: _Job, report: StepReport, now: float, steady: float, sender_pid: int | None
     ) -> None:
         ranks = job.ranks
         if len(ranks) >= self._max_ranks:
@@ -753,9 +775,9 @@ class TrainingStore:
             pid=report.pid,
             world_size=report.world_size,
             last_seen=now,
+            last_report_at=steady,
             sender_pid=sender_pid,
-            last_step_time=self._step_time(report, None),
-            last_report_time=self._wall_clock(),
+            last_step_at=self._step_at(report, None, steady),
             last_checkpoint=self._checkpoint(report, _ZERO, None),
             run=report.run,
             collective_seq=report.collective_seq,
@@ -769,7 +791,8 @@ class TrainingStore:
         job.name_run(report.run, 1)
 
     def _update_rank(
-        self, state: _Rank, report: StepReport, now: float, sender_pid: int | None
+        self, state: _Rank, report: StepReport, now: float, steady: float,
+        sender_pid: int | None,
     ) -> None:
         new = Totals.of(report)
         previous = state.reporters.get(report.reporter_id)
@@ -798,16 +821,15 @@ class TrainingStore:
         stall = state.stall
         if stall is not None and (stall.reporter_id != report.reporter_id
                                   or new.steps > stall.steps):
-            state.stall = state.stall_received = None  # it steps again, or restarted
+            state.stall = state.stall_received_at = None  # it steps again, or restarted
         if steps_advanced and new.steps > 0:
-            state.last_step_time = self._step_time(report, state.last_step_time)
+            state.last_step_at = self._step_at(report, state.last_step_at, steady)
         state.gpu, state.pid, state.world_size = report.gpu, report.pid, report.world_size
         state.collective_seq = report.collective_seq
         if report.run is not None:
             state.run = report.run
         state.sender_pid = sender_pid
-        state.last_seen = now
-        state.last_report_time = self._wall_clock()
+        state.last_seen, state.last_report_at = now, steady
         self._record_window(state, now)
 
     def _record_window(self, state: _Rank, now: float) -> None:
@@ -848,13 +870,15 @@ class TrainingStore:
             path=report.checkpoint_path,
         )
 
-    def _step_time(self, report: StepReport, previous: float | None) -> float | None:
-        """The sender's last-step time, never in the future of this daemon's clock."""
+    def _step_at(self, report: StepReport, previous: float | None, steady: float
+                 ) -> float | None:
+        """The sender's last-step time on the steady time, never after ``steady`` (the
+        report's arrival): the sender reads it on its wall clock when it sends the
+        report (docs/protocol.md), the daemon's clock when both run on one host."""
         if report.steps == 0:
             return previous
-        wall_now = self._wall_clock()
         sent = report.last_step_time
-        return wall_now if sent is None else min(sent, wall_now)
+        return steady if sent is None else min(self._wall_steps.steady(sent), steady)
 
     def _maybe_expire(self, now: float) -> None:
         if now >= self._next_expiry:
