@@ -117,7 +117,9 @@ def trainmon_command() -> list[str]:
     return [sys.executable, "-m", "trainmon"]
 
 
-def wait_ready(daemon: Daemon, timeout: float = READY_TIMEOUT_SECONDS) -> None:
+def wait_ready(daemon: Daemon, timeout: float = READY_TIMEOUT_SECONDS,
+               headers: Mapping[str, str] | None = None) -> None:
+    """Until ``/healthz`` answers 200 (with ``headers``: basic-auth credentials)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if daemon.process.poll() is not None:
@@ -125,7 +127,7 @@ def wait_ready(daemon: Daemon, timeout: float = READY_TIMEOUT_SECONDS) -> None:
                 f"trainmon exited with {daemon.process.returncode}:\n{daemon.log()}"
             )
         try:
-            status, _ = daemon.get("/healthz")
+            status, _ = daemon.get("/healthz", headers)
             if status == 200:
                 return
         except OSError:
@@ -135,10 +137,12 @@ def wait_ready(daemon: Daemon, timeout: float = READY_TIMEOUT_SECONDS) -> None:
 
 
 def serve(config_path: Path, log_path: Path, *, state_directory: Path | None = None,
-          cwd: Path | None = None) -> Daemon:
+          cwd: Path | None = None, host: str = "127.0.0.1",
+          headers: Mapping[str, str] | None = None) -> Daemon:
     """``trainmon serve --config config_path`` on a free loopback port, its output in
     ``log_path``, its ledger in ``state_directory`` (never the machine's own), once it
-    answers ``/healthz``."""
+    answers ``/healthz`` (asked with ``headers``). ``host`` "0.0.0.0": that port on every
+    address of the machine too (a peer that is not loopback)."""
     port = free_port()
     env = dict(os.environ)
     if state_directory is not None:
@@ -146,15 +150,15 @@ def serve(config_path: Path, log_path: Path, *, state_directory: Path | None = N
     with log_path.open("w") as log_file:  # the child keeps its own descriptor
         process = subprocess.Popen(
             [*trainmon_command(), "serve", "--config", str(config_path),
-             "--listen", f"127.0.0.1:{port}"],
+             "--listen", f"{host}:{port}"],
             stdout=log_file, stderr=subprocess.STDOUT, text=True, cwd=cwd, env=env)
-    return ready(Daemon(process, port, log_path, config_path))
+    return ready(Daemon(process, port, log_path, config_path), headers)
 
 
-def ready(daemon: Daemon) -> Daemon:
+def ready(daemon: Daemon, headers: Mapping[str, str] | None = None) -> Daemon:
     """``daemon`` once it answers ``/healthz``; stopped if it never does."""
     try:
-        wait_ready(daemon)
+        wait_ready(daemon, headers=headers)
     except AssertionError:
         daemon.stop()
         raise

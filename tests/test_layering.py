@@ -65,6 +65,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # the commands and the wiring
     ("doctor",),
     ("config",),
+    # the collectors built from a configuration; the reload that rebuilds them
+    ("assembly",),
+    ("reload",),
     ("cli",),
     ("__main__",),
 )

@@ -22,10 +22,11 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from trainmon import __version__
+from trainmon.assembly import assemble
 from trainmon.collectors import entries
 from trainmon.config import Config, PathsConfig, load_config, parse_config
 from trainmon.core.collector import Collector
-from trainmon.core.entry import CollectorEntry, Wiring
+from trainmon.core.entry import CollectorEntry
 from trainmon.core.ownprocess import OwnProcessCollector
 from trainmon.core.registry import CollectorRegistry
 from trainmon.http.listen import ListenAddress, parse_listen_address
@@ -61,11 +62,7 @@ def enabled_collectors(config: Config, *, demo: bool) -> list[CollectorEntry[Any
 
 def build_collectors(config: Config, *, demo: bool) -> list[Collector]:
     """Instantiate the enabled collectors, each with its injected boundaries."""
-    built: dict[str, Collector] = {}
-    for entry in enabled_collectors(config, demo=demo):
-        wiring = Wiring(config.paths.proc, config.paths.sys, demo, dict(built))
-        built[entry.name] = entry.build(config.collectors[entry.name], wiring)
-    return list(built.values())
+    return assemble(enabled_collectors(config, demo=demo), config, demo=demo).collectors
 
 
 def collectors_for(data: Mapping[str, object], *, demo: bool = False) -> list[Collector]:
@@ -386,8 +383,18 @@ def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         config = _demo_config(config, demo_node.root)
         _seed_demo_history(config, demo_node.sys_root, make_folder=own_ledger)
         demo_node.start()
+
+    def reload_config() -> tuple[Config, WebConfig | None]:
+        """The configuration again, as loaded above (a reload, ``trainmon.reload``)."""
+        loaded, loaded_web = _load(args.config, args.web_config_file, args.listen, environ)
+        if demo_node is not None:
+            loaded = _demo_config(loaded, demo_node.root)
+        return loaded, loaded_web
+
+    config_path = Path(args.config) if args.config else None
     try:
-        return _run_server(config, web, demo=args.demo)
+        return _run_server(config, web, demo=args.demo, reload_config=reload_config,
+                           config_path=config_path)
     finally:
         if demo_node is not None:
             demo_node.stop()
@@ -445,20 +452,32 @@ def _seed_demo_history(config: Config, sys_root: Path, *, make_folder: bool) -> 
              "; earlier runs seeded: " + ", ".join(r.run for r in seeded) if seeded else "")
 
 
-def _run_server(config: Config, web: WebConfig | None, *, demo: bool) -> int:
+def _run_server(
+    config: Config,
+    web: WebConfig | None,
+    *,
+    demo: bool,
+    reload_config: Callable[[], tuple[Config, WebConfig | None]],
+    config_path: Path | None,
+) -> int:
     from trainmon.http.server import ExporterHTTPServer
+    from trainmon.reload import Reloader
 
-    collectors = build_collectors(config, demo=demo)
+    assembly = assemble(enabled_collectors(config, demo=demo), config, demo=demo)
+    collectors = assembly.collectors
     # The daemon's own CPU, memory and file descriptors (process_*) first, among the
     # sources: the diagnosis and the collectors after it are evaluated on the
     # registry's clock (trainmon.core.registry), not on scrapes.
-    registry = CollectorRegistry(
-        [OwnProcessCollector(), *collectors], mode="demo" if demo else "real"
-    )
+    own_process = OwnProcessCollector()
+    registry = CollectorRegistry([own_process, *collectors], mode="demo" if demo else "real")
+    reloader = Reloader(
+        reload_config, lambda chosen: enabled_collectors(chosen, demo=demo), config=config,
+        web=web, assembly=assembly, fixed=[own_process], registry=registry, demo=demo,
+        config_path=config_path)
     try:
         server = ExporterHTTPServer(
             config.listen, registry, config.http, web, post_routes=registry.push_routes(),
-            get_routes=registry.get_routes(),
+            get_routes=registry.get_routes(), reloader=reloader,
         )
     except OSError as error:
         print(f"trainmon: cannot listen on {config.listen}: {error.strerror}", file=sys.stderr)
@@ -472,9 +491,14 @@ def _run_server(config: Config, web: WebConfig | None, *, demo: bool) -> int:
             stopping.set()
             threading.Thread(target=server.shutdown, name="shutdown", daemon=True).start()
 
+    def request_reload(_signum: int, _frame: FrameType | None) -> None:
+        reloader.request()  # a byte to the reload thread: nothing here can block
+
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     registry.start()
+    reloader.serve(server)
+    signal.signal(signal.SIGHUP, request_reload)
     scheme = "https" if web is not None and web.tls is not None else "http"
     log.info(
         "trainmon %s serving on %s://%s/metrics with collectors: %s%s",
@@ -490,6 +514,7 @@ def _run_server(config: Config, web: WebConfig | None, *, demo: bool) -> int:
     finally:
         if stop_demo_jobs is not None:
             stop_demo_jobs()
+        reloader.stop()
         server.server_close()
         registry.stop()
     log.info("stopped")

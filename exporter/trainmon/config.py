@@ -8,9 +8,10 @@ The keys are documented in the README's configuration reference.
 
 This module only assembles: the top-level keys (``listen``,
 ``web_config_file``), the ``http`` section (``trainmon.http.listen``), the
-``paths`` section and one ``collectors.<name>`` section per registry entry,
+``paths`` and ``reload`` sections and one ``collectors.<name>`` section per registry entry,
 each declared by its owner (``trainmon.collectors.MODULES``) and read by
-``trainmon.section.read_section``. Only ``trainmon.cli`` imports it.
+``trainmon.section.read_section``. Only the wiring imports it: ``trainmon.cli``,
+``trainmon.assembly`` and ``trainmon.reload``.
 """
 
 from __future__ import annotations
@@ -22,15 +23,17 @@ from typing import Any
 
 from trainmon.collectors import entries
 from trainmon.http.listen import DEFAULT_LISTEN, HTTPConfig, ListenAddress, parse_listen_address
-from trainmon.section import ConfigError, Section, read_section
+from trainmon.section import ConfigError, Invalid, Section, read_section, setting
 
 __all__ = [
     "CollectorsConfig",
     "Config",
     "ConfigError",
     "PathsConfig",
+    "ReloadConfig",
     "load_config",
     "parse_config",
+    "read_config_bytes",
 ]
 
 
@@ -88,13 +91,49 @@ class CollectorsConfig(Mapping[str, object]):
         return CollectorsConfig({**self, **sections})
 
 
+#: The largest configuration file read (a reload and the file watcher read it again).
+MAX_CONFIG_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class ReloadConfig:
+    """The ``reload`` section: how a running ``trainmon serve`` takes a new
+    configuration (``trainmon.reload``, docs/deploy.md)."""
+
+    #: Read the configuration file this often and reload when its content changed
+    #: (a Kubernetes ConfigMap volume); 0: only on SIGHUP and ``POST /-/reload``.
+    watch_interval_seconds: float = field(default=0.0, metadata=setting(minimum=0,
+                                                                        maximum=3600))
+    #: The shortest time between two reloads: a ``POST /-/reload`` sooner is refused
+    #: (429), a signal or a file change sooner waits for it.
+    min_interval_seconds: float = field(default=1.0, metadata=setting(minimum=0.1,
+                                                                      maximum=3600))
+
+    def check(self) -> None:
+        if 0 < self.watch_interval_seconds < 1:
+            raise Invalid("watch_interval_seconds", "must be 0 (off) or >= 1")
+
+
 @dataclass(frozen=True)
 class Config:
     listen: ListenAddress = field(default_factory=lambda: parse_listen_address(DEFAULT_LISTEN))
     web_config_file: Path | None = None
     http: HTTPConfig = field(default_factory=HTTPConfig)
     paths: PathsConfig = PathsConfig()
+    reload: ReloadConfig = ReloadConfig()
     collectors: CollectorsConfig = field(default_factory=CollectorsConfig)  # the socket: per user
+
+
+def read_config_bytes(path: Path) -> bytes:
+    """The content of the configuration file ``path``, at most ``MAX_CONFIG_BYTES``."""
+    try:
+        with path.open("rb") as file:
+            data = file.read(MAX_CONFIG_BYTES + 1)
+    except OSError as error:
+        raise ConfigError("", f"cannot read {path}: {error.strerror or error}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError("", f"{path} is larger than {MAX_CONFIG_BYTES} bytes")
+    return data
 
 
 def load_config(path: Path | None, environ: Mapping[str, str] | None = None) -> Config:
@@ -104,9 +143,7 @@ def load_config(path: Path | None, environ: Mapping[str, str] | None = None) -> 
     import yaml  # here, not above: the built-in defaults need no YAML parser in memory
 
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise ConfigError("", f"cannot read {path}: {error.strerror or error}") from None
+        text = read_config_bytes(path).decode("utf-8")
     except UnicodeDecodeError:
         raise ConfigError("", f"{path} is not UTF-8 text") from None
     try:
@@ -127,12 +164,13 @@ def parse_config(data: object, environ: Mapping[str, str] | None = None) -> Conf
     web_config_file = root.attempt(lambda: root.optional_path("web_config_file"), None)
     http = read_section(HTTPConfig, root.section("http"))
     paths = read_section(PathsConfig, root.section("paths"))
+    reload = read_section(ReloadConfig, root.section("reload"))
     collectors = _collectors(root.section("collectors"))
     root.finish()
     root.raise_errors()
     assert listen is not None  # its error was raised above
     return Config(listen=listen, web_config_file=web_config_file, http=http, paths=paths,
-                  collectors=collectors)
+                  reload=reload, collectors=collectors)
 
 
 def _collectors(section: Section) -> CollectorsConfig:

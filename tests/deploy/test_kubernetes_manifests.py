@@ -147,6 +147,10 @@ def test_node_daemon_pod_matches_its_configuration(overlays: dict[str, list[Mani
     for key, host in (("proc", "/proc"), ("sys", "/sys")):
         assert volumes[key]["hostPath"]["path"] == host
         assert mounts[key] == {"name": key, "mountPath": config["paths"][key], "readOnly": True}
+    # The whole folder is the ConfigMap's volume (no subPath, which the kubelet never
+    # updates), and the daemon reloads the file when its content changes.
+    assert "subPath" not in mounts["config"]
+    assert config["reload"]["watch_interval_seconds"] > 0
     # The step socket's folder is the node's /run/trainmon.
     socket = PurePosixPath(config["collectors"]["training"]["socket"])
     assert mounts["step-socket"]["mountPath"] == str(socket.parent)

@@ -16,6 +16,8 @@ SYSTEMD = DEPLOY / "systemd"
 UNITS = ("trainmon.service", "trainmon-tencent.service")
 #: Where the units expect the installed program (docs/deploy.md, "Bare metal").
 PROGRAM = "opt/trainmon/bin/trainmon"
+#: The programs the units start: the daemon, and kill for ``ExecReload`` (SIGHUP).
+PROGRAMS = (PROGRAM, "bin/kill")
 
 
 def parse_unit(path: Path) -> dict[str, list[str]]:
@@ -41,10 +43,11 @@ def system_root(tmp_path: Path, unit_text: dict[str, str]) -> Path:
     (root / "etc/systemd/system").mkdir(parents=True)
     for name, text in unit_text.items():
         (root / "etc/systemd/system" / name).write_text(text, encoding="utf-8")
-    program = root / PROGRAM
-    program.parent.mkdir(parents=True)
-    program.write_text("#!/bin/sh\n", encoding="utf-8")
-    program.chmod(0o755)
+    for name in PROGRAMS:
+        program = root / name
+        program.parent.mkdir(parents=True, exist_ok=True)
+        program.write_text("#!/bin/sh\n", encoding="utf-8")
+        program.chmod(0o755)
     return root
 
 
@@ -138,6 +141,8 @@ def test_units_carry_the_common_hardening(name: str) -> None:
     # must read its configuration there too.
     assert unit["Service.ConfigurationDirectory"] == ["trainmon"]
     assert "Service.ConfigurationDirectoryMode" not in unit
+    # `systemctl reload` is the daemon's SIGHUP (tests/test_reload.py)
+    assert unit["Service.ExecReload"] == ["/bin/kill -HUP $MAINPID"]
 
 
 def test_node_daemon_unit_gives_nvml_its_devices_and_the_socket_its_group() -> None:

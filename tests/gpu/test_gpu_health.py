@@ -218,6 +218,7 @@ def test_the_xid_table_stands_in_for_the_driver_and_forgets_after_an_hour(
             "2": ("restart_job", "xid_table"),  # the driver's none does not hide the XID
             "3": ("reboot", "driver"),
         }
+        clock.now += recovery.XID_LOOKBACK_SECONDS + 1  # an XID's age is monotonic time
         wall.now += recovery.XID_LOOKBACK_SECONDS + 1
         assert actions(scrape(collector)) == {
             "0": ("none", "none"),

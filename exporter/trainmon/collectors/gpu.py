@@ -129,7 +129,8 @@ class GPUCollector(Collector):
             window_seconds=config.window_seconds,
             hysteresis=Hysteresis(config.idle_threshold, config.busy_threshold),
         )
-        self.xid = XidListener(nvml, wall_clock=wall_clock, retry_seconds=config.retry_seconds)
+        self.xid = XidListener(nvml, clock=clock, wall_clock=wall_clock,
+                               retry_seconds=config.retry_seconds)
         self.gpm = (
             GPMSampler(nvml, interval_seconds=config.gpm_interval_seconds)
             if config.gpm_enabled

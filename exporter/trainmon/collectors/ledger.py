@@ -348,8 +348,10 @@ def _build(config: LedgerConfig, wiring: Wiring) -> Collector:
                                        holdings=holdings))
 
 
-#: Derived, last: records the diagnosis' verdicts with each run.
-ENTRY = CollectorEntry("ledger", LedgerConfig, _build, derived=True, requires=("training",))
+#: Derived, last: records the diagnosis' verdicts with each run; its open ledger
+#: survives a configuration reload (trainmon.reload).
+ENTRY = CollectorEntry("ledger", LedgerConfig, _build, derived=True, requires=("training",),
+                       survives_reload=True)
 
 
 def _counter(name: str, documentation: str, value: float) -> CounterMetricFamily:

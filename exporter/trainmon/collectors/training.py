@@ -668,7 +668,8 @@ def _build(config: TrainingConfig, wiring: Wiring) -> Collector:
     return TrainingCollector(config, proc_root=wiring.proc_root, sys_root=wiring.sys_root)
 
 
-ENTRY = CollectorEntry("training", TrainingConfig, _build)
+#: Its store of reports survives a configuration reload (trainmon.reload).
+ENTRY = CollectorEntry("training", TrainingConfig, _build, survives_reload=True)
 
 
 #: The user whose permissions a path named by a token writer is looked up with: only

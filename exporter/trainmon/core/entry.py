@@ -59,3 +59,7 @@ class CollectorEntry(Generic[S]):
     requires: tuple[str, ...] = ()
     #: Off in demo mode, where its data would be real.
     real_only: bool = False
+    #: Holds what a configuration reload must not lose (the training store, the run
+    #: ledger): a reload keeps the instance, so its section, and those of the
+    #: collectors it was built with, take effect at the next restart (``trainmon.reload``).
+    survives_reload: bool = False

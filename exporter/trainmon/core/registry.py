@@ -86,6 +86,25 @@ class CollectorRegistry:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
+        self._set_collectors(collectors)
+        # Each derived collector's families of the latest evaluation, by name.
+        self._evaluated: dict[str, list[Metric]] = {}
+        self._evaluation = BackgroundThread("evaluation", self._evaluate_every_interval)
+        self._mode = mode
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._states = {collector.name: CollectorState() for collector in collectors}
+        # A failing collector logs its error once per 5 minutes, and at once when it changes.
+        self._errors_logged = LogThrottle(clock=clock)
+        # The sources' collections are serialised (scrapes and evaluations): they keep
+        # state between collections (counter wrap tracking) and two concurrent full
+        # reads of /proc buy nothing. The derived collectors have their own lock.
+        self._lock = threading.Lock()
+        self._derived_lock = threading.Lock()
+
+    def _set_collectors(self, collectors: Sequence[Collector]) -> None:
+        """Split ``collectors`` into the sources and the derived ones (callers hold
+        both locks, or the registry is being built)."""
         names = [collector.name for collector in collectors]
         duplicates = {name for name in names if names.count(name) > 1}
         if duplicates or "" in names:
@@ -101,20 +120,6 @@ class CollectorRegistry:
         self.evaluation_seconds = min(
             (collector.evaluation_seconds for collector in self._derived
              if collector.evaluation_seconds is not None), default=None)
-        # Each derived collector's families of the latest evaluation, by name.
-        self._evaluated: dict[str, list[Metric]] = {}
-        self._evaluation = BackgroundThread("evaluation", self._evaluate_every_interval)
-        self._mode = mode
-        self._clock = clock
-        self._wall_clock = wall_clock
-        self._states = {name: CollectorState() for name in names}
-        # A failing collector logs its error once per 5 minutes, and at once when it changes.
-        self._errors_logged = LogThrottle(clock=clock)
-        # The sources' collections are serialised (scrapes and evaluations): they keep
-        # state between collections (counter wrap tracking) and two concurrent full
-        # reads of /proc buy nothing. The derived collectors have their own lock.
-        self._lock = threading.Lock()
-        self._derived_lock = threading.Lock()
 
     def start(self) -> None:
         """Start every collector's background work, evaluate once so that
@@ -122,8 +127,46 @@ class CollectorRegistry:
         evaluation loop (when there are derived collectors). A collector that
         fails to start is reported as such and left out of that first
         evaluation; the others go on."""
+        started = self._start_each(self._collectors)
+        self._evaluate(started)
+        if self.evaluation_seconds is not None:
+            self._evaluation.start()
+
+    def replace(self, collectors: Sequence[Collector]) -> None:
+        """Serve ``collectors`` from now on (a configuration reload, ``trainmon.reload``).
+
+        The ones already here (the same objects) keep running with their state;
+        the new ones are started first, outside the locks, then the lists are
+        swapped under both locks (a scrape sees the old set or the new, whole),
+        then the ones left out are stopped, and one evaluation runs so that the
+        derived collectors' families and ``/healthz`` are those of the new set.
+        A collector that fails to start is reported as at ``start()``."""
+        current = {id(collector) for collector in self._collectors}
+        kept = {id(collector) for collector in collectors}
+        added = [collector for collector in collectors if id(collector) not in current]
+        removed = [collector for collector in self._collectors if id(collector) not in kept]
+        states = {collector.name: CollectorState() for collector in added}
+        with self._derived_lock, self._lock:
+            # a new collector's state starts pending: its start below may record a failure
+            for name, state in states.items():
+                self._states[name] = state
+        self._start_each(added)
+        with self._derived_lock, self._lock:
+            self._set_collectors(collectors)
+            names = {collector.name for collector in collectors}
+            self._states = {name: state for name, state in self._states.items() if name in names}
+            self._evaluated = {name: families for name, families in self._evaluated.items()
+                               if name in names}
+        for collector in removed:
+            self._stop_one(collector)
+        self._evaluate(self._collectors)
+        if self.evaluation_seconds is not None:
+            self._evaluation.start()
+
+    def _start_each(self, collectors: Sequence[Collector]) -> list[Collector]:
+        """Start each of ``collectors``; those that started, in order."""
         started: list[Collector] = []
-        for collector in self._collectors:
+        for collector in collectors:
             try:
                 collector.start()
             except CollectorUnavailable as reason:
@@ -133,9 +176,7 @@ class CollectorRegistry:
                 self._record(collector.name, "failed", _describe(error), 0.0)
             else:
                 started.append(collector)
-        self._evaluate(started)
-        if self.evaluation_seconds is not None:
-            self._evaluation.start()
+        return started
 
     def push_routes(self) -> dict[str, PushHandler]:
         """Every collector's ``push_routes()``; ``ValueError`` for a route claimed twice."""
@@ -151,10 +192,14 @@ class CollectorRegistry:
         ledger's last flush then holds the runs that ended just before the stop)."""
         self._evaluation.stop()
         for collector in [*reversed(self._sources), *reversed(self._derived)]:
-            try:
-                collector.stop()
-            except Exception:
-                log.exception("collector %s failed to stop cleanly", collector.name)
+            self._stop_one(collector)
+
+    @staticmethod
+    def _stop_one(collector: Collector) -> None:
+        try:
+            collector.stop()
+        except Exception:
+            log.exception("collector %s failed to stop cleanly", collector.name)
 
     def evaluate(self) -> None:
         """One evaluation: collect the sources, then show them to each derived
@@ -179,10 +224,12 @@ class CollectorRegistry:
             self._evaluated = evaluated  # scrapes see whole evaluations only
 
     def _evaluate_every_interval(self) -> None:
-        interval = self.evaluation_seconds
-        assert interval is not None
-        # A fixed delay after each evaluation: never two closer than the interval.
-        while not self._evaluation.stopping.wait(interval):
+        # A fixed delay after each evaluation: never two closer than the interval, read
+        # again each time (a reload may change the derived collectors); without derived
+        # collectors left (a reload turned them off), the loop only waits.
+        while not self._evaluation.stopping.wait(self.evaluation_seconds or 60.0):
+            if self.evaluation_seconds is None:
+                continue
             try:
                 self.evaluate()
             except Exception:  # the loop must outlive any one bad evaluation

@@ -5,7 +5,10 @@ double-bit ECC, 79: fell off the bus, ...). It is an *event*, not a reading:
 a scrape every 15 s would miss it, so ``XidListener`` registers every
 reachable GPU for ``nvmlEventTypeXidCriticalError`` in one NVML event set
 (``XidSubscription``) and blocks in ``nvmlEventSetWait_v2`` from its own
-thread, counting each event per (GPU, XID code) with its wall-clock time.
+thread, counting each event per (GPU, XID code) with its time: kept on the steady
+time (``trainmon.clock``) and shown as the wall clock reckons it at each read, so
+that the wall clock less it is the event's age also after the wall clock stepped
+(what "recent" means to the GPU collector and the health rules).
 Every NVML call goes through the facade's chokepoint (``NVML.query``); a lost
 session (driver reload) ends the subscription and the listener subscribes
 again once NVML is back. Drivers without events leave the listener
@@ -22,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainmon.background import BackgroundThread
+from trainmon.clock import WallSteps
 from trainmon.gpu.nvml import (
     ERROR_TIMEOUT,
     EVENT_XID_CRITICAL_ERROR,
@@ -135,11 +139,15 @@ class XidListener:
         self,
         nvml: NVML,
         *,
+        clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         retry_seconds: float = 10.0,
     ) -> None:
         self._nvml = nvml
+        self._clock = clock
         self._wall_clock = wall_clock
+        #: The wall clock's steps (under ``_lock``); ``_counts`` holds steady times.
+        self._wall_steps = WallSteps(clock(), wall_clock())
         self._retry_seconds = retry_seconds
         self._counts: dict[tuple[int, int], XidCount] = {}
         self._lock = threading.Lock()
@@ -153,16 +161,21 @@ class XidListener:
         self._thread.stop()
 
     def counts(self) -> Mapping[tuple[int, int], XidCount]:
-        """Events so far by (GPU index, XID code)."""
+        """Events so far by (GPU index, XID code), each with the Unix time of its latest
+        as the wall clock reckons it now."""
         with self._lock:
-            return dict(self._counts)
+            self._wall_steps.observe(self._clock(), self._wall_clock())
+            unix = self._wall_steps.unix
+            return {key: XidCount(count.count, unix(count.last_timestamp_seconds))
+                    for key, count in self._counts.items()}
 
     def _record(self, gpu: int, xid: int) -> None:
         log.warning("XID %d on GPU %d", xid, gpu)
         with self._lock:
             previous = self._counts.get((gpu, xid))
             count = 1 if previous is None else previous.count + 1
-            self._counts[(gpu, xid)] = XidCount(count, self._wall_clock())
+            steady = self._wall_steps.observe(self._clock(), self._wall_clock())
+            self._counts[(gpu, xid)] = XidCount(count, steady)
 
     def _run(self) -> None:
         stopping = self._thread.stopping

@@ -1,4 +1,5 @@
-"""The HTTP server: ``/``, ``/metrics``, ``/healthz``, push routes and JSON read routes.
+"""The HTTP server: ``/``, ``/metrics``, ``/healthz``, push routes, JSON read routes and
+``POST /-/reload``.
 
 The connection model (``trainmon.http.connections``): one selector thread
 accepts every connection, runs its TLS handshake and reads its request, head
@@ -35,6 +36,8 @@ Basic auth (from the web config) guards the GET routes. Push routes such as
 ``POST /api/v1/steps`` carry their own rule (loopback or bearer token), which
 the route's handler applies, so training clients need no scrape credentials.
 JSON read routes (``GET /api/v1/runs``) are GET routes: basic auth applies.
+``POST /-/reload`` (``trainmon.reload``) is allowed from loopback, or with
+basic-auth credentials when the web config has users.
 """
 
 from __future__ import annotations
@@ -83,6 +86,19 @@ class Scrapable(Protocol):
     def health(self) -> dict[str, object]: ...
 
 
+#: The configuration reload route, as Prometheus names it.
+RELOAD_PATH = "/-/reload"
+
+
+class Reloadable(Protocol):
+    """What ``POST /-/reload`` asks (``trainmon.reload.Reloader``): it decides, from
+    what the server knows of the peer, and reloads; its families follow the server's."""
+
+    def answer_reload(self, *, loopback: bool, authenticated: bool) -> JSONResponse: ...
+
+    def collect(self) -> Any: ...
+
+
 class _Exposition:
     """What ``/metrics`` encodes: the registry's families, then the server's own."""
 
@@ -94,6 +110,8 @@ class _Exposition:
         yield from self._registry.collect()
         yield from self._server.limits.collect()
         yield from self._server.reception.collect()
+        if self._server.reloader is not None:
+            yield from self._server.reloader.collect()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -153,6 +171,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         path = self.path.split("?", 1)[0]
+        if path == RELOAD_PATH and self.server.reloader is not None:
+            self._reload()
+            return
         handler = self.server.post_routes.get(path)
         if handler is None:
             readable = path in _GET_ROUTES or self.server.json_route(path) is not None
@@ -176,7 +197,8 @@ class _Handler(BaseHTTPRequestHandler):
         route = _GET_ROUTES.get(path)
         json_route = self.server.json_route(path) if route is None else None
         if route is None and json_route is None:
-            if path in self.server.post_routes:
+            reload = path == RELOAD_PATH and self.server.reloader is not None
+            if path in self.server.post_routes or reload:
                 self._send_error(HTTPStatus.METHOD_NOT_ALLOWED, allow="POST")
             else:
                 self._send_error(HTTPStatus.NOT_FOUND)
@@ -235,6 +257,19 @@ class _Handler(BaseHTTPRequestHandler):
     def _healthz(self, head: bool) -> None:
         body = json.dumps(self.server.registry.health(), sort_keys=True).encode() + b"\n"
         self._send(HTTPStatus.OK, body, "application/json", head)
+
+    def _reload(self) -> None:
+        """``POST /-/reload``: from a loopback peer, or with the web config's basic-auth
+        credentials (none configured: loopback only); the reloader decides and answers."""
+        reloader = self.server.reloader
+        assert reloader is not None
+        authenticator = self.server.authenticator
+        authenticated = authenticator.required and authenticator.check(
+            self.headers.get("Authorization"))
+        response = reloader.answer_reload(loopback=_is_loopback(self.client_address[0]),
+                                          authenticated=authenticated)
+        self._send(response.status, response.encoded(), "application/json", False,
+                   extra=response.headers)
 
     def _json_route(self, handler: GetHandler, path: str, head: bool) -> None:
         query = urllib.parse.parse_qs(self.path.partition("?")[2], keep_blank_values=True)
@@ -354,8 +389,11 @@ class ExporterHTTPServer(HTTPServer):
         web: WebConfig | None = None,
         post_routes: Mapping[str, PushHandler] | None = None,
         get_routes: Mapping[str, GetHandler] | None = None,
+        reloader: Reloadable | None = None,
     ) -> None:
         self.registry = registry
+        #: ``POST /-/reload``'s; None: no such route.
+        self.reloader = reloader
         self.get_routes = dict(get_routes or {})
         self.read_timeout = http.read_timeout_seconds
         self.header_timeout = min(http.header_timeout_seconds, http.read_timeout_seconds)
@@ -376,6 +414,19 @@ class ExporterHTTPServer(HTTPServer):
         #: The selector thread and the workers (``trainmon.http.connections``).
         self.reception = Reception(self.socket, self.limits, http, self._answer,
                                     self.tls_context)
+
+    def replace_routes(self, post_routes: Mapping[str, PushHandler],
+                       get_routes: Mapping[str, GetHandler]) -> None:
+        """Serve these push and JSON routes from now on (a reload changed the collectors);
+        a request being answered keeps the table it found."""
+        self.post_routes, self.get_routes = dict(post_routes), dict(get_routes)
+
+    def replace_access(self, web: WebConfig | None) -> None:
+        """The web config's basic-auth users and headers from now on (a reload); its TLS
+        stays the one the server started with."""
+        web = web or WebConfig()
+        self.extra_headers = dict(web.headers)
+        self.authenticator = BasicAuthenticator(web.basic_auth_users)
 
     def json_route(self, path: str) -> GetHandler | None:
         """The JSON read route for ``path``: exact, else the longest ``…/`` prefix."""

@@ -103,6 +103,11 @@ class BasicAuthenticator:
         # time of a rejection does not tell whether the name exists.
         self._decoy_hash = next(iter(self._users.values()), None)
 
+    @property
+    def required(self) -> bool:
+        """Whether the web config has users (else ``check`` lets everyone in)."""
+        return bool(self._users)
+
     def check(self, authorization: str | None) -> bool:
         if not self._users:
             return True
