@@ -25,7 +25,7 @@ from testkit.footprint import SERVE_RSS_CEILING_MIB, measure_serve
 #: ``grpc`` on the first call to the kubelet's pod-resources socket.
 NOT_IMPORTED_BY_DEFAULT = (
     "yaml", "bcrypt", "statistics", "decimal", "fractions", "prometheus_client.parser", "pynvml",
-    "ctypes", "grpc",
+    "ctypes", "grpc", "prometheus_client",
     "trainmon.tencent.puller", "trainmon.tencent.client", "trainmon.tencent.credentials",
     "trainmon.tencent.targets", "trainmon.tencent.ratelimit", "trainmon.tencent.signer",
 )

@@ -45,12 +45,11 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-
 from trainmon.assembly import Assembly, assemble
 from trainmon.config import Config, read_config_bytes
 from trainmon.core.collector import Collector
 from trainmon.core.entry import CollectorEntry
+from trainmon.core.families import CounterMetricFamily, GaugeMetricFamily, Metric
 from trainmon.core.registry import CollectorRegistry
 from trainmon.core.routes import JSONResponse
 from trainmon.http.server import ExporterHTTPServer

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import resource
 import time
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import ProcessCollector
 from prometheus_client.core import Metric
@@ -17,6 +19,12 @@ from trainmon.core.registry import CollectorRegistry
 TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = resource.getpagesize()
 
+
+
+def described(families: Iterable[Any]) -> list[tuple[object, ...]]:
+    """Name, HELP, type, unit and samples of each family (trainmon's families and the
+    library's are different classes with the same fields)."""
+    return [(f.name, f.documentation, f.type, f.unit, f.samples) for f in families]
 
 def fake_proc(root: Path, pid: int) -> Path:
     """``<root>/stat`` (boot time) and ``<root>/<pid>/{stat,limits,fd}`` as Linux writes them."""
@@ -92,7 +100,8 @@ def test_the_families_of_prometheus_client_process_collector(tmp_path: Path) -> 
     """Names, HELP, types, order and values as the library's collector gives them."""
     root = fake_proc(tmp_path, 4242)
     library = ProcessCollector(proc=str(root), pid=lambda: 4242, registry=None)
-    assert list(OwnProcessCollector(root, pid=4242).collect()) == list(library.collect())
+    assert described(OwnProcessCollector(root, pid=4242).collect()) == described(
+        library.collect())
     ours = list(OwnProcessCollector().collect())
     theirs = list(ProcessCollector(registry=None).collect())
     assert [(f.name, f.documentation, f.type) for f in ours] == [
@@ -107,7 +116,7 @@ def test_a_process_whose_fd_folder_is_gone_keeps_its_stat_families(tmp_path: Pat
     (root / "9" / "fd").rmdir()
     library = ProcessCollector(proc=str(root), pid=lambda: 9, registry=None)
     ours = list(OwnProcessCollector(root, pid=9).collect())
-    assert ours == list(library.collect())
+    assert described(ours) == described(library.collect())
     assert [f.name for f in ours] == [
         "process_virtual_memory_bytes", "process_resident_memory_bytes",
         "process_start_time_seconds", "process_cpu_seconds",

@@ -46,8 +46,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-
 from trainmon.attribution import KubeletPodDirectory, ProcessAttribution, ProcessAttributor
 from trainmon.attribution.podresources import (
     DEFAULT_SOCKET,
@@ -62,6 +60,7 @@ from trainmon.attribution.podresources_wire import LIMITS
 from trainmon.collectors.gpu import GPUCollector
 from trainmon.core.collector import Collector
 from trainmon.core.entry import CollectorEntry, Wiring
+from trainmon.core.families import CounterMetricFamily, GaugeMetricFamily, Metric
 from trainmon.diagnosis.nccl import check_environment, read_interfaces, read_rdma_ports
 from trainmon.node.kernelfiles import KernelFileReader
 from trainmon.section import setting

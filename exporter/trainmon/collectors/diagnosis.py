@@ -49,10 +49,9 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
-from prometheus_client.core import GaugeMetricFamily, Metric
-
 from trainmon.core.collector import Collector
 from trainmon.core.entry import CollectorEntry, Wiring
+from trainmon.core.families import GaugeMetricFamily, Metric
 from trainmon.diagnosis import KINDS, ScrapedSamples, Verdict, Window, diagnose, measure
 from trainmon.diagnosis.failslow import MIN_OBSERVATIONS, FailSlowDetector
 from trainmon.diagnosis.measure import MEASURED_SAMPLES

@@ -29,11 +29,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-
 from trainmon import contract
 from trainmon.core.collector import Collector
 from trainmon.core.entry import CollectorEntry, Wiring
+from trainmon.core.families import CounterMetricFamily, GaugeMetricFamily, Metric
 from trainmon.gpu.events import XidCount, XidListener
 from trainmon.gpu.gpm import GPMSampler
 from trainmon.gpu.health import REFRESH_SECONDS, HealthReader

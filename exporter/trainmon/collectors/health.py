@@ -20,10 +20,9 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from prometheus_client.core import GaugeMetricFamily, Metric
-
 from trainmon.core.collector import Collector
 from trainmon.core.entry import CollectorEntry, Wiring
+from trainmon.core.families import GaugeMetricFamily, Metric
 from trainmon.diagnosis.health import (
     OK,
     SNAPSHOTS_PER_WINDOW,

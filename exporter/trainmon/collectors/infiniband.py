@@ -14,10 +14,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-
 from trainmon.core.collector import Collector, CollectorUnavailable
 from trainmon.core.entry import CollectorEntry, Wiring
+from trainmon.core.families import CounterMetricFamily, GaugeMetricFamily, Metric
 from trainmon.node.infiniband import InfinibandReader
 from trainmon.section import Auto
 

@@ -21,8 +21,6 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-
 from trainmon.attribution import ProcessAttributor
 from trainmon.attribution.podresources import GpuAllocation
 from trainmon.collectors.attribution import AttributionCollector, GPUProcessSource
@@ -30,6 +28,7 @@ from trainmon.collectors.gpu import GPUCollector
 from trainmon.collectors.training import TrainingCollector
 from trainmon.core.collector import Collector
 from trainmon.core.entry import CollectorEntry, Wiring
+from trainmon.core.families import CounterMetricFamily, GaugeMetricFamily, Metric
 from trainmon.core.routes import GetHandler
 from trainmon.ledger.api import RunsAPI
 from trainmon.ledger.config import LedgerConfig

@@ -14,10 +14,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-
 from trainmon.core.collector import Collector
 from trainmon.core.entry import CollectorEntry, Wiring
+from trainmon.core.families import CounterMetricFamily, GaugeMetricFamily, Metric
 from trainmon.node.netdev import NET_DEV_COLUMNS, NetDevReader
 from trainmon.section import DeviceFilter, setting
 

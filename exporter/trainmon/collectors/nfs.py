@@ -34,10 +34,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-
 from trainmon.core.collector import Collector
 from trainmon.core.entry import CollectorEntry, Wiring
+from trainmon.core.families import CounterMetricFamily, GaugeMetricFamily, Metric
 from trainmon.logthrottle import LogThrottle
 from trainmon.node.mountstats import MountstatsReader, NFSMount
 from trainmon.section import DeviceFilter, setting

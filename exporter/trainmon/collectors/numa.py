@@ -33,12 +33,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from prometheus_client.core import GaugeMetricFamily, Metric
-
 from trainmon.collectors.attribution import GPUProcessSource
 from trainmon.collectors.gpu import GPUCollector
 from trainmon.core.collector import Collector
 from trainmon.core.entry import CollectorEntry, Wiring
+from trainmon.core.families import GaugeMetricFamily, Metric
 from trainmon.node.numa import NumaTopology
 
 GPU_INFO = "trainmon_gpu_info"

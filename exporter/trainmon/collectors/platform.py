@@ -16,11 +16,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-
 from trainmon import contract
 from trainmon.core.collector import Collector
 from trainmon.core.entry import CollectorEntry, Wiring
+from trainmon.core.families import CounterMetricFamily, GaugeMetricFamily, Metric
 from trainmon.platform.config import CONFIGURABLE_IDENTITY, IDENTITY_LABELS, PlatformConfig
 from trainmon.platform.dmi import read_dmi
 from trainmon.platform.poller import PlatformPoller, PlatformState
@@ -45,6 +44,7 @@ class PlatformCollector(Collector):
         by default HTTP to ``config.metadata_url``."""
         self._config = config
         self._clock = clock
+        self._monotonic = monotonic
         transport = transport or HTTPTransport(config.metadata_url, config.timeout_seconds)
         self.poller = PlatformPoller(
             config,
@@ -140,7 +140,7 @@ class PlatformCollector(Collector):
             "metadata_up": state.metadata_up,
             "last_success_age_seconds": (
                 None if state.last_success is None
-                else round(max(0.0, self._clock() - state.last_success), 1)
+                else round(max(0.0, self._monotonic() - state.last_success), 1)
             ),
             "last_error": state.last_error,
             "spot": state.spot,

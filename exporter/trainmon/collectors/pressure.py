@@ -37,11 +37,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from prometheus_client.core import CounterMetricFamily, Metric
-
 from trainmon.collectors.training import TrainingCollector
 from trainmon.core.collector import Collector
 from trainmon.core.entry import CollectorEntry, Wiring
+from trainmon.core.families import CounterMetricFamily, Metric
 from trainmon.node.pressure import CPUEvidenceReader
 from trainmon.training.store import TrainingStore
 

@@ -32,15 +32,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from prometheus_client.core import (
+from trainmon.core.collector import Collector, CollectorUnavailable
+from trainmon.core.entry import CollectorEntry, Wiring
+from trainmon.core.families import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
 )
-
-from trainmon.core.collector import Collector, CollectorUnavailable
-from trainmon.core.entry import CollectorEntry, Wiring
 from trainmon.section import ConfigError, Invalid, Section, setting
 from trainmon.tencent.catalogue import TargetKind, select
 

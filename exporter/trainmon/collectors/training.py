@@ -51,16 +51,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prometheus_client.core import (
+from trainmon.contract import STEP_SECONDS_BOUNDS
+from trainmon.core.collector import Collector
+from trainmon.core.entry import CollectorEntry, Wiring
+from trainmon.core.families import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
 )
-
-from trainmon.contract import STEP_SECONDS_BOUNDS
-from trainmon.core.collector import Collector
-from trainmon.core.entry import CollectorEntry, Wiring
 from trainmon.core.routes import PushHandler, PushRequest, PushResponse
 from trainmon.logthrottle import LogThrottle
 from trainmon.node.mounts import MountResolver, PathStorage, Viewer

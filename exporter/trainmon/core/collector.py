@@ -24,8 +24,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterable, Mapping, Sequence
 
-from prometheus_client.core import Metric
-
+from trainmon.core.families import Metric
 from trainmon.core.routes import GetHandler, PushHandler
 
 

@@ -22,27 +22,59 @@ disappears, or a hostile client's churn of job names, is forgotten one scrape
 later. Concurrent encodings (two scrapes at once) are safe: each builds its
 own generation, and the last to end becomes the one the next reads.
 
-The escaping is the library's own (``escape_metric_name`` and
-``escape_label_name`` with the ``underscores`` scheme, backslash, newline and
-double quote in label values and HELP text), called once per new family or
-series; the other formats (OpenMetrics, text 1.0.0 with another escaping)
-stay with prometheus_client (``trainmon.http.server``).
+The other formats a client may ask for (``negotiate``): OpenMetrics 1.0.0
+(``encode_openmetrics``: what Prometheus asks for first) and the text format
+1.0.0 with an escaping scheme for names outside the legacy character set
+(``TextEncoder(escaping)``, not remembered across scrapes). Every format writes
+the bytes of prometheus_client's encoders for the same families
+(``tests/core/test_exposition.py`` holds each to them, hostile names and label
+values included), without importing the library: its package brings its HTTP
+servers and ``ssl`` with it (``trainmon.core.families`` says why). The escaping
+of names follows the schemes of the Prometheus data model (``underscores``,
+``dots``, ``values``, ``allow-utf-8``); label values and HELP texts escape
+backslash, newline (and in OpenMetrics the double quote of HELP) as the formats
+say.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import math
+import re
+from collections.abc import Iterable
 
-from prometheus_client import utils
-from prometheus_client.core import Metric
-from prometheus_client.openmetrics.exposition import (
-    UNDERSCORES,
-    escape_label_name,
-    escape_metric_name,
-)
+from trainmon.core.families import Metric
 
-#: The library's formatting of a sample value (Go's: ``+Inf``, ``NaN``, ``1.5e+07``).
-_value_text: Callable[[float], str] = utils.floatToGoString
+#: Content types of the formats written here.
+CONTENT_TYPE_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+CONTENT_TYPE_TEXT_1 = "text/plain; version=1.0.0; charset=utf-8"
+CONTENT_TYPE_OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+
+#: The name escaping schemes (the ``escaping`` parameter of a content type).
+UNDERSCORES = "underscores"
+DOTS = "dots"
+VALUES = "values"
+ALLOW_UTF8 = "allow-utf-8"
+ESCAPINGS = (UNDERSCORES, DOTS, VALUES, ALLOW_UTF8)
+
+_LEGACY_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LEGACY_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+
+
+def value_text(value: float) -> str:
+    """A sample value as Go formats it (``+Inf``, ``NaN``, ``1.5e+07``), the way every
+    Prometheus client writes it."""
+    number = float(value)
+    if math.isinf(number):
+        return "+Inf" if number > 0 else "-Inf"
+    if math.isnan(number):
+        return "NaN"
+    text = repr(number)
+    dot = text.find(".")
+    if number > 0 and dot > 6:  # Go switches to an exponent sooner than Python
+        mantissa = f"{text[0]}.{text[1:dot]}{text[dot + 1:]}".rstrip("0.")
+        return f"{mantissa}e+{dot - 1:02d}"
+    return text
+
 
 #: Samples the text format moves out of their family, each suffix into a gauge family
 #: of its own after it, in sorted order: OpenMetrics' created time, gauge histograms.
@@ -59,10 +91,12 @@ _SeriesKey = tuple[str, tuple[tuple[str, str], ...]]
 
 
 class TextEncoder:
-    """Encodes metric families in the Prometheus text format 0.0.4, as
-    ``prometheus_client.generate_latest`` does (``underscores`` escaping)."""
+    """Encodes metric families in the Prometheus text format, as
+    ``prometheus_client.generate_latest`` does: 0.0.4 with the default ``underscores``
+    escaping of names, 1.0.0 with another ``escaping``."""
 
-    def __init__(self) -> None:
+    def __init__(self, escaping: str = UNDERSCORES) -> None:
+        self._escaping = escaping
         self._families: dict[tuple[str, str, str], _Family] = {}
         self._series: dict[_SeriesKey, str] = {}
 
@@ -77,19 +111,20 @@ class TextEncoder:
         for metric in families:
             try:
                 key = (metric.name, metric.type, metric.documentation)
-                family = known_families.get(key) or _family(*key)
+                family = known_families.get(key) or _family(*key, self._escaping)
                 used_families[key] = family
                 header, moved_names = family
                 append(header)
                 moved: dict[str, list[str]] | None = None
                 for sample in metric.samples:
                     series = (sample.name, tuple(sample.labels.items()))
-                    start = known_series.get(series) or _series_start(*series)
+                    start = (known_series.get(series)
+                             or _series_start(*series, self._escaping))
                     used_series[series] = start
                     if sample.timestamp is None:
-                        line = f"{start}{_value_text(sample.value)}\n"
+                        line = f"{start}{value_text(sample.value)}\n"
                     else:  # in milliseconds
-                        line = (f"{start}{_value_text(sample.value)} "
+                        line = (f"{start}{value_text(sample.value)} "
                                 f"{int(float(sample.timestamp) * 1000):d}\n")
                     suffix = moved_names.get(sample.name)
                     if suffix is None:
@@ -101,7 +136,7 @@ class TextEncoder:
                 exception.args = (exception.args or ("",)) + (metric,)
                 raise
             for suffix, lines in sorted(moved.items()) if moved else ():
-                name = escape_metric_name(metric.name + suffix, UNDERSCORES)
+                name = escape_metric_name(metric.name + suffix, self._escaping)
                 append(f"# HELP {name} {_help_text(metric.documentation)}\n"
                        f"# TYPE {name} gauge\n")
                 output.extend(lines)
@@ -109,20 +144,23 @@ class TextEncoder:
         return "".join(output).encode("utf-8")
 
 
-def _family(name: str, kind: str, documentation: str) -> _Family:
-    exported = escape_metric_name(name + _NAME_SUFFIXES.get(kind, ""), UNDERSCORES)
+def _family(name: str, kind: str, documentation: str, escaping: str) -> _Family:
+    exported = escape_metric_name(name + _NAME_SUFFIXES.get(kind, ""), escaping)
     header = (f"# HELP {exported} {_help_text(documentation)}\n"
               f"# TYPE {exported} {_RENAMED_TYPES.get(kind, kind)}\n")
     return header, {name + suffix: suffix for suffix in _MOVED_SUFFIXES}
 
 
-def _series_start(name: str, labels: tuple[tuple[str, str], ...]) -> str:
-    """``name{label="value",...} `` with the labels sorted by name and escaped."""
-    if not labels:
-        return f"{escape_metric_name(name, UNDERSCORES)} "
-    pairs = ",".join(f'{escape_label_name(label, UNDERSCORES)}="{_label_value(value)}"'
+def _series_start(name: str, labels: tuple[tuple[str, str], ...], escaping: str) -> str:
+    """``name{label="value",...} `` with the labels sorted by name and escaped; under
+    ``allow-utf-8`` a name outside the legacy set is quoted inside the braces."""
+    pairs = ",".join(f'{escape_label_name(label, escaping)}="{_label_value(value)}"'
                      for label, value in sorted(labels))
-    return f"{escape_metric_name(name, UNDERSCORES)}{{{pairs}}} "
+    if escaping == ALLOW_UTF8 and not _LEGACY_METRIC_NAME.fullmatch(name):
+        return f"{{{escape_metric_name(name, escaping)}{',' if pairs else ''}{pairs}}} "
+    if not pairs:
+        return f"{escape_metric_name(name, escaping)} "
+    return f"{escape_metric_name(name, escaping)}{{{pairs}}} "
 
 
 def _label_value(value: str) -> str:
@@ -131,3 +169,93 @@ def _label_value(value: str) -> str:
 
 def _help_text(documentation: str) -> str:
     return documentation.replace("\\", r"\\").replace("\n", r"\n")
+
+
+def encode_openmetrics(families: Iterable[Metric], escaping: str = UNDERSCORES) -> bytes:
+    """The OpenMetrics 1.0.0 text of ``families``, ``# EOF`` last, as prometheus_client's
+    ``openmetrics.exposition.generate_latest`` writes it (trainmon's families carry no
+    exemplars). An exception from a family carries that family as its last argument."""
+    output: list[str] = []
+    append = output.append
+    for metric in families:
+        try:
+            name = escape_metric_name(metric.name, escaping)
+            append(f"# HELP {name} {_label_value(metric.documentation)}\n"
+                   f"# TYPE {name} {metric.type}\n")
+            if metric.unit:
+                append(f"# UNIT {name} {metric.unit}\n")
+            for sample in metric.samples:
+                start = _series_start(sample.name, tuple(sample.labels.items()), escaping)
+                if sample.timestamp is None:
+                    append(f"{start}{value_text(sample.value)}\n")
+                else:  # in seconds
+                    append(f"{start}{value_text(sample.value)} {sample.timestamp}\n")
+        except Exception as exception:
+            exception.args = (exception.args or ("",)) + (metric,)
+            raise
+    append("# EOF\n")
+    return "".join(output).encode("utf-8")
+
+
+def escape_metric_name(name: str, escaping: str = UNDERSCORES) -> str:
+    """A metric name in ``escaping``: unchanged where it is in the legacy character set
+    (``dots`` excepted, which doubles underscores), else escaped, or quoted under
+    ``allow-utf-8``."""
+    return _escape_name(name, escaping, _LEGACY_METRIC_NAME, ":")
+
+
+def escape_label_name(name: str, escaping: str = UNDERSCORES) -> str:
+    """A label name in ``escaping``, as ``escape_metric_name`` (no colon allowed)."""
+    return _escape_name(name, escaping, _LEGACY_LABEL_NAME, "")
+
+
+def _escape_name(name: str, escaping: str, legacy: re.Pattern[str], extra: str) -> str:
+    if not name:
+        return name
+    valid = legacy.fullmatch(name) is not None
+    if escaping == ALLOW_UTF8:
+        return name if valid else f'"{_label_value(name)}"'
+    if valid and escaping != DOTS:
+        return name
+
+    def allowed(character: str, index: int) -> bool:
+        return ("a" <= character <= "z" or "A" <= character <= "Z" or character == "_"
+                or ("0" <= character <= "9" and index > 0) or character in extra)
+
+    if escaping == DOTS:
+        return "".join("__" if c == "_" else "_dot_" if c == "." else c if allowed(c, i)
+                       else "__" for i, c in enumerate(name))
+    if escaping == VALUES:
+        return "U__" + "".join("__" if c == "_" else c if allowed(c, i)
+                               else "_FFFD_" if 0xD800 <= ord(c) <= 0xDFFF
+                               else f"_{ord(c):x}_" for i, c in enumerate(name))
+    return "".join(c if allowed(c, i) else "_" for i, c in enumerate(name))
+
+
+def negotiate(accept: str) -> tuple[str, str, str]:
+    """The format to answer an ``Accept`` header with, as prometheus_client's
+    ``choose_encoder`` picks it: ``(format, escaping, content type)``, the format one of
+    ``openmetrics`` and ``text`` (0.0.4, or 1.0.0 with an escaping scheme)."""
+    for accepted in (accept or "").split(","):
+        media, *parameters = (part.strip() for part in accepted.split(";"))
+        values = dict(part.split("=", 1) for part in parameters if "=" in part)
+        version = values.get("version", "")
+        escaping = values.get("escaping", UNDERSCORES)
+        if escaping not in ESCAPINGS:
+            escaping = UNDERSCORES
+        if media == "application/openmetrics-text":
+            if not version:
+                return "openmetrics", UNDERSCORES, CONTENT_TYPE_OPENMETRICS
+            if _at_least_1(version):
+                return ("openmetrics", escaping, f"application/openmetrics-text; "
+                        f"version={version}; charset=utf-8; escaping={escaping}")
+        elif media == "text/plain" and version and _at_least_1(version):
+            return "text", escaping, f"{CONTENT_TYPE_TEXT_1}; escaping={escaping}"
+    return "text", UNDERSCORES, CONTENT_TYPE_TEXT
+
+
+def _at_least_1(version: str) -> bool:
+    """``version`` is 1.0.0 or later, compared as the tuple of its dotted numbers (``1``
+    is not: ``(1,) < (1, 0, 0)``); a part that is not a number makes it no version."""
+    parts = version.split(".")
+    return all(part.isdigit() for part in parts) and tuple(map(int, parts)) >= (1, 0, 0)

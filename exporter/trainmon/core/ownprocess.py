@@ -27,9 +27,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-
 from trainmon.core.collector import Collector, CollectorUnavailable
+from trainmon.core.families import CounterMetricFamily, GaugeMetricFamily, Metric
 from trainmon.core.files import read_file
 
 

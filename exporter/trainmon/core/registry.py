@@ -48,11 +48,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from prometheus_client.core import GaugeMetricFamily, Metric
-
 from trainmon import __version__
 from trainmon.background import BackgroundThread
 from trainmon.core.collector import Collector, CollectorUnavailable
+from trainmon.core.families import GaugeMetricFamily, Metric
 from trainmon.core.routes import GetHandler, PushHandler
 from trainmon.logthrottle import LogThrottle
 

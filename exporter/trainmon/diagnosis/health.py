@@ -47,8 +47,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from prometheus_client.core import Metric
-
+from trainmon.core.families import Metric
 from trainmon.diagnosis.samples import Labels, ScrapedSamples, Window
 from trainmon.section import RATIO, setting
 

@@ -20,7 +20,7 @@ import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from prometheus_client.core import Metric
+from trainmon.core.families import ReadFamily
 
 #: A label set, sorted by label name.
 Labels = tuple[tuple[str, str], ...]
@@ -43,7 +43,7 @@ class ScrapedSamples:
     @classmethod
     def from_families(
         cls,
-        families: Iterable[Metric],
+        families: Iterable[ReadFamily],
         at: float,
         wall: float,
         names: Collection[str] | None = None,

@@ -58,8 +58,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Final
 
-from prometheus_client.core import GaugeMetricFamily, Metric
-
+from trainmon.core.families import GaugeMetricFamily, Metric
 from trainmon.http.framing import BodyState, framing_of, head_end
 from trainmon.http.limits import CapReason, ConnectionLimits, client_key
 from trainmon.http.listen import HTTPConfig

@@ -46,8 +46,7 @@ import time
 from collections.abc import Callable
 from typing import Final, Literal
 
-from prometheus_client.core import CounterMetricFamily, Metric
-
+from trainmon.core.families import CounterMetricFamily, Metric
 from trainmon.http.peer import ip_address_of
 from trainmon.logthrottle import LogThrottle
 

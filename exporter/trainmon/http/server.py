@@ -27,10 +27,13 @@ without an answer. The server's own counters,
 ``trainmon_http_request_timeouts_total{phase}``, follow the registry's
 families on ``/metrics``.
 
-``/metrics`` in the text format 0.0.4 (what a client gets without asking for
-another) is written by ``trainmon.core.exposition.TextEncoder``: the bytes of
-prometheus_client's ``generate_latest``, at a third of its cost; OpenMetrics and
-text 1.0.0 are the library's. A response goes out in one write, headers and body.
+``/metrics`` in the format the client's ``Accept`` asks for
+(``trainmon.core.exposition.negotiate``, as prometheus_client's ``choose_encoder``
+picks it): the text format 0.0.4 (what a client gets without asking for another)
+by ``TextEncoder``, the bytes of prometheus_client's ``generate_latest`` at a
+third of its cost; the text format 1.0.0 and OpenMetrics 1.0.0 (what Prometheus
+asks for first) by the same module. A response goes out in one write, headers and
+body.
 
 Basic auth (from the web config) guards the GET routes. Push routes such as
 ``POST /api/v1/steps`` carry their own rule (loopback or bearer token), which
@@ -55,10 +58,8 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any, Protocol, cast
 
-from prometheus_client.exposition import choose_encoder, generate_latest
-
 from trainmon import __version__
-from trainmon.core.exposition import TextEncoder
+from trainmon.core.exposition import UNDERSCORES, TextEncoder, encode_openmetrics, negotiate
 from trainmon.core.routes import (
     GetHandler,
     GetRequest,
@@ -237,13 +238,15 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(HTTPStatus.OK, body.encode(), "text/html; charset=utf-8", head)
 
     def _metrics(self, head: bool) -> None:
-        encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-        exposition = _Exposition(self.server.registry, self.server)
+        kind, escaping, content_type = negotiate(self.headers.get("Accept", ""))
+        families = _Exposition(self.server.registry, self.server).collect()
         try:
-            if encoder is generate_latest:  # the text format 0.0.4: the same bytes, faster
-                body = self.server.text_encoder.encode(exposition.collect())
+            if kind == "openmetrics":
+                body = encode_openmetrics(families, escaping)
+            elif escaping == UNDERSCORES:  # 0.0.4, or 1.0.0 alike: what repeats remembered
+                body = self.server.text_encoder.encode(families)
             else:
-                body = encoder(exposition)
+                body = TextEncoder(escaping).encode(families)
         except Exception:
             log.exception("building the exposition failed")
             self._send_error(HTTPStatus.INTERNAL_SERVER_ERROR)
