@@ -301,3 +301,14 @@ def test_an_identity_value_of_unknown_shape_does_not_hide_a_reclaim(clocks: Cloc
         assert result.value(UP) == 0 and errors(result)["invalid"] == 1
         assert result.labelsets(INFO)[0]["instance_id"] == ""  # identity not believed
         assert platform.health()["last_success_age_seconds"] is None
+
+
+@pytest.mark.parametrize("jump", [3600.0, -3600.0], ids=["forward", "back"])
+def test_the_age_of_the_last_success_is_monotonic_across_a_wall_clock_step(
+    fake: FakeMetadata, clocks: Clocks, jump: float
+) -> None:
+    platform = collector(fake.url, clocks)
+    platform.poller.poll()
+    clocks.advance(5)
+    clocks.now += jump  # an NTP step, a VM resume
+    assert platform.health()["last_success_age_seconds"] == 5

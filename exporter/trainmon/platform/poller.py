@@ -89,7 +89,7 @@ class PlatformState:
     #: ``None`` until the first poll of a Tencent node (or on self-hosted nodes).
     metadata_up: bool | None
     errors: Mapping[ErrorReason, int] = field(default_factory=dict)
-    #: Unix seconds of the last poll that succeeded.
+    #: Monotonic seconds of the last poll that succeeded (for its age).
     last_success: float | None = None
     last_error: str | None = None
 
@@ -258,7 +258,7 @@ class PlatformPoller:
             self._termination = termination
             self._up = verified
             if verified:
-                self._last_success = self._clock()
+                self._last_success = self._monotonic()
         if termination is not None and termination != previous:
             log.warning(
                 "platform: spot reclaim scheduled for %s (in %.0f s)",
