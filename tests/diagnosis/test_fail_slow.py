@@ -251,3 +251,25 @@ def test_a_rank_whose_gpu_clocks_dropped_is_named_with_it() -> None:
     assert (change.rank, change.part, change.kind, change.cause) == (
         "0", "compute", "scheduling", "gpu_clocks")
     assert (change.evidence_before, change.evidence_now) == (1.98e9, 1.4e9)
+
+
+@pytest.mark.parametrize("jump", [3600.0, -3600.0], ids=["forward", "back"])
+def test_a_wall_clock_step_neither_hides_nor_makes_a_change(jump: float) -> None:
+    """The wall clock steps an hour at 60 s (an NTP step, a VM resume), the monotonic
+    clock goes on: what the detector names is what it names without the step
+    (docs/architecture.md, "Clocks")."""
+    def step(rank: str, t: float) -> tuple[float, float, float]:
+        return (0.14 if rank == "1" and t >= 90 else 0.10), 0.002, 0.01
+
+    def held(stepped: float) -> list[tuple[float, tuple[FailSlow, ...]]]:
+        detector = FailSlowDetector(ratio=0.1, test_seconds=24, reference_seconds=120,
+                                    warmup_steps=5)
+        return [(snapshot.at, detector.update(ScrapedSamples(
+            snapshot.at, snapshot.wall + (stepped if snapshot.at >= 60 else 0.0),
+            snapshot.samples))) for snapshot in Stream(step).snapshots(200)]
+
+    steady = held(0.0)
+    at, change = first(steady)
+    assert change.rank == "1" and 90 < at <= 150
+    assert [(t, [(c.rank, c.part, c.ratio) for c in changes]) for t, changes in held(jump)] \
+        == [(t, [(c.rank, c.part, c.ratio) for c in changes]) for t, changes in steady]

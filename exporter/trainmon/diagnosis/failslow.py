@@ -66,6 +66,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from trainmon.clock import WallSteps
 from trainmon.diagnosis.samples import Labels, ScrapedSamples, Window
 
 #: The parts of a step a change is looked for in, most specific last; beside them, each
@@ -172,7 +173,7 @@ JOB_KIND = {"compute": "compute", "step": "compute", "data_wait": "storage",
 class Observation:
     """One rank's evaluation interval."""
 
-    #: Unix time at the interval's start and end.
+    #: Unix time at the interval's start and end (less the wall clock's steps).
     start: float
     end: float
     steps: float
@@ -248,31 +249,36 @@ class FailSlowDetector:
         self.warmup_steps = warmup_steps
         self.comm_phases = tuple(comm_phases)
         self._ranks: dict[Labels, _Rank] = {}
-        self._previous: ScrapedSamples | None = None
+        #: The previous snapshot and its time.
+        self._previous: tuple[ScrapedSamples, float] | None = None
+        #: The wall clock's steps: every time kept here is on their steady time.
+        self._wall_steps: WallSteps | None = None
 
     def update(self, snapshot: ScrapedSamples) -> tuple[FailSlow, ...]:
         """Add the interval since the previous snapshot; the changes that hold now."""
-        previous, self._previous = self._previous, snapshot
-        if previous is not None and snapshot.wall > previous.wall:
-            self._observe(previous, snapshot)
+        now = self._time(snapshot)
+        previous, self._previous = self._previous, (snapshot, now)
+        if previous is not None and now > previous[1]:
+            self._observe(previous, snapshot, now)
         for key in [key for key, rank in self._ranks.items()
-                    if snapshot.wall - rank.seen > FORGET_SECONDS + self.reference_seconds]:
+                    if now - rank.seen > FORGET_SECONDS + self.reference_seconds]:
             del self._ranks[key]
         return self.current(snapshot)
 
     def current(self, snapshot: ScrapedSamples) -> tuple[FailSlow, ...]:
+        now = self._time(snapshot)
         world = {dict(labels).get("job", ""): value for labels, value in
                  snapshot.series("trainmon_training_world_size").items()}
         jobs: dict[str, list[_Rank]] = {}
         for rank in self._ranks.values():
-            if snapshot.wall - rank.seen <= self.test_seconds:
+            if now - rank.seen <= self.test_seconds:
                 jobs.setdefault(rank.job, []).append(rank)
         found: list[FailSlow] = []
         for job, ranks in sorted(jobs.items()):
             # one change per rank (and one for the job): the largest, when parts of it
             # changed on their own (the data wait and, meanwhile, the compute)
             largest: dict[str, FailSlow] = {}
-            for change in self._attribute(job, ranks, world.get(job), snapshot.wall):
+            for change in self._attribute(job, ranks, world.get(job), now):
                 if change.rank not in largest or change.ratio > largest[change.rank].ratio:
                     largest[change.rank] = change
             found += sorted(largest.values(), key=lambda change: change.rank)
@@ -280,8 +286,18 @@ class FailSlowDetector:
 
     # -- observations ------------------------------------------------------------------
 
-    def _observe(self, previous: ScrapedSamples, snapshot: ScrapedSamples) -> None:
-        window = Window([previous, snapshot])
+    def _time(self, snapshot: ScrapedSamples) -> float:
+        """The snapshot's Unix time less the wall clock's steps (``trainmon.clock``): the
+        intervals and windows here hold across a step, and a change's start is the
+        wall clock's until one."""
+        if self._wall_steps is None:
+            self._wall_steps = WallSteps(snapshot.at, snapshot.wall)
+        return self._wall_steps.observe(snapshot.at, snapshot.wall)
+
+    def _observe(self, previous: tuple[ScrapedSamples, float], snapshot: ScrapedSamples,
+                 now: float) -> None:
+        (earlier, then) = previous
+        window = Window([earlier, snapshot])
         node = _node_signals(window)
         counts = snapshot.series("trainmon_training_step_seconds_count")
         gpus = _rank_gpus(snapshot)
@@ -290,7 +306,7 @@ class FailSlowDetector:
             rank = self._ranks.get(labels)
             if rank is None or count < rank.count:  # new, or a new run: start again
                 rank = self._ranks[labels] = _Rank(names.get("job", ""), names.get("rank", ""))
-            before, rank.count, rank.seen = rank.count, count, snapshot.wall
+            before, rank.count, rank.seen = rank.count, count, now
             steps = count - before
             if steps <= 0 or before < self.warmup_steps:
                 continue
@@ -299,9 +315,8 @@ class FailSlowDetector:
                 continue
             signals = {**node, **_rank_signals(window, labels, gpus.get(
                 (names.get("job", ""), names.get("rank", "")), ""))}
-            rank.observations.append(Observation(previous.wall, snapshot.wall, steps, parts,
-                                                 signals))
-            self._test(rank, snapshot.wall)
+            rank.observations.append(Observation(then, now, steps, parts, signals))
+            self._test(rank, now)
 
     def _test(self, rank: _Rank, now: float) -> None:
         """Fire, update or clear each part's change of ``rank`` at ``now``."""
