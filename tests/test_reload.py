@@ -232,7 +232,7 @@ def test_an_invalid_file_keeps_the_running_configuration(
         assert failed.value("trainmon_collector_success", collector="disk") is not None
         assert failed.value("trainmon_config_last_reload_success_timestamp_seconds") == \
             before.value("trainmon_config_last_reload_success_timestamp_seconds")
-        errors = [line for line in daemon.log().splitlines() if "reload" in line]
+        errors = [line for line in daemon.log().splitlines() if " trainmon.reload: " in line]
         assert len(errors) == 1 and "ERROR" in errors[0] and message in errors[0], errors
         wait_for(daemon, lambda s: steps(s) > steps(failed))  # the job goes on
 

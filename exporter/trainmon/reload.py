@@ -322,7 +322,8 @@ class Reloader:
         refused = CounterMetricFamily(
             "trainmon_config_reload_requests_refused",
             "POST /-/reload requests refused: forbidden (neither loopback nor "
-            "authenticated, 403), too_soon (within reload.min_interval_seconds, 429).",
+            "authenticated, 403), too_soon (a reload running, or the last one within "
+            "reload.min_interval_seconds, 429).",
             labels=["reason"])
         for reason in REFUSALS:
             refused.add_metric([reason], float(self._refused[reason]))
