@@ -19,7 +19,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager prometheus-node-exporter \
-	prometheus-pushgateway gcc libc6-dev systemd docker-compose victoria-metrics
+	prometheus-pushgateway gcc libc6-dev systemd docker-compose victoria-metrics tmux
 PYTEST_ARGS ?=
 # Most long tests wait on Prometheus/vmalert evaluation clocks or on training
 # processes, not on the CPU: four workers on two cores; each test file stays on one
@@ -65,9 +65,10 @@ debian-packages:
 # The tests marked quiet assert on timing that a loaded machine breaks (a 10 % slowdown
 # named within a minute): they run after the rest, one at a time, with the machine to
 # themselves.
+# --durations: the slowest tests in CI's log, where the suite's time goes.
 test: debian-packages $(VENV)/.test-installed
-	$(BIN)/pytest $(PARALLEL) -m "not quiet" $(PYTEST_ARGS)
-	$(BIN)/pytest -p no:xdist -m quiet $(PYTEST_ARGS)
+	$(BIN)/pytest $(PARALLEL) -m "not quiet" --durations=30 $(PYTEST_ARGS)
+	$(BIN)/pytest -p no:xdist -m quiet --durations=15 $(PYTEST_ARGS)
 
 test-quick: $(VENV)/.test-installed
 	$(BIN)/pytest $(PARALLEL) -m "not integration" $(PYTEST_ARGS)
