@@ -15,7 +15,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,6 +139,13 @@ def memory_kib(pid: int, key: str = "VmRSS") -> int:
         if line.startswith(key + ":"):
             return int(line.split()[1])
     raise RuntimeError(f"no {key} in /proc/{pid}/status")
+
+
+def timed(action: Callable[[], object]) -> float:
+    """Seconds ``action()`` took (``perf_counter``)."""
+    started = time.perf_counter()
+    action()
+    return time.perf_counter() - started
 
 
 def percentile(values: Sequence[float], fraction: float) -> float:

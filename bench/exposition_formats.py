@@ -74,11 +74,6 @@ def _first_verdicts(url: str) -> list[Any]:
         time.sleep(0.5)
 
 
-def timed(action: Callable[[], bytes]) -> float:
-    started = time.perf_counter()
-    action()
-    return time.perf_counter() - started
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -97,7 +92,7 @@ def main() -> None:
     times: dict[str, list[float]] = {name: [] for name in encoders}
     for _ in range(args.rounds):
         for name, encode in encoders.items():
-            times[name].append(timed(encode))
+            times[name].append(benchlib.timed(encode))
     samples = sum(len(family.samples) for family in families)
     print(f"{len(families)} families, {samples} samples (trainmon serve --demo); "
           f"{args.rounds} alternating rounds; {os.cpu_count()} CPUs\n")

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
-from collections.abc import Callable
 
 from prometheus_client.exposition import generate_latest
 
@@ -41,11 +39,6 @@ def registry(extra: list[Collector]) -> CollectorRegistry:
     return built
 
 
-def timed(action: Callable[[], object]) -> float:
-    started = time.perf_counter()
-    action()
-    return time.perf_counter() - started
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -57,9 +50,9 @@ def main() -> None:
     times: dict[str, list[float]] = {"without": [], "with": [], "alone": []}
     sizes = {"without": len(generate_latest(without)), "with": len(generate_latest(with_process))}
     for _ in range(args.rounds):
-        times["without"].append(timed(lambda: generate_latest(without)))
-        times["with"].append(timed(lambda: generate_latest(with_process)))
-        times["alone"].append(timed(lambda: list(process.collect())))
+        times["without"].append(benchlib.timed(lambda: generate_latest(without)))
+        times["with"].append(benchlib.timed(lambda: generate_latest(with_process)))
+        times["alone"].append(benchlib.timed(lambda: list(process.collect())))
     print(f"{args.rounds} alternating expositions each; {os.cpu_count()} CPUs\n")
     print("| exposition | p50 µs | p99 µs | body bytes |")
     print("| --- | --- | --- | --- |")
