@@ -22,10 +22,11 @@ from testkit.footprint import SERVE_RSS_CEILING_MIB, measure_serve
 #: auth, the Tencent puller side with the ``tencent`` collector enabled, the text
 #: parser in ``doctor``, ``statistics`` (with ``decimal`` and ``fractions``) nowhere, and
 #: ``pynvml`` when the GPU facade opens an NVML session (never on a node without NVML),
-#: ``grpc`` on the first call to the kubelet's pod-resources socket.
+#: ``grpc`` on the first call to the kubelet's pod-resources socket, ``curses`` in
+#: ``trainmon top`` alone.
 NOT_IMPORTED_BY_DEFAULT = (
     "yaml", "bcrypt", "statistics", "decimal", "fractions", "prometheus_client.parser", "pynvml",
-    "ctypes", "grpc", "prometheus_client",
+    "ctypes", "grpc", "curses", "_curses", "trainmon.top", "prometheus_client",
     "trainmon.tencent.puller", "trainmon.tencent.client", "trainmon.tencent.credentials",
     "trainmon.tencent.targets", "trainmon.tencent.ratelimit", "trainmon.tencent.signer",
 )

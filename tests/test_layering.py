@@ -64,6 +64,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("collectors",),
     # the commands and the wiring
     ("doctor",),
+    # the live view on top of doctor's reading and report
+    ("top",),
     ("config",),
     # the collectors built from a configuration; the reload that rebuilds them
     ("assembly",),

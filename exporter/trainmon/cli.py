@@ -93,6 +93,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         return _runs(args, environ)
     if args.command == "suspects":
         return _suspects(args)
+    if args.command == "top":
+        return _top(args, environ)
     return _serve(args, environ)
 
 
@@ -186,6 +188,23 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
              "[TRAINMON_PROMETHEUS_URL]")
     suspects.add_argument("--json", action="store_true", help="print JSON")
     _add_log_level(suspects, env("LOG_LEVEL", "warning"))
+
+    top = commands.add_parser(
+        "top", help="live view of a node: jobs, ranks, verdicts, hung and slow ranks (q quits)")
+    env_option(top, "--url", "DOCTOR_URL", "URL",
+               "read a running daemon (host:port or URL); without it, the local daemon")
+    top.add_argument("--prometheus", default=None, metavar="URL",
+                     help="read one node's series from a Prometheus server (with --node or "
+                          "--job)")
+    top.add_argument("--node", default=None, metavar="INSTANCE",
+                     help="with --prometheus: the node's instance label")
+    top.add_argument("--job", default=None,
+                     help="show this training job (with --prometheus: the node that runs it)")
+    top.add_argument("--lang", choices=("en", "zh"), default="en", help="language (l toggles)")
+    env_option(top, "--config", "CONFIG", "FILE",
+               "configuration (diagnosis thresholds, the local daemon's listen address)")
+    _add_trust_option(top, env("TRUST_DAEMON_OWNER"))
+    _add_log_level(top, env("LOG_LEVEL", "error"))
 
     commands.add_parser("version", help="print the version")
     return parser
@@ -366,6 +385,27 @@ def _suspects(args: argparse.Namespace) -> int:
 
     return suspects_command(lambda: PrometheusSource(args.prometheus), as_json=args.json,
                             out=sys.stdout, err=sys.stderr)
+
+
+def _top(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """``top``: the live view (trainmon.top)."""
+    from trainmon.local_daemon import LocalDaemon
+    from trainmon.top.command import TopOptions, run_top
+
+    config_path = Path(args.config) if args.config else None
+    try:
+        config = load_config(config_path, environ)
+    except ConfigError as error:
+        _print_config_error("trainmon: invalid configuration: ", error)
+        return EXIT_CONFIG
+    trust = _trust(args, "top")
+    if trust is None:
+        return EXIT_CONFIG
+    local = None if args.url or args.prometheus else LocalDaemon.of(
+        config.listen, config.collectors.training.socket, config_path, environ)
+    options = TopOptions(url=args.url or None, prometheus=args.prometheus, node=args.node,
+                         job=args.job, lang=args.lang, local_daemon=local, trust=trust)
+    return run_top(options, config.collectors.diagnosis, environ=environ)
 
 
 def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:

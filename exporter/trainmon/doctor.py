@@ -270,19 +270,27 @@ def scrape_url(
     http = session if session is not None else requests.Session()
 
     def snapshot() -> ScrapedSamples:
-        try:
-            response = http.get(target, timeout=timeout, headers={"Accept": "text/plain"})
-            response.raise_for_status()
-            return ScrapedSamples.from_text(response.text, clock(), wall_clock(), DOCTOR_SAMPLES)
-        except requests.RequestException as error:
-            raise MeasurementError("cannot_read", target, _reason(error)) from None
-        except ValueError as error:
-            raise MeasurementError("not_prometheus", target, str(error)) from None
+        return read_metrics(http, target, timeout=timeout, at=clock(), wall=wall_clock())
 
     return _sample(snapshot, seconds, interval, clock, sleep)
 
 
-def _reason(error: requests.RequestException) -> str:
+def read_metrics(http: requests.Session, target: str, *, timeout: float, at: float,
+                 wall: float, names: frozenset[str] = DOCTOR_SAMPLES) -> ScrapedSamples:
+    """One snapshot of the Prometheus text at ``target`` (a daemon's ``/metrics``), its
+    samples of ``names``, taken at ``at`` (monotonic) and ``wall`` (Unix seconds);
+    ``MeasurementError`` when it cannot be read or is not Prometheus text."""
+    try:
+        response = http.get(target, timeout=timeout, headers={"Accept": "text/plain"})
+        response.raise_for_status()
+        return ScrapedSamples.from_text(response.text, at, wall, names)
+    except requests.RequestException as error:
+        raise MeasurementError("cannot_read", target, request_error_text(error)) from None
+    except ValueError as error:
+        raise MeasurementError("not_prometheus", target, str(error)) from None
+
+
+def request_error_text(error: requests.RequestException) -> str:
     """The useful end of a requests error (``[Errno 111] Connection refused``)."""
     text = str(error)
     match = re.search(r"\[Errno -?\d+\][^'\")]*", text)

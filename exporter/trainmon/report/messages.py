@@ -957,12 +957,22 @@ HUNG_GONE_LINE: Pair = ("rank {rank}: gone, silent for {seconds} s",
                         "rank {rank}：已不在，{seconds} 秒没有上报")
 
 
+def hung_rank_entries(values: Mapping[str, object]
+                      ) -> list[tuple[str, str, str, str, str, str]]:
+    """``(rank, where, collective, seq, frame, seconds)`` of each rank of a ``hung_rank``
+    finding (its ``ranks`` value: ``rank|where|collective|seq|frame|seconds;…``)."""
+    entries = []
+    for entry in filter(None, str(values.get("ranks", "")).split(";")):
+        rank, where, collective, seq, frame, seconds = (entry.split("|") + [""] * 6)[:6]
+        entries.append((rank, where, collective, seq, frame, seconds))
+    return entries
+
+
 def hung_rank_lines(values: Mapping[str, object], lang: str) -> list[str]:
     """``rank 1: in its data loader's next() → dataset.py:42 __getitem__, 47 s`` for each
     rank of a ``hung_rank`` finding (its ``ranks`` value)."""
     lines = []
-    for entry in filter(None, str(values.get("ranks", "")).split(";")):
-        rank, where, collective, seq, frame, seconds = (entry.split("|") + [""] * 6)[:6]
+    for rank, where, collective, seq, frame, seconds in hung_rank_entries(values):
         if where == "gone":
             lines.append(render(pick(HUNG_GONE_LINE, lang), {"rank": rank,
                                                               "seconds": seconds}))

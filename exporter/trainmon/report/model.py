@@ -28,6 +28,7 @@ from trainmon.diagnosis.measure import (
     LinkState,
     NcclState,
     NodeMeasurements,
+    RankState,
     measure,
 )
 from trainmon.diagnosis.platform_signals import (
@@ -156,6 +157,8 @@ class Report:
     verdicts: tuple[Verdict, ...] = ()
     #: Each job's goodput, where the run ledger books it (a daemon's ``/metrics``).
     goodput: tuple[JobGoodput, ...] = ()
+    #: Each reporting rank as the engine measured it (``trainmon top`` shows them).
+    ranks: tuple[RankState, ...] = ()
     #: "healthy", "bottleneck", "risk", "ended" (``EXIT_CODES``) or "unmeasured".
     status: str = "unmeasured"
     #: Why nothing could be measured (English, the document's ``reason``); empty otherwise.
@@ -213,6 +216,7 @@ def build_report(
         nccl=node.nccl,
         verdicts=tuple(verdicts),
         goodput=node.goodput,
+        ranks=node.ranks,
         status=status,
         reason=reason_text(reason_code, "en") if reason_code else "",
         reason_code=reason_code,

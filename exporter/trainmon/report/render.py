@@ -90,7 +90,7 @@ def render_text(report: Report) -> str:
         lines.append(f"   {heading('no_jobs', lang)}")
     goodput = {job.job: job for job in report.goodput}
     for verdict in report.verdicts:
-        head, *rest = _verdict_lines(verdict, lang)
+        head, *rest = verdict_lines(verdict, lang)
         line = goodput_line(goodput.get(verdict.job), lang, _current(report, verdict.job))
         lines += [head, *([line] if line else []), *rest]
     lines += history_lines(report.history, lang)
@@ -115,7 +115,7 @@ def _text(lines: list[str]) -> str:
     return "".join(one_line(line) + "\n" for line in lines)
 
 
-def _verdict_lines(verdict: Verdict, lang: str) -> list[str]:
+def verdict_lines(verdict: Verdict, lang: str) -> list[str]:
     """``llm: STORAGE — …``, the other findings (``+``), NCCL problems (``!``), next steps."""
     deciding, *others = verdict.findings
     lines = [f"   {verdict.job}: {kind_name(verdict.kind, lang).upper()} — "

@@ -100,7 +100,8 @@ class PrometheusError(Exception):
     """Prometheus could not be asked or refused the query (the CLI exits 1)."""
 
 
-def _quote(value: str) -> str:
+def promql_string(value: str) -> str:
+    """``value`` as a PromQL string literal, quotes included."""
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
@@ -187,7 +188,8 @@ class PrometheusSource:
         now = self.clock()
         start = since if since is not None else now - DEFAULT_LOOKBACK_SECONDS
         window = max(DISCOVERY_RESOLUTION_SECONDS, math.ceil(now - start))
-        matchers = [f"job={_quote(job)}" if job else "", f"run={_quote(run)}" if run else ""]
+        matchers = [f"job={promql_string(job)}" if job else "",
+                    f"run={promql_string(run)}" if run else ""]
         selector = "{" + ",".join(m for m in matchers if m) + "}"
         info = f"trainmon_training_run_info{selector}"
         listed = self._api("series", {"match[]": info, "start": f"{start:.3f}",
@@ -209,9 +211,9 @@ class PrometheusSource:
         for key in (keys - seen.keys()) | short:
             instance, job_name, run_name, config_hash = key
             raw = self._api("query", {
-                "query": (f"trainmon_training_run_info{{instance={_quote(instance)},"
-                          f"job={_quote(job_name)},run={_quote(run_name)},"
-                          f"config_hash={_quote(config_hash)}}}[{window}s]"),
+                "query": (f"trainmon_training_run_info{{instance={promql_string(instance)},"
+                          f"job={promql_string(job_name)},run={promql_string(run_name)},"
+                          f"config_hash={promql_string(config_hash)}}}[{window}s]"),
                 "time": f"{now:.3f}"})
             times = [float(t) for series in raw.get("result") or []
                      for t, _ in series.get("values", [])]
@@ -345,9 +347,9 @@ class PrometheusSource:
 
     def _joined(self, metric: str, job: str, run: str, by: str = "",
                 aggregation: str = "sum") -> str:
-        series = f"{metric}{{job={_quote(job)}}}"
+        series = f"{metric}{{job={promql_string(job)}}}"
         joined = (f"{series} and on(instance, job) "
-                  f"trainmon_training_run_info{{job={_quote(job)},run={_quote(run)}}}")
+                  f"trainmon_training_run_info{{job={promql_string(job)},run={promql_string(run)}}}")
         return f"{aggregation} by (instance, rank{by}) ({joined})"
 
     def _range(self, expr: str, start: float, end: float) -> list[dict[str, Any]]:
@@ -402,19 +404,19 @@ class PrometheusSource:
                    ) -> list[dict[str, object]]:
         """The run's fail-slow changes, from the diagnosis' series of the job and its owner
         while the run was live on each node."""
-        live = f"trainmon_training_run_info{{job={_quote(job)},run={_quote(run)}}}"
+        live = f"trainmon_training_run_info{{job={promql_string(job)},run={promql_string(run)}}}"
 
         def series(selector: str, by: str) -> list[dict[str, Any]]:
             return self._range(f"max by (instance, {by}) ({selector} and on(instance, job, "
                                f"owner) {live})", start, end)
 
-        ratios = series(f"trainmon_diagnosis_fail_slow_ratio{{job={_quote(job)}}}",
+        ratios = series(f"trainmon_diagnosis_fail_slow_ratio{{job={promql_string(job)}}}",
                         "rank, part, cause")
         if not ratios:
             return []
         starts = series(f"trainmon_diagnosis_fail_slow_start_timestamp_seconds"
-                        f"{{job={_quote(job)}}}", "rank")
-        kinds = series(f"trainmon_diagnosis_finding_info{{job={_quote(job)},"
+                        f"{{job={promql_string(job)}}}", "rank")
+        kinds = series(f"trainmon_diagnosis_finding_info{{job={promql_string(job)},"
                        f"finding=\"fail_slow\"}}", "rank, kind")
         return fail_slow_summary(ratios, starts, kinds)
 
@@ -422,15 +424,16 @@ class PrometheusSource:
         """The largest ``trainmon_training_world_size`` of the job while the run was live."""
         window = max(1, math.ceil(end - start))
         resolution = max(1, math.ceil(window / POINTS_PER_RUN))
-        expr = (f"max(max_over_time((trainmon_training_world_size{{job={_quote(job)}}} "
-                f"and on(instance, job) trainmon_training_run_info{{job={_quote(job)},"
-                f"run={_quote(run)}}})[{window}s:{resolution}s]))")
+        expr = (f"max(max_over_time((trainmon_training_world_size{{job={promql_string(job)}}} "
+                f"and on(instance, job) trainmon_training_run_info{{job={promql_string(job)},"
+                f"run={promql_string(run)}}})[{window}s:{resolution}s]))")
         found = self.query(expr, end)
         return int(float(found[0]["value"][1])) if found else None
 
     def _verdicts(self, job: str, run: str, start: float, end: float) -> dict[str, float]:
-        expr = (f"max by (kind) (trainmon_bottleneck{{job={_quote(job)}}} == 1 and on(instance)"
-                f" trainmon_training_run_info{{job={_quote(job)},run={_quote(run)}}})")
+        expr = (f"max by (kind) (trainmon_bottleneck{{job={promql_string(job)}}} == 1 "
+                f"and on(instance) trainmon_training_run_info{{job={promql_string(job)},"
+                f"run={promql_string(run)}}})")
         step = max(1.0, math.ceil((end - start) / POINTS_PER_RUN))
         return {series["metric"].get("kind", ""): len(series["values"]) * step
                 for series in self.query_range(expr, start, end, step)}
