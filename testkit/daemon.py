@@ -12,7 +12,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -138,11 +138,12 @@ def wait_ready(daemon: Daemon, timeout: float = READY_TIMEOUT_SECONDS,
 
 def serve(config_path: Path, log_path: Path, *, state_directory: Path | None = None,
           cwd: Path | None = None, host: str = "127.0.0.1",
-          headers: Mapping[str, str] | None = None) -> Daemon:
+          headers: Mapping[str, str] | None = None, args: Sequence[str] = ()) -> Daemon:
     """``trainmon serve --config config_path`` on a free loopback port, its output in
     ``log_path``, its ledger in ``state_directory`` (never the machine's own), once it
     answers ``/healthz`` (asked with ``headers``). ``host`` "0.0.0.0": that port on every
-    address of the machine too (a peer that is not loopback)."""
+    address of the machine too (a peer that is not loopback); ``args``: more options
+    (``--demo``)."""
     port = free_port()
     env = dict(os.environ)
     if state_directory is not None:
@@ -150,7 +151,7 @@ def serve(config_path: Path, log_path: Path, *, state_directory: Path | None = N
     with log_path.open("w") as log_file:  # the child keeps its own descriptor
         process = subprocess.Popen(
             [*trainmon_command(), "serve", "--config", str(config_path),
-             "--listen", f"{host}:{port}"],
+             "--listen", f"{host}:{port}", *args],
             stdout=log_file, stderr=subprocess.STDOUT, text=True, cwd=cwd, env=env)
     return ready(Daemon(process, port, log_path, config_path), headers)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from trainmon.assembly import Assembly, assemble
 from trainmon.cli import enabled_collectors
 from trainmon.config import Config, parse_config
@@ -41,16 +43,27 @@ def test_a_changed_section_rebuilds_its_collector_and_those_built_with_it(
     second = build(config(tmp_path, gpu={"enabled": True, "idle_threshold": 0.2}), first)
     before, after = by_name(first), by_name(second)
     rebuilt = sorted(name for name in after if after[name] is not before.get(name))
-    # attribution and numa read the GPU collector's process lists; so does the ledger
-    assert {"gpu", "attribution", "numa", "ledger"} <= set(rebuilt)
-    assert "disk" not in rebuilt and "training" not in rebuilt
+    # attribution and numa read the GPU collector's process lists: built anew with it
+    assert rebuilt == ["attribution", "gpu", "numa"]
+    # the ledger reads them too, and follows the new ones once they run
+    assert after["ledger"] is before["ledger"] and len(second.followups) == 1
+    third = build(config(tmp_path, gpu={"enabled": True, "idle_threshold": 0.2}), second)
+    assert third.parts == second.parts and third.followups == ()
 
 
 def test_the_surviving_collectors_pin_what_they_were_built_with(tmp_path: Path) -> None:
     without_gpu = build(config(tmp_path))
     assert without_gpu.pinned() == {"training", "ledger"}
+    # the ledger books GPU time with the GPU collector's process lists and attribution's
+    # attributor: it follows them when they are rebuilt, but they may not come or go
     with_gpu = build(config(tmp_path, gpu={"enabled": True}))
-    # the ledger holds the GPU collector's process lists and attribution's attributor
-    assert with_gpu.pinned() == {"training", "ledger", "gpu", "attribution"}
+    assert with_gpu.pinned() == {"training", "ledger"}
+    assert with_gpu.followed() == {"training", "gpu", "attribution"}
     off = build(config(tmp_path, ledger={"enabled": False}))
-    assert off.pinned() == {"training"}
+    assert off.pinned() == {"training"} and off.followed() == frozenset()
+
+
+def test_a_surviving_collector_is_never_built_anew(tmp_path: Path) -> None:
+    first = build(config(tmp_path))
+    with pytest.raises(RuntimeError, match="the ledger collector would be built anew"):
+        build(config(tmp_path, ledger={"flush_seconds": 5}), first)

@@ -301,3 +301,41 @@ def test_the_watcher_reloads_when_a_configmap_swaps_its_files(tmp_path: Path) ->
         assert "reload (file): configuration applied" in daemon.log()
     finally:
         daemon.stop()
+
+
+def test_a_rebuilt_gpu_collector_keeps_the_ledger_that_books_with_it(tmp_path: Path) -> None:
+    """The demo's simulated GPUs: a GPU setting is live, the ledger (which books GPU time
+    with the GPU collector's process lists) is kept and follows the new collector; the
+    GPU collector coming or going is for a restart."""
+    config = tmp_path / "trainmon.yml"
+    write_config(config, tmp_path, gpu={"enabled": "auto"})
+    daemon = serve(config, tmp_path / "trainmon.log", state_directory=tmp_path, args=["--demo"])
+    try:
+        def productive(scrape: Scrape) -> float:
+            return scrape.value("trainmon_job_gpu_seconds_total", job="demo-healthy",
+                                bucket="productive") or 0.0
+
+        before = wait_for(daemon, lambda s: productive(s) > 0)
+        assert before.value("trainmon_collector_success", collector="gpu") == 1
+        write_config(config, tmp_path, gpu={"enabled": "auto", "idle_threshold": 0.2})
+        os.kill(daemon.process.pid, signal.SIGHUP)
+        after = wait_for(daemon, lambda s: reloads(s, "success") == 1)
+        assert after.value("trainmon_config_keys_awaiting_restart") == 0
+        wait_for(daemon, lambda s: productive(s) > productive(after)
+                 and s.value("trainmon_collector_success", collector="gpu") == 1
+                 and s.value("trainmon_collector_success", collector="ledger") == 1)
+        log = daemon.log()
+        assert "rebuilt: gpu, attribution, numa; stopped: none" in log
+        assert log.count("run ledger at") == 1 and "Traceback" not in log
+
+        # the GPU collector gone would leave the ledger without its process lists
+        write_config(config, tmp_path, gpu={"enabled": False})
+        wait_for(daemon, lambda s: time.time() > MIN_INTERVAL_SECONDS + (s.value(
+            "trainmon_config_last_reload_success_timestamp_seconds") or 0.0))
+        status, _, body = post(daemon.url + "/-/reload")
+        assert status == 200, body
+        assert json.loads(body)["restart_required"] == ["collectors.gpu.enabled",
+                                                        "collectors.gpu.idle_threshold"]
+        assert metrics(daemon).value("trainmon_collector_success", collector="gpu") == 1
+    finally:
+        daemon.stop()

@@ -14,12 +14,16 @@ rebuilt GPU collector so rebuilds attribution and numa, which read it.
 ``Assembly.pinned()`` names the parts a reload must keep whatever the new
 configuration says (``trainmon.reload``): the entries that ``survives_reload``
 (the training store, the run ledger) and, transitively, the collectors they were
-built with.
+built with, unless the entry can ``rewire`` itself to their new instances (the
+ledger follows a rebuilt GPU collector and attribution): then only whether each
+of them is there is pinned (``Assembly.followed()``), and the kept instance's
+change is one of the assembly's ``followups``, made once the new ones run
+(``CollectorRegistry.replace``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +50,9 @@ class Assembly:
     """The built collectors of one configuration, in scrape order."""
 
     parts: tuple[Part, ...] = ()
+    #: The changes kept parts make to follow rebuilt inputs (``CollectorEntry.rewire``),
+    #: to run once the new collectors run.
+    followups: tuple[Callable[[], None], ...] = ()
 
     @property
     def collectors(self) -> list[Collector]:
@@ -53,16 +60,27 @@ class Assembly:
 
     def pinned(self) -> frozenset[str]:
         """The parts a reload keeps: those whose entry ``survives_reload``, and every
-        collector they were built with, transitively."""
+        collector they were built with, transitively, unless the entry can rewire."""
         by_name = {part.entry.name: part for part in self.parts}
         pinned = {name for name, part in by_name.items() if part.entry.survives_reload}
         waiting = list(pinned)
         while waiting:
-            for name, collector in by_name[waiting.pop()].used.items():
+            part = by_name[waiting.pop()]
+            if part.entry.rewire is not None:
+                continue
+            for name, collector in part.used.items():
                 if collector is not None and name not in pinned and name in by_name:
                     pinned.add(name)
                     waiting.append(name)
         return frozenset(pinned)
+
+    def followed(self) -> frozenset[str]:
+        """The collectors pinned parts that rewire were built with, or asked for: a
+        reload may rebuild them, but not add or remove them."""
+        by_name = {part.entry.name: part for part in self.parts}
+        return frozenset(name for pinned in self.pinned()
+                         if by_name[pinned].entry.rewire is not None
+                         for name in by_name[pinned].used)
 
 
 class _Lookups(Mapping[str, Collector]):
@@ -97,21 +115,35 @@ def assemble(
     previous: Assembly | None = None,
 ) -> Assembly:
     """Build ``entries`` (the enabled ones, in order) from ``config``, keeping the
-    parts of ``previous`` that nothing changed. Builds, starts nothing: the registry
-    starts the new collectors (``CollectorRegistry.start``/``replace``)."""
+    parts of ``previous`` that nothing changed, or that rewire to what changed. Builds,
+    starts nothing: the registry starts the new collectors
+    (``CollectorRegistry.start``/``replace``). ``RuntimeError`` rather than building
+    anew a part of ``previous`` whose entry ``survives_reload``."""
     before = {part.entry.name: part for part in previous.parts} if previous else {}
     built: dict[str, Collector] = {}
     parts: list[Part] = []
+    followups: list[Callable[[], None]] = []
     for entry in entries:
         section = config.collectors[entry.name]
         old = before.get(entry.name)
-        if old is not None and old.section == section and all(
-                built.get(name) is collector for name, collector in old.used.items()):
-            part = old
-        else:
+        part = None
+        if old is not None and old.section == section:
+            if all(built.get(name) is collector for name, collector in old.used.items()):
+                part = old
+            elif entry.rewire is not None:
+                lookups = _Lookups(built)
+                wiring = Wiring(config.paths.proc, config.paths.sys, demo, lookups)
+                change = entry.rewire(old.collector, wiring)
+                if change is not None:
+                    part = Part(entry, section, old.collector, dict(lookups.used))
+                    followups.append(change)
+        if part is None:
+            if old is not None and entry.survives_reload:
+                raise RuntimeError(f"the {entry.name} collector would be built anew and "
+                                   "lose what it holds; restart the daemon instead")
             lookups = _Lookups(built)
             wiring = Wiring(config.paths.proc, config.paths.sys, demo, lookups)
             part = Part(entry, section, entry.build(section, wiring), dict(lookups.used))
         built[entry.name] = part.collector
         parts.append(part)
-    return Assembly(tuple(parts))
+    return Assembly(tuple(parts), tuple(followups))

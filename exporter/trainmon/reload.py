@@ -20,10 +20,12 @@ A reload loads and validates the whole file with the loader the start used, so
 its errors read the same. An invalid file changes nothing: one log line with
 every error, ``trainmon_config_last_reload_successful`` 0. A valid one is
 applied: the keys only a restart applies (``listen``, ``web_config_file``,
-``http``, ``paths``, the web config's TLS, and the sections of the collectors
-``Assembly.pinned()`` names: the training store, the run ledger and what they
-were built with) keep their running value, named in one log line and counted
-in ``trainmon_config_keys_awaiting_restart``; the rest takes effect at once:
+``http``, ``paths``, the web config's TLS, the sections of the collectors
+``Assembly.pinned()`` names: the training store and the run ledger, and the
+coming or going of those ``Assembly.followed()`` names: the GPU collector and
+attribution the ledger books with) keep their running value, named in one log
+line and counted in ``trainmon_config_keys_awaiting_restart``; the rest takes
+effect at once:
 ``trainmon.assembly`` keeps every collector whose section and inputs did not
 change, the registry swaps the set (``CollectorRegistry.replace``), the server
 its routes and its basic-auth users and headers.
@@ -252,8 +254,9 @@ class Reloader:
         self._digest_seen = self._digest()
         try:
             config, web = self._load()
-            config, web, restart = _settle(self._config, config, self._web, web,
-                                           self._assembly.pinned())
+            config, web, restart = _settle(
+                self._config, config, self._web, web, self._assembly,
+                lambda chosen: {entry.name for entry in self._choose(chosen)})
             assembly = assemble(self._choose(config), config, demo=self._demo,
                                 previous=self._assembly)
         except ConfigError as error:
@@ -287,7 +290,12 @@ class Reloader:
         built = [c.name for c in new if all(c is not each for each in old)]
         dropped = [c.name for c in old if all(c is not each for each in new)]
         rebuilt = [name for name in built if name in dropped]
-        self._registry.replace([*self._fixed, *assembly.collectors])
+
+        def follow() -> None:
+            for change in assembly.followups:
+                change()
+
+        self._registry.replace([*self._fixed, *assembly.collectors], follow)
         if self._server is not None:
             self._server.replace_routes(self._registry.push_routes(),
                                         self._registry.get_routes())
@@ -338,10 +346,12 @@ class Reloader:
 
 def _settle(
     running: Config, loaded: Config, running_web: WebConfig | None, loaded_web: WebConfig | None,
-    pinned: Iterable[str],
+    running_assembly: Assembly, present: Callable[[Config], set[str]],
 ) -> tuple[Config, WebConfig | None, tuple[str, ...]]:
     """``loaded`` with every key that only a restart applies set back to its running
-    value, and those keys that changed (``collectors.training.ttl_seconds``)."""
+    value, and those keys that changed (``collectors.training.ttl_seconds``): the
+    top-level ones, the sections of the pinned collectors, and those of the followed
+    ones that would come or go (``present``: the names a configuration builds)."""
     changed: list[str] = []
     kept: dict[str, Any] = {}
     for key in RESTART_ONLY:
@@ -350,13 +360,27 @@ def _settle(
             changed.extend(_changed_keys(key, before, after))
             kept[key] = before
     sections: dict[str, object] = {}
-    for name in sorted(pinned):
+
+    def keep(name: str) -> None:
         before, after = running.collectors[name], loaded.collectors[name]
         if before != after:
             changed.extend(_changed_keys(f"collectors.{name}", before, after))
-            sections[name] = before
-    settled = dataclasses.replace(loaded, **kept,
-                                  collectors=loaded.collectors.replace(**sections))
+        sections[name] = before
+
+    for name in sorted(running_assembly.pinned()):
+        keep(name)
+    followed = running_assembly.followed()
+    was = {part.entry.name for part in running_assembly.parts}
+    while True:  # keeping one may bring back another (attribution requires gpu)
+        settled = dataclasses.replace(loaded, **kept,
+                                      collectors=loaded.collectors.replace(**sections))
+        now = present(settled)
+        moved = sorted(name for name in followed - set(sections)
+                       if (name in now) != (name in was))
+        if not moved:
+            break
+        for name in moved:
+            keep(name)
     if "web_config_file" in kept:  # a web config from another file: all of it waits
         return settled, running_web, tuple(changed)
     web = loaded_web

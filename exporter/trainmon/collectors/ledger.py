@@ -323,6 +323,12 @@ class ProcessHoldings:
                                             allocation.pod))
         return holdings
 
+    def follow(self, other: ProcessHoldings) -> None:
+        """Read ``other``'s process lists, attributor and allocations from now on (a
+        reload rebuilt the GPU collector or attribution, ``trainmon.reload``)."""
+        self._processes, self._attributor, self._allocations = (
+            other._processes, other._attributor, other._allocations)
+
     def _who(self, pid: int) -> tuple[int | None, str | None, str]:
         try:
             uid: int | None = os.stat(self._proc / str(pid)).st_uid
@@ -333,24 +339,42 @@ class ProcessHoldings:
         return uid, job, team_of(who.namespace, who.environ, uid)
 
 
+def _holdings(wiring: Wiring) -> ProcessHoldings | None:
+    """The GPUs' holdings read from the GPU collector and attribution; None without GPUs."""
+    if "gpu" not in wiring.built:
+        return None
+    gpu = wiring.collector("gpu", GPUCollector)
+    attribution = wiring.built.get("attribution")
+    known = attribution if isinstance(attribution, AttributionCollector) else None
+    attributor = known.attributor if known else ProcessAttributor(wiring.proc_root)
+    return ProcessHoldings(gpu.processes, attributor, wiring.proc_root,
+                           known.allocations if known else None)
+
+
 def _build(config: LedgerConfig, wiring: Wiring) -> Collector:
     training = wiring.collector("training", TrainingCollector)
-    holdings = None
-    if "gpu" in wiring.built:
-        gpu = wiring.collector("gpu", GPUCollector)
-        attribution = wiring.built.get("attribution")
-        known = attribution if isinstance(attribution, AttributionCollector) else None
-        attributor = known.attributor if known else ProcessAttributor(wiring.proc_root)
-        holdings = ProcessHoldings(gpu.processes, attributor, wiring.proc_root,
-                                   known.allocations if known else None)
     return LedgerCollector(RunRecorder(config, training.store, training.storage_of,
-                                       holdings=holdings))
+                                       holdings=_holdings(wiring)))
+
+
+def _rewire(collector: Collector, wiring: Wiring) -> Callable[[], None] | None:
+    """A reload rebuilt the GPU collector or attribution: the kept recorder (its open
+    ledger, its runs) books with the new ones. None when the training store is another
+    or the GPUs came or went (the recorder was built with holdings or without)."""
+    training = wiring.collector("training", TrainingCollector)
+    recorder = collector.recorder if isinstance(collector, LedgerCollector) else None
+    if recorder is None or recorder.training is not training.store:
+        return None
+    current, new = recorder.holdings, _holdings(wiring)
+    if not isinstance(current, ProcessHoldings) or new is None:
+        return None
+    return lambda: current.follow(new)
 
 
 #: Derived, last: records the diagnosis' verdicts with each run; its open ledger
 #: survives a configuration reload (trainmon.reload).
 ENTRY = CollectorEntry("ledger", LedgerConfig, _build, derived=True, requires=("training",),
-                       survives_reload=True)
+                       survives_reload=True, rewire=_rewire)
 
 
 def _counter(name: str, documentation: str, value: float) -> CounterMetricFamily:

@@ -63,3 +63,8 @@ class CollectorEntry(Generic[S]):
     #: ledger): a reload keeps the instance, so its section, and those of the
     #: collectors it was built with, take effect at the next restart (``trainmon.reload``).
     survives_reload: bool = False
+    #: How a kept instance follows the collectors it was built with when a reload
+    #: rebuilds them (the same ones present): given it and the new wiring, the change
+    #: to make once the new ones run, or None when it cannot. Without it, those
+    #: collectors of a ``survives_reload`` entry change only at a restart too.
+    rewire: Callable[[Collector, Wiring], Callable[[], None] | None] | None = None

@@ -131,15 +131,17 @@ class CollectorRegistry:
         if self.evaluation_seconds is not None:
             self._evaluation.start()
 
-    def replace(self, collectors: Sequence[Collector]) -> None:
+    def replace(self, collectors: Sequence[Collector],
+                rewire: Callable[[], None] | None = None) -> None:
         """Serve ``collectors`` from now on (a configuration reload, ``trainmon.reload``).
 
         The ones already here (the same objects) keep running with their state;
         the new ones are started first, outside the locks, then the lists are
         swapped under both locks (a scrape sees the old set or the new, whole),
-        then the ones left out are stopped, and one evaluation runs so that the
-        derived collectors' families and ``/healthz`` are those of the new set.
-        A collector that fails to start is reported as at ``start()``."""
+        then ``rewire`` runs (kept collectors turn to the new ones they read), then
+        the ones left out are stopped, and one evaluation runs so that the derived
+        collectors' families and ``/healthz`` are those of the new set. A collector
+        that fails to start is reported as at ``start()``."""
         current = {id(collector) for collector in self._collectors}
         kept = {id(collector) for collector in collectors}
         added = [collector for collector in collectors if id(collector) not in current]
@@ -156,6 +158,8 @@ class CollectorRegistry:
             self._states = {name: state for name, state in self._states.items() if name in names}
             self._evaluated = {name: families for name, families in self._evaluated.items()
                                if name in names}
+        if rewire is not None:
+            rewire()
         for collector in removed:
             self._stop_one(collector)
         self._evaluate(self._collectors)

@@ -384,6 +384,16 @@ class RunRecorder:
 
     # -- lifecycle ------------------------------------------------------------------
 
+    @property
+    def training(self) -> TrainingSource:
+        """The training store it records from."""
+        return self._training
+
+    @property
+    def holdings(self) -> GpuHoldings | None:
+        """Who holds each GPU (None: no GPUs on this node's wiring)."""
+        return self._holdings
+
     def start(self) -> None:
         with self._lock:
             self._ensure_open(self._clock())
