@@ -47,7 +47,7 @@ def test_80x24_shows_every_job_with_its_verdict_ranks_marks_and_held_gpus() -> N
     assert rank_line(lines, "starved", "0").endswith("HUNG loader 11s")
     assert rank_line(lines, "starved", "1").endswith("stalled loader 11s")
     assert "GPU 7 held by pid:900 (pid 900): idle" in text
-    assert lines[-1].startswith("q quit  s sort:rank  r reverse  / filter  m marked only")
+    assert lines[-1] == "q quit  s sort:rank  r reverse  / filter  m marked only  ↑↓↵ job  l 中文"
 
 
 @pytest.mark.parametrize(("width", "height", "headings"), [

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TextIO
@@ -48,15 +49,15 @@ class TopOptions:
 def run_top(options: TopOptions, config: DiagnosisConfig, *, err: TextIO = sys.stderr,
             environ: Mapping[str, str] = os.environ) -> int:
     """Choose the source, then run the screen until ``q``; the exit code."""
-    if not (sys.stdin.isatty() and sys.stdout.isatty()):
-        err.write("trainmon top: needs a terminal (for a one-shot report: trainmon doctor)\n")
-        return EXIT_USAGE
     try:
         source = _source(options, err)
-    except MeasurementError as error:
+    except (MeasurementError, ValueError) as error:
         err.write(f"trainmon top: {clean(str(error))}\n")
         return EXIT_USAGE
     if source is None:
+        return EXIT_USAGE
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        err.write("trainmon top: needs a terminal (for a one-shot report: trainmon doctor)\n")
         return EXIT_USAGE
     kind: Source = {"kind": "url", "url": source.name}
     poller = Poller(source, Recorder(config, kind, options.window_seconds))
@@ -74,7 +75,7 @@ def run_top(options: TopOptions, config: DiagnosisConfig, *, err: TextIO = sys.s
 def _source(options: TopOptions, err: TextIO) -> SnapshotSource | None:
     trust = options.trust or DaemonTrust.default()
     if options.url:
-        return DaemonSource(options.url, trust)
+        return _checked(DaemonSource(options.url, trust))
     if options.prometheus:
         node = options.node
         if node is None:
@@ -102,3 +103,11 @@ def _source(options: TopOptions, err: TextIO) -> SnapshotSource | None:
         err.write(f"trainmon top: no daemon answered at {metrics_url(local.url)} "
                   f"({local.origin}); waiting for it\n")
     return DaemonSource(local.url, trust)
+
+
+def _checked(source: DaemonSource) -> DaemonSource:
+    """``source`` once its URL parses (host and port); ``ValueError`` says why not."""
+    parts = urllib.parse.urlsplit(source.name)
+    if not parts.hostname or (parts.port is None and parts.scheme not in ("http", "https")):
+        raise ValueError(f"--url {source.url!r}: not host:port or a URL")
+    return source

@@ -257,9 +257,12 @@ def _finding_marks(finding: Finding) -> Iterable[tuple[str, Mark]]:
 
 
 def _number(value: object) -> float | None:
+    """A finding's value as a number; None when it is none."""
+    if isinstance(value, (int, float)):
+        return float(value)
     try:
-        return float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+        return float(str(value))
+    except ValueError:
         return None
 
 

@@ -60,9 +60,9 @@ WORDS: Mapping[str, Pair] = {
     "held_busy": ("busy, no training telemetry", "在用，但没有训练遥测"),
     "no_match": ("no job matches the filter", "没有符合过滤条件的任务"),
     "keys": ("q quit  s sort:{sort}{arrow}  r reverse  / filter{filter}  m {marked}  "
-             "↑↓ job  ↵ detail  l 中文",
+             "↑↓↵ job  l 中文",
              "q 退出  s 排序:{sort}{arrow}  r 反序  / 过滤{filter}  m {marked}  "
-             "↑↓ 任务  ↵ 详情  l English"),
+             "↑↓↵ 任务  l English"),
     "marked_only": ("marked only", "只看有标记"),
     "marked_all": ("all ranks", "全部 rank"),
     "detail_keys": ("↵/esc back  ↑↓ scroll  l 中文  q quit",
