@@ -163,3 +163,21 @@ def test_prometheus_snapshots_not_scraped_again_add_nothing() -> None:
     assert not recorder.add(ScrapedSamples.from_text(text, 10.0, 10.0, TOP_SAMPLES))
     report = recorder.view("x").report
     assert report is not None and report.source.get("snapshots") == 1
+
+
+def test_a_fail_slow_rank_and_a_gpu_a_job_holds_idle_are_shown() -> None:
+    node = SimulatedNode([SimulatedJob("llm", gpus=[0, 1], fail_slow={1: ("compute", 0.12)})],
+                         holders={5: 4000})  # rank 0's process also holds GPU 5, idle
+    lines = screen(node=node)
+    assert rank_line(lines, "llm", "1").endswith("fail-slow +12% compute")
+    assert "GPU 5 held by llm (pid 4000): idle" in "\n".join(lines)
+    assert rank_line(screen(ScreenState(lang="zh"), node=node), "llm", "1").endswith(
+        "变慢 +12% compute")
+
+
+def test_the_detail_view_wraps_to_a_narrow_terminal() -> None:
+    lines = screen(ScreenState(selected="starved", detail=True, lang="zh"), 40, 10)
+    assert lines[1] == "   starved: 调（调度） — rank 0"
+    assert lines[2].startswith("      拖住了整个任务")
+    lines = screen(ScreenState(selected="starved", detail=True, scroll=5), 40, 10)
+    assert lines[-1].startswith("↵/esc back")

@@ -45,6 +45,8 @@ class SimulatedJob:
     stall_from: int = 0
     stall_until: int = 10**9
     goodput: float | None = 0.8
+    #: Fail-slow changes the daemon exported: rank → (part, slowdown ratio).
+    fail_slow: Mapping[int, tuple[str, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -103,6 +105,14 @@ class SimulatedNode:
                     lines.append(_line("trainmon_training_stall_start_timestamp_seconds",
                                        since, key))
                 lines += _gpu_lines(gpu, 0.95, 0.7)
+            for rank, (part, ratio) in job.fail_slow.items():
+                key = {"job": job.name, "rank": str(rank)}
+                lines.append(_line("trainmon_diagnosis_finding_info", 1.0, {
+                    **key, "finding": "fail_slow", "kind": "compute"}))
+                lines.append(_line("trainmon_diagnosis_fail_slow_ratio", ratio, {
+                    **key, "part": part, "cause": ""}))
+                lines.append(_line("trainmon_diagnosis_fail_slow_start_timestamp_seconds",
+                                   WALL, key))
             if job.goodput is not None:
                 lines.append(_line("trainmon_job_goodput_ratio", job.goodput, {"job": job.name}))
         for gpu, pid in self.holders.items():

@@ -161,12 +161,20 @@ def rows(report: Report, window: Window) -> tuple[JobRow, ...]:
 
 
 def held_gpus(report: Report) -> tuple[HeldGPU, ...]:
-    """The GPUs of the verdicts of processes without training telemetry."""
+    """The GPUs of the verdicts of processes without training telemetry, and the GPUs
+    a job's processes hold idle beside those its ranks report (``idle_held``)."""
     gpus = {gpu.state.gpu: gpu for gpu in report.gpus}
-    reporting = {rank.job for rank in report.ranks}
+    rank_gpus: dict[str, set[str]] = {}
+    for rank in report.ranks:
+        rank_gpus.setdefault(rank.job, set()).add(rank.gpu)
     held = []
     for verdict in report.verdicts:
-        if verdict.job in reporting:
+        if verdict.job in rank_gpus:
+            for gpu in verdict.evidence.idle_gpus:
+                if gpu not in rank_gpus[verdict.job] and (state := gpus.get(gpu)) is not None:
+                    pids = ",".join(each.process.pid for each in state.processes)
+                    held.append(HeldGPU(gpu, verdict.job, pids, "idle_held",
+                                        state.state.utilization))
             continue
         finding = verdict.findings[0]
         for gpu in verdict.evidence.gpus:
