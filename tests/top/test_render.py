@@ -181,3 +181,17 @@ def test_the_detail_view_wraps_to_a_narrow_terminal() -> None:
     assert lines[2].startswith("      拖住了整个任务")
     lines = screen(ScreenState(selected="starved", detail=True, scroll=5), 40, 10)
     assert lines[-1].startswith("↵/esc back")
+
+
+def test_snapshots_farther_apart_than_the_window_still_give_rates() -> None:
+    recorder = Recorder(DiagnosisConfig(), {"kind": "url", "url": "test"})
+    node = demo_like()
+    for _ in range(4):  # a Prometheus scraping every 15 s
+        for _ in range(15):
+            text = node.tick()
+        recorder.add(ScrapedSamples.from_text(text, node.wall(), node.wall(), TOP_SAMPLES))
+    shown = recorder.view("prometheus")
+    assert shown.report is not None and shown.report.source.get("seconds") == 30.0
+    healthy = next(job for job in shown.jobs if job.job == "healthy")
+    assert [row.samples_per_second for row in healthy.ranks] == [
+        pytest.approx(32 / 0.7)] * 4

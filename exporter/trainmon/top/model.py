@@ -1,7 +1,7 @@
 """What ``trainmon top`` shows: a report of the last seconds as rows, without words.
 
 ``Recorder`` keeps the snapshots of the last ``window_seconds`` (as ``doctor``
-measures over ``--seconds``) and builds, on every refresh, the report of
+measures over ``--seconds``; at least ``MIN_SNAPSHOTS``) and builds, on every refresh, the report of
 ``trainmon.report.model.build_report`` over them: the same engine, the same
 verdicts as ``doctor`` and the daemon. ``rows`` turns that report into one
 ``JobRow`` per reporting job with a ``RankRow`` per rank, and ``held_gpus`` the
@@ -43,6 +43,9 @@ from trainmon.report.model import GPU, Report, Source, build_report
 
 #: Seconds of snapshots each view is measured over (``doctor``'s default ``--seconds``).
 WINDOW_SECONDS = 10.0
+#: Snapshots kept however old: through Prometheus, one comes per scrape (15 s
+#: apart by default), and a window of one has no rates.
+MIN_SNAPSHOTS = 3
 #: Seconds a mark stays shown after it cleared.
 MARK_HOLD_SECONDS = 60.0
 #: The samples ``top`` keeps: ``doctor``'s, and the ranks' samples for samples/s.
@@ -295,7 +298,8 @@ class Recorder:
         if self._snapshots and snapshot.at <= self._snapshots[-1].at:
             return False
         self._snapshots.append(snapshot)
-        while snapshot.at - self._snapshots[0].at > self._window_seconds:
+        while (len(self._snapshots) > MIN_SNAPSHOTS
+               and snapshot.at - self._snapshots[0].at > self._window_seconds):
             self._snapshots.pop(0)
         return True
 
