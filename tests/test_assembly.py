@@ -45,10 +45,19 @@ def test_a_changed_section_rebuilds_its_collector_and_those_built_with_it(
     rebuilt = sorted(name for name in after if after[name] is not before.get(name))
     # attribution and numa read the GPU collector's process lists: built anew with it
     assert rebuilt == ["attribution", "gpu", "numa"]
-    # the ledger reads them too, and follows the new ones once they run
-    assert after["ledger"] is before["ledger"] and len(second.followups) == 1
+    # the ledger reads them too, and follows the new ones once they run; the training
+    # collector reads its token file again at every reload
+    assert after["ledger"] is before["ledger"] and len(second.followups) == 2
     third = build(config(tmp_path, gpu={"enabled": True, "idle_threshold": 0.2}), second)
-    assert third.parts == second.parts and third.followups == ()
+    assert third.parts == second.parts and len(third.followups) == 1
+
+
+def test_a_live_key_of_a_surviving_collector_keeps_its_instance(tmp_path: Path) -> None:
+    first = build(config(tmp_path))
+    tokens = tmp_path / "tokens"
+    second = build(config(tmp_path, training={"token_file": str(tokens)}), first)
+    assert by_name(second)["training"] is by_name(first)["training"]
+    assert by_name(second)["ledger"] is by_name(first)["ledger"]
 
 
 def test_the_surviving_collectors_pin_what_they_were_built_with(tmp_path: Path) -> None:

@@ -63,9 +63,9 @@ def write_config(path: Path, folder: Path, **changes: object) -> None:
 class Job:
     """A one-rank training job reporting its steps through ``trainmon.client``."""
 
-    def __init__(self, endpoint: str) -> None:
-        self._reporter = Reporter(JOB, endpoint=endpoint, environ={}, rank=0, world_size=1,
-                                  interval_seconds=0.1)
+    def __init__(self, endpoint: str, name: str = JOB, token: str | None = None) -> None:
+        self._reporter = Reporter(name, endpoint=endpoint, token=token, environ={}, rank=0,
+                                  world_size=1, interval_seconds=0.1)
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._train, daemon=True)
         self._thread.start()
@@ -102,8 +102,8 @@ def reloads(scrape: Scrape, result: str) -> float:
     return scrape.value("trainmon_config_reloads_total", result=result) or 0.0
 
 
-def steps(scrape: Scrape) -> float:
-    return scrape.value("trainmon_training_steps_total", job=JOB) or 0.0
+def steps(scrape: Scrape, job: str = JOB) -> float:
+    return scrape.value("trainmon_training_steps_total", job=job) or 0.0
 
 
 def post(url: str, headers: Mapping[str, str] | None = None,
@@ -338,4 +338,39 @@ def test_a_rebuilt_gpu_collector_keeps_the_ledger_that_books_with_it(tmp_path: P
                                                         "collectors.gpu.idle_threshold"]
         assert metrics(daemon).value("trainmon_collector_success", collector="gpu") == 1
     finally:
+        daemon.stop()
+
+
+def test_a_reload_reads_the_token_file_again(tmp_path: Path) -> None:
+    """Tokens rotated in place: the file is read again at the reload, the store and the
+    jobs reporting on the socket carry on."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text("first first-token-0123456789\n")
+    write_config(tmp_path / "trainmon.yml", tmp_path, training={"token_file": str(tokens)})
+    daemon = serve(tmp_path / "trainmon.yml", tmp_path / "trainmon.log",
+                   state_directory=tmp_path)
+    jobs = [Job(f"unix://{tmp_path / 'steps.sock'}"),
+            Job(daemon.url, "http-first", token="first-token-0123456789")]
+    try:
+        before = wait_for(daemon, lambda s: steps(s) > 0 and steps(s, "http-first") > 0)
+        tokens.write_text("second second-token-0123456789\n")
+        os.kill(daemon.process.pid, signal.SIGHUP)
+        after = wait_for(daemon, lambda s: reloads(s, "success") == 1)
+        assert after.value("trainmon_config_keys_awaiting_restart") == 0
+        jobs.append(Job(daemon.url, "http-second", token="second-token-0123456789"))
+        wait_for(daemon, lambda s: steps(s, "http-second") > 0 and (s.value(
+            "trainmon_training_rejected_reports_total", reason="unauthorized") or 0) > 0
+            and steps(s) > steps(after))
+        assert steps(after) >= steps(before)
+
+        # a token file that cannot be read: the tokens read before stay in use
+        tokens.write_text("short\n")
+        os.kill(daemon.process.pid, signal.SIGHUP)
+        broken = wait_for(daemon, lambda s: reloads(s, "success") == 2)
+        wait_for(daemon, lambda s: steps(s, "http-second") > steps(broken, "http-second"))
+        log = daemon.log()
+        assert "the tokens read before stay in use" in log and "Traceback" not in log
+    finally:
+        for job in jobs:
+            job.stop()
         daemon.stop()

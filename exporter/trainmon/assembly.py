@@ -9,7 +9,10 @@ attributor). Each ``Part`` keeps its section and those lookups, so that
 change: a part is kept, the same instance with its state, when its section is
 equal to the new one and every collector its factory looked up is, in the new
 assembly, the same instance (or still absent); any other is built anew. A
-rebuilt GPU collector so rebuilds attribution and numa, which read it.
+rebuilt GPU collector so rebuilds attribution and numa, which read it. A part
+whose section differs only in its entry's ``live_keys`` is kept too: its entry's
+``reconfigure`` (which every reload calls, a file the section names may have
+changed: the training collector's token file) is one of the ``followups``.
 
 ``Assembly.pinned()`` names the parts a reload must keep whatever the new
 configuration says (``trainmon.reload``): the entries that ``survives_reload``
@@ -23,6 +26,8 @@ change is one of the assembly's ``followups``, made once the new ones run
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -127,16 +132,21 @@ def assemble(
         section = config.collectors[entry.name]
         old = before.get(entry.name)
         part = None
-        if old is not None and old.section == section:
+        if old is not None and _takes(entry, old.section, section):
+            changes: list[Callable[[], None]] = []
+            if entry.reconfigure is not None:
+                changes.append(functools.partial(entry.reconfigure, old.collector, section))
             if all(built.get(name) is collector for name, collector in old.used.items()):
-                part = old
+                part = Part(entry, section, old.collector, old.used)
             elif entry.rewire is not None:
                 lookups = _Lookups(built)
                 wiring = Wiring(config.paths.proc, config.paths.sys, demo, lookups)
                 change = entry.rewire(old.collector, wiring)
                 if change is not None:
                     part = Part(entry, section, old.collector, dict(lookups.used))
-                    followups.append(change)
+                    changes.append(change)
+            if part is not None:
+                followups.extend(changes)
         if part is None:
             if old is not None and entry.survives_reload:
                 raise RuntimeError(f"the {entry.name} collector would be built anew and "
@@ -147,3 +157,14 @@ def assemble(
         built[entry.name] = part.collector
         parts.append(part)
     return Assembly(tuple(parts), tuple(followups))
+
+
+def _takes(entry: CollectorEntry[Any], running: Any, section: object) -> bool:
+    """Whether an instance built with the ``running`` section can take ``section``: the
+    same, or other only in the entry's ``live_keys`` (applied by ``reconfigure``)."""
+    if running == section:
+        return True
+    if entry.reconfigure is None or not entry.live_keys:
+        return False
+    live = {key: getattr(section, key) for key in entry.live_keys}
+    return bool(dataclasses.replace(running, **live) == section)

@@ -21,7 +21,8 @@ its errors read the same. An invalid file changes nothing: one log line with
 every error, ``trainmon_config_last_reload_successful`` 0. A valid one is
 applied: the keys only a restart applies (``listen``, ``web_config_file``,
 ``http``, ``paths``, the web config's TLS, the sections of the collectors
-``Assembly.pinned()`` names: the training store and the run ledger, and the
+``Assembly.pinned()`` names (the training store, but for its ``live_keys``: the
+token file, read again at every reload; the run ledger), and the
 coming or going of those ``Assembly.followed()`` names: the GPU collector and
 attribution the ledger books with) keep their running value, named in one log
 line and counted in ``trainmon_config_keys_awaiting_restart``; the rest takes
@@ -361,14 +362,20 @@ def _settle(
             kept[key] = before
     sections: dict[str, object] = {}
 
-    def keep(name: str) -> None:
-        before, after = running.collectors[name], loaded.collectors[name]
+    def keep(name: str, live: Sequence[str] = ()) -> None:
+        """The running section of ``name``, but for its ``live`` keys."""
+        before: Any = running.collectors[name]
+        after = loaded.collectors[name]
+        if live:
+            before = dataclasses.replace(
+                before, **{key: getattr(after, key) for key in live})
         if before != after:
             changed.extend(_changed_keys(f"collectors.{name}", before, after))
         sections[name] = before
 
+    live_keys = {part.entry.name: part.entry.live_keys for part in running_assembly.parts}
     for name in sorted(running_assembly.pinned()):
-        keep(name)
+        keep(name, live_keys[name])
     followed = running_assembly.followed()
     was = {part.entry.name for part in running_assembly.parts}
     while True:  # keeping one may bring back another (attribution requires gpu)

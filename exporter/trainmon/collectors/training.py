@@ -42,6 +42,7 @@ that of its description; the first report of its next run makes it live again.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pwd
@@ -202,18 +203,7 @@ class TrainingCollector(Collector):
         ``trainmon_training_socket_up``.
         """
         config = self._config
-        if config.token_file is not None:
-            try:
-                tokens = read_tokens(config.token_file)
-            except (OSError, ValueError, UnicodeDecodeError) as error:
-                self._token_error = f"cannot read token_file {config.token_file}: {error}"
-                log.error("%s; only loopback clients may push steps", self._token_error)
-            else:
-                self._push = StepPushHandler(
-                    self.store, tokens=tokens,
-                    loopback_without_token=config.loopback_without_token,
-                    max_label_length=config.max_label_length,
-                )
+        self._take_tokens(config, "only loopback clients may push steps")
         if config.socket is None:
             return
         receiver = SocketReceiver(
@@ -238,6 +228,32 @@ class TrainingCollector(Collector):
         if self._receiver is not None:
             self._receiver.stop()
             self._receiver = None
+
+    def reconfigure(self, config: TrainingConfig) -> None:
+        """A configuration reload (``trainmon.reload``): the token file is read again
+        (its path and content may have changed) and ``loopback_without_token`` taken,
+        the keys of ``LIVE_KEYS``; the store, the socket and their caps stay as
+        started. An unreadable token file keeps the tokens read before."""
+        self._config = dataclasses.replace(
+            self._config, **{key: getattr(config, key) for key in LIVE_KEYS})
+        self._take_tokens(self._config, "the tokens read before stay in use")
+
+    def _take_tokens(self, config: TrainingConfig, otherwise: str) -> None:
+        """The HTTP push rule of ``config``: its token file's tokens, or none; when the
+        file cannot be read, the rule in force stays (``otherwise`` says which)."""
+        tokens = None
+        if config.token_file is not None:
+            try:
+                tokens = read_tokens(config.token_file)
+            except (OSError, ValueError, UnicodeDecodeError) as error:
+                self._token_error = f"cannot read token_file {config.token_file}: {error}"
+                log.error("%s; %s", self._token_error, otherwise)
+                return
+        self._token_error = None
+        self._push = StepPushHandler(
+            self.store, tokens=tokens, loopback_without_token=config.loopback_without_token,
+            max_label_length=config.max_label_length,
+        )
 
     @property
     def socket_endpoint(self) -> str | None:
@@ -667,8 +683,18 @@ def _build(config: TrainingConfig, wiring: Wiring) -> Collector:
     return TrainingCollector(config, proc_root=wiring.proc_root, sys_root=wiring.sys_root)
 
 
-#: Its store of reports survives a configuration reload (trainmon.reload).
-ENTRY = CollectorEntry("training", TrainingConfig, _build, survives_reload=True)
+def _reconfigure(collector: Collector, config: TrainingConfig) -> None:
+    if isinstance(collector, TrainingCollector):
+        collector.reconfigure(config)
+
+
+#: The keys of ``collectors.training`` a reload applies in place (the rest: at a restart).
+LIVE_KEYS = ("token_file", "loopback_without_token")
+
+#: Its store of reports survives a configuration reload (trainmon.reload), which reads
+#: its token file again.
+ENTRY = CollectorEntry("training", TrainingConfig, _build, survives_reload=True,
+                       live_keys=LIVE_KEYS, reconfigure=_reconfigure)
 
 
 #: The user whose permissions a path named by a token writer is looked up with: only

@@ -68,3 +68,8 @@ class CollectorEntry(Generic[S]):
     #: to make once the new ones run, or None when it cannot. Without it, those
     #: collectors of a ``survives_reload`` entry change only at a restart too.
     rewire: Callable[[Collector, Wiring], Callable[[], None] | None] | None = None
+    #: The keys of its section a kept instance takes at a reload (the training
+    #: collector's token file), through ``reconfigure``, which every reload calls with
+    #: the section (a file it names may have changed); the others wait for a restart.
+    live_keys: tuple[str, ...] = ()
+    reconfigure: Callable[[Collector, S], None] | None = None
