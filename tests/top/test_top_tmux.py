@@ -1,30 +1,36 @@
 """``trainmon top`` in a real terminal (tmux) against ``trainmon serve --demo``: both
-demo jobs with their verdicts, the hang and the straggler marked, sorting, a resize to
-60×20, the daemon going away (top says so and keeps running) and ``q``."""
+demo jobs with their verdicts, the hang and the straggler marked, colour or ``NO_COLOR``,
+sorting, a resize to 60×20, the daemon going away (top says so and keeps running) and
+``q``; and a terminal curses cannot drive."""
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from testkit.daemon import Daemon, trainmon_command
-from testkit.prometheus import require
+from testkit.prometheus import require, wait_until
 from tests.top.top_support import TMUX, Tmux
 
 pytestmark = pytest.mark.integration
+#: A colour in what tmux writes for the pane (SGR 30-37, 90-97 or 38;5;N foregrounds).
+COLOR = re.compile(r"\x1b\[(?:[0-9;]*;)?(?:3[0-7]|9[0-7]|38;5;[0-9]+)(?:;[0-9;]*)?m")
 
 
 @pytest.fixture
 def tmux_sessions() -> Iterator[Callable[..., Tmux]]:
     started: list[Tmux] = []
 
-    def start(command: list[str], width: int = 80, height: int = 24) -> Tmux:
+    def start(command: list[str], width: int = 80, height: int = 24,
+              colors: bool = False) -> Tmux:
         require(TMUX, "tmux")
         session = Tmux(command, width, height, env={
-            "TERM": "xterm-256color", "NO_COLOR": "1",
+            "TERM": "xterm-256color", **({} if colors else {"NO_COLOR": "1"}),
             **{name: os.environ[name] for name in ("STATE_DIRECTORY", "RUNTIME_DIRECTORY")
                if name in os.environ}})
         started.append(session)
@@ -48,6 +54,13 @@ def test_top_shows_the_demo_and_survives_resize_and_the_daemon_going_away(
                           and re.search(r"demo-starved  (STORAGE|SCHEDULING)", text)
                           is not None, "both demo jobs with their verdicts")
     assert re.search(r"demo-healthy  (COMPUTE|SCHEDULING|NONE)", screen), screen
+    # NO_COLOR: bold, dim and reverse, no colour; without it, the verdicts in colour
+    assert not COLOR.search(top.run("capture-pane", "-p", "-e", "-t", "top"))
+    colored = tmux_sessions([*trainmon_command(), "top", "--url", daemon.url], colors=True)
+    colored.wait_for(lambda text: "demo-starved  " in text, "the jobs in colour")
+    assert COLOR.search(colored.run("capture-pane", "-p", "-e", "-t", "top"))
+    colored.keys("q")
+    colored.wait_closed("the coloured top to quit")
     # the demo's loader hang (6-18 s after its start), held after it clears
     top.wait_for(lambda text: "HUNG loader" in text, "the demo's hang marked", timeout=30)
     # its straggler: demo-healthy's rank 3, slowest of the job
@@ -72,3 +85,15 @@ def test_top_shows_the_demo_and_survives_resize_and_the_daemon_going_away(
     assert top.alive()
     top.keys("q")
     top.wait_closed("top to quit on q")
+
+
+def test_a_terminal_that_curses_cannot_drive_is_named_and_exits_2(
+        tmux_sessions: Callable[..., Tmux], tmp_path: Path) -> None:
+    errors = tmp_path / "stderr"
+    command = " ".join(shlex.quote(part) for part in trainmon_command())
+    tmux_sessions(["sh", "-c", f"TERM=bogus-term {command} top --url 127.0.0.1:9 "
+                               f"2>{errors}; echo exit $? >>{errors}"])
+    text = wait_until(lambda: errors.exists() and "exit" in errors.read_text()
+                      and errors.read_text(), 20, "top to fail on an unknown terminal")
+    assert text == ("trainmon top: cannot drive this terminal ($TERM 'bogus-term'): setupterm: "
+                    "could not find terminal\nexit 2\n")

@@ -25,7 +25,7 @@ from trainmon.report.model import Source
 from trainmon.terminal import clean
 from trainmon.top.model import WINDOW_SECONDS, Recorder
 from trainmon.top.render import ScreenState
-from trainmon.top.screen import Poller, run_screen
+from trainmon.top.screen import Poller, TerminalError, run_screen
 from trainmon.top.source import DaemonSource, FederationSource, SnapshotSource, nodes_of_job
 
 EXIT_OK = 0
@@ -67,6 +67,9 @@ def run_top(options: TopOptions, config: DiagnosisConfig, *, err: TextIO = sys.s
                    colors=not environ.get("NO_COLOR"))
     except KeyboardInterrupt:
         pass  # Ctrl-C quits as q does
+    except TerminalError as error:
+        err.write(f"trainmon top: {clean(str(error))}\n")
+        return EXIT_USAGE
     finally:
         poller.stop()
     return EXIT_OK

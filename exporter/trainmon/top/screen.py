@@ -41,6 +41,10 @@ CHARACTER_NAMES: Mapping[str, str] = {"\n": "enter", "\r": "enter", "\x1b": "esc
                                       "\x7f": "backspace", "\b": "backspace"}
 
 
+class TerminalError(Exception):
+    """curses cannot drive the terminal."""
+
+
 class Poller:
     """The source read every ``interval`` seconds in a thread; the latest view."""
 
@@ -96,14 +100,33 @@ def run_screen(poller: Poller, state: ScreenState, *, colors: bool) -> None:
     # and at every resize: the screen would keep the size they say
     for name in ("LINES", "COLUMNS"):
         os.environ.pop(name, None)
-    curses.wrapper(_loop, poller, state, colors)
+    # curses.wrapper, but colours started only when wanted: start_color alone makes
+    # curses write the default pair's colours
+    try:
+        screen = curses.initscr()
+    except curses.error as error:  # a $TERM without a terminfo entry
+        raise TerminalError(f"cannot drive this terminal ($TERM {os.environ.get('TERM')!r}): "
+                            f"{error}") from None
+    try:
+        curses.noecho()
+        curses.cbreak()
+        screen.keypad(True)
+        colors = colors and curses.has_colors()
+        if colors:
+            curses.start_color()
+        _loop(screen, poller, state, colors)
+    finally:
+        screen.keypad(False)
+        curses.echo()
+        curses.nocbreak()
+        curses.endwin()
 
 
 def _loop(screen: curses.window, poller: Poller, state: ScreenState, colors: bool) -> None:
     with contextlib.suppress(curses.error):  # a terminal that cannot hide the cursor
         curses.curs_set(0)
     screen.timeout(KEY_WAIT_MILLISECONDS)
-    attributes = _attributes(colors and curses.has_colors())
+    attributes = _attributes(colors)
     painted = -1
     dirty = True
     while True:
