@@ -374,3 +374,26 @@ def test_a_reload_reads_the_token_file_again(tmp_path: Path) -> None:
         for job in jobs:
             job.stop()
         daemon.stop()
+
+
+def test_the_web_configs_users_change_with_a_reload(tmp_path: Path) -> None:
+    def users(password: bytes) -> None:
+        hashed = bcrypt.hashpw(password, bcrypt.gensalt(rounds=4)).decode()
+        (tmp_path / "web.yml").write_text(f"basic_auth_users: {{admin: '{hashed}'}}\n")
+
+    def credentials(password: str) -> dict[str, str]:
+        return {"Authorization": "Basic " + base64.b64encode(
+            f"admin:{password}".encode()).decode()}
+
+    users(b"old")
+    write_config(tmp_path / "trainmon.yml", tmp_path, web_config_file=str(tmp_path / "web.yml"))
+    daemon = serve(tmp_path / "trainmon.yml", tmp_path / "trainmon.log",
+                   state_directory=tmp_path, headers=credentials("old"))
+    try:
+        users(b"new")
+        status, _, body = post(daemon.url + "/-/reload")  # loopback: no credentials needed
+        assert status == 200 and json.loads(body)["restart_required"] == [], body
+        assert daemon.get("/metrics", credentials("old"))[0] == 401
+        assert daemon.get("/metrics", credentials("new"))[0] == 200
+    finally:
+        daemon.stop()
