@@ -93,7 +93,7 @@ def test_the_detail_view_gives_doctors_findings_next_step_and_each_rank() -> Non
     assert lines[-1].startswith("↵/esc back")
 
 
-def test_sorting_by_step_time_puts_the_slowest_rank_first_and_reverse_turns_it() -> None:
+def test_sorting_by_communication_puts_the_longest_wait_first_and_r_turns_it() -> None:
     node = SimulatedNode([SimulatedJob("mixed", gpus=[0, 1, 2], straggler=2,
                                        straggler_seconds=0.1)])
     lines = screen(ScreenState(sort="comm"), node=node)
@@ -195,3 +195,13 @@ def test_snapshots_farther_apart_than_the_window_still_give_rates() -> None:
     healthy = next(job for job in shown.jobs if job.job == "healthy")
     assert [row.samples_per_second for row in healthy.ranks] == [
         pytest.approx(32 / 0.7)] * 4
+
+
+@pytest.mark.parametrize(("extra", "mark"), [(0.03, "slowest ×1.09"), (0.005, "")])
+def test_the_slowest_rank_under_the_straggler_threshold_is_marked_beyond_jitter(
+        extra: float, mark: str) -> None:
+    node = SimulatedNode([SimulatedJob("llm", gpus=[0, 1, 2], straggler=2,
+                                       straggler_seconds=extra)])
+    lines = screen(node=node)
+    assert rank_line(lines, "llm", "2").rstrip().endswith(f"75% {mark}".rstrip())
+    assert "llm  COMPUTE" in "\n".join(lines)

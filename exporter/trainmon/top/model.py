@@ -19,8 +19,8 @@ GPUs that processes without training telemetry hold (``idle_held``,
   (``hung``, or ``gone`` for a silent reporter), the others of that finding
   (``waiting`` in a collective, else ``stalled``), the ranks of ``stalled``, the
   rank of ``straggler`` (``straggler``) or else the job's slowest rank with its work
-  over the median (``slowest``: evidence below the threshold, shown dim), and a
-  rank's ``fail_slow``.
+  over the median from ``SLOWEST_SHOWN_RATIO`` on (``slowest``: evidence below the
+  threshold, shown dim), and a rank's ``fail_slow``.
 
 A hang or stall lasts seconds, a refresh one: a mark that clears is kept for
 ``MARK_HOLD_SECONDS`` with the seconds since it cleared (``Mark.ago``), so it
@@ -50,6 +50,10 @@ MIN_SNAPSHOTS = 3
 MARK_HOLD_SECONDS = 60.0
 #: The samples ``top`` keeps: ``doctor``'s, and the ranks' samples for samples/s.
 TOP_SAMPLES = DOCTOR_SAMPLES | {"trainmon_training_samples_total"}
+#: The job's slowest rank is marked (``slowest``, below the straggler threshold) from
+#: this work ratio over the median on: below it, the spread of step times that
+#: jitter leaves in a window of a few seconds.
+SLOWEST_SHOWN_RATIO = 1.03
 #: Mark codes, most urgent first (the order of the ``mark`` sort).
 MARK_CODES = ("hung", "gone", "stalled", "waiting", "straggler", "fail_slow", "slowest")
 
@@ -233,7 +237,7 @@ def _marks(verdict: Verdict) -> dict[str, tuple[Mark, ...]]:
             add(rank, mark)
     evidence = verdict.evidence
     ratio = evidence.straggler_ratio
-    if "straggler" not in codes and ratio is not None and round(ratio, 2) > 1.0:
+    if "straggler" not in codes and ratio is not None and ratio >= SLOWEST_SHOWN_RATIO:
         add(evidence.straggler_rank, Mark("slowest", ratio=ratio))
     return {rank: tuple(sorted(found, key=lambda mark: mark.urgency))
             for rank, found in marks.items()}
