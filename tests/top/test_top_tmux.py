@@ -23,13 +23,14 @@ COLOR = re.compile(r"\x1b\[(?:[0-9;]*;)?(?:3[0-7]|9[0-7]|38;5;[0-9]+)(?:;[0-9;]*
 
 
 @pytest.fixture
-def tmux_sessions() -> Iterator[Callable[..., Tmux]]:
+def tmux_sessions(tmp_path: Path) -> Iterator[Callable[..., Tmux]]:
     started: list[Tmux] = []
 
     def start(command: list[str], width: int = 80, height: int = 24,
               colors: bool = False) -> Tmux:
         require(TMUX, "tmux")
-        session = Tmux(command, width, height, env={
+        socket = tmp_path / f"tmux-{len(started)}.sock"
+        session = Tmux(command, width, height, socket, env={
             "TERM": "xterm-256color", **({} if colors else {"NO_COLOR": "1"}),
             **{name: os.environ[name] for name in ("STATE_DIRECTORY", "RUNTIME_DIRECTORY")
                if name in os.environ}})

@@ -14,9 +14,9 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from trainmon.diagnosis.samples import ScrapedSamples
 from trainmon.diagnosis.thresholds import DiagnosisConfig
@@ -165,21 +165,22 @@ TMUX = shutil.which("tmux") or "/usr/bin/tmux"
 
 
 class Tmux:
-    """A detached tmux session, alone on a server of its own (``-L``)."""
+    """A detached tmux session, alone on a server of its own whose socket is ``socket``
+    (a test's folder: gone with it)."""
 
-    def __init__(self, command: Sequence[str], width: int, height: int,
+    def __init__(self, command: Sequence[str], width: int, height: int, socket: Path,
                  env: Mapping[str, str] | None = None) -> None:
-        self.server = f"trainmon-top-{uuid.uuid4().hex[:8]}"
+        self.socket = socket
         exports = [f"{key}={value}" for key, value in (env or {}).items()]
         self.run("new-session", "-d", "-s", "top", "-x", str(width), "-y", str(height),
                  "env", *exports, *command)
 
     def run(self, *args: str) -> str:
-        return subprocess.run([TMUX, "-L", self.server, *args], check=True,
+        return subprocess.run([TMUX, "-S", str(self.socket), *args], check=True,
                               capture_output=True, text=True, timeout=10).stdout
 
     def alive(self) -> bool:
-        return subprocess.run([TMUX, "-L", self.server, "has-session", "-t", "top"],
+        return subprocess.run([TMUX, "-S", str(self.socket), "has-session", "-t", "top"],
                               capture_output=True, timeout=10).returncode == 0
 
     def screen(self) -> str:
@@ -215,5 +216,5 @@ class Tmux:
             time.sleep(0.1)
 
     def close(self) -> None:
-        subprocess.run([TMUX, "-L", self.server, "kill-server"], capture_output=True,
+        subprocess.run([TMUX, "-S", str(self.socket), "kill-server"], capture_output=True,
                        timeout=10)
