@@ -23,10 +23,15 @@ from testkit.footprint import SERVE_RSS_CEILING_MIB, measure_serve
 #: parser in ``doctor``, ``statistics`` (with ``decimal`` and ``fractions``) nowhere, and
 #: ``pynvml`` when the GPU facade opens an NVML session (never on a node without NVML),
 #: ``grpc`` on the first call to the kubelet's pod-resources socket, ``curses`` in
-#: ``trainmon top`` alone.
+#: ``trainmon top`` alone; prometheus_client nowhere (``trainmon.core.families``); and
+#: what loads libssl and libcrypto (4 MiB resident): ``ssl`` with a TLS web config or an
+#: https request, ``hashlib`` and ``hmac`` with basic auth, tokens, a configuration file
+#: or a run description, ``http.client`` (with ``email``) once an outbound request has
+#: connected, ``http.server`` nowhere (``trainmon.http.framing`` reads requests).
 NOT_IMPORTED_BY_DEFAULT = (
     "yaml", "bcrypt", "statistics", "decimal", "fractions", "prometheus_client.parser", "pynvml",
     "ctypes", "grpc", "curses", "_curses", "trainmon.top", "prometheus_client",
+    "ssl", "hashlib", "hmac", "http.client", "http.server", "email", "urllib.request", "html",
     "trainmon.tencent.puller", "trainmon.tencent.client", "trainmon.tencent.credentials",
     "trainmon.tencent.targets", "trainmon.tencent.ratelimit", "trainmon.tencent.signer",
 )

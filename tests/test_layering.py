@@ -71,7 +71,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("assembly",),
     ("reload",),
     ("cli",),
-    ("__main__",),
+    # the entry points: the console's, and the install's bytecode compiler
+    ("__main__", "bytecode"),
 )
 
 

@@ -36,19 +36,20 @@ counters' labels.
 
 from __future__ import annotations
 
-import http.client
 import io
 import ipaddress
 import select
 import socket
-import ssl
 import threading
 import time
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:  # imported where used: http.client loads ssl and email (4 MiB resident)
+    import http.client
+    import ssl
 
 OutboundReason = Literal["timeout", "unreachable", "protocol", "too_large"]
 
@@ -143,13 +144,23 @@ def request(
     deadline = Deadline(timeout)
     context = None
     if parts.scheme == "https":
+        import ssl
+
         context = ssl_context or ssl.create_default_context()
     via: tuple[str, int] | None = None
     if proxy:
         via = _host_port(urllib.parse.urlsplit(proxy), proxy, scheme="http")
         if context is None:  # plain HTTP through a proxy: the absolute URI
             target = urllib.parse.urlunsplit(("http", parts.netloc, target, "", ""))
-    connection = _Connection(host, port, deadline, context, via)
+    try:
+        raw = _open(host, port, deadline, context, via)
+    except OSError as error:  # a timeout too: TimeoutError is one
+        raise _failure(error, host, port, timeout) from None
+    # here, once connected: a node whose metadata service does not resolve never loads it
+    import http.client
+
+    connection = http.client.HTTPConnection(host, port, timeout=deadline.seconds)
+    connection.sock = _DeadlineSocket(raw, deadline)  # connected: http.client will not connect
     answer: http.client.HTTPResponse | None = None
     try:
         connection.request(method, target, body=body, headers=dict(headers or {}))
@@ -161,25 +172,32 @@ def request(
             {name.lower(): value for name, value in answer.getheaders()},
             content,
         )
-    except TimeoutError:  # a socket timeout (the time left) or the deadline itself
-        raise OutboundError(
-            "timeout", f"{host}:{port}: no complete answer within {timeout:g} s"
-        ) from None
     except http.client.HTTPException as error:
         raise OutboundError(
             "protocol", f"{host}:{port}: not an HTTP answer ({type(error).__name__})"
         ) from None
-    except OSError as error:  # refused, reset, unresolvable, TLS (ssl.SSLError is one)
-        raise OutboundError("unreachable", f"{host}:{port}: {_describe(error)}") from None
+    except OSError as error:
+        raise _failure(error, host, port, timeout) from None
     finally:
         if answer is not None:
             answer.close()
         connection.close()
 
 
+def _failure(error: OSError, host: str, port: int, timeout: float) -> OutboundError:
+    """A socket's failure as the request's: a timeout (the time left ran out on a socket
+    call, or the deadline itself), else ``unreachable`` (refused, reset, unresolvable,
+    TLS: ``ssl.SSLError`` is an ``OSError``)."""
+    if isinstance(error, TimeoutError):
+        return OutboundError("timeout", f"{host}:{port}: no complete answer within {timeout:g} s")
+    return OutboundError("unreachable", f"{host}:{port}: {_describe(error)}")
+
+
 def environment_proxy(url: str) -> str | None:
     """The proxy the environment names for ``url`` (``HTTPS_PROXY``, ``HTTP_PROXY``,
     lower-case too), unless ``NO_PROXY`` exempts its host; else None."""
+    import urllib.request  # here: the Tencent API client's only (it loads http.client)
+
     parts = urllib.parse.urlsplit(url)
     proxies = urllib.request.getproxies_environment()
     proxy = proxies.get(parts.scheme)
@@ -221,32 +239,21 @@ def _describe(error: OSError) -> str:
     return f"{type(error).__name__}: {error.strerror or error}"
 
 
-class _Connection(http.client.HTTPConnection):
-    """An ``HTTPConnection`` whose every socket operation is bounded by one deadline."""
-
-    def __init__(
-        self, host: str, port: int, deadline: Deadline, context: ssl.SSLContext | None,
-        proxy: tuple[str, int] | None = None,
-    ) -> None:
-        super().__init__(host, port, timeout=deadline.seconds)
-        self._deadline = deadline
-        self._context = context
-        self._proxy = proxy
-
-    def connect(self) -> None:
-        deadline = self._deadline
-        host, port = self._proxy or (self.host, self.port)
-        raw = _connect(host, port, deadline)
-        try:
-            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if self._context is not None:
-                if self._proxy is not None:
-                    _tunnel(raw, self.host, self.port, deadline)
-                raw = _handshake(self._context, raw, self.host, deadline)
-        except BaseException:
-            raw.close()
-            raise
-        self.sock = _DeadlineSocket(raw, deadline)
+def _open(host: str, port: int, deadline: Deadline, context: ssl.SSLContext | None,
+          proxy: tuple[str, int] | None) -> socket.socket:
+    """The connection a request goes over: TCP to ``host`` (or to ``proxy``, then a
+    ``CONNECT`` tunnel for TLS), and the TLS handshake with ``context``."""
+    raw = _connect(*(proxy or (host, port)), deadline)
+    try:
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if context is not None:
+            if proxy is not None:
+                _tunnel(raw, host, port, deadline)
+            raw = _handshake(context, raw, host, deadline)
+    except BaseException:
+        raw.close()
+        raise
+    return raw
 
 
 def _connect(host: str, port: int, deadline: Deadline) -> socket.socket:
@@ -305,6 +312,8 @@ def _resolve(host: str, port: int, deadline: Deadline) -> list[_Address]:
 def _tunnel(raw: socket.socket, host: str, port: int, deadline: Deadline) -> None:
     """Ask the proxy on ``raw`` for a tunnel to ``host:port`` (``CONNECT``)."""
     authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    import http.client
+
     proxy = _DeadlineSocket(raw, deadline)
     proxy.sendall(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode())
     answer = http.client.HTTPResponse(proxy, method="CONNECT")  # type: ignore[arg-type]
@@ -317,6 +326,8 @@ def _handshake(
     context: ssl.SSLContext, raw: socket.socket, host: str, deadline: Deadline
 ) -> ssl.SSLSocket:
     """The TLS handshake, non-blocking, each wait at most the time left."""
+    import ssl
+
     wrapped = context.wrap_socket(raw, server_hostname=host, do_handshake_on_connect=False)
     try:  # ``raw`` is detached now: ``wrapped`` owns the file descriptor
         wrapped.setblocking(False)

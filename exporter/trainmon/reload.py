@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import logging
 import os
 import select
@@ -243,6 +242,8 @@ class Reloader:
         if self._path is None:
             return None
         try:
+            import hashlib  # here: with a configuration file only (libcrypto)
+
             return hashlib.sha256(read_config_bytes(self._path)).digest()
         except ConfigError:
             return None

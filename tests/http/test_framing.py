@@ -1,10 +1,18 @@
-"""Where a request ends, as the selector thread decides it before ``http.server`` parses."""
+"""A request head: where it ends and the body it announces (the selector thread), and what
+it says (the worker), by the rules ``http.server`` read requests with."""
 
 from __future__ import annotations
 
 import pytest
 
-from trainmon.http.framing import Framing, framing_of, head_end
+from trainmon.http.framing import (
+    Framing,
+    HeadError,
+    RequestHead,
+    framing_of,
+    head_end,
+    parse_head,
+)
 
 
 @pytest.mark.parametrize(
@@ -44,3 +52,53 @@ def test_the_head_ends_at_the_first_empty_line(received: bytes, end: int | None)
 )
 def test_the_body_a_head_announces(head: bytes, framing: Framing) -> None:
     assert framing_of(head) == framing
+
+
+def head(text: str) -> RequestHead | None:
+    return parse_head(text.encode("iso-8859-1"))
+
+
+def test_a_head_says_its_method_target_version_and_headers() -> None:
+    parsed = head("GET //metrics?x=1 HTTP/1.1\r\nAccept:  text/plain \r\nACCEPT: other\r\n"
+                  " folded: continuation\r\nbroken line\r\nX-Empty:\r\n\r\n")
+    assert parsed is not None
+    assert (parsed.method, parsed.target, parsed.version) == ("GET", "/metrics?x=1", "HTTP/1.1")
+    # the first occurrence, leading blanks removed (trailing ones kept, as http.server did)
+    assert parsed.header("accept") == "text/plain "
+    assert parsed.header("x-empty") == "" and parsed.header("folded") == ""
+    assert parsed.keep_alive
+
+
+@pytest.mark.parametrize(("text", "keep_alive"), [
+    ("GET / HTTP/1.1\r\n\r\n", True),
+    ("GET / HTTP/1.1\r\nConnection: Close\r\n\r\n", False),
+    ("GET / HTTP/1.0\r\n\r\n", False),
+    ("GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n", True),
+    ("GET /\r\nConnection: keep-alive\r\n\r\n", False),  # HTTP/0.9 closes whatever it says
+])
+def test_which_connections_stay_open(text: str, keep_alive: bool) -> None:
+    parsed = head(text)
+    assert parsed is not None and parsed.keep_alive is keep_alive
+
+
+@pytest.mark.parametrize(("text", "status"), [
+    ("GET / HTTP/1.x\r\n\r\n", 400),
+    ("GET / FTP/1.1\r\n\r\n", 400),
+    ("GET / HTTP/1.\u00b2\r\n\r\n", 400),  # a digit that int() refuses
+    ("GET / HTTP/12345678901.1\r\n\r\n", 400),
+    ("GET / HTTP/2.0\r\n\r\n", 505),
+    ("GET / extra HTTP/1.1\r\n\r\n", 400),
+    ("POST /api/v1/steps\r\n\r\n", 400),  # HTTP/0.9 knows GET only
+    ("GET / HTTP/1.1\r\n" + "X-A: 1\r\n" * 101 + "\r\n", 431),
+    ("GET / HTTP/1.1\r\nX-A: " + "a" * 70000 + "\r\n\r\n", 431),
+    ("GET /" + "a" * 70000 + " HTTP/1.1\r\n\r\n", 414),
+])
+def test_what_http_server_refused_is_refused_with_its_status(text: str, status: int) -> None:
+    with pytest.raises(HeadError) as refused:
+        head(text)
+    assert refused.value.status == status
+
+
+def test_an_empty_request_line_is_no_request() -> None:
+    assert head("\r\n") is None
+    assert head(" \r\n\r\n") is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import email.utils
 import gzip
 import json
 import socket
@@ -18,6 +19,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from testkit.sources import AbsentSource, BrokenSource, SteadySource
+from trainmon import __version__
 from trainmon.core.collector import Collector
 from trainmon.core.routes import PushRequest, PushResponse
 from trainmon.http.listen import HTTPConfig
@@ -346,7 +348,7 @@ def test_text_format_writes_what_prometheus_client_writes(
         assert jobs == list(HOSTILE_JOBS)
 
 
-def test_text_format_1_0_0_is_still_the_library_s(
+def test_text_format_1_0_0_in_the_escaping_asked_for(
     serve: Callable[..., ExporterHTTPServer],
 ) -> None:
     response = requests.get(
@@ -404,3 +406,26 @@ def test_binding_resolves_no_name(serve: Callable[..., ExporterHTTPServer],
     server = serve()
     assert (server.server_name, server.server_port) == ("127.0.0.1", server.port)
     assert requests.get(f"http://127.0.0.1:{server.port}/metrics", timeout=5).status_code == 200
+
+
+@pytest.mark.parametrize(("request_bytes", "status"), [
+    (b"BREW /pot HTTP/1.1\r\nHost: x\r\n\r\n", b"501"),
+    (b"GET / HTTP/2.0\r\nHost: x\r\n\r\n", b"505"),
+    (b"GET / HTTP/one\r\nHost: x\r\n\r\n", b"400"),
+])
+def test_a_request_the_server_does_not_take_is_answered_and_closed(
+    serve: Callable[..., ExporterHTTPServer], request_bytes: bytes, status: bytes,
+) -> None:
+    raw = _exchange(serve().port, request_bytes)  # returns once the server closed
+    head = raw.partition(b"\r\n\r\n")[0].split(b"\r\n")
+    assert head[0].startswith(b"HTTP/1.1 " + status)
+    assert b"Connection: close" in head
+
+
+def test_every_answer_names_the_server_and_the_date(
+    serve: Callable[..., ExporterHTTPServer],
+) -> None:
+    response = requests.get(url(serve(), "/healthz"), timeout=5)
+    assert response.headers["Server"] == f"trainmon/{__version__}"
+    sent = email.utils.parsedate_to_datetime(response.headers["Date"])
+    assert abs(sent.timestamp() - time.time()) < 60

@@ -42,8 +42,9 @@ basic_auth_users:
     )
     assert config.tls is not None
     assert config.tls.cert_file == tmp_path / "server.crt"
-    assert config.tls.min_version == ssl.TLSVersion.TLSv1_3
+    assert config.tls.min_version == "TLS13"
     assert config.tls.context().verify_mode == ssl.CERT_OPTIONAL
+    assert config.tls.context().minimum_version == ssl.TLSVersion.TLSv1_3
     assert config.headers == {"X-Content-Type-Options": "nosniff"}
     assert "pw" not in repr(config) and hashed not in repr(config)
     authenticator = BasicAuthenticator(config.basic_auth_users)

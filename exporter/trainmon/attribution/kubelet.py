@@ -33,13 +33,16 @@ from __future__ import annotations
 
 import json
 import logging
-import ssl
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainmon import outbound
+
+if TYPE_CHECKING:
+    import ssl
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +167,8 @@ class KubeletPodDirectory:
         if not self.url.startswith("https:"):
             return None
         if self._context is None:
+            import ssl  # here: for an https kubelet only (libssl, libcrypto)
+
             context = ssl.create_default_context(
                 cafile=str(self._ca_file) if self._ca_file and not self._insecure else None
             )

@@ -50,19 +50,30 @@ import logging
 import queue
 import selectors
 import socket
-import ssl
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from trainmon.core.families import GaugeMetricFamily, Metric
 from trainmon.http.framing import BodyState, framing_of, head_end
 from trainmon.http.limits import CapReason, ConnectionLimits, client_key
 from trainmon.http.listen import HTTPConfig
-from trainmon.http.output import WOULD_BLOCK, Outgoing, OutputBudget, ResponseWriter
+from trainmon.http.output import (
+    Outgoing,
+    OutputBudget,
+    ResponseWriter,
+    is_tls,
+    read_would_block,
+    tls_want_read,
+    tls_want_write,
+    would_block,
+)
+
+if TYPE_CHECKING:
+    import ssl
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +150,7 @@ class Connection:
 
     @property
     def tls(self) -> bool:
-        return isinstance(self.sock, ssl.SSLSocket)
+        return is_tls(self.sock)
 
     def __repr__(self) -> str:  # never the bytes a client sent: they reach the log
         return f"<connection from {self.client} ({self.phase.value})>"
@@ -390,13 +401,12 @@ class Reception:
     # -- reading a request ---------------------------------------------------------
 
     def _handshake(self, connection: Connection) -> None:
-        assert isinstance(connection.sock, ssl.SSLSocket)
         try:
-            connection.sock.do_handshake()
-        except ssl.SSLWantReadError:
+            cast("ssl.SSLSocket", connection.sock).do_handshake()
+        except tls_want_read():
             self._watch(connection, selectors.EVENT_READ)
             return
-        except ssl.SSLWantWriteError:
+        except tls_want_write():
             self._watch(connection, selectors.EVENT_WRITE)
             return
         except (OSError, ValueError) as error:
@@ -417,10 +427,10 @@ class Reception:
                 wanted = min(READ_BYTES, connection.body_left)
             try:
                 data = connection.sock.recv(wanted)
-            except (BlockingIOError, ssl.SSLWantReadError):
+            except read_would_block():
                 self._watch(connection, selectors.EVENT_READ)
                 return
-            except ssl.SSLWantWriteError:
+            except tls_want_write():
                 self._watch(connection, selectors.EVENT_WRITE)
                 return
             except (OSError, ValueError):
@@ -620,10 +630,10 @@ class Reception:
         or close."""
         try:
             connection.outgoing.send(connection.sock, self._output_budget)
-        except ssl.SSLWantReadError:
+        except tls_want_read():
             self._watch(connection, selectors.EVENT_READ)
             return
-        except WOULD_BLOCK:
+        except would_block():
             self._watch(connection, selectors.EVENT_WRITE)
             return
         except (OSError, ValueError):
@@ -772,7 +782,7 @@ def _refuse(sock: socket.socket, reason: CapReason, plaintext: bool) -> None:
 
 def _tls_pending_bytes(sock: socket.socket) -> int:
     """Decrypted bytes a TLS socket holds that the selector cannot see (0 without TLS)."""
-    return sock.pending() if isinstance(sock, ssl.SSLSocket) else 0
+    return cast("ssl.SSLSocket", sock).pending() if is_tls(sock) else 0
 
 
 def _send_quietly(sock: socket.socket, data: bytes) -> None:

@@ -23,17 +23,46 @@ from __future__ import annotations
 import collections
 import io
 import socket
-import ssl
+import sys
 import threading
 import time
 from typing import Any
 
-__all__ = ["SEND_BYTES", "WOULD_BLOCK", "Outgoing", "OutputBudget", "ResponseWriter"]
+__all__ = ["SEND_BYTES", "Outgoing", "OutputBudget", "ResponseWriter", "is_tls",
+           "read_would_block", "tls_want_read", "tls_want_write", "would_block"]
 
 #: Bytes handed to one ``send``.
 SEND_BYTES = 64 << 10
-#: What a non-blocking send raises when the socket takes nothing now.
-WOULD_BLOCK = (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError)
+
+
+# ``ssl`` is loaded with a TLS web config only (libssl and libcrypto: 4 MiB resident);
+# before, no TLS socket exists, and none of its errors can be raised.
+
+def tls_want_read() -> tuple[type[OSError], ...]:
+    """A TLS socket's refusal to go on before it can read (none without ``ssl``)."""
+    tls = sys.modules.get("ssl")
+    return (tls.SSLWantReadError,) if tls is not None else ()
+
+
+def tls_want_write() -> tuple[type[OSError], ...]:
+    """A TLS socket's refusal to go on before it can write (none without ``ssl``)."""
+    tls = sys.modules.get("ssl")
+    return (tls.SSLWantWriteError,) if tls is not None else ()
+
+
+def would_block() -> tuple[type[OSError], ...]:
+    """What a non-blocking send raises when the socket takes nothing now."""
+    return (BlockingIOError, *tls_want_write(), *tls_want_read())
+
+
+def read_would_block() -> tuple[type[OSError], ...]:
+    """What a non-blocking receive raises when there is nothing to read now."""
+    return (BlockingIOError, *tls_want_read())
+
+
+def is_tls(sock: socket.socket) -> bool:
+    tls = sys.modules.get("ssl")
+    return tls is not None and isinstance(sock, tls.SSLSocket)
 
 
 class OutputBudget:
@@ -82,7 +111,7 @@ class Outgoing:
     def send(self, sock: socket.socket, budget: OutputBudget) -> bool:
         """Send what ``sock`` takes now (giving the bytes sent back to ``budget``): True
         once everything is sent. A socket that takes nothing raises one of
-        ``WOULD_BLOCK``; a gone client, its ``OSError``."""
+        ``would_block()``; a gone client, its ``OSError``."""
         while self._chunks:
             self.send_piece(sock, budget)
         return True
@@ -140,7 +169,7 @@ class ResponseWriter(io.BufferedIOBase):
         while sent < len(view):
             try:
                 sent += self._sock.send(view[sent:sent + SEND_BYTES])
-            except WOULD_BLOCK:
+            except would_block():
                 break
         return sent
 

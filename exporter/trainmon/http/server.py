@@ -46,17 +46,15 @@ basic-auth credentials when the web config has users.
 from __future__ import annotations
 
 import gzip
-import html
-import io
 import json
 import logging
 import socket
 import socketserver
+import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, HTTPServer
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 from trainmon import __version__
 from trainmon.core.exposition import UNDERSCORES, TextEncoder, encode_openmetrics, negotiate
@@ -69,6 +67,7 @@ from trainmon.core.routes import (
     PushResponse,
 )
 from trainmon.http.connections import Reception, Request
+from trainmon.http.framing import BodyState, HeadError, head_end, parse_head
 from trainmon.http.limits import ConnectionLimits, connection_budget
 from trainmon.http.listen import HTTPConfig, ListenAddress
 from trainmon.http.peer import ip_address_of, loopback_peer_uid
@@ -115,52 +114,53 @@ class _Exposition:
             yield from self._server.reloader.collect()
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: ExporterHTTPServer
-    protocol_version = "HTTP/1.1"
-    server_version = f"trainmon/{__version__}"
-    sys_version = ""
+class _Handler:
+    """Answers one whole request the selector read (``trainmon.http.connections``), from
+    memory, into the connection's writer; ``close_connection`` says whether the
+    connection ends with it."""
 
-    def setup(self) -> None:
-        # ``request`` is a whole request the selector read (trainmon.http.connections):
-        # the handler reads from memory and writes to the connection.
-        request: Request = self.request
+    def __init__(self, request: Request, client_address: tuple[Any, ...],
+                 server: ExporterHTTPServer) -> None:
+        self.server = server
+        self.client_address = client_address
         self._origin = request.connection
-        self._body = request.body
         self.connection = request.connection.sock
-        self.rfile = io.BytesIO(request.data)
         self._writer = request.output
-        self.wfile = self._writer
-
-    def handle(self) -> None:
-        """One request: the selector brings the next one of a kept-alive connection."""
         self.close_connection = True
+        self.request_version = "HTTP/0.9"  # no status line and no headers in an answer
+        data = request.data
+        length = head_end(bytearray(data)) or len(data)
+        self._body_bytes = data[length:]
         try:
-            # The base class catches a TimeoutError itself and closes the connection.
-            self.handle_one_request()
+            self._answer(data[:length], request.body)
         except (TimeoutError, OSError):  # ConnectionError, ssl.SSLError: the client left
             self.close_connection = True
         if self._writer.stalled:
             self.close_connection = True
             self.server.limits.count_timeout("response")
 
-    def finish(self) -> None:
-        """Nothing to flush; the connection outlives the handler."""
-
-    def parse_request(self) -> bool:
-        if not super().parse_request():
-            return False
-        if self._body == "unread":  # bytes of the body would be read as the next request
+    def _answer(self, head_bytes: bytes, body: BodyState) -> None:
+        try:
+            head = parse_head(head_bytes)
+        except HeadError as error:
+            self.request_version = "HTTP/1.1"
+            log.debug("%s: %s", self.client_address[0], error)
+            self._send_error(error.status)
+            return
+        if head is None:  # an empty request line: closed without an answer
+            return
+        self.command, self.path, self.request_version = head.method, head.target, head.version
+        self.headers = head
+        # bytes of an unread body would be read as the next request
+        self.close_connection = not head.keep_alive or body == "unread"
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s %s %s", self.client_address[0], head.method, head.target)
+        method = _METHODS.get(head.method)
+        if method is None:
             self.close_connection = True
-        return True
-
-    def handle_expect_100(self) -> bool:
-        """The selector sent ``100 Continue`` before it read the body (or answers without)."""
-        return True
-
-    def log_message(self, format: str, *args: Any) -> None:
-        if log.isEnabledFor(logging.DEBUG):  # every request logs its line: format it only then
-            log.debug("%s %s", self.client_address[0], format % args)
+            self._send_error(HTTPStatus.NOT_IMPLEMENTED)
+            return
+        method(self)
 
     # -- routing --------------------------------------------------------------
 
@@ -204,7 +204,7 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self._send_error(HTTPStatus.NOT_FOUND)
             return
-        if not self.server.authenticator.check(self.headers.get("Authorization")):
+        if not self.server.authenticator.check(self.headers.header("Authorization") or None):
             self._send(
                 HTTPStatus.UNAUTHORIZED,
                 b"Unauthorized\n",
@@ -222,6 +222,8 @@ class _Handler(BaseHTTPRequestHandler):
     # -- routes ---------------------------------------------------------------
 
     def _landing(self, head: bool) -> None:
+        import html  # here: its entity table (0.3 MiB) for a page few ask for
+
         links = "".join(
             f'<li><a href="{html.escape(href)}">{html.escape(href)}</a> — {html.escape(text)}</li>'
             for href, text in (
@@ -238,7 +240,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(HTTPStatus.OK, body.encode(), "text/html; charset=utf-8", head)
 
     def _metrics(self, head: bool) -> None:
-        kind, escaping, content_type = negotiate(self.headers.get("Accept", ""))
+        kind, escaping, content_type = negotiate(self.headers.header("Accept"))
         families = _Exposition(self.server.registry, self.server).collect()
         try:
             if kind == "openmetrics":
@@ -252,7 +254,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_error(HTTPStatus.INTERNAL_SERVER_ERROR)
             return
         extra = {}
-        if accepts_gzip(self.headers.get("Accept-Encoding", "")):
+        if accepts_gzip(self.headers.header("Accept-Encoding")):
             body = gzip.compress(body, compresslevel=1)
             extra["Content-Encoding"] = "gzip"
         self._send(HTTPStatus.OK, body, content_type, head, extra=extra)
@@ -268,7 +270,7 @@ class _Handler(BaseHTTPRequestHandler):
         assert reloader is not None
         authenticator = self.server.authenticator
         authenticated = authenticator.required and authenticator.check(
-            self.headers.get("Authorization"))
+            self.headers.header("Authorization") or None)
         response = reloader.answer_reload(loopback=_is_loopback(self.client_address[0]),
                                           authenticated=authenticated)
         self._send(response.status, response.encoded(), "application/json", False,
@@ -289,11 +291,11 @@ class _Handler(BaseHTTPRequestHandler):
     # -- plumbing -------------------------------------------------------------
 
     def _read_push_request(self) -> PushRequest | None:
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+        if "chunked" in self.headers.header("Transfer-Encoding").lower():
             self._send_error(HTTPStatus.LENGTH_REQUIRED)
             return None
         try:
-            length = int(self.headers.get("Content-Length", ""))
+            length = int(self.headers.header("Content-Length"))
             if length < 0:
                 raise ValueError
         except ValueError:
@@ -305,13 +307,13 @@ class _Handler(BaseHTTPRequestHandler):
             "client_host": host,
             "is_loopback": loopback,
             "peer_uid": self._loopback_user() if loopback else None,
-            "authorization": self.headers.get("Authorization"),
+            "authorization": self.headers.header("Authorization") or None,
         }
         if length > self.server.max_body_bytes:
             # dropped (up to MAX_DISCARDED_BODY_BYTES) or never read by the selector
             self.close_connection = True
             return PushRequest(body=b"", too_large=True, **common)
-        return PushRequest(body=self.rfile.read(length), **common)
+        return PushRequest(body=self._body_bytes[:length], **common)
 
     def _loopback_user(self) -> int | None:
         """The local user of this loopback connection's client socket, asked of the
@@ -342,30 +344,19 @@ class _Handler(BaseHTTPRequestHandler):
         head: bool,
         extra: Mapping[str, str] | None = None,
     ) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for name, value in {**self.server.extra_headers, **(extra or {})}.items():
-            self.send_header(name, value)
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self._end_headers_with(b"" if head else body)
-
-    def _end_headers_with(self, body: bytes) -> None:
-        """``end_headers()``, then ``body``, in one write: one system call, and for a
-        body that fits one TCP segment, where two writes cost two of each."""
         if self.request_version == "HTTP/0.9":  # no status line, no headers
-            self.wfile.write(body)
+            self._writer.write(b"" if head else body)
             return
-        # the base class's header buffer (http.server since 3.3), which flush_headers writes;
-        # two writes should a later Python drop it
-        buffer = getattr(self, "_headers_buffer", None)
-        if buffer is None:
-            self.end_headers()
-            self.wfile.write(body)
-            return
-        buffer.extend((b"\r\n", body))
-        self.flush_headers()
+        lines = [f"HTTP/1.1 {status} {_phrase(status)}", f"Server: {SERVER_VERSION}",
+                 f"Date: {http_date(time.time())}", f"Content-Type: {content_type}",
+                 f"Content-Length: {len(body)}"]
+        lines += [f"{name}: {value}"
+                  for name, value in {**self.server.extra_headers, **(extra or {})}.items()]
+        if self.close_connection:
+            lines.append("Connection: close")
+        # one write, head and body: one system call, one TCP segment for a small answer
+        head_bytes = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1", "replace")
+        self._writer.write(head_bytes if head else head_bytes + body)
 
 
 _GET_ROUTES: dict[str, Callable[[_Handler, bool], None]] = {
@@ -373,10 +364,33 @@ _GET_ROUTES: dict[str, Callable[[_Handler, bool], None]] = {
     "/metrics": _Handler._metrics,
     "/healthz": _Handler._healthz,
 }
+#: The methods answered (others: 501).
+_METHODS: dict[str, Callable[[_Handler], None]] = {
+    "GET": _Handler.do_GET, "HEAD": _Handler.do_HEAD, "POST": _Handler.do_POST,
+}
+#: The ``Server`` header of every answer.
+SERVER_VERSION = f"trainmon/{__version__}"
+_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 
 
-class ExporterHTTPServer(HTTPServer):
-    """HTTPServer whose connections wait on one selector thread and are answered by a
+def http_date(unix: float) -> str:
+    """``Date`` as HTTP writes it (RFC 9110 §5.6.7: ``Sun, 06 Nov 1994 08:49:37 GMT``),
+    whatever the locale."""
+    moment = time.gmtime(unix)
+    return (f"{_DAYS[moment.tm_wday]}, {moment.tm_mday:02d} {_MONTHS[moment.tm_mon - 1]} "
+            f"{moment.tm_year} {moment.tm_hour:02d}:{moment.tm_min:02d}:{moment.tm_sec:02d} GMT")
+
+
+def _phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return ""
+
+
+class ExporterHTTPServer(socketserver.TCPServer):
+    """The HTTP server: connections wait on one selector thread and are answered by a
     few workers (``trainmon.http.connections``), under caps and deadlines."""
 
     allow_reuse_address = True
@@ -413,7 +427,9 @@ class ExporterHTTPServer(HTTPServer):
         )
         self.text_encoder = TextEncoder()
         self.address_family = socket.AF_INET6 if ":" in listen.host else socket.AF_INET
-        super().__init__((listen.host, listen.port), _Handler)
+        # TCPServer binds and listens; its handler class is never called: the reception
+        # reads every request and a worker answers it (``_answer``)
+        super().__init__((listen.host, listen.port), socketserver.BaseRequestHandler)
         #: The selector thread and the workers (``trainmon.http.connections``).
         self.reception = Reception(self.socket, self.limits, http, self._answer,
                                     self.tls_context)
@@ -474,7 +490,7 @@ class ExporterHTTPServer(HTTPServer):
 
     def _answer(self, request: Request) -> bool:
         """A worker answers one whole request; True keeps the connection open."""
-        handler = _Handler(cast(Any, request), request.connection.address, self)
+        handler = _Handler(request, request.connection.address, self)
         return not handler.close_connection
 
 

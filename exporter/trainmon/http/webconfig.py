@@ -23,22 +23,21 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
-import ssl
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainmon.section import ConfigError, Section
 
-_TLS_VERSIONS = {
-    "TLS10": ssl.TLSVersion.TLSv1,
-    "TLS11": ssl.TLSVersion.TLSv1_1,
-    "TLS12": ssl.TLSVersion.TLSv1_2,
-    "TLS13": ssl.TLSVersion.TLSv1_3,
-}
+if TYPE_CHECKING:
+    import ssl
+
+#: The web config's TLS versions, by the name of their ``ssl.TLSVersion`` (``ssl`` itself,
+#: with libssl and libcrypto, is imported only to make a context).
+_TLS_VERSIONS = {"TLS10": "TLSv1", "TLS11": "TLSv1_1", "TLS12": "TLSv1_2", "TLS13": "TLSv1_3"}
 #: Go's RequestClientCert and RequireAnyClientCert accept certificates nobody
 #: verifies; Python's ssl module cannot, so they are rejected as unsupported.
 _CLIENT_AUTH_TYPES = ("NoClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert")
@@ -55,15 +54,18 @@ class TLSSettings:
     key_file: Path
     client_auth_type: str = "NoClientCert"
     client_ca_file: Path | None = None
-    min_version: ssl.TLSVersion = ssl.TLSVersion.TLSv1_2
-    max_version: ssl.TLSVersion | None = None
+    #: The web config's names: ``TLS10`` … ``TLS13``.
+    min_version: str = "TLS12"
+    max_version: str | None = None
 
     def context(self) -> ssl.SSLContext:
         """A server-side context; raises ``ConfigError`` on unreadable files."""
+        import ssl
+
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.minimum_version = self.min_version
+        context.minimum_version = ssl.TLSVersion[_TLS_VERSIONS[self.min_version]]
         if self.max_version is not None:
-            context.maximum_version = self.max_version
+            context.maximum_version = ssl.TLSVersion[_TLS_VERSIONS[self.max_version]]
         try:
             context.load_cert_chain(self.cert_file, self.key_file)
         except (OSError, ssl.SSLError) as error:
@@ -123,6 +125,8 @@ class BasicAuthenticator:
         if not separator:
             return False
         stored = self._users.get(user.decode("utf-8", "replace"))
+        import hashlib  # here: with basic auth only (libcrypto)
+
         key = hashlib.sha256(user + b"\0" + password + b"\0" + (stored or b"")).digest()
         with self._lock:
             if stored is not None and key in self._verified:
@@ -201,6 +205,6 @@ def _tls(section: Section, base: Path) -> TLSSettings:
         key_file=base / key,
         client_auth_type=client_auth,
         client_ca_file=base / client_ca if client_ca else None,
-        min_version=_TLS_VERSIONS[minimum],
-        max_version=_TLS_VERSIONS[maximum] if maximum else None,
+        min_version=minimum,
+        max_version=maximum or None,
     )

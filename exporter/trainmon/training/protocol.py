@@ -21,7 +21,6 @@ daemon redact exactly the same way.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import re
@@ -285,6 +284,8 @@ def config_hash(config: Mapping[str, ConfigValue]) -> str:
     canonical = json.dumps(
         dict(config), sort_keys=True, separators=(",", ":"), allow_nan=False,
     )
+    import hashlib  # here: a description is rare; the daemon loads libcrypto only then
+
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hmac
 import logging
 import os
 import re
@@ -219,6 +218,8 @@ class StepPushHandler:
     def _writer(self, request: PushRequest) -> tuple[str | None, PushResponse | None]:
         header = request.authorization
         if header is not None and self._tokens:
+            import hmac  # here: with tokens configured only (it loads libcrypto)
+
             presented = header.strip().encode()
             # Compare with every token (constant time each): no early exit that
             # would tell how many tokens there are or which one nearly matched.
