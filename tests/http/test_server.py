@@ -416,10 +416,17 @@ def test_binding_resolves_no_name(serve: Callable[..., ExporterHTTPServer],
 def test_a_request_the_server_does_not_take_is_answered_and_closed(
     serve: Callable[..., ExporterHTTPServer], request_bytes: bytes, status: bytes,
 ) -> None:
-    raw = _exchange(serve().port, request_bytes)  # returns once the server closed
+    server = serve()
+    raw = _exchange(server.port, request_bytes)  # returns once the server closed
     head = raw.partition(b"\r\n\r\n")[0].split(b"\r\n")
     assert head[0].startswith(b"HTTP/1.1 " + status)
     assert b"Connection: close" in head
+    families = {f.name: f for f in text_string_to_metric_families(
+        requests.get(url(server, "/metrics"), timeout=5).text)}
+    counted = {s.labels["code"]: s.value for s in families["trainmon_http_bad_requests"].samples
+               if s.name.endswith("_total")}
+    assert counted == {code: float(code == status.decode())
+                       for code in ("400", "414", "431", "501", "505")}
 
 
 def test_every_answer_names_the_server_and_the_date(

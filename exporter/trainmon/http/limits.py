@@ -82,6 +82,9 @@ EVICTION_REASONS: Final[tuple[EvictionReason, ...]] = (
 )
 
 TimeoutPhase = Literal["handshake", "head", "body", "response"]
+#: The statuses a request head can be refused with before any route sees it
+#: (``trainmon.http.framing.parse_head``; 501: a method no route answers).
+BAD_REQUEST_CODES = ("400", "414", "431", "501", "505")
 #: Values of the ``phase`` label: what was still in progress when the deadline ran out.
 TIMEOUT_PHASES: Final[tuple[TimeoutPhase, ...]] = ("handshake", "head", "body", "response")
 
@@ -165,6 +168,7 @@ class ConnectionLimits:
         self._refused: dict[RefusalReason, int] = dict.fromkeys(REFUSAL_REASONS, 0)
         self._evicted: dict[EvictionReason, int] = dict.fromkeys(EVICTION_REASONS, 0)
         self._timeouts: dict[TimeoutPhase, int] = dict.fromkeys(TIMEOUT_PHASES, 0)
+        self._bad_requests = dict.fromkeys(BAD_REQUEST_CODES, 0)
         self._lock = threading.Lock()
         self._logged = LogThrottle(REFUSAL_LOG_INTERVAL_SECONDS, clock=clock)
 
@@ -237,12 +241,20 @@ class ConnectionLimits:
         with self._lock:
             self._timeouts[phase] += 1
 
+    def count_bad_request(self, code: int) -> None:
+        """A request head was answered ``code`` (``BAD_REQUEST_CODES``) and closed."""
+        with self._lock:
+            key = str(code)
+            if key in self._bad_requests:
+                self._bad_requests[key] += 1
+
     def collect(self) -> list[Metric]:
-        """The three counters, with every reason and phase (0 until it happens)."""
+        """The four counters, with every reason, phase and code (0 until it happens)."""
         with self._lock:
             refused = dict(self._refused)
             evicted = dict(self._evicted)
             timeouts = dict(self._timeouts)
+            bad_requests = dict(self._bad_requests)
         refused_family = CounterMetricFamily(
             "trainmon_http_refused_connections_total",
             "Connections the HTTP server refused, by the limit met: max_connections "
@@ -278,7 +290,18 @@ class ConnectionLimits:
         )
         for phase, count in timeouts.items():
             timeouts_family.add_metric([phase], float(count))
-        return [refused_family, evicted_family, timeouts_family]
+        bad_family = CounterMetricFamily(
+            "trainmon_http_bad_requests_total",
+            "Requests whose head the HTTP server refused before any route, answered and "
+            "closed, by status: 400 (a request line or version that does not parse, an "
+            "HTTP/0.9 request other than GET), 414 (a request line over 64 KiB), 431 (more "
+            "than 100 header lines, one over 64 KiB), 501 (a method other than GET, HEAD "
+            "and POST), 505 (HTTP/2 or later).",
+            labels=["code"],
+        )
+        for code, count in bad_requests.items():
+            bad_family.add_metric([code], float(count))
+        return [refused_family, evicted_family, timeouts_family, bad_family]
 
 
 def _repeats(held_back: int) -> str:

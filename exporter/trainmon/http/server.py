@@ -145,6 +145,7 @@ class _Handler:
         except HeadError as error:
             self.request_version = "HTTP/1.1"
             log.debug("%s: %s", self.client_address[0], error)
+            self.server.limits.count_bad_request(error.status)
             self._send_error(error.status)
             return
         if head is None:  # an empty request line: closed without an answer
@@ -158,6 +159,7 @@ class _Handler:
         method = _METHODS.get(head.method)
         if method is None:
             self.close_connection = True
+            self.server.limits.count_bad_request(HTTPStatus.NOT_IMPLEMENTED)
             self._send_error(HTTPStatus.NOT_IMPLEMENTED)
             return
         method(self)
