@@ -27,8 +27,10 @@ from pathlib import Path
 #: deploy/systemd/*.service and the Containerfile set (tests/deploy checks they agree).
 DEPLOYED_OPTIMIZATION = 2
 
-#: What CPython's own install leaves out: test data written not to compile.
-_SKIPPED = re.compile(r"bad_coding|badsyntax|lib2to3/tests/data|/test/|/tests/|/idle_test/")
+#: What CPython's own install leaves out (test data written not to compile), and the
+#: install's tools in the environment, which the daemon never imports.
+_SKIPPED = re.compile(r"bad_coding|badsyntax|lib2to3/tests/data|/test/|/tests/|/idle_test/"
+                      r"|/site-packages/(pip|setuptools|pkg_resources|_distutils_hack|wheel)/")
 
 
 def folders() -> list[str]:

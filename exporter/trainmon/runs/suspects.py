@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TextIO
 
-from trainmon.runs.prometheus import PrometheusError, PrometheusSource
+from trainmon.runs.prometheus import PrometheusError, PrometheusSource, promql_string
 from trainmon.terminal import escape_json, one_line
 
 #: The recorded series the rules write, one per node and reason.
@@ -124,10 +124,6 @@ def _value(sample: Mapping[str, Any]) -> float:
     return float(sample["value"][1])
 
 
-def _quote(value: str) -> str:
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
 def find_suspects(source: QuerySource, at: float) -> SuspectReport:
     """The suspect nodes Prometheus records at ``at``, with their evidence."""
     found: dict[str, list[Reason]] = {}
@@ -182,13 +178,13 @@ def _health(source: QuerySource, node: str, at: float) -> tuple[str, ...]:
         return (f"{labels.get('subsystem', '?')} {labels.get('device', '?')} {state}: "
                 f"{labels.get('reason', '?')} (action {labels.get('action', '?')})")
 
-    return _rows(source, f"trainmon_health_status{{node={_quote(node)}}} > 0", at, row)
+    return _rows(source, f"trainmon_health_status{{node={promql_string(node)}}} > 0", at, row)
 
 
 def _events(source: QuerySource, node: str, at: float) -> tuple[str, ...]:
+    selector = f'node={promql_string(node)},instance_id!=""'
     expr = ("trainmon_tencent_event_info * on (instance_id) group_left () topk by "
-            f"(instance_id) (1, group by (instance_id) (trainmon_node_info{{node={_quote(node)},"
-            "instance_id!=\"\"}))")
+            f"(instance_id) (1, group by (instance_id) (trainmon_node_info{{{selector}}}))")
     return _rows(source, expr, at, lambda labels, _: (
         f"{labels.get('event', '?')} ({labels.get('category', '?')}, "
         f"{labels.get('status', '?')}) on {labels.get('instance_id', '?')}"))
@@ -197,7 +193,7 @@ def _events(source: QuerySource, node: str, at: float) -> tuple[str, ...]:
 def _slow_jobs(source: QuerySource, node: str, at: float) -> tuple[str, ...]:
     expr = (f"{STEP_SERIES} / on (job, owner) group_left () quantile by (job, owner) "
             f"(0.5, {STEP_SERIES}) * on (instance) group_left () "
-            f"group by (instance) (trainmon_build_info{{node={_quote(node)}}})")
+            f"group by (instance) (trainmon_build_info{{node={promql_string(node)}}})")
     return _rows(source, expr, at, lambda labels, ratio: (
         f"{labels.get('job', '?')} ({labels.get('owner', '?')}) {ratio:.2f}× its median node"))
 
