@@ -35,7 +35,7 @@ from trainmon.ledger.config import LedgerConfig
 from trainmon.section import ConfigError
 
 if TYPE_CHECKING:  # imported where used: it needs requests, which serve does not
-    from trainmon.local_daemon import DaemonTrust
+    from trainmon.local_daemon import DaemonTrust, LocalDaemon
 
 log = logging.getLogger("trainmon")
 
@@ -232,6 +232,27 @@ def _trust(args: argparse.Namespace, command: str) -> DaemonTrust | None:
         return None
 
 
+def _reading(args: argparse.Namespace, environ: Mapping[str, str], command: str, *,
+             remote: bool) -> tuple[Config, DaemonTrust, LocalDaemon | None] | None:
+    """What ``doctor`` and ``top`` read by: the configuration (``--config``), the owners of
+    a local daemon they trust, and that daemon unless ``remote``; None after the message
+    when the configuration or a trusted name is wrong."""
+    from trainmon.local_daemon import LocalDaemon
+
+    config_path = Path(args.config) if args.config else None
+    try:
+        config = load_config(config_path, environ)
+    except ConfigError as error:
+        _print_config_error("trainmon: invalid configuration: ", error)
+        return None
+    trust = _trust(args, command)
+    if trust is None:
+        return None
+    local = None if remote else LocalDaemon.of(
+        config.listen, config.collectors.training.socket, config_path, environ)
+    return config, trust, local
+
+
 def _add_log_level(parser: argparse.ArgumentParser, default: str | None) -> None:
     parser.add_argument(
         "--log-level",
@@ -285,22 +306,14 @@ def _check_config(path: Path, environ: Mapping[str, str]) -> int:
 
 def _doctor(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from trainmon.doctor import DoctorOptions, run_doctor
-    from trainmon.local_daemon import LocalDaemon
 
     if not 1 <= args.seconds <= 3600:
         print("trainmon doctor: --seconds must be between 1 and 3600", file=sys.stderr)
         return EXIT_CONFIG
-    config_path = Path(args.config) if args.config else None
-    try:
-        config = load_config(config_path, environ)
-    except ConfigError as error:
-        _print_config_error("trainmon: invalid configuration: ", error)
+    reading = _reading(args, environ, "doctor", remote=bool(args.url))
+    if reading is None:
         return EXIT_CONFIG
-    trust = _trust(args, "doctor")
-    if trust is None:
-        return EXIT_CONFIG
-    local = None if args.url else LocalDaemon.of(
-        config.listen, config.collectors.training.socket, config_path, environ)
+    config, trust, local = reading
     from trainmon.demo.history import demo_ledger_path
 
     # the demo keeps its runs in a ledger of its own, unless one is named
@@ -389,20 +402,12 @@ def _suspects(args: argparse.Namespace) -> int:
 
 def _top(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     """``top``: the live view (trainmon.top)."""
-    from trainmon.local_daemon import LocalDaemon
     from trainmon.top.command import TopOptions, run_top
 
-    config_path = Path(args.config) if args.config else None
-    try:
-        config = load_config(config_path, environ)
-    except ConfigError as error:
-        _print_config_error("trainmon: invalid configuration: ", error)
+    reading = _reading(args, environ, "top", remote=bool(args.url or args.prometheus))
+    if reading is None:
         return EXIT_CONFIG
-    trust = _trust(args, "top")
-    if trust is None:
-        return EXIT_CONFIG
-    local = None if args.url or args.prometheus else LocalDaemon.of(
-        config.listen, config.collectors.training.socket, config_path, environ)
+    config, trust, local = reading
     options = TopOptions(url=args.url or None, prometheus=args.prometheus, node=args.node,
                          job=args.job, lang=args.lang, local_daemon=local, trust=trust)
     return run_top(options, config.collectors.diagnosis, environ=environ)
