@@ -31,6 +31,9 @@ DEPLOYED_OPTIMIZATION = 2
 #: install's tools in the environment, which the daemon never imports.
 _SKIPPED = re.compile(r"bad_coding|badsyntax|lib2to3/tests/data|/test/|/tests/|/idle_test/"
                       r"|/site-packages/(pip|setuptools|pkg_resources|_distutils_hack|wheel)/")
+#: Within the standard library's folder: the interpreter's own site-packages, compiled
+#: (as ``purelib``) only when it is this environment's.
+_STDLIB_SKIPPED = re.compile(_SKIPPED.pattern + r"|/site-packages/")
 
 
 def folders() -> list[str]:
@@ -45,11 +48,13 @@ def folders() -> list[str]:
 def compile_deployed_bytecode() -> bool:
     """Write the ``-OO`` bytecode of every module in ``folders()``; False if one failed."""
     ok = True
+    stdlib = sysconfig.get_paths()["stdlib"]
     for folder in folders():
         if not os.access(folder, os.W_OK):  # a system Python's, for a user's virtualenv
             print(f"{folder}: not writable, left as it is", file=sys.stderr)
             continue
-        ok = compileall.compile_dir(folder, quiet=1, rx=_SKIPPED,
+        skipped = _STDLIB_SKIPPED if folder == stdlib else _SKIPPED
+        ok = compileall.compile_dir(folder, quiet=1, rx=skipped,
                                     optimize=DEPLOYED_OPTIMIZATION, workers=0) and ok
     return ok
 
