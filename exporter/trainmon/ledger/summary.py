@@ -73,6 +73,14 @@ exported totals). From those:
   than before), its ``start`` (Unix) and the ``seconds`` it held from the first
   evaluation that named it to the last (each gap ``verdict_gap``). A change is one
   (rank, part) named by consecutive evaluations (``FailSlowChange``);
+- **profiles**: the on-demand profiles of the run's ranks (``trainmon profile``,
+  ``trainmon.profiling``), the latest ``MAX_RECORDED_PROFILES``, oldest first: the
+  request ``id``, the ``rank``, when it was received (``time``, Unix), the ``steps``
+  profiled and the wall ``seconds`` they took, where the ``trace`` was kept and its
+  ``trace_bytes`` (None when it was not: ``error`` says why), and the operators with
+  the most self time, on the CPU (``top_cpu``) and on the GPU (``top_device``): each
+  ``name``, ``self_seconds``, ``share`` of all operators' self time (0-1) and
+  ``calls``, with ``self_cpu_seconds`` and ``self_device_seconds`` in all;
 - **gpu_hours**: ranks on this node × duration / 3600 (one GPU per rank);
   **cost** when a price per GPU hour is configured: total = gpu_hours × price,
   per_million_samples = total / samples × 10⁶.
@@ -86,6 +94,7 @@ from dataclasses import dataclass, field
 
 from trainmon.contract import STEP_BUCKET_COUNT
 from trainmon.ledger.goodput import BUCKETS, goodput_ratio
+from trainmon.training.protocol import MAX_PROFILE_OPERATORS
 from trainmon.training.report_fields import MAX_COMM_GROUPS
 from trainmon.training.sketch import MAX_LEVEL as MAX_SKETCH_LEVEL
 from trainmon.training.sketch import StepSketch, from_wire, relative_accuracy, to_wire
@@ -100,6 +109,8 @@ MAX_RECORDED_STALLS = 8
 MAX_VERDICT_GAP_SECONDS = 60.0
 #: Fail-slow changes kept per run (the largest; docs/security.md).
 MAX_RECORDED_FAIL_SLOW = 8
+#: Profiles kept per run (the latest; docs/security.md).
+MAX_RECORDED_PROFILES = 8
 #: The phase whose share stands in for exposed communication when not measured.
 COMM_PHASE = "comm"
 
@@ -191,6 +202,8 @@ class RunTotals:
     step_sketch: StepSketch | None = None
     #: The run's fail-slow changes (module docstring), at most ``MAX_RECORDED_FAIL_SLOW``.
     fail_slow: list[dict[str, object]] = field(default_factory=list)
+    #: The run's profiles (module docstring), at most ``MAX_RECORDED_PROFILES``.
+    profiles: list[dict[str, object]] = field(default_factory=list)
 
     def resumed(self) -> RunTotals:
         """What a restarted daemon keeps of a stored run: the rate buckets, verdicts and
@@ -206,7 +219,8 @@ class RunTotals:
                          last_checkpoint=None if self.last_checkpoint is None
                          else dict(self.last_checkpoint),
                          gpu_seconds=dict(self.gpu_seconds),
-                         fail_slow=[dict(change) for change in self.fail_slow])
+                         fail_slow=[dict(change) for change in self.fail_slow],
+                         profiles=[dict(profile) for profile in self.profiles])
 
     def add(self, progress: Progress) -> None:
         self.steps += progress.steps
@@ -321,6 +335,14 @@ class RunTotals:
                                "start": change.start, "seconds": max(seconds, 0.0)})
         _keep_largest(self.fail_slow)
 
+    def note_profile(self, entry: Mapping[str, object]) -> None:
+        """One profile of a rank of the run (module docstring); beyond
+        ``MAX_RECORDED_PROFILES`` the oldest goes."""
+        checked = profile_entries([entry])
+        if checked:
+            self.profiles.append(checked[0])
+            del self.profiles[:-MAX_RECORDED_PROFILES]
+
     def rates(self) -> list[float]:
         """The counted windows' samples/s (the warm-up one left out once there are three)."""
         rates = [rate for rate, _ in self.buckets]
@@ -385,6 +407,7 @@ class RunTotals:
             "goodput_ratio": goodput_ratio(self.gpu_seconds),
             "stalls": [dict(stall) for stall in self.stalls],
             "fail_slow": sorted((dict(change) for change in self.fail_slow), key=_start_of),
+            "profiles": [dict(profile) for profile in self.profiles],
         }
 
     def to_state(self) -> dict[str, object]:
@@ -400,6 +423,7 @@ class RunTotals:
             "last_checkpoint": self.last_checkpoint, "gpu_seconds": self.gpu_seconds,
             "stalls": self.stalls, "group_exposed_seconds": self.group_exposed_seconds,
             "fail_slow": self.fail_slow,
+            "profiles": self.profiles,
             "step_sketch": None if self.step_sketch is None else {
                 "level": self.step_sketch.level, "counts": to_wire(self.step_sketch.counts)},
         }
@@ -442,6 +466,8 @@ class RunTotals:
                 step_sketch=_sketch_or_none(state.get("step_sketch")),
                 # absent from the states of older daemons
                 fail_slow=fail_slow_entries(state.get("fail_slow")),
+                # absent from the states of older daemons
+                profiles=profile_entries(state.get("profiles")),
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             return cls()
@@ -470,6 +496,54 @@ def fail_slow_entries(value: object) -> list[dict[str, object]]:
     while len(entries) > MAX_RECORDED_FAIL_SLOW:
         _keep_largest(entries)
     return sorted(entries, key=_start_of)
+
+
+def profile_entries(value: object) -> list[dict[str, object]]:
+    """The profiles of a saved state or a record's summary, each checked (texts,
+    numbers, the operator lists), the latest ``MAX_RECORDED_PROFILES``, oldest first;
+    [] where there are none or they do not parse."""
+    if not isinstance(value, list):
+        return []
+    entries: list[dict[str, object]] = []
+    for item in value[-4 * MAX_RECORDED_PROFILES:]:
+        if not isinstance(item, Mapping):
+            continue
+        request, rank = item.get("id"), item.get("rank")
+        steps = item.get("steps")
+        time, seconds = _number_or_none(item.get("time")), _number_or_none(item.get("seconds"))
+        if not isinstance(request, str) or type(rank) is not int or type(steps) is not int \
+                or time is None or seconds is None:
+            continue
+        trace, size, error = item.get("trace"), item.get("trace_bytes"), item.get("error")
+        entries.append({
+            "id": request, "rank": rank, "time": time, "steps": steps, "seconds": seconds,
+            "trace": trace if isinstance(trace, str) else None,
+            "trace_bytes": size if type(size) is int else None,
+            "error": error if isinstance(error, str) else None,
+            "self_cpu_seconds": _number_or_none(item.get("self_cpu_seconds")),
+            "self_device_seconds": _number_or_none(item.get("self_device_seconds")),
+            "top_cpu": _operator_entries(item.get("top_cpu")),
+            "top_device": _operator_entries(item.get("top_device")),
+        })
+    return entries[-MAX_RECORDED_PROFILES:]
+
+
+def _operator_entries(value: object) -> list[dict[str, object]]:
+    """A profile's operator list, each ``name``, ``self_seconds``, ``share``, ``calls``."""
+    if not isinstance(value, list):
+        return []
+    operators: list[dict[str, object]] = []
+    for item in value[:MAX_PROFILE_OPERATORS]:
+        if not isinstance(item, Mapping):
+            continue
+        name, calls = item.get("name"), item.get("calls")
+        seconds, share = _number_or_none(item.get("self_seconds")), _number_or_none(
+            item.get("share"))
+        if isinstance(name, str) and type(calls) is int and seconds is not None \
+                and share is not None:
+            operators.append({"name": name, "self_seconds": seconds, "share": share,
+                              "calls": calls})
+    return operators
 
 
 def _keep_largest(entries: list[dict[str, object]]) -> None:

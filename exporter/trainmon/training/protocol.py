@@ -128,6 +128,18 @@ MAX_FRAME_CODE_LENGTH = 160
 #: A collective's name (``all_reduce``, ``barrier``...): letters, digits and ``_``.
 COLLECTIVE_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 
+#: A profile request's id (``"type": "profile"`` lines; ``trainmon.profiling``).
+PROFILE_ID_PATTERN = re.compile(r"[0-9a-f]{8,64}")
+#: Most operators of each list of a profile line (``top_cpu``, ``top_device``).
+MAX_PROFILE_OPERATORS = 10
+#: Longest operator name of a profile line, characters (``aten::...`` names are short;
+#: a user's ``record_function`` label may not be).
+MAX_OPERATOR_NAME_LENGTH = 200
+#: Longest ``error`` text of a profile line, characters.
+MAX_PROFILE_ERROR_LENGTH = 300
+#: Most steps one profile may cover (``trainmon profile --steps``).
+MAX_PROFILE_STEPS = 1000
+
 
 class ReportError(ValueError):
     """A report (or a whole payload) that the daemon refuses, with its reason."""
@@ -277,6 +289,45 @@ class StallReport:
     collective_group: str | None = None
 
 
+@dataclass(frozen=True)
+class ProfiledOperator:
+    """One operator of a profile's summary: its name, its self time over the profiled
+    steps, that time's share of all operators' self time, and how often it ran."""
+
+    name: str
+    self_seconds: float
+    share: float
+    calls: int
+
+
+@dataclass(frozen=True)
+class ProfileReport:
+    """What a rank's profile of a few steps found (a ``"type": "profile"`` line:
+    docs/protocol.md, "Profiles"); its trace travels beside it, as a file descriptor
+    (``trainmon.profiling``). ``error`` set: the profile failed, and says why."""
+
+    job: str
+    rank: int
+    reporter_id: str
+    run: str | None
+    #: The request it answers (``trainmon profile``).
+    id: str
+    #: Steps profiled, and the wall seconds they took under the profiler.
+    steps: int
+    seconds: float
+    #: The operators with the most self time on the CPU and on the device (GPU), most
+    #: first, at most ``MAX_PROFILE_OPERATORS`` each; and all operators' self time.
+    top_cpu: tuple[ProfiledOperator, ...] = ()
+    top_device: tuple[ProfiledOperator, ...] = ()
+    self_cpu_seconds: float | None = None
+    self_device_seconds: float | None = None
+    error: str | None = None
+
+
+#: One valid line of a payload.
+Line = StepReport | RunDescription | StallReport | ProfileReport
+
+
 def config_hash(config: Mapping[str, ConfigValue]) -> str:
     """``"sha256:"`` + the first 16 hex digits of SHA-256 over the canonical JSON
     (sorted keys, ``,``/``:`` separators, ASCII escapes) of the flattened,
@@ -328,10 +379,11 @@ def encode_report(report: Mapping[str, object]) -> bytes:
 
 def decode_payload(
     payload: bytes, max_label_length: int = DEFAULT_MAX_LABEL_LENGTH
-) -> Iterator[StepReport | RunDescription | StallReport | ReportError]:
+) -> Iterator[Line | ReportError]:
     """Split a payload into lines and parse each one; blank lines are skipped.
 
-    Yields a ``StepReport``, ``RunDescription`` or ``StallReport`` for each valid line and a
+    Yields a ``StepReport``, ``RunDescription``, ``StallReport`` or ``ProfileReport``
+    for each valid line and a
     ``ReportError`` for each invalid one, so one bad line does not cost the others.
     A payload of more than ``MAX_PAYLOAD_LINES`` lines yields one ``too_large``
     error and nothing else.
@@ -353,10 +405,10 @@ def decode_payload(
 
 def parse(
     line: bytes, max_label_length: int = DEFAULT_MAX_LABEL_LENGTH
-) -> StepReport | RunDescription | StallReport:
+) -> Line:
     """Validate one JSON line: a step report (``type`` absent or ``"step"``), a run
-    description (``"type": "run"``) or a stall report (``"type": "stall"``); raises
-    ``ReportError``."""
+    description (``"type": "run"``), a stall report (``"type": "stall"``) or a
+    profile's result (``"type": "profile"``); raises ``ReportError``."""
     data = _decode_line(line)
     kind = data.get("type", "step")
     if kind == "step":
@@ -365,8 +417,10 @@ def parse(
         return _build_description(data, max_label_length)
     if kind == "stall":
         return _build_stall(data, max_label_length)
+    if kind == "profile":
+        return _build_profile(data, max_label_length)
     raise ReportError("invalid_field",
-                      f"unknown type {str(kind)[:32]!r} (expected step, run or stall)")
+                      f"unknown type {str(kind)[:32]!r} (expected step, run, stall or profile)")
 
 
 def parse_report(line: bytes, max_label_length: int = DEFAULT_MAX_LABEL_LENGTH) -> StepReport:
@@ -956,3 +1010,54 @@ def _frame(value: object) -> StallFrame:
                                    MAX_FRAME_FUNCTION_LENGTH)),
         code=redact_code(_text(value.get("code", ""), "frame code", MAX_FRAME_CODE_LENGTH)),
     )
+
+
+# -- profiles -------------------------------------------------------------------
+
+
+def _build_profile(data: dict[str, object], max_label_length: int) -> ProfileReport:
+    """Validate a ``"type": "profile"`` line; operator names and the error go through
+    the secret rule (a ``record_function`` label may name anything)."""
+    rank, _, reporter_id = _identity(data)
+    request = data.get("id")
+    if not isinstance(request, str) or not PROFILE_ID_PATTERN.fullmatch(request):
+        raise ReportError("invalid_field", "id must be 8-64 lowercase hex digits")
+    run = data.get("run")
+    error = data.get("error")
+    return ProfileReport(
+        job=_label(data.get("job"), "job", max_label_length),
+        rank=rank,
+        reporter_id=reporter_id,
+        run=None if run is None else _run_id(run),
+        id=request,
+        steps=_integer(data, "steps", 0, MAX_PROFILE_STEPS),
+        seconds=_seconds(data, "seconds"),
+        top_cpu=_operators(data.get("top_cpu", []), "top_cpu"),
+        top_device=_operators(data.get("top_device", []), "top_device"),
+        self_cpu_seconds=None if data.get("self_cpu_seconds") is None
+        else _seconds(data, "self_cpu_seconds"),
+        self_device_seconds=None if data.get("self_device_seconds") is None
+        else _seconds(data, "self_device_seconds"),
+        error=None if error is None
+        else redact_text(_text(error, "error", MAX_PROFILE_ERROR_LENGTH)),
+    )
+
+
+def _operators(value: object, what: str) -> tuple[ProfiledOperator, ...]:
+    if not isinstance(value, list) or len(value) > MAX_PROFILE_OPERATORS:
+        raise ReportError("invalid_field",
+                          f"{what} must be a list of at most {MAX_PROFILE_OPERATORS}")
+    operators = []
+    for item in value:
+        if not isinstance(item, dict):
+            raise ReportError("invalid_field", f"an operator of {what} must be an object")
+        share = _seconds(item, "share")
+        if share > 1:
+            raise ReportError("invalid_field", f"share in {what} must be within 0..1")
+        name = _text(item.get("name"), "operator name", MAX_OPERATOR_NAME_LENGTH)
+        if not name:
+            raise ReportError("invalid_field", f"an operator of {what} needs a name")
+        operators.append(ProfiledOperator(
+            name=redact_text(name), self_seconds=_seconds(item, "self_seconds"),
+            share=share, calls=_integer(item, "calls", 0, MAX_COUNT)))
+    return tuple(operators)
