@@ -95,6 +95,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         return _suspects(args)
     if args.command == "top":
         return _top(args, environ)
+    if args.command == "profile":
+        return _profile(args, environ)
     return _serve(args, environ)
 
 
@@ -205,6 +207,28 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
                "configuration (diagnosis thresholds, the local daemon's listen address)")
     _add_trust_option(top, env("TRUST_DAEMON_OWNER"))
     _add_log_level(top, env("LOG_LEVEL", "error"))
+
+    profile = commands.add_parser(
+        "profile", help="run torch.profiler on ranks of a running job, keep the trace "
+                        "beside the ledger, print the top operators (exit 0/1/2)")
+    profile.add_argument("job", metavar="JOB", help="the training job (TRAINMON_JOB)")
+    chosen = profile.add_mutually_exclusive_group()
+    chosen.add_argument("--rank", type=int, action="append", default=None, metavar="N",
+                        help="profile rank N (repeatable); default the job's lowest rank "
+                             "on this node")
+    chosen.add_argument("--all", action="store_true",
+                        help="profile every rank of the job on this node")
+    profile.add_argument("--steps", type=int, default=None, metavar="K",
+                         help="steps to profile (default collectors.profiling.default_steps)")
+    profile.add_argument("--wait", type=float, default=300.0, metavar="SECONDS",
+                         help="how long to wait for the ranks (300)")
+    profile.add_argument("--json", action="store_true", help="print the result as JSON")
+    env_option(profile, "--url", "DOCTOR_URL", "URL",
+               "the daemon (host:port or URL); without it, the local daemon")
+    env_option(profile, "--config", "CONFIG", "FILE",
+               "configuration (the local daemon's listen address)")
+    _add_trust_option(profile, env("TRUST_DAEMON_OWNER"))
+    _add_log_level(profile, env("LOG_LEVEL", "warning"))
 
     commands.add_parser("version", help="print the version")
     return parser
@@ -411,6 +435,33 @@ def _top(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     options = TopOptions(url=args.url or None, prometheus=args.prometheus, node=args.node,
                          job=args.job, lang=args.lang, local_daemon=local, trust=trust)
     return run_top(options, config.collectors.diagnosis, environ=environ)
+
+
+def _profile(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """``profile``: an on-demand profile of a running job (trainmon.profiling.command)."""
+    from trainmon.local_daemon import TrustedDaemon, UntrustedDaemon
+    from trainmon.profiling.command import profile_command
+
+    reading = _reading(args, environ, "profile", remote=bool(args.url))
+    if reading is None:
+        return EXIT_CONFIG
+    _, trust, local = reading
+    url = args.url or (local.url if local is not None else None)
+    if not url:
+        print("trainmon profile: the local daemon's port is not known; give --url",
+              file=sys.stderr)
+        return EXIT_FAILURE
+    if "://" not in url:
+        url = f"http://{url}"
+    if not args.url:
+        try:
+            TrustedDaemon.check(url, trust)
+        except UntrustedDaemon as error:
+            print(f"trainmon profile: {error}", file=sys.stderr)
+            return EXIT_FAILURE
+    return profile_command(url, args.job, ranks="all" if args.all else args.rank,
+                           steps=args.steps, wait_seconds=args.wait, as_json=args.json,
+                           out=sys.stdout, err=sys.stderr)
 
 
 def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:

@@ -78,6 +78,8 @@ SYSTEM_RUNTIME_DIRECTORY = Path("/run/trainmon")
 TEMPORARY_DIRECTORY = Path("/tmp")
 LEDGER_NAME = "ledger.sqlite3"
 SOCKET_NAME = "steps.sock"
+#: Beside the socket: the open profile requests its clients read (``trainmon.profiling``).
+PROFILE_REQUESTS_NAME = "profile-requests.json"
 SYSTEM_LEDGER_PATH = SYSTEM_STATE_DIRECTORY / LEDGER_NAME
 SYSTEM_SOCKET_PATH = SYSTEM_RUNTIME_DIRECTORY / SOCKET_NAME
 #: Modes of the folders root makes (state: group members read the ledger;
@@ -186,6 +188,12 @@ def client_socket_path(
             return system / SOCKET_NAME
         return own
     return system / SOCKET_NAME
+
+
+def profile_requests_path(socket_path: str | Path) -> Path:
+    """The file of open profile requests that the daemon binding ``socket_path``
+    writes and its clients read (``trainmon.profiling.requests``)."""
+    return Path(socket_path).parent / PROFILE_REQUESTS_NAME
 
 
 def socket_listening(path: Path) -> bool:

@@ -71,11 +71,18 @@ from trainmon.client.comm import (
 )
 from trainmon.client.ending import ProcessEnding
 from trainmon.client.identity import detect_gpu, named_identity, rank_identity
+from trainmon.client.profiling import ProfileAgent, RequestWatch
 from trainmon.client.run import DataPaths, RunDescriber, launcher_run_id, process_run_id
-from trainmon.client.transport import Sender, default_endpoint, open_sender
+from trainmon.client.transport import (
+    Sender,
+    UnixDatagramSender,
+    default_endpoint,
+    open_sender,
+)
 from trainmon.client.watchdog import RankState, StallWatch
 from trainmon.contract import STEP_BUCKET_COUNT, STEP_SECONDS_BOUNDS
 from trainmon.logthrottle import LogThrottle
+from trainmon.paths import profile_requests_path
 from trainmon.training.protocol import (
     DEFAULT_JOB,
     JOB_VARIABLE,
@@ -251,6 +258,14 @@ class Reporter:
             on_settle=self._settle,
         )
         self._agreement.poll()
+        sender = self._sender
+        socket_path = sender.path if isinstance(sender, UnixDatagramSender) else None
+        #: Profiles the daemon asks of this rank (``trainmon.client.profiling``): only
+        #: over the unix socket, beside which the daemon publishes its requests.
+        self._profiles = ProfileAgent(
+            self, RequestWatch(None if socket_path is None
+                               else str(profile_requests_path(socket_path)), socket_path),
+            self._profile_line, self._send_attached)
         self._thread = threading.Thread(
             target=self._run, name=f"trainmon-reporter-{self.job}", daemon=True
         )
@@ -546,6 +561,7 @@ class Reporter:
         _ENDING.forget(self)
         self._closing.set()
         self._thread.join(timeout=max(0.0, give_up - time.monotonic()))
+        self._profiles.abandon(give_up)
         source = self._comm_source
         if source is not None:
             source.fold()  # what completed since the last step
@@ -766,6 +782,20 @@ class Reporter:
             if agreement.pending:
                 agreement.poll()
             self.flush()
+            self._profiles.poll(self.job, self.rank)
+
+    def _profile_line(self, fields: dict[str, object]) -> bytes:
+        """A ``"type": "profile"`` line of this rank (``trainmon.client.profiling``)."""
+        return encode_report({"v": PROTOCOL_VERSION, "type": "profile", "job": self.job,
+                              "rank": self.rank, "world_size": self.world_size,
+                              "reporter_id": self.reporter_id, "run": self.run, **fields})
+
+    def _send_attached(self, payload: bytes, descriptor: int | None) -> bool:
+        """Deliver a profile line, with its trace's descriptor when there is one."""
+        sender = self._sender
+        if descriptor is not None and isinstance(sender, UnixDatagramSender):
+            return sender.send_attached(payload, descriptor)
+        return sender.send(payload)
 
     def _stall_line(self) -> bytes:
         """The stall line to send after the report while the rank's steps have

@@ -23,6 +23,7 @@ A sender never raises: ``send`` returns False and keeps ``last_error``.
 
 from __future__ import annotations
 
+import array
 import random
 import socket
 import time
@@ -76,14 +77,28 @@ class UnixDatagramSender:
         self._socket.setblocking(False)
 
     def send(self, payload: bytes, timeout: float | None = None) -> bool:
+        return self._deliver(payload, None, timeout)
+
+    def send_attached(self, payload: bytes, descriptor: int,
+                      timeout: float | None = None) -> bool:
+        """``send`` with an open file descriptor beside the payload (``SCM_RIGHTS``: a
+        profile's trace, ``trainmon.client.profiling``); the daemon gets its own copy."""
+        return self._deliver(payload, descriptor, timeout)
+
+    def _deliver(self, payload: bytes, descriptor: int | None, timeout: float | None) -> bool:
         budget = FULL_QUEUE_RETRY_BUDGET_SECONDS
         if timeout is not None:
             budget = min(timeout, budget)
         give_up = time.monotonic() + budget
         pause = FULL_QUEUE_FIRST_PAUSE_SECONDS
+        rights = [] if descriptor is None else [
+            (socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [descriptor]))]
         while True:
             try:
-                self._socket.sendto(payload, self.path)
+                if rights:
+                    self._socket.sendmsg([payload], rights, 0, self.path)
+                else:
+                    self._socket.sendto(payload, self.path)
                 return True
             except BlockingIOError as error:  # the daemon's queue is full
                 self.last_error = f"unix://{self.path}: {error.strerror or error}"

@@ -25,7 +25,7 @@ from trainmon.core.entry import CollectorEntry
 #: which reads the families collected before it, and from which on everything
 #: is evaluated on the registry's clock; health, which sums the node's evidence
 #: up per subsystem; the ledger, which records the diagnosis' verdicts with each
-#: run, last).
+#: run; profiling, which keeps its traces beside the ledger and its summaries in it).
 MODULES: tuple[str, ...] = (
     "network",
     "infiniband",
@@ -41,6 +41,7 @@ MODULES: tuple[str, ...] = (
     "diagnosis",
     "health",
     "ledger",
+    "profiling",
 )
 
 

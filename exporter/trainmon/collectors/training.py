@@ -66,8 +66,13 @@ from trainmon.logthrottle import LogThrottle
 from trainmon.node.mounts import MountResolver, PathStorage, Viewer
 from trainmon.paths import default_socket_path
 from trainmon.section import Auto, Section, setting
-from trainmon.training.protocol import STEPS_PATH
-from trainmon.training.receiver import SocketReceiver, StepPushHandler, read_tokens
+from trainmon.training.protocol import STEPS_PATH, ProfileReport, ReportError
+from trainmon.training.receiver import (
+    ProfileSink,
+    SocketReceiver,
+    StepPushHandler,
+    read_tokens,
+)
 from trainmon.training.report_fields import CommGroup
 from trainmon.training.stalls import frame_text
 from trainmon.training.store import LastCheckpoint, RankView, TrainingStore, TrainingStoreView
@@ -189,6 +194,8 @@ class TrainingCollector(Collector):
             max_label_length=config.max_label_length,
         )
         self._receiver: SocketReceiver | None = None
+        #: Where profile lines go (``accept_profiles``: the profiling collector).
+        self._profiles: ProfileSink | None = None
         self._socket_error: str | None = None
         self._token_error: str | None = None
 
@@ -212,6 +219,7 @@ class TrainingCollector(Collector):
             mode=config.socket_mode,
             receive_buffer_bytes=config.receive_buffer_bytes,
             max_label_length=config.max_label_length,
+            profiles=self._take_profile,
         )
         try:
             receiver.start()
@@ -254,6 +262,29 @@ class TrainingCollector(Collector):
             self.store, tokens=tokens, loopback_without_token=config.loopback_without_token,
             max_label_length=config.max_label_length,
         )
+
+    def accept_profiles(self, sink: ProfileSink | None) -> None:
+        """Hand the profile lines (and their traces) of the socket to ``sink`` from
+        now on; None: refuse them."""
+        self._profiles = sink
+
+    def _take_profile(self, report: ProfileReport, descriptor: int | None,
+                      identity: str) -> None:
+        sink = self._profiles
+        if sink is None:
+            if descriptor is not None:
+                os.close(descriptor)
+            raise ReportError("invalid_field", "this daemon takes no profiles")
+        sink(report, descriptor, identity)
+
+    def push_writer(self, request: PushRequest) -> tuple[str | None, PushResponse | None]:
+        """Who an HTTP request writes as by the push rule (``StepPushHandler.writer``)."""
+        return self._push.writer(request)
+
+    @property
+    def socket_path(self) -> Path | None:
+        """The socket's path while it is bound."""
+        return None if self._receiver is None else self._receiver.path
 
     @property
     def socket_endpoint(self) -> str | None:

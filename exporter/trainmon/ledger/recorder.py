@@ -29,6 +29,10 @@ Three paths:
   evaluations (same rank and part) is one change, its time the gaps between them
   (``verdict_gap``), its start the first one named. Under the same small lock;
   the next tick adds them to the runs' ``fail_slow`` (``RunTotals.note_fail_slow``).
+- **profiles** (``note_profile()``, from the profile service's worker,
+  ``trainmon.profiling``): a rank's profile of a few steps, for its run of its job
+  whose owner is the profile's; under the same small lock, the next tick adds it to
+  the run's ``profiles`` (``RunTotals.note_profile``), if the run is still in memory.
 - **scrapes** (``readings()``, ``health()``): the runs' changes, the latest
   ends and the ledger's counters; they count no verdict time.
 
@@ -127,7 +131,13 @@ from trainmon.ledger.holding import GpuHoldings, owner_team
 from trainmon.ledger.records import FINAL_END_REASONS, RunRecord
 from trainmon.ledger.schema import LedgerError, take_writer_lock
 from trainmon.ledger.store import Ledger, RecordUpdate, WriteResult
-from trainmon.ledger.summary import FailSlowChange, Progress, RunTotals, verdict_gap
+from trainmon.ledger.summary import (
+    MAX_RECORDED_PROFILES,
+    FailSlowChange,
+    Progress,
+    RunTotals,
+    verdict_gap,
+)
 from trainmon.logthrottle import LogThrottle
 from trainmon.paths import make_state_directory
 from trainmon.training.sketch import increase as sketch_increase
@@ -179,6 +189,8 @@ PRUNE_REASONS = ("age", "owner_limit", "max_runs")
 RUN_END_EXPORT_SECONDS = 3600.0
 #: Most series of ``trainmon_training_run_end_timestamp_seconds`` at once (the latest ends).
 MAX_EXPORTED_RUN_ENDS = 16
+#: Runs with profiles waiting for the next tick (the most recently noted).
+MAX_PENDING_PROFILE_RUNS = 64
 #: A path's storage when it could not be told.
 UNKNOWN = "unknown"
 #: Jobs whose GPU-seconds are exported at once (the latest booked kept).
@@ -352,6 +364,8 @@ class RunRecorder:
         self._pending_fail_slow: dict[tuple[str, str],
                                       dict[tuple[str, str, float], tuple[FailSlowChange,
                                                                          float]]] = {}
+        #: (job, run) -> the profiles (owner, ledger entry) noted since the last tick.
+        self._pending_profiles: dict[tuple[str, str], list[tuple[str, dict[str, object]]]] = {}
         self._writes = 0
         self._write_errors = dict.fromkeys(WRITE_ERROR_REASONS, 0)
         self._stored_runs: int | None = None
@@ -543,6 +557,13 @@ class RunRecorder:
             pending, self._pending_verdicts = self._pending_verdicts, {}
             final, self._pending_final = self._pending_final, {}
             fail_slow, self._pending_fail_slow = self._pending_fail_slow, {}
+            profiles, self._pending_profiles = self._pending_profiles, {}
+        for key, noted in profiles.items():
+            run = self._runs.get(key)
+            if run is not None:
+                for owner, entry in noted:
+                    if run.owner == owner:  # another owner's run of the same names
+                        run.totals.note_profile(entry)
         for key, changes in fail_slow.items():
             run = self._runs.get(key)
             if run is not None:
@@ -1165,6 +1186,16 @@ class RunRecorder:
                 self._verdicts[job] = (kind, now)
             for job in set(self._verdicts) - set(current):
                 del self._verdicts[job]
+
+    def note_profile(self, job: str, run: str, owner: str, entry: Mapping[str, object]) -> None:
+        """A profile of a rank of run ``run`` of ``job`` whose owner is ``owner``, as the
+        ledger keeps it (``trainmon.ledger.summary``, "profiles"), for the next tick."""
+        with self._verdict_lock:
+            noted = self._pending_profiles.setdefault((job, run), [])
+            noted.append((owner, dict(entry)))
+            del noted[:-MAX_RECORDED_PROFILES]
+            while len(self._pending_profiles) > MAX_PENDING_PROFILE_RUNS:
+                del self._pending_profiles[next(iter(self._pending_profiles))]
 
     def count_fail_slow(self, current: Sequence[FailSlowChange]) -> None:
         """One evaluation of the diagnosis, ``current`` the fail-slow changes it names

@@ -11,7 +11,11 @@ down (modes and the rule: ``trainmon.paths``), replaces a stale
 socket (refusing to touch a live one or a file that is not a socket), sets
 the socket's mode so training users can send, enlarges the receive buffer and
 drains it on its own thread, taking each datagram's sender pid from the kernel
-(``SO_PASSCRED``) along with it.
+(``SO_PASSCRED``) along with it. A datagram may carry one open file descriptor
+(``SCM_RIGHTS``): the trace of a ``"type": "profile"`` line, handed with it to the
+profile sink (``trainmon.profiling.service``), which owns it from then on; a
+descriptor beside anything else is closed at once, and the kernel closes any
+beyond the one there is room for.
 
 ``StepPushHandler`` is the HTTP route: loopback clients are accepted as they
 are, any other client needs ``Authorization: Bearer <token>`` matching the
@@ -29,7 +33,7 @@ import select
 import socket
 import stat
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
@@ -41,6 +45,7 @@ from trainmon.paths import make_runtime_directory
 from trainmon.section import Auto
 from trainmon.training.protocol import (
     MAX_DATAGRAM_BYTES,
+    ProfileReport,
     ReportError,
     RunDescription,
     StallReport,
@@ -65,8 +70,15 @@ POLL_SECONDS = 0.5
 DRAIN_BATCH = 256
 #: ``struct ucred`` (pid, uid, gid) of an ``SCM_CREDENTIALS`` control message.
 UCRED = struct.Struct("3i")
-#: Room for that control message beside each datagram.
+#: One file descriptor of an ``SCM_RIGHTS`` control message.
+DESCRIPTOR = struct.Struct("i")
+#: Room for that control message beside each datagram, and for one file descriptor
+#: (a profile's trace; the kernel closes any further ones: ``MSG_CTRUNC``).
 CREDENTIALS_SPACE = socket.CMSG_SPACE(UCRED.size)
+ANCILLARY_SPACE = CREDENTIALS_SPACE + socket.CMSG_SPACE(DESCRIPTOR.size)
+#: Takes a profile line, the descriptor of its trace (None: none came) and its writer;
+#: owns the descriptor from the call on; raises ``ReportError`` to refuse the line.
+ProfileSink = Callable[[ProfileReport, "int | None", str], None]
 #: Linux's cap on datagrams waiting in a unix socket's queue (per network namespace).
 MAX_DGRAM_QLEN_PATH = Path("/proc/sys/net/unix/max_dgram_qlen")
 
@@ -87,9 +99,14 @@ def ingest_payload(
     sender_pid: int | None = None,
     identity: str = LOCAL_WRITER,
     refusals: LogThrottle | None = None,
+    profiles: ProfileSink | None = None,
+    attachment: int | None = None,
 ) -> IntakeResult:
     """Validate every line of ``payload`` and store the valid reports and run
     descriptions of writer ``identity`` (both count as accepted); count the rest.
+    Profile lines go to ``profiles`` (refused without one), the first with
+    ``attachment``, the file descriptor that came with the payload, which is closed
+    here when no profile line takes it.
 
     The cost is linear in the payload's bytes with a small constant: a payload
     of more than ``MAX_PAYLOAD_LINES`` lines is refused whole before parsing,
@@ -115,6 +132,14 @@ def ingest_payload(
             elif isinstance(item, StallReport):
                 store.stalled(item, transport, identity)
                 accepted += 1
+            elif isinstance(item, ProfileReport):
+                descriptor, attachment = attachment, None
+                if profiles is None:
+                    if descriptor is not None:
+                        os.close(descriptor)
+                    raise ReportError("invalid_field", f"no profiles over {transport}")
+                profiles(item, descriptor, identity)
+                accepted += 1
         except ReportError as refused:
             problem = refused
             if refusals is not None and refusals.allow(refused.reason, identity):
@@ -124,6 +149,8 @@ def ingest_payload(
             rejected[problem.reason] = rejected.get(problem.reason, 0) + 1
             if len(errors) < MAX_ERRORS_IN_RESPONSE:
                 errors.append(problem)
+    if attachment is not None:  # no profile line took it
+        os.close(attachment)
     if not rejected:
         if accepted:
             return IntakeResult(accepted)
@@ -192,7 +219,7 @@ class StepPushHandler:
         self._refusals = LogThrottle()
 
     def __call__(self, request: PushRequest) -> PushResponse:
-        identity, denied = self._writer(request)
+        identity, denied = self.writer(request)
         if denied is not None:
             self._store.reject("unauthorized")
             return denied
@@ -215,7 +242,9 @@ class StepPushHandler:
                   else HTTPStatus.BAD_REQUEST)
         return PushResponse(status, payload)
 
-    def _writer(self, request: PushRequest) -> tuple[str | None, PushResponse | None]:
+    def writer(self, request: PushRequest) -> tuple[str | None, PushResponse | None]:
+        """Who ``request`` writes as (the push rule of the class docstring), or the
+        refusal to answer; also the rule of the profile requests (``trainmon.profiling``)."""
         header = request.authorization
         if header is not None and self._tokens:
             import hmac  # here: with tokens configured only (it loads libcrypto)
@@ -261,8 +290,10 @@ class SocketReceiver:
         receive_buffer_bytes: int = 4 << 20,
         max_label_length: int,
         qlen_path: Path = MAX_DGRAM_QLEN_PATH,
+        profiles: ProfileSink | None = None,
     ) -> None:
         self.path = path
+        self._profiles = profiles
         self._store = store
         self._mode = mode
         self._wanted_buffer = receive_buffer_bytes
@@ -349,7 +380,7 @@ class SocketReceiver:
                 # Empty the kernel queue first (it may hold as few as 10 datagrams),
                 # then parse: senders are refused only while the queue is full.
                 while len(batch) < DRAIN_BATCH:
-                    batch.append(sock.recvmsg(MAX_DATAGRAM_BYTES, CREDENTIALS_SPACE))
+                    batch.append(sock.recvmsg(MAX_DATAGRAM_BYTES, ANCILLARY_SPACE))
             except BlockingIOError:
                 pass
             except OSError as error:
@@ -359,13 +390,19 @@ class SocketReceiver:
                 continue
             for data, ancillary, flags, _ in batch:
                 pid, uid = sender_credentials(ancillary)
-                if flags & socket.MSG_TRUNC:
+                attached = received_descriptors(ancillary)
+                if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(attached) > 1:
+                    _close_all(attached)
                     self._store.reject("too_large")
                 elif uid is None:
+                    _close_all(attached)
                     self._store.reject("unauthorized")
                 elif data:  # an empty datagram is a wake-up (``_wake``), not a report
                     ingest_payload(self._store, data, "unix", self._max_label_length,
-                                   pid, uid_writer(uid), self._refusals)
+                                   pid, uid_writer(uid), self._refusals, self._profiles,
+                                   attached[0] if attached else None)
+                else:
+                    _close_all(attached)
             if stopping:
                 return
 
@@ -382,6 +419,22 @@ def sender_credentials(
             pid, uid, _ = UCRED.unpack_from(data)
             return (pid if pid > 0 else None), uid
     return None, None
+
+
+def received_descriptors(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
+    """The file descriptors a datagram carried (``SCM_RIGHTS``), now this process's."""
+    found: list[int] = []
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            usable = len(data) - len(data) % DESCRIPTOR.size
+            found.extend(number for (number,) in DESCRIPTOR.iter_unpack(data[:usable]))
+    return found
+
+
+def _close_all(descriptors: list[int]) -> None:
+    for descriptor in descriptors:
+        with contextlib.suppress(OSError):
+            os.close(descriptor)
 
 
 def _read_int(path: Path) -> int | None:

@@ -663,6 +663,19 @@ class TrainingStore:
                 descriptions, {key: ended for key, (ended, _) in self._ended.items()},
             )
 
+    def job_ranks(self, name: str) -> tuple[str, tuple[int, ...]] | None:
+        """Job ``name``'s owner and the ranks that report it now; None when it does not."""
+        with self._lock:
+            now, _ = self._now()
+            self._maybe_expire(now)
+            job = self._jobs.get(name)
+            return None if job is None else (job.owner, tuple(job.ranks))
+
+    @property
+    def trusted_writers(self) -> frozenset[str]:
+        """The writers that may report for any job (docs/security.md)."""
+        return frozenset(self._trusted)
+
     def counts(self) -> dict[str, int]:
         """Jobs and ranks held now (for ``/healthz``)."""
         with self._lock:

@@ -1,0 +1,120 @@
+"""``trainmon profile JOB [--rank N | --all] [--steps K]``: profile a running job.
+
+Asks the daemon (``POST /api/v1/profile``: ``trainmon.profiling.service``), then
+follows the request (``GET /api/v1/profile?id=…``, every ``POLL_SECONDS``) until
+every rank asked has answered or the request expired, and prints, per rank, where
+its trace was kept and the operators with the most self time (``--json``: the
+request's status as the daemon answers it). Exit 0 when every rank's trace was
+kept, 1 when one failed or never answered (or the daemon cannot be read), 2 when
+the daemon refused the request (another user's job: 403).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TextIO
+
+import requests
+
+from trainmon.profiling.service import PROFILE_PATH
+
+#: Seconds between two looks at the request's status.
+POLL_SECONDS = 0.5
+#: Seconds one HTTP exchange with the daemon may take.
+HTTP_TIMEOUT_SECONDS = 10.0
+#: Operators printed per rank.
+SHOWN_OPERATORS = 5
+EXIT_OK, EXIT_INCOMPLETE, EXIT_REFUSED = 0, 1, 2
+
+
+def profile_command(
+    url: str,
+    job: str,
+    *,
+    ranks: Sequence[int] | str | None,
+    steps: int | None,
+    wait_seconds: float,
+    as_json: bool,
+    out: TextIO,
+    err: TextIO,
+    session: requests.Session | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Ask for the profile, follow it, print it; the exit code (module docstring)."""
+    import json
+
+    http = session or requests.Session()
+    target = url.rstrip("/") + PROFILE_PATH
+    body: dict[str, object] = {"job": job, "ranks": list(ranks) if isinstance(
+        ranks, (list, tuple)) else ranks}
+    if steps is not None:
+        body["steps"] = steps
+    try:
+        answer = http.post(target, json=body, timeout=HTTP_TIMEOUT_SECONDS)
+        status = answer.json()
+    except (requests.RequestException, ValueError) as error:
+        print(f"trainmon profile: cannot ask {url}: {error}", file=err)
+        return EXIT_INCOMPLETE
+    if answer.status_code != 202 or not isinstance(status, dict):
+        detail = status.get("detail", status) if isinstance(status, dict) else status
+        print(f"trainmon profile: {url} refused: {detail} (HTTP {answer.status_code})",
+              file=err)
+        return EXIT_REFUSED if answer.status_code in (403, 404, 409, 429, 400) \
+            else EXIT_INCOMPLETE
+    request_id = str(status["id"])
+    if not as_json:
+        print(f"profiling {status['steps']} step(s) of rank(s) "
+              f"{', '.join(map(str, status['ranks']))} of job {job} (request {request_id})",
+              file=out)
+    give_up = clock() + wait_seconds
+    while status.get("open") and clock() < give_up:
+        sleep(POLL_SECONDS)
+        try:
+            followed = http.get(target, params={"id": request_id},
+                                timeout=HTTP_TIMEOUT_SECONDS)
+            followed.raise_for_status()
+            status = followed.json()
+        except (requests.RequestException, ValueError) as error:
+            print(f"trainmon profile: cannot follow request {request_id}: {error}", file=err)
+            return EXIT_INCOMPLETE
+    states = status.get("ranks_state") or {}
+    if as_json:
+        print(json.dumps(status, indent=2, sort_keys=True), file=out)
+    else:
+        for rank, state in sorted(states.items(), key=lambda item: int(item[0])):
+            print(rank_text(int(rank), state), file=out)
+        if status.get("open"):
+            print(f"still waiting after {wait_seconds:.0f} s; follow it with "
+                  f"curl '{target}?id={request_id}'", file=out)
+    stored = all(isinstance(state, Mapping) and state.get("state") == "stored"
+                 for state in states.values())
+    return EXIT_OK if stored and states and not status.get("open") else EXIT_INCOMPLETE
+
+
+def rank_text(rank: int, state: Mapping[str, object]) -> str:
+    """One rank's outcome: its trace and top operators, or what became of it."""
+    what = state.get("state")
+    if what != "stored":
+        error = state.get("error")
+        reason = {"pending": "no answer yet (does the job report over the unix socket?)",
+                  "receiving": "its trace is being written",
+                  "expired": "never answered (does the job report over the unix socket, "
+                             "and does it still step?)"}.get(str(what), str(error or what))
+        return f"rank {rank}: {reason}"
+    lines = [f"rank {rank}: {state.get('steps')} step(s) in "
+             f"{_number(state.get('seconds')):.2f} s; trace {state.get('trace')} "
+             f"({_number(state.get('trace_bytes')) / 1e6:.1f} MB)"]
+    for title, key in (("cpu", "top_cpu"), ("device", "top_device")):
+        operators = state.get(key)
+        if isinstance(operators, list) and operators:
+            shown = ", ".join(
+                f"{item['name']} {_number(item.get('share')) * 100:.0f} %"
+                for item in operators[:SHOWN_OPERATORS] if isinstance(item, Mapping))
+            lines.append(f"  top operators ({title} self time): {shown}")
+    return "\n".join(lines)
+
+
+def _number(value: object) -> float:
+    return float(value) if isinstance(value, (int, float)) else 0.0
