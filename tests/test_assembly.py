@@ -62,11 +62,11 @@ def test_a_live_key_of_a_surviving_collector_keeps_its_instance(tmp_path: Path) 
 
 def test_the_surviving_collectors_pin_what_they_were_built_with(tmp_path: Path) -> None:
     without_gpu = build(config(tmp_path))
-    assert without_gpu.pinned() == {"training", "ledger"}
+    assert without_gpu.pinned() == {"training", "ledger", "profiling"}
     # the ledger books GPU time with the GPU collector's process lists and attribution's
     # attributor: it follows them when they are rebuilt, but they may not come or go
     with_gpu = build(config(tmp_path, gpu={"enabled": True}))
-    assert with_gpu.pinned() == {"training", "ledger"}
+    assert with_gpu.pinned() == {"training", "ledger", "profiling"}
     assert with_gpu.followed() == {"training", "gpu", "attribution"}
     off = build(config(tmp_path, ledger={"enabled": False}))
     assert off.pinned() == {"training"} and off.followed() == frozenset()

@@ -117,7 +117,7 @@ def test_check_config_lists_what_the_file_turns_on(tmp_path: Path) -> None:
     result = run("check-config", str(path))
     assert result.returncode == 0, result.stderr
     assert ("collectors: network, infiniband, disk, nfs, training, platform, tencent, "
-            "pressure, diagnosis, health, ledger;") in result.stdout
+            "pressure, diagnosis, health, ledger, profiling;") in result.stdout
 
 
 def test_check_config_validates_without_building_collectors(tmp_path: Path) -> None:
@@ -160,7 +160,7 @@ def test_the_collector_table_builds_what_it_lists() -> None:
     ]
     assert [collector.name for collector in built] == [
         "network", "disk", "nfs", "gpu", "training", "platform", "attribution", "numa",
-        "pressure", "diagnosis", "health", "ledger",
+        "pressure", "diagnosis", "health", "ledger", "profiling",
     ]
 
 

@@ -37,7 +37,7 @@ CLIENT = "trainmon.client"
 #: (``distributed`` needs torch; ``Reporter.instrument()`` imports it when called).
 FRAMEWORK_CALLBACKS = frozenset({
     "trainmon.client.lightning", "trainmon.client.transformers", "trainmon.client.distributed",
-    "trainmon.client.collectives",
+    "trainmon.client.collectives", "trainmon.client.torch_profile",
 })
 IMPORT_FUNCTIONS = frozenset({"import_module", "__import__"})
 #: The package's layers, bottom first (docs/architecture.md, "Layers"). A part is a
@@ -55,8 +55,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # the sources and the server, each on its own
     ("node", "gpu", "training", "tencent", "attribution", "http"),
     # what reads a source: the platform poller (node, Tencent metadata), the ledger,
-    # the diagnosis engine (node readings), the local daemon's address (http)
-    ("platform", "ledger", "diagnosis", "local_daemon"),
+    # the diagnosis engine (node readings), the local daemon's address (http), the
+    # on-demand profiles (the training store's jobs and profile lines)
+    ("platform", "ledger", "diagnosis", "local_daemon", "profiling"),
     # the training client (standard library only; the wire fields of training/)
     ("client",),
     # the ledger's commands, the report's words, the demo's simulated node and jobs

@@ -54,9 +54,11 @@ def test_every_collector_module_is_listed_once_and_declares_its_entry() -> None:
 
 def test_the_scrape_order_keeps_the_derived_collectors_last_in_their_order() -> None:
     """Sources first; attribution and numa read the GPU collector; the diagnosis reads
-    the families collected before it; the ledger records its verdicts, last."""
+    the families collected before it; the ledger records its verdicts; profiling
+    writes beside and into the ledger, last."""
     derived = [entry.name for entry in entries() if entry.derived]
-    assert derived == ["attribution", "numa", "pressure", "diagnosis", "health", "ledger"]
+    assert derived == ["attribution", "numa", "pressure", "diagnosis", "health", "ledger",
+                       "profiling"]
     assert list(MODULES[-len(derived):]) == derived
     assert [entry.name for entry in entries() if entry.real_only] == ["tencent"]
 

@@ -226,6 +226,8 @@ class _ProfiledSteps:
         type(agent._reporter).step(agent._reporter, samples)  # the step ends first
         try:
             if self._profiler is None:
+                from trainmon.client.torch_profile import start_profiler
+
                 self._profiler = start_profiler()
                 self._started = time.perf_counter()
                 return
@@ -254,20 +256,6 @@ class _ProfiledSteps:
         if profiler is not None:
             with contextlib.suppress(Exception):  # it failed already: that error is sent
                 profiler.stop()
-
-
-def start_profiler() -> Any:
-    """A started ``torch.profiler.profile`` of the CPU, and of CUDA where there is one."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU]
-    if torch.cuda.is_available():
-        activities.append(ProfilerActivity.CUDA)
-    profiler = profile(activities=activities, record_shapes=False, profile_memory=False,
-                       with_stack=False)
-    profiler.start()
-    return profiler
 
 
 def export_trace(profiler: Any, compressed: Any) -> None:

@@ -204,14 +204,15 @@ class ProfileService:
     def _finish(self, report: ProfileReport, owner: str, trace: StoredTrace | None,
                 error: str | None, reason: str = "failed") -> None:
         entry = ledger_entry(report, trace, error, self.requests.now())
-        self.requests.finish(report.id, report.rank, {
-            "state": "stored" if trace is not None else "failed", **entry})
         self._count_result("stored" if trace is not None else reason)
         if error is not None and self._refusals.allow("failed", report.job):
             log.warning("profile %s of rank %d of job %r: %s (rate-limited)", report.id,
                         report.rank, report.job, error)
         if self._note is not None and report.run is not None:
             self._note(report.job, report.run, owner, entry)
+        # last: whoever follows the request sees it finished with the rest done
+        self.requests.finish(report.id, report.rank, {
+            "state": "stored" if trace is not None else "failed", **entry})
 
     # -- counters -----------------------------------------------------------------
 
