@@ -29,6 +29,7 @@ import os
 import queue
 import re
 import stat
+import threading
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -107,17 +108,22 @@ class TraceKeeper:
         self._kept: list[tuple[float, Path, int]] = []
         self._errors = LogThrottle()
         self.removed = 0
+        #: Between ``start()`` and ``stop()``: uploads start the worker.
+        self._running = False
+        self._starting = threading.Lock()
 
     def start(self) -> None:
-        """Take stock of the traces kept before, then start the worker."""
+        """Take stock of the traces kept before; the worker starts with the first
+        upload (a node that is never profiled runs no thread for it)."""
         try:
             self._make_folder()
         except OSError as error:  # tried again with each trace: counted as write_error
             log.error("cannot make the profile traces' folder %s: %s", self.directory, error)
         self._kept = sorted(_scan(self.directory))
-        self._thread.start()
+        self._running = True
 
     def stop(self) -> None:
+        self._running = False
         if self._thread.started:
             self._thread.stopping.set()
             with contextlib.suppress(queue.Full):
@@ -139,6 +145,9 @@ class TraceKeeper:
         except queue.Full:
             os.close(descriptor)
             raise TraceProblem("busy", f"{MAX_QUEUED} traces wait to be written") from None
+        with self._starting:
+            if self._running:
+                self._thread.start()  # nothing once started
 
     def usage(self) -> tuple[int, int]:
         """Traces kept and their bytes."""
