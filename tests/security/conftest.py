@@ -15,12 +15,13 @@ import secrets
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
-from tests.security.security_support import AsUser, LocalUser, python_for_everyone
+from testkit.daemon import Daemon
+from tests.security.security_support import TOKEN, AsUser, LocalUser, Node, python_for_everyone
 
 
 def _useradd(name: str) -> LocalUser:
@@ -99,3 +100,19 @@ def as_user() -> AsUser:
         return answers
 
     return send
+
+
+@pytest.fixture
+def node(
+    start_daemon: Callable[..., Daemon], shared_dir: Path, request: pytest.FixtureRequest,
+) -> Node:
+    training: dict[str, object] = {"socket": str(shared_dir / "steps.sock"),
+                                   "socket_mode": "0666"}
+    training.update(getattr(request, "param", {}))
+    if training.get("token_file") == "TOKEN_FILE":
+        token_file = shared_dir / "tokens"
+        token_file.write_text(f"ci {TOKEN}\n")
+        training["token_file"] = str(token_file)
+    config = {"collectors": {"training": training, "ledger": {"flush_seconds": 0.2},
+                             "gpu": {"enabled": False}}}
+    return Node(start_daemon(config=config), shared_dir / "steps.sock")

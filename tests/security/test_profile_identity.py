@@ -16,9 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.security.security_support import AsUser, LocalUser, python_for_everyone
-from tests.security.test_writers import Node, step_line
-from tests.security.test_writers import node as node  # the fixture: a daemon on a shared socket
+from tests.security.security_support import (
+    AsUser,
+    LocalUser,
+    Node,
+    python_for_everyone,
+    step_line,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -53,13 +57,13 @@ def as_user_run(user: LocalUser | None, script: str, *arguments: str) -> str:
     return str(done.stdout)
 
 
-def ask(daemon_node: Node, user: LocalUser | None, body: dict[str, object]) -> tuple[int, dict]:
-    answer = json.loads(as_user_run(user, ASK, daemon_node.daemon.url, json.dumps(body)))
+def ask(node: Node, user: LocalUser | None, body: dict[str, object]) -> tuple[int, dict]:
+    answer = json.loads(as_user_run(user, ASK, node.daemon.url, json.dumps(body)))
     return int(answer["status"]), dict(answer["body"])
 
 
-def status(daemon_node: Node, request_id: str) -> dict[str, object]:
-    with urllib.request.urlopen(f"{daemon_node.daemon.url}/api/v1/profile?id={request_id}",
+def status(node: Node, request_id: str) -> dict[str, object]:
+    with urllib.request.urlopen(f"{node.daemon.url}/api/v1/profile?id={request_id}",
                                 timeout=10) as answer:
         found: dict[str, object] = json.loads(answer.read())
     return found

@@ -12,36 +12,16 @@ from __future__ import annotations
 import json
 import signal
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from testkit.daemon import Daemon
-from testkit.exposition import Scrape, parse
 from testkit.prometheus import wait_until
-from tests.security.security_support import AsUser, LocalUser
-from tests.training.training_support import report
-from trainmon.contract import STEP_BUCKET_COUNT
+from tests.security.security_support import RUN, TOKEN, AsUser, LocalUser, Node, step_line
 
 pytestmark = pytest.mark.integration
-
-RUN = "victim-run-1"
-TOKEN = "ci-token-0123456789abcdef"
-
-
-def step_line(job: str = "victim", **changes: object) -> bytes:
-    buckets = [0] * STEP_BUCKET_COUNT
-    steps = int(changes.pop("steps", 1000))  # type: ignore[call-overload]
-    buckets[4] = steps
-    fields: dict[str, object] = {"job": job, "steps": steps, "step_buckets": buckets,
-                                 "step_seconds": 200.0, "data_wait_seconds": 20.0,
-                                 "run": RUN, "reporter_id": "victim00000000aa"}
-    fields.update(changes)
-    return json.dumps(report(**fields)).encode() + b"\n"
-
 
 def description_line(job: str = "victim", **changes: object) -> bytes:
     line: dict[str, object] = {
@@ -63,54 +43,6 @@ def forged_report() -> bytes:
 def forged_description() -> bytes:
     return description_line(config={"lr": 999}, started=0, ended="finished",
                             reporter_id="forged0000000000")
-
-
-class Node:
-    """The daemon of a shared node: its socket every user can reach, its scrapes."""
-
-    def __init__(self, daemon: Daemon, socket_path: Path) -> None:
-        self.daemon = daemon
-        self.socket = f"unix://{socket_path}"
-
-    def scrape(self) -> Scrape:
-        return parse(self.daemon.metrics())
-
-    def value(self, name: str, **labels: str) -> float | None:
-        return self.scrape().value(name, **labels)
-
-    def wait(self, name: str, expected: float, what: str, **labels: str) -> None:
-        wait_until(lambda: self.value(name, **labels) == expected, 15.0, what, interval=0.05)
-
-    def wait_ledger_flushes(self, count: int = 2) -> None:
-        """Until the recorder has committed ``count`` more flushes: what it would
-        have written from what was sent before is in the file by then."""
-        written = self.value("trainmon_ledger_writes_total") or 0
-        wait_until(lambda: (self.value("trainmon_ledger_writes_total") or 0) >= written + count,
-                   15.0, f"{count} more ledger flushes", interval=0.05)
-
-    def runs(self, job: str | None = None) -> list[dict[str, Any]]:
-        """The newest page of runs (of ``job``: the flood's runs fill the first pages)."""
-        query = f"?job={job}" if job else ""
-        with urllib.request.urlopen(f"{self.daemon.url}/api/v1/runs{query}",
-                                    timeout=10) as answer:
-            records: list[dict[str, Any]] = json.loads(answer.read())
-        return records
-
-
-@pytest.fixture
-def node(
-    start_daemon: Callable[..., Daemon], shared_dir: Path, request: pytest.FixtureRequest,
-) -> Node:
-    training: dict[str, object] = {"socket": str(shared_dir / "steps.sock"),
-                                   "socket_mode": "0666"}
-    training.update(getattr(request, "param", {}))
-    if training.get("token_file") == "TOKEN_FILE":
-        token_file = shared_dir / "tokens"
-        token_file.write_text(f"ci {TOKEN}\n")
-        training["token_file"] = str(token_file)
-    config = {"collectors": {"training": training, "ledger": {"flush_seconds": 0.2},
-                             "gpu": {"enabled": False}}}
-    return Node(start_daemon(config=config), shared_dir / "steps.sock")
 
 
 def start_victim(node: Node, as_user: AsUser, victim: LocalUser) -> None:
