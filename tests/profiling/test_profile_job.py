@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
 import sys
 import time
@@ -147,3 +148,37 @@ def test_a_request_no_rank_answers_expires(daemon: Daemon, tmp_path: Path) -> No
     assert done.returncode == 1 and "never answered" in done.stdout, done.stdout
     assert 15 <= time.monotonic() - started < 60
     counted(daemon, "trainmon_profile_results_total", "expired", 1)
+
+
+def test_every_rank_of_a_ddp_job_is_profiled_with_its_collectives(
+        daemon: Daemon, tmp_path: Path) -> None:
+    """``--all``: both ranks of a real 2-rank DDP job (gloo) profile the same steps'
+    worth, and their traces hold the gradient all-reduce beside the model's operators."""
+    from testkit.daemon import free_port
+
+    environment = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                   "MASTER_PORT": str(free_port()), "GLOO_SOCKET_IFNAME": "lo",
+                   "TRAINMON_ENDPOINT": f"unix://{tmp_path / 'run' / 'steps.sock'}",
+                   "TRAINMON_JOB": "ddp", "OMP_NUM_THREADS": "1"}
+    ranks = [subprocess.Popen(
+        [sys.executable, "-m", "testkit.ddp_job", "failslow", "--device-seconds", "0.02",
+         "--timeout", "90"], env={**environment, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for rank in (0, 1)]
+    try:
+        wait_until(lambda: len(parse(daemon.metrics()).labelsets(
+            "trainmon_training_steps_total")) == 2, 60, "both ranks reporting")
+        done = profile(daemon, "ddp", "--all", "--steps", "3", "--json")
+        assert done.returncode == 0, done.stdout + done.stderr
+        states = json.loads(done.stdout)["ranks_state"]
+        assert sorted(states) == ["0", "1"]
+        for state in states.values():
+            names = {event.get("name") for event in json.loads(gzip.decompress(
+                Path(state["trace"]).read_bytes()))["traceEvents"]}
+            assert "aten::addmm" in names or "aten::mm" in names
+            assert any("all_reduce" in str(name) or "allreduce" in str(name)
+                       for name in names), sorted(str(name) for name in names)[:40]
+    finally:
+        for process in ranks:
+            process.terminate()
+        for process in ranks:
+            process.wait(timeout=30)
