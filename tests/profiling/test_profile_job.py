@@ -28,14 +28,17 @@ MODEL_OPERATORS = {"aten::convolution", "aten::relu", "aten::addmm", "aten::mm"}
 
 
 @pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[Daemon]:
+def daemon(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Daemon]:
+    """A daemon with its socket and ledger in ``tmp_path``; its requests wait
+    ``request.param`` seconds for their ranks (20 unless the test says)."""
     state = tmp_path / "state"
     state.mkdir()
     config = tmp_path / "config.yaml"
     config.write_text(json.dumps({"collectors": {
         "training": {"socket": str(tmp_path / "run" / "steps.sock")},
         "ledger": {"path": str(state / "ledger.sqlite3"), "flush_seconds": 0.5},
-        "gpu": {"enabled": False}, "profiling": {"request_timeout_seconds": 20}}}))
+        "gpu": {"enabled": False},
+        "profiling": {"request_timeout_seconds": getattr(request, "param", 20)}}}))
     running = serve(config, tmp_path / "daemon.log", state_directory=state)
     yield running
     running.stop()
@@ -139,6 +142,7 @@ def test_a_profile_that_cannot_run_fails_once_and_training_goes_on(
     assert "a torch.profiler of the job's own is running" in daemon.log()
 
 
+@pytest.mark.parametrize("daemon", [5], indirect=True)
 def test_a_request_no_rank_answers_expires(daemon: Daemon, tmp_path: Path) -> None:
     """A rank that reports but no longer steps never reaches a step boundary."""
     send_datagram(tmp_path / "run" / "steps.sock", line(job="silent"))
@@ -146,7 +150,7 @@ def test_a_request_no_rank_answers_expires(daemon: Daemon, tmp_path: Path) -> No
     started = time.monotonic()
     done = profile(daemon, "silent", "--wait", "60")
     assert done.returncode == 1 and "never answered" in done.stdout, done.stdout
-    assert 15 <= time.monotonic() - started < 60
+    assert 4 <= time.monotonic() - started < 60
     counted(daemon, "trainmon_profile_results_total", "expired", 1)
 
 
