@@ -96,24 +96,18 @@ class ProfilingCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         requested, results = self.service.counts()
-        requests = CounterMetricFamily(
+        yield _by_result(
             "trainmon_profile_requests_total",
             "Profile requests (trainmon profile) by outcome: accepted, or refused as "
             "forbidden (not the job's owner or root), not_found, invalid, conflict (one "
             "under way for the job), limit (collectors.profiling.max_open_requests).",
-            labels=["result"])
-        for result, count in requested.items():
-            requests.add_metric([result], count)
-        yield requests
-        outcomes = CounterMetricFamily(
+            requested)
+        yield _by_result(
             "trainmon_profile_results_total",
             "What became of each rank a profile asked: stored, failed (in the training "
             "process), expired (no answer in time); and uploads refused: forbidden, "
             "unsolicited, busy, too_large, invalid_trace, write_error.",
-            labels=["result"])
-        for result, count in results.items():
-            outcomes.add_metric([result], count)
-        yield outcomes
+            results)
         traces, size = self.service.traces.usage()
         yield _gauge("trainmon_profile_open_requests",
                      "Profile requests waiting for their ranks.",
@@ -122,6 +116,15 @@ class ProfilingCollector(Collector):
                      traces)
         yield _gauge("trainmon_profile_trace_bytes",
                      "Bytes of the profile traces kept beside the ledger (compressed).", size)
+
+
+def _by_result(name: str, documentation: str, counts: Mapping[str, int]
+               ) -> CounterMetricFamily:
+    """A counter family with one series per ``result``."""
+    family = CounterMetricFamily(name, documentation, labels=["result"])
+    for result, count in counts.items():
+        family.add_metric([result], count)
+    return family
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
