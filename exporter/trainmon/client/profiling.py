@@ -157,7 +157,12 @@ class ProfileAgent:
         """The sender thread's look at the request file (once per report)."""
         if self._active is not None:
             return
-        ask = self.watch.poll(job, rank)
+        try:
+            ask = self.watch.poll(job, rank)
+        except Exception as error:  # a bug here must not end the sender thread
+            if self._warnings.allow("poll"):
+                log.warning("trainmon: cannot read the profile requests: %s", error)
+            return
         if ask is not None:
             self._active = _ProfiledSteps(self, ask)
             self._reporter.step = self._active  # the next step() starts the profile
