@@ -38,9 +38,11 @@ daemon read says it is ``trainmon serve --demo`` and no ledger is named), a
 comparable run (``trainmon.runs.baseline``: which and why, and whether it is
 slower by more than ``contract.THROUGHPUT_REGRESSION_RATIO``) and names the
 ``trainmon compare`` to run; the run's checkpoint saves and goodput are that
-run's; once no job reports, the last run of each job that ended within a day
-is listed (``trainmon.runs.regression``; JSON: ``previous_runs``,
-``recent_runs``). Exit codes: 0 nothing needs action (or, status ``ended``,
+run's; a compute verdict's next step names the top operators of the latest
+profile of the job's latest run (``trainmon profile``; ``trainmon.runs.profiles``),
+or, without one, the ``trainmon profile`` to run; once no job reports, the last
+run of each job that ended within a day is listed (``trainmon.runs.regression``;
+JSON: ``previous_runs``, ``recent_runs``). Exit codes: 0 nothing needs action (or, status ``ended``,
 no GPU and no job now and the ledger shows how the recent jobs ended), 1 a
 bottleneck was found (communication, storage or scheduling) or a critical or
 warning risk (status ``risk``: a spot reclaim, an overdue checkpoint...), 2
@@ -70,11 +72,12 @@ from trainmon.diagnosis.thresholds import DiagnosisConfig
 from trainmon.ledger import RunRecord
 from trainmon.local_daemon import DaemonTrust, LocalDaemon, TrustedDaemon, UntrustedDaemon, answers
 from trainmon.report.document import report_json
-from trainmon.report.history import History, PastRun, RunHistory
+from trainmon.report.history import History, LatestProfile, PastRun, RunHistory
 from trainmon.report.messages import reason_text
 from trainmon.report.model import Source, build_report, unmeasured_report, with_history
 from trainmon.report.render import render_text
 from trainmon.runs.baseline import rate
+from trainmon.runs.profiles import latest_profile, top_operators
 from trainmon.runs.regression import RECENT_SECONDS, JobHistory, read_history
 from trainmon.runs.render import largest_loss, top_verdict
 from trainmon.runs.view import RunView, number
@@ -229,6 +232,7 @@ def past_run(record: RunRecord) -> PastRun:
     verdict = top_verdict(summary)
     loss = largest_loss(summary)
     checkpoints = number(summary.get("checkpoints"))
+    profile = latest_profile(summary)
     return PastRun(
         record=record, samples_per_second=rate(record),
         verdict=None if verdict == "-" else verdict,
@@ -236,7 +240,8 @@ def past_run(record: RunRecord) -> PastRun:
         largest_loss=None if loss is None else loss[0],
         largest_loss_share=None if loss is None else loss[1],
         checkpoint_saves=None if checkpoints is None else int(checkpoints),
-        duration_seconds=view.duration_seconds)
+        duration_seconds=view.duration_seconds,
+        profile=None if profile is None else LatestProfile(profile, *top_operators(profile)))
 
 
 def find_daemon(daemon: LocalDaemon, session: requests.Session | None = None

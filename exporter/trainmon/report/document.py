@@ -174,6 +174,6 @@ def _job(verdict: Verdict, lang: str, goodput: JobGoodput | None,
         "run": None if run is None else run.to_json(),
         "findings": [_finding(finding, lang) for finding in verdict.findings],
         "evidence": fields_of(verdict.evidence),
-        "advice": advice(verdict, lang),
+        "advice": advice(verdict, lang, history),
         "nccl": [_nccl(problem, lang) for problem in verdict.nccl],
     }

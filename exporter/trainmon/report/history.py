@@ -16,18 +16,24 @@ the report its records with the figures the ledger's commands make of them
 (words from ``messages``); ``history_json`` is their part of the ``--json``
 document. A run whose record holds fail-slow changes (``summary.fail_slow``: a rank or
 the job became slower during the run) gets a line with its largest, for the run and for
-the run it is measured against (``fail_slow_text``).
+the run it is measured against (``fail_slow_text``). The profiles of a run
+(``summary.profiles``: ``trainmon profile``) are in its ``--json`` entry; the latest one
+with operators (``LatestProfile``, its top operators in the words of
+``trainmon.runs.profiles``) is the next step of a compute verdict, or, without one, the
+``trainmon profile`` to run (``profile_step``).
 """
 
 from __future__ import annotations
 
 import math
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from trainmon.ledger import RunRecord
-from trainmon.ledger.summary import fail_slow_entries
+from trainmon.ledger.summary import fail_slow_entries, profile_entries
 from trainmon.report.messages import (
+    PROFILE_STEP,
     Pair,
     ago_text,
     end_word,
@@ -54,6 +60,19 @@ FAIL_SLOW_MORE: Pair = (" (and {more} more: trainmon compare)",
 
 
 @dataclass(frozen=True)
+class LatestProfile:
+    """A run's newest profile with operators (``summary.profiles``), and its top operators
+    as ``trainmon.runs.profiles.top_operators`` words them."""
+
+    #: The ledger's entry (``id``, ``rank``, ``time``, ``steps``, ``trace``...).
+    entry: Mapping[str, object]
+    #: ``device``: by GPU self time; ``cpu``: by CPU self time (a CPU-only job).
+    by: str
+    #: ``aten::mm 41 %, aten::addmm 12 %, …``
+    operators: str
+
+
+@dataclass(frozen=True)
 class PastRun:
     """One run as the node's ledger recorded it (this node's ranks), and the figures
     ``trainmon runs`` shows of it."""
@@ -70,6 +89,8 @@ class PastRun:
     #: reported.
     checkpoint_saves: int | None = None
     duration_seconds: float | None = None
+    #: Its newest profile with operators; None: none (``trainmon profile``).
+    profile: LatestProfile | None = None
 
     @property
     def nodes(self) -> int | None:
@@ -86,12 +107,17 @@ class PastRun:
                 "world_size": record.world_size, "ranks": record.ranks,
                 "samples_per_second": self.samples_per_second, "verdict": self.verdict,
                 "goodput_ratio": self.goodput_ratio, "checkpoint_saves": self.checkpoint_saves,
-                "fail_slow": self.fail_slow}
+                "fail_slow": self.fail_slow, "profiles": self.profiles}
 
     @property
     def fail_slow(self) -> list[dict[str, object]]:
         """Its fail-slow changes as the ledger recorded them (``summary.fail_slow``)."""
         return fail_slow_entries(self.record.summary.get("fail_slow"))
+
+    @property
+    def profiles(self) -> list[dict[str, object]]:
+        """Its profiles as the ledger recorded them (``summary.profiles``), oldest first."""
+        return profile_entries(self.record.summary.get("profiles"))
 
 
 @dataclass(frozen=True)
@@ -136,8 +162,12 @@ class History:
     def current(self, job: str) -> PastRun | None:
         """The run of ``job`` that goes on, as the ledger records it; None when its latest
         record has ended (the live run is not recorded yet) or there is none."""
-        found = next((entry.run for entry in self.live if entry.job == job), None)
+        found = self.latest(job)
         return found if found is not None and found.record.end_reason is None else None
+
+    def latest(self, job: str) -> PastRun | None:
+        """The latest run of ``job`` (diagnosed now) the ledger records, ended or not."""
+        return next((entry.run for entry in self.live if entry.job == job), None)
 
 
 def rate_text(value: float | None) -> str:
@@ -228,6 +258,27 @@ def fail_slow_text(run: PastRun, lang: str) -> str | None:
     if len(changes) > 1:
         text += render(pick(FAIL_SLOW_MORE, lang), {"more": len(changes) - 1})
     return text
+
+
+def profile_step(history: History | None, job: str, lang: str) -> str:
+    """The step a compute verdict adds: the top operators of the latest profile of the
+    job's latest run in the ledger, ``Top operators by GPU time: aten::mm 41 %, … (profile
+    of rank 0, 5 steps, 12 min ago; trace: /var/lib/trainmon/profiles/...)``; without one
+    (or without a ledger), the ``trainmon profile`` to run."""
+    run = None if history is None else history.latest(job)
+    profile = None if run is None else run.profile
+    if history is None or profile is None:
+        return render(pick(PROFILE_STEP["none"], lang), {"job": shlex.quote(job)})
+    entry = profile.entry
+    trace = entry.get("trace")
+    when = _number(entry.get("time"))
+    steps = _number(entry.get("steps")) or 0.0
+    return render(pick(PROFILE_STEP[profile.by], lang), {
+        "operators": profile.operators, "rank": entry.get("rank"), "steps": steps,
+        "steps_plural": "" if f"{steps:.0f}" == "1" else "s",
+        "ago": _UNKNOWN if when is None else ago_text(history.now - when, lang),
+        "trace_text": render(pick(PROFILE_STEP["trace"], lang), {"trace": trace})
+        if isinstance(trace, str) and trace else ""})
 
 
 def _number(value: object) -> float | None:

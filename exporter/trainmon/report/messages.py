@@ -160,6 +160,25 @@ HISTORY: Mapping[str, Pair] = {
     "unknown": ("?", "未知"),
 }
 
+#: The step a compute verdict adds (``report.history.profile_step``): the top operators of
+#: the latest profile of the job's latest run (``trainmon profile``), by GPU self time
+#: (``device``) or, on a CPU-only job, by CPU self time (``cpu``); without a profile
+#: (``none``), the command that takes one.
+PROFILE_STEP: Mapping[str, Pair] = {
+    "device": ("Top operators by GPU time: {operators} (profile of rank {rank}, {steps:.0f} "
+               "step{steps_plural}, {ago}{trace_text}).",
+               "GPU 耗时最多的算子：{operators}（rank {rank} 的 profile，{steps:.0f} 步，{ago}"
+               "{trace_text}）。"),
+    "cpu": ("Top operators by CPU time: {operators} (profile of rank {rank}, {steps:.0f} "
+            "step{steps_plural}, {ago}{trace_text}).",
+            "CPU 耗时最多的算子：{operators}（rank {rank} 的 profile，{steps:.0f} 步，{ago}"
+            "{trace_text}）。"),
+    "trace": ("; trace: {trace}", "；trace：{trace}"),
+    "none": ("To see which operators take the time, profile a few steps of one rank: "
+             "`trainmon profile {job}`.",
+             "要查看哪些算子耗时最多，可对一个 rank 分析几步：`trainmon profile {job}`。"),
+}
+
 #: ``12 min ago`` (``ago_text``): the unit by the size of the age.
 AGO: Mapping[str, Pair] = {
     "seconds": ("{value:.0f} s ago", "{value:.0f} 秒前"),

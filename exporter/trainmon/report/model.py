@@ -49,7 +49,7 @@ from trainmon.diagnosis.rules import (
 )
 from trainmon.diagnosis.samples import Window
 from trainmon.diagnosis.thresholds import DiagnosisConfig
-from trainmon.report.history import History
+from trainmon.report.history import History, profile_step
 from trainmon.report.messages import EXTRA_ADVICE, advice_text, reason_text
 
 #: ``status`` → ``doctor`` exit code: ``risk`` is no bottleneck but a critical or
@@ -245,11 +245,14 @@ def with_history(report: Report, history: History | None) -> Report:
                                reason_code=code)
 
 
-def advice(verdict: Verdict, lang: str) -> str:
+def advice(verdict: Verdict, lang: str, history: History | None = None) -> str:
     """The next steps of critical findings (a spot reclaim: checkpoint now), the
     deciding finding's (with the network filesystem's when the data comes from
-    one), then those of findings that need one wherever they stand
-    (``messages.EXTRA_ADVICE``: an out-of-memory risk, the other risk findings)."""
+    one) — of a compute verdict, followed by the top operators of the latest profile
+    of the job's latest run in ``history`` (the node's ledger), or without one the
+    ``trainmon profile`` to run (``history.profile_step``) — then those of findings
+    that need one wherever they stand (``messages.EXTRA_ADVICE``: an out-of-memory
+    risk, the other risk findings)."""
     deciding, *others = verdict.findings
     ordered = [f for f in others if f.severity == "critical"] + [deciding]
     if any(f.code == "spot_reclaim" for f in others):
@@ -267,6 +270,8 @@ def advice(verdict: Verdict, lang: str) -> str:
         seen.add(finding.code)
         if text := advice_text(finding.code, lang, finding.values):
             texts.append(text)
+        if finding is deciding and verdict.kind == "compute":
+            texts.append(profile_step(history, verdict.job, lang))
     return " ".join(texts)
 
 

@@ -20,7 +20,7 @@ from trainmon.diagnosis.measure import DiskState, JobGoodput
 from trainmon.diagnosis.platform_signals import NfsMount
 from trainmon.diagnosis.risks import utc_text
 from trainmon.diagnosis.rules import Verdict
-from trainmon.report.history import PastRun, history_lines, recent_lines
+from trainmon.report.history import History, PastRun, history_lines, recent_lines
 from trainmon.report.messages import (
     finding_text,
     heading,
@@ -90,7 +90,7 @@ def render_text(report: Report) -> str:
         lines.append(f"   {heading('no_jobs', lang)}")
     goodput = {job.job: job for job in report.goodput}
     for verdict in report.verdicts:
-        head, *rest = verdict_lines(verdict, lang)
+        head, *rest = verdict_lines(verdict, lang, report.history)
         line = goodput_line(goodput.get(verdict.job), lang, _current(report, verdict.job))
         lines += [head, *([line] if line else []), *rest]
     lines += history_lines(report.history, lang)
@@ -115,8 +115,10 @@ def _text(lines: list[str]) -> str:
     return "".join(one_line(line) + "\n" for line in lines)
 
 
-def verdict_lines(verdict: Verdict, lang: str) -> list[str]:
-    """``llm: STORAGE — …``, the other findings (``+``), NCCL problems (``!``), next steps."""
+def verdict_lines(verdict: Verdict, lang: str, history: History | None = None) -> list[str]:
+    """``llm: STORAGE — …``, the other findings (``+``), NCCL problems (``!``), next steps
+    (a compute verdict's with the job's latest profile in ``history``, the node's
+    ledger)."""
     deciding, *others = verdict.findings
     lines = [f"   {verdict.job}: {kind_name(verdict.kind, lang).upper()} — "
              f"{_message(deciding, lang)}"]
@@ -127,7 +129,7 @@ def verdict_lines(verdict: Verdict, lang: str) -> list[str]:
     for finding in verdict.findings:
         if finding.code == "hung_rank":
             lines += [f"      {line}" for line in hung_rank_lines(finding.values, lang)]
-    if next_steps := advice(verdict, lang):
+    if next_steps := advice(verdict, lang, history):
         lines.append(f"      {heading('next', lang)}: {next_steps}")
     return lines
 

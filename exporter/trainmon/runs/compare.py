@@ -44,6 +44,12 @@ compute (cpu_throttled) at 10:42 UTC"; when both had one, each run's largest. A
 goodput that moved against the throughput is explained,
 not cheered: "goodput 3 % → 12 % while samples/s fell 53 %: less time is lost
 waiting, but each step got slower".
+
+Profiles (``summary.profiles``: ``trainmon profile``) are no change between the runs
+and stay out of the sentence: the text has a section with each run's latest profile
+that has operators (``trainmon.runs.profiles``), "rank 0, 5 steps (1.20 s) at
+2025-12-01 08:30 UTC: CPU aten::mm 41 %, aten::addmm 12 %, …; GPU …; trace …", and
+``--json`` the runs' profiles and each latest one's top operators in words.
 """
 
 from __future__ import annotations
@@ -55,6 +61,8 @@ from typing import Any
 
 from trainmon.ledger.goodput import BUCKETS
 from trainmon.ledger.summary import fail_slow_entries
+from trainmon.runs.profiles import latest_profile, operators_text, run_profiles
+from trainmon.runs.timespec import utc_text
 from trainmon.runs.view import RunView, number, throughput_key
 from trainmon.terminal import duration_text
 from trainmon.training.protocol import REDACTED, is_secret_name
@@ -180,6 +188,10 @@ class Comparison:
             "cost_per_million_samples": cost,
             "fail_slow": {"a": fail_slow_changes(self.a.summary),
                           "b": fail_slow_changes(self.b.summary)},
+            "profiles": {"a": run_profiles(self.a.summary),
+                         "b": run_profiles(self.b.summary)},
+            "top_operators": {"a": top_operators_json(self.a.summary),
+                              "b": top_operators_json(self.b.summary)},
             "unavailable": list(self.unavailable),
             "summary": self.summary,
         }
@@ -542,6 +554,41 @@ def _fail_slow_words(comparison: Comparison) -> list[str]:
     assert change is not None
     return [f"run {slowed} slowed during the run, run {other} did not: "
             f"{fail_slow_text(change)}"]
+
+
+def top_operators_json(summary: Mapping[str, Any]) -> dict[str, object] | None:
+    """The run's latest profile with operators: its ``id``, ``rank`` and ``time`` and
+    its top operators in words (``cpu``, ``device``: None without GPU operators); None
+    without such a profile."""
+    entry = latest_profile(summary)
+    if entry is None:
+        return None
+    return {"id": entry["id"], "rank": entry["rank"], "time": entry["time"],
+            "cpu": operators_text(entry["top_cpu"]) if entry["top_cpu"] else None,
+            "device": operators_text(entry["top_device"]) if entry["top_device"] else None}
+
+
+def profile_text(summary: Mapping[str, Any]) -> str | None:
+    """The run's latest profile with operators, ``rank 0, 5 steps (1.20 s) at 2025-12-01
+    08:30 UTC: CPU aten::mm 41 %, …; GPU aten::mm 52 %, …; trace /var/lib/...``; when
+    every profile of the run failed, the latest failure; None without a profile."""
+    entry = latest_profile(summary)
+    if entry is None:
+        profiles = run_profiles(summary)
+        if not profiles:
+            return None
+        failed = profiles[-1]
+        return (f"rank {failed['rank']} at {utc_text(number(failed['time']) or 0.0)}: "
+                f"failed: {failed['error'] or 'no operators recorded'}")
+    steps = int(number(entry["steps"]) or 0)
+    text = (f"rank {entry['rank']}, {count_text(steps, 'step')} "
+            f"({number(entry['seconds']) or 0.0:.2f} s) at "
+            f"{utc_text(number(entry['time']) or 0.0)}: CPU {operators_text(entry['top_cpu'])}")
+    if entry["top_device"]:
+        text += f"; GPU {operators_text(entry['top_device'])}"
+    if entry["trace"]:
+        text += f"; trace {entry['trace']}"
+    return text
 
 
 def phase_words(name: str) -> str:

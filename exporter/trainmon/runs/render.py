@@ -5,7 +5,9 @@
 cover all of it, ``8 of 16`` when only part of it (a per-node ledger; a note
 under the table says so). ``FAIL-SLOW``, when a run of the table had one: its largest
 change (``rank 1 +35 % compute``, ``+2 more``), the others and their causes in
-``compare``. Every cell and line goes through
+``compare``. ``compare`` shows each run's latest profile (``trainmon profile``: its top
+operators on the CPU and the GPU, ``trainmon.runs.profiles``) under ``profiles``, when
+either run has one. Every cell and line goes through
 ``trainmon.terminal.one_line``: what a record says (a job name, a config
 value) cannot reach the terminal as an escape sequence or start a line.
 """
@@ -27,6 +29,7 @@ from trainmon.runs.compare import (
     money,
     percent,
     phase_words,
+    profile_text,
     quantity,
     signed_percent,
     storage_words,
@@ -230,6 +233,12 @@ def render_comparison(comparison: Comparison) -> str:
         for label, changes in slowed.items():
             lines += [f"  run {label}: {fail_slow_text(change, held=True)}"
                       for change in changes] or [f"  run {label}: none recorded"]
+    profiled = {label: profile_text(view.summary)
+                for label, view in (("A", comparison.a), ("B", comparison.b))}
+    if any(text is not None for text in profiled.values()):
+        lines += ["", "profiles (the latest of each run, top operators by self time: "
+                      "trainmon profile):"]
+        lines += [f"  run {label}: {text or 'none recorded'}" for label, text in profiled.items()]
     if comparison.unavailable:
         lines += ["", "unavailable:", *(f"  {reason}" for reason in comparison.unavailable)]
     return "".join(one_line(line) + "\n" for line in lines)

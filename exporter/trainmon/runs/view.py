@@ -9,9 +9,10 @@ own ranks), the mean step and the phase shares are weighted by each node's steps
 description is the first node's (every rank of a run describes the same run;
 ``host`` differs and is kept as the node set), the end reason the worst of the
 nodes' (``trainmon.ledger.combined_end_reason``: crashed, preempted, lost,
-stalled, finished), checkpoints add up and the last checkpoint is the latest, and the
+stalled, finished), checkpoints add up and the last checkpoint is the latest, the
 fail-slow changes are the nodes' together (each node names its own ranks; the largest
-``MAX_RECORDED_FAIL_SLOW`` kept).
+``MAX_RECORDED_FAIL_SLOW`` kept), and so are the profiles (``trainmon profile``: each
+node records its own ranks'; the latest ``MAX_RECORDED_PROFILES`` kept, oldest first).
 
 Coverage: ``ranks`` counts the ranks the records cover (each node's ledger
 records only its own ranks). While it is below ``world_size`` the figures
@@ -31,7 +32,12 @@ from typing import Any, Protocol
 
 from trainmon.ledger import combined_end_reason
 from trainmon.ledger.goodput import goodput_ratio
-from trainmon.ledger.summary import MAX_RECORDED_FAIL_SLOW, fail_slow_entries
+from trainmon.ledger.summary import (
+    MAX_RECORDED_FAIL_SLOW,
+    MAX_RECORDED_PROFILES,
+    fail_slow_entries,
+    profile_entries,
+)
 from trainmon.training.protocol import redact_value
 
 #: ``summary`` keys that add up over nodes.
@@ -256,7 +262,19 @@ def merge_summaries(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     merged["gpu_seconds"] = gpu_seconds
     merged["goodput_ratio"] = goodput_ratio(gpu_seconds)
     merged["fail_slow"] = _merged_fail_slow(summaries)
+    merged["profiles"] = _merged_profiles(summaries)
     return merged
+
+
+def _merged_profiles(summaries: Sequence[Mapping[str, Any]]) -> list[dict[str, object]]:
+    """The nodes' profiles (each of its own ranks; a profile seen twice once), the latest
+    ``MAX_RECORDED_PROFILES``, oldest first."""
+    profiles: dict[tuple[object, ...], dict[str, object]] = {}
+    for summary in summaries:
+        for entry in profile_entries(summary.get("profiles")):
+            profiles.setdefault((entry["id"], entry["rank"], entry["time"]), entry)
+    ordered = sorted(profiles.values(), key=lambda entry: number(entry["time"]) or 0.0)
+    return ordered[-MAX_RECORDED_PROFILES:]
 
 
 def _merged_fail_slow(summaries: Sequence[Mapping[str, Any]]) -> list[dict[str, object]]:
