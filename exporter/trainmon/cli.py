@@ -438,9 +438,9 @@ def _top(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 def _profile(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    """``profile``: an on-demand profile of a running job (trainmon.profiling.command)."""
+    """``profile``: an on-demand profile of a running job (trainmon.runs.profile)."""
     from trainmon.local_daemon import TrustedDaemon, UntrustedDaemon
-    from trainmon.profiling.command import profile_command
+    from trainmon.runs.profile import profile_command
 
     reading = _reading(args, environ, "profile", remote=bool(args.url))
     if reading is None:

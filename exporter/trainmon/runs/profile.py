@@ -1,5 +1,8 @@
 """``trainmon profile JOB [--rank N | --all] [--steps K]``: profile a running job.
 
+The command of ``trainmon.profiling`` (the daemon's side); beside the ledger's
+other commands, whose words for a profile it shares (``trainmon.runs.profiles``).
+
 Asks the daemon (``POST /api/v1/profile``: ``trainmon.profiling.service``), then
 follows the request (``GET /api/v1/profile?id=…``, every ``POLL_SECONDS``) until
 every rank asked has answered or the request expired, and prints, per rank, where
@@ -18,13 +21,12 @@ from typing import TextIO
 import requests
 
 from trainmon.profiling.service import PROFILE_PATH
+from trainmon.runs.profiles import operators_text
 
 #: Seconds between two looks at the request's status.
 POLL_SECONDS = 0.5
 #: Seconds one HTTP exchange with the daemon may take.
 HTTP_TIMEOUT_SECONDS = 10.0
-#: Operators printed per rank.
-SHOWN_OPERATORS = 5
 EXIT_OK, EXIT_INCOMPLETE, EXIT_REFUSED = 0, 1, 2
 
 
@@ -107,12 +109,8 @@ def rank_text(rank: int, state: Mapping[str, object]) -> str:
              f"{_number(state.get('seconds')):.2f} s; trace {state.get('trace')} "
              f"({_number(state.get('trace_bytes')) / 1e6:.1f} MB)"]
     for title, key in (("cpu", "top_cpu"), ("device", "top_device")):
-        operators = state.get(key)
-        if isinstance(operators, list) and operators:
-            shown = ", ".join(
-                f"{item['name']} {_number(item.get('share')) * 100:.0f} %"
-                for item in operators[:SHOWN_OPERATORS] if isinstance(item, Mapping))
-            lines.append(f"  top operators ({title} self time): {shown}")
+        if state.get(key):
+            lines.append(f"  top operators ({title} self time): {operators_text(state[key])}")
     return "\n".join(lines)
 
 
