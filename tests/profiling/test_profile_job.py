@@ -110,6 +110,15 @@ def test_a_running_job_is_profiled_on_demand(daemon: Daemon, tmp_path: Path) -> 
         assert (entry["id"], entry["trace"], entry["top_cpu"]) == (
             status["id"], rank["trace"], rank["top_cpu"])
 
+        # doctor's compute verdict names the operators (and where the trace is)
+        doctor = subprocess.run(
+            [*trainmon_command(), "doctor", "--url", daemon.url, "--seconds", "2",
+             "--ledger", str(tmp_path / "state" / "ledger.sqlite3")],
+            capture_output=True, text=True, timeout=120)
+        assert "COMPUTE" in doctor.stdout, doctor.stdout + doctor.stderr
+        assert f"Top operators by CPU time: {top[0]} " in doctor.stdout, doctor.stdout
+        assert rank["trace"] in doctor.stdout
+
         # a second profile, of the human kind, while the job goes on
         again = profile(daemon, "mlp", "--steps", "2")
         assert again.returncode == 0, again.stderr
