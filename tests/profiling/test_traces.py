@@ -9,7 +9,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +17,8 @@ import pytest
 from trainmon.profiling.traces import StoredTrace, TraceKeeper, TraceProblem
 from trainmon.training.protocol import ProfileReport
 
-TRACE = gzip.compress(json.dumps({"traceEvents": [{"name": "aten::mm", "ph": "X"}]}).encode())
+TRACE = gzip.compress(json.dumps({"traceEvents": [{"name": "aten::mm", "ph": "X"}]}).encode(),
+                      mtime=0)
 
 
 def report(request_id: str = "0" * 31 + "1", rank: int = 0, run: str = "run-1"
@@ -79,18 +80,24 @@ def test_a_trace_is_kept_under_its_owner_and_run(keeper: Keeper, tmp_path: Path)
     assert keeper.keeper.usage() == (1, len(TRACE))
 
 
-@pytest.mark.parametrize(("data", "reason"), [
-    (b"", "invalid_trace"),
-    (b"plain text, not gzip", "invalid_trace"),
-    (gzip.compress(b"not a JSON object"), "invalid_trace"),
-    (TRACE + b"junk after the stream", "invalid_trace"),
-    (TRACE[:-8], "invalid_trace"),  # cut short
-    (gzip.compress(b"{" + b" " * (5 << 20)), "too_large"),  # a small bomb: 5 MiB > 4 MiB
-    (os.urandom(2 << 20), "too_large"),  # 2 MiB compressed > 1 MiB
-])
+#: What is refused, by name (the bytes are made in the test: ids stay the same in
+#: every xdist worker).
+REFUSED: dict[str, tuple[Callable[[], bytes], str]] = {
+    "empty": (lambda: b"", "invalid_trace"),
+    "not gzip": (lambda: b"plain text, not gzip", "invalid_trace"),
+    "gzip of text": (lambda: gzip.compress(b"not a JSON object"), "invalid_trace"),
+    "junk after the stream": (lambda: TRACE + b"junk after the stream", "invalid_trace"),
+    "cut short": (lambda: TRACE[:-8], "invalid_trace"),
+    "5 MiB uncompressed": (lambda: gzip.compress(b"{" + b" " * (5 << 20)), "too_large"),
+    "2 MiB compressed": (lambda: os.urandom(2 << 20), "too_large"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
 def test_what_is_not_a_whole_gzipped_json_trace_within_bounds_is_refused(
-        keeper: Keeper, data: bytes, reason: str) -> None:
-    outcome = keeper.keep(data)
+        keeper: Keeper, case: str) -> None:
+    make, reason = REFUSED[case]
+    outcome = keeper.keep(make())
     assert isinstance(outcome, TraceProblem) and outcome.reason == reason, outcome
     assert keeper.keeper.usage() == (0, 0)
 
