@@ -30,7 +30,8 @@ MODEL_OPERATORS = {"aten::convolution", "aten::relu", "aten::addmm", "aten::mm"}
 @pytest.fixture
 def daemon(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Daemon]:
     """A daemon with its socket and ledger in ``tmp_path``; its requests wait
-    ``request.param`` seconds for their ranks (20 unless the test says)."""
+    ``request.param`` seconds for their ranks (60 unless the test says: a loaded CI
+    machine may take a while to step, export and send)."""
     state = tmp_path / "state"
     state.mkdir()
     config = tmp_path / "config.yaml"
@@ -38,7 +39,7 @@ def daemon(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Daemon]:
         "training": {"socket": str(tmp_path / "run" / "steps.sock")},
         "ledger": {"path": str(state / "ledger.sqlite3"), "flush_seconds": 0.5},
         "gpu": {"enabled": False},
-        "profiling": {"request_timeout_seconds": getattr(request, "param", 20)}}}))
+        "profiling": {"request_timeout_seconds": getattr(request, "param", 60)}}}))
     running = serve(config, tmp_path / "daemon.log", state_directory=state)
     yield running
     running.stop()
