@@ -125,6 +125,7 @@ def test_a_run_keeps_its_latest_traces_and_the_whole_folder_its_bound(tmp_path: 
                   for index in range(2)]
         assert all(isinstance(outcome, StoredTrace) for outcome in others)
         assert made.keeper.usage()[0] == 3  # the oldest of all went
+        assert made.keeper.evicted == 2
         assert not kept[1].exists() and kept[2].exists()
     finally:
         made.keeper.stop()

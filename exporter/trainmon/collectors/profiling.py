@@ -11,7 +11,8 @@ exports the service's counters:
 - ``trainmon_profile_results_total{result}``: what became of each rank asked, and
   the uploads refused;
 - ``trainmon_profile_open_requests``, ``trainmon_profile_traces`` and
-  ``trainmon_profile_trace_bytes``: requests under way, traces kept and their bytes.
+  ``trainmon_profile_trace_bytes``: requests under way, traces kept and their bytes;
+- ``trainmon_profile_evicted_traces_total``: traces deleted to keep their bounds.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from trainmon.core.families import CounterMetricFamily, GaugeMetricFamily, Metri
 from trainmon.core.routes import GetHandler, PushHandler
 from trainmon.paths import profile_requests_path
 from trainmon.profiling.requests import ProfileRequests
-from trainmon.profiling.service import PROFILE_PATH, JobRanks, ProfileService
+from trainmon.profiling.service import PROFILE_PATH, ProfileService
 from trainmon.profiling.traces import TraceKeeper
 from trainmon.section import setting
 from trainmon.training.protocol import MAX_PROFILE_STEPS
@@ -114,6 +115,12 @@ class ProfilingCollector(Collector):
                      self.service.requests.open_count())
         yield _gauge("trainmon_profile_traces", "Profile traces kept beside the ledger.",
                      traces)
+        evicted = CounterMetricFamily(
+            "trainmon_profile_evicted_traces_total",
+            "Profile traces deleted to keep collectors.profiling.max_traces_per_run, "
+            "max_traces and max_total_bytes (the oldest first).")
+        evicted.add_metric([], self.service.traces.evicted)
+        yield evicted
         yield _gauge("trainmon_profile_trace_bytes",
                      "Bytes of the profile traces kept beside the ledger (compressed).", size)
 
@@ -137,11 +144,6 @@ def _build(config: ProfilingConfig, wiring: Wiring) -> Collector:
     training = wiring.collector("training", TrainingCollector)
     ledger = wiring.collector("ledger", LedgerCollector)
     store = training.store
-
-    def job_of(name: str) -> JobRanks | None:
-        found = store.job_ranks(name)
-        return None if found is None else JobRanks(*found)
-
     recorder = ledger.recorder
     service = ProfileService(
         ProfileRequests(None, max_open=config.max_open_requests,
@@ -151,7 +153,7 @@ def _build(config: ProfilingConfig, wiring: Wiring) -> Collector:
                     max_uncompressed_bytes=config.max_uncompressed_trace_bytes,
                     max_traces_per_run=config.max_traces_per_run,
                     max_traces=config.max_traces, max_total_bytes=config.max_total_bytes),
-        job_of=job_of, writer=training.push_writer, trusted=store.trusted_writers,
+        job_of=store.job_ranks, writer=training.push_writer, trusted=store.trusted_writers,
         note=recorder.note_profile, default_steps=config.default_steps,
         max_steps=config.max_steps)
     return ProfilingCollector(service, training)

@@ -44,10 +44,8 @@ MAX_FINISHED = 64
 REQUESTS_FILE_VERSION = 1
 #: Mode of the request file: every training user reads it.
 REQUESTS_FILE_MODE = 0o644
-#: What becomes of one rank of a request (``ProfileRequests.status``; the ``result``
-#: label of ``trainmon_profile_results_total`` beside the refusals of uploads).
-RANK_STATES: tuple[str, ...] = ("pending", "receiving", "stored", "failed", "expired")
-#: The states of a rank that has not finished.
+#: The states of a rank that has not finished (then ``stored``, ``failed`` or
+#: ``expired``: ``ProfileRequests.status``).
 OPEN_STATES = frozenset({"pending", "receiving"})
 
 
@@ -77,7 +75,8 @@ class ProfileRequest:
     created: float
     deadline: float
     expires: float
-    #: rank -> its state (``RANK_STATES``) and what it left (``ProfileRequests.finish``).
+    #: rank -> its state (``pending``, ``receiving``, ``stored``, ``failed``, ``expired``)
+    #: and what it left (``ProfileRequests.finish``).
     results: dict[int, dict[str, object]] = field(default_factory=dict)
 
     @property
@@ -184,11 +183,6 @@ class ProfileRequests:
         with self._lock:
             self._expire()
             return len(self._open)
-
-    def tick(self) -> None:
-        """Expire what is due (also done by every other call)."""
-        with self._lock:
-            self._expire()
 
     def close(self) -> None:
         """The daemon stops: nothing is asked any longer."""

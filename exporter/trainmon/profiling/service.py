@@ -29,7 +29,6 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from http import HTTPStatus
 
 from trainmon.core.routes import GetRequest, JSONResponse, PushRequest, PushResponse
@@ -43,7 +42,6 @@ from trainmon.training.protocol import (
     ProfileReport,
     ReportError,
 )
-from trainmon.training.writers import ROOT_WRITER, uid_writer
 
 log = logging.getLogger(__name__)
 
@@ -63,16 +61,9 @@ Note = Callable[[str, str, str, Mapping[str, object]], None]
 Writer = Callable[[PushRequest], "tuple[str | None, PushResponse | None]"]
 
 
-@dataclass(frozen=True)
-class JobRanks:
-    """A job as the training store holds it: its owner and its ranks here."""
-
-    owner: str
-    ranks: tuple[int, ...]
-
-
-#: The job's owner and ranks reporting here now; None when it does not report.
-JobLookup = Callable[[str], "JobRanks | None"]
+#: The job's owner and its ranks reporting here now; None when it does not report
+#: (``TrainingStore.job_ranks``).
+JobLookup = Callable[[str], "tuple[str, tuple[int, ...]] | None"]
 
 
 class ProfileService:
@@ -94,8 +85,9 @@ class ProfileService:
         self.traces = traces
         self._job_of = job_of
         self._writer = writer
-        #: Who may ask for and answer any job's profile: root, the daemon, trusted writers.
-        self._trusted = frozenset({ROOT_WRITER, uid_writer(os.geteuid()), *trusted})
+        #: Who may ask for and answer any job's profile: the writers the training store
+        #: trusts (root, the daemon's own user, ``trusted_writers``).
+        self._trusted = trusted
         self._note = note
         self._default_steps = default_steps
         self._max_steps = min(max_steps, MAX_PROFILE_STEPS)
@@ -127,22 +119,22 @@ class ProfileService:
         if type(steps) is not int or not 1 <= steps <= self._max_steps:
             return self._refuse("invalid", HTTPStatus.BAD_REQUEST,
                                 f"steps must be 1..{self._max_steps}")
-        found = self._job_of(job)
-        if found is None or not found.ranks:
+        owner, reporting = self._job_of(job) or ("", ())
+        if not reporting:
             return self._refuse("not_found", HTTPStatus.NOT_FOUND,
                                 f"no rank of job {job[:200]!r} reports to this daemon")
-        if identity != found.owner and identity not in self._trusted:
+        if identity != owner and identity not in self._trusted:
             if self._refusals.allow("forbidden", identity):
                 log.warning("refused a profile of job %r to %s: it belongs to %s "
-                            "(rate-limited)", job[:200], identity, found.owner)
+                            "(rate-limited)", job[:200], identity, owner)
             return self._refuse("forbidden", HTTPStatus.FORBIDDEN,
                                 f"job {job[:200]!r} belongs to another user; only its owner "
                                 "and root may profile it")
-        ranks = _chosen_ranks(asked.get("ranks"), found.ranks)
+        ranks = _chosen_ranks(asked.get("ranks"), reporting)
         if isinstance(ranks, str):
             return self._refuse("invalid", HTTPStatus.BAD_REQUEST, ranks)
         try:
-            opened = self.requests.open(job, found.owner, identity, ranks, steps)
+            opened = self.requests.open(job, owner, identity, ranks, steps)
         except RequestRefused as refused:
             return self._refuse(refused.reason, refused.status, str(refused))
         self._count_request("accepted")
@@ -219,10 +211,7 @@ class ProfileService:
     def counts(self) -> tuple[dict[str, int], dict[str, int]]:
         """Requests by result, and rank results by result, since start."""
         with self._lock:
-            results = dict(self._results)
-        results["expired"] = self.requests.expired
-        with self._lock:
-            return dict(self._requested), results
+            return dict(self._requested), {**self._results, "expired": self.requests.expired}
 
     def _refuse(self, reason: str, status: int, detail: str) -> PushResponse:
         self._count_request(reason)

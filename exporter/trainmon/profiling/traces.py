@@ -107,7 +107,8 @@ class TraceKeeper:
         #: The traces kept, oldest first: (modification time, path, bytes).
         self._kept: list[tuple[float, Path, int]] = []
         self._errors = LogThrottle()
-        self.removed = 0
+        #: Traces deleted to keep the bounds, since start.
+        self.evicted = 0
         #: Between ``start()`` and ``stop()``: uploads start the worker.
         self._running = False
         self._starting = threading.Lock()
@@ -235,7 +236,7 @@ class TraceKeeper:
                 os.unlink(path)
             with contextlib.suppress(OSError):
                 os.rmdir(path.parent)  # an emptied run folder
-            self.removed += 1
+            self.evicted += 1
         self._kept = [entry for entry in kept if entry[1] not in doomed]
 
 
