@@ -167,8 +167,8 @@ class ProfileAgent:
             self._active = _ProfiledSteps(self, ask)
             self._reporter.step = self._active  # the next step() starts the profile
 
-    def finished(self, steps: _ProfiledSteps) -> None:
-        """``steps`` is done (or failed): ``step()`` is the class's again."""
+    def finished(self) -> None:
+        """The profiled steps are done (or failed): ``step()`` is the class's again."""
         self._reporter.__dict__.pop("step", None)
         self._active = None
 
@@ -240,16 +240,16 @@ class _ProfiledSteps:
             if self._steps >= self._ask.steps:
                 profiler, self._profiler = self._profiler, None
                 profiler.stop()
-                agent.finished(self)
+                agent.finished()
                 agent.upload(self._ask, profiler, time.perf_counter() - self._started)
         except Exception as error:  # torch's: the profile fails, training goes on
             self._stop_quietly()
-            agent.finished(self)
+            agent.finished()
             agent.fail(self._ask, self._steps, self._elapsed(), error)
 
     def abandon(self) -> None:
         self._stop_quietly()
-        self._agent.finished(self)
+        self._agent.finished()
         self._agent.fail(self._ask, self._steps, self._elapsed(),
                          f"the run closed after {self._steps} of {self._ask.steps} steps")
 
