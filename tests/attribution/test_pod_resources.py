@@ -27,7 +27,9 @@ from testkit.loopback import LoopbackHTTPServer, Reply, Request
 from tests.diagnosis.diagnosis_support import ProcTree, SysTree
 from trainmon.attribution import KubeletPodDirectory
 from trainmon.attribution.podresources import (
+    LIST_METHOD,
     PodResourcesClient,
+    PodResourcesError,
     PodResourcesPoller,
 )
 from trainmon.attribution.podresources_wire import (
@@ -264,6 +266,22 @@ def test_garbage_and_a_kubelet_that_goes_away_are_counted_and_told(
     kubelet.start()  # back: the next poll connects afresh
     assert len(allocations(poll_and_scrape(pair))) == 4
     assert "pod_resources_error" not in collector.health()
+
+
+def test_the_first_call_after_a_kubelet_restart_connects_afresh(kubelet: FakeKubelet) -> None:
+    # gRPC's process-wide subchannel pool would hand the new channel the old one's
+    # connection in back-off, failing fast with the stale "No such file" error
+    client = PodResourcesClient(kubelet.socket)
+    try:
+        for _ in range(25):
+            client.call(LIST_METHOD)
+            kubelet.stop()
+            with pytest.raises(PodResourcesError):
+                client.call(LIST_METHOD)
+            kubelet.start()
+        client.call(LIST_METHOD)
+    finally:
+        client.close()
 
 
 def test_an_old_kubelet_without_allocatable_resources_still_lists(

@@ -108,7 +108,8 @@ class PodResourcesClient:
     ``deadline_seconds``, answers of at most ``max_response_bytes``; returns raw bytes.
 
     ``grpcio`` is imported on the first call. After a failed call the channel is
-    closed, so the next one connects afresh (a restarted kubelet, a new socket)."""
+    closed, so the next one connects afresh (a restarted kubelet, a new socket): each
+    channel keeps its own subchannel, never one shared and backing off."""
 
     def __init__(self, socket: Path, *, deadline_seconds: float = 2.0,
                  max_response_bytes: int = PodResourcesLimits.max_response_bytes) -> None:
@@ -135,6 +136,10 @@ class PodResourcesClient:
                 ("grpc.max_send_message_length", 1024),
                 ("grpc.enable_http_proxy", 0),
                 ("grpc.enable_retries", 0),
+                # a channel of its own: the process-wide subchannel pool would hand a
+                # new channel the old one's connection in back-off, failing fast
+                # with the stale error for up to two minutes after a kubelet restart
+                ("grpc.use_local_subchannel_pool", 1),
             ])
         stub = self._channel.unary_unary(method, request_serializer=_same,
                                          response_deserializer=_same)
