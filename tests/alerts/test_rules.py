@@ -35,6 +35,7 @@ TEST_FILES = {
     "platform.test.yml": VARIANTS,
     "runs.test.yml": VARIANTS,
     "goodput.test.yml": VARIANTS,
+    "goodput-days.test.yml": VARIANTS,
     "hang.test.yml": VARIANTS,
     "dcgm.test.yml": ("dcgm",),
     "tencent-cloud.test.yml": ("tencent-cloud",),
