@@ -9,6 +9,7 @@ a real ``trainmon serve``.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import subprocess
 import sys
@@ -282,6 +283,37 @@ def test_the_first_call_after_a_kubelet_restart_connects_afresh(kubelet: FakeKub
         client.call(LIST_METHOD)
     finally:
         client.close()
+
+
+def test_a_kubelet_that_starts_after_the_daemon_is_read_once_its_socket_appears(
+        proc: ProcTree, sys_tree: SysTree, caplog: pytest.LogCaptureFixture) -> None:
+    # the node boots trainmon before its kubelet: the default socket is not there yet
+    caplog.set_level(logging.INFO, logger="trainmon.collectors.attribution")
+    folder = Path(tempfile.mkdtemp(prefix="kubelet-", dir="/tmp"))
+    late = FakeKubelet(folder)
+    late.pods = list(PODS)
+    config = AttributionConfig(nccl_checks=False, pod_resources_socket=str(late.socket),
+                               pod_resources_interval_seconds=0.1)
+    collector = AttributionCollector.from_config(config, proc.root, sys_tree.root, dict,
+                                                 default_socket=late.socket)
+    collector.start()
+    try:
+        collector.observe(gpu_info())
+        assert allocations(scrape(collector)) == []
+        assert collector.health()["pod_resources_awaited"] == str(late.socket)
+        assert "pod_resources_error" not in collector.health()  # waiting is no error
+        late.start()
+        deadline = time.monotonic() + 30
+        while len(allocations(scrape(collector))) != 4:  # adopted, then its first poll
+            assert time.monotonic() < deadline, collector.health()
+            time.sleep(0.05)
+            collector.observe(gpu_info())
+        assert collector.health()["pod_resources_socket"] == str(late.socket)
+        assert "pod-resources socket" in caplog.text and "appeared" in caplog.text
+    finally:
+        collector.stop()
+        late.stop()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_an_old_kubelet_without_allocatable_resources_still_lists(

@@ -16,7 +16,8 @@ NVML at most every ``gpu.process_interval_seconds``):
   configured.
 
 With the kubelet's pod-resources socket (``pod_resources_socket``, by default the
-kubelet's own path where it exists), a background poller
+kubelet's own path once it exists: a daemon that starts before the kubelet looks for
+it at most once per ``pod_resources_interval_seconds``, on the scrape), a background poller
 (``trainmon.attribution.podresources``) reads which GPUs each container was
 allocated, by the device plugin or by DRA, process or not:
 
@@ -41,6 +42,8 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,7 +121,7 @@ class AttributionConfig:
     #: Check GPU processes' NCCL_* environment (trainmon_nccl_problem_info).
     nccl_checks: bool = True
     #: The kubelet's pod-resources socket (trainmon_gpu_allocation_info): the default is
-    #: used where it exists when the daemon starts; "" disables.
+    #: used once it exists (a kubelet that starts after the daemon); "" disables.
     pod_resources_socket: str = str(DEFAULT_SOCKET)
     pod_resources_interval_seconds: float = field(
         default=10.0, metadata=setting(minimum=0.1, maximum=3600))
@@ -137,6 +140,13 @@ class GPUProcessLike(Protocol):
 
 #: GPU index → compute processes on it.
 GPUProcessSource = Callable[[], Mapping[int, Sequence[GPUProcessLike]]]
+
+
+def _poller(config: AttributionConfig, socket: Path) -> PodResourcesPoller:
+    return PodResourcesPoller(
+        PodResourcesClient(socket, deadline_seconds=config.pod_resources_timeout_seconds),
+        interval_seconds=config.pod_resources_interval_seconds,
+    )
 
 
 class AttributionCollector(Collector):
@@ -164,13 +174,20 @@ class AttributionCollector(Collector):
         self._last_counts: dict[str, int] = {"processes": 0}
         self._pod_resources = pod_resources
         self._gpus = GpuDirectory()
+        #: The kubelet's default socket, not there yet: adopted once it appears.
+        self._awaited_socket: Path | None = None
+        self._next_look = 0.0
+        self._running = False
+        self._lock = threading.Lock()
 
     @classmethod
     def from_config(
         cls, config: AttributionConfig, proc_root: Path, sys_root: Path,
-        gpu_processes: GPUProcessSource,
+        gpu_processes: GPUProcessSource, *, default_socket: Path = DEFAULT_SOCKET,
     ) -> AttributionCollector:
-        """The collector with a kubelet pod directory when ``kubelet_url`` is set."""
+        """The collector with a kubelet pod directory when ``kubelet_url`` is set, and a
+        pod-resources poller of ``pod_resources_socket``; the kubelet's own
+        ``default_socket`` is awaited while it does not exist."""
         pods = None
         if config.kubelet_url is not None:
             pods = KubeletPodDirectory(
@@ -181,27 +198,48 @@ class AttributionCollector(Collector):
                 refresh_seconds=config.kubelet_refresh_seconds,
                 timeout_seconds=config.kubelet_timeout_seconds,
             )
-        poller = None
         socket = config.pod_resources_socket
-        if socket and (socket != str(DEFAULT_SOCKET) or DEFAULT_SOCKET.exists()):
-            poller = PodResourcesPoller(
-                PodResourcesClient(Path(socket),
-                                   deadline_seconds=config.pod_resources_timeout_seconds),
-                interval_seconds=config.pod_resources_interval_seconds,
-            )
-        return cls(config, proc_root, sys_root, gpu_processes, pods=pods,
-                   pod_resources=poller)
+        awaited = socket == str(default_socket) and not default_socket.exists()
+        poller = _poller(config, Path(socket)) if socket and not awaited else None
+        collector = cls(config, proc_root, sys_root, gpu_processes, pods=pods,
+                        pod_resources=poller)
+        if awaited:
+            collector._awaited_socket = default_socket
+        return collector
 
     def start(self) -> None:
-        if self._pod_resources is not None:
-            self._pod_resources.start()
+        with self._lock:
+            self._running = True
+            if self._pod_resources is not None:
+                self._pod_resources.start()
 
     def stop(self) -> None:
-        if self._pod_resources is not None:
-            self._pod_resources.stop()
+        with self._lock:
+            self._running = False
+            if self._pod_resources is not None:
+                self._pod_resources.stop()
+
+    def _look_for_the_kubelet(self) -> None:
+        """Adopt the kubelet's default socket once it exists (a node whose kubelet starts
+        after trainmon), looking at most once per ``pod_resources_interval_seconds``."""
+        now = time.monotonic()
+        if self._awaited_socket is None or now < self._next_look:
+            return
+        self._next_look = now + self._config.pod_resources_interval_seconds
+        if not self._awaited_socket.exists():
+            return
+        with self._lock:
+            poller = _poller(self._config, self._awaited_socket)
+            log.info("the kubelet's pod-resources socket %s appeared: reading GPU "
+                     "allocations from it", self._awaited_socket)
+            self._awaited_socket = None
+            if self._running:
+                poller.start()
+            self._pod_resources = poller
 
     def observe(self, families: Sequence[Metric]) -> None:
         """The GPUs' indices and UUIDs, from the GPU collector's info families."""
+        self._look_for_the_kubelet()
         if self._pod_resources is None:
             return
         index_of: dict[str, str] = {}
@@ -236,6 +274,8 @@ class AttributionCollector(Collector):
             state["kubelet_pods"] = self._pods.pod_count
             if self._pods.last_error is not None:
                 state["kubelet_error"] = self._pods.last_error
+        if self._awaited_socket is not None:
+            state["pod_resources_awaited"] = str(self._awaited_socket)
         if self._pod_resources is not None:
             resources = self._pod_resources.state()
             state["pod_resources_socket"] = str(self._pod_resources.client.socket)
