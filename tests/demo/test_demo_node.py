@@ -11,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from testkit.daemon import Daemon, trainmon_command
 from testkit.exposition import parse
 from testkit.prometheus import wait_until
@@ -133,6 +135,7 @@ def _measured_demo_runs(ledger: Path, daemon: Daemon) -> dict[str, str]:
     return found
 
 
+@pytest.mark.integration  # a daemon that runs for a minute, until the demo's runs end
 def test_demo_seeds_an_earlier_faster_run_that_compare_explains(
     start_daemon: Callable[..., Daemon], tmp_path: Path,
 ) -> None:
