@@ -12,4 +12,6 @@
 - ``peer.py``: the local user behind a loopback connection, and who listens on a port
   of this host (``listener_owner``: the uid and the process), as the kernel names them;
 - ``webconfig.py``: the exporter-toolkit web config (TLS, client certificates, basic auth);
+- ``certificates.py``: the TLS context, loaded again when its files change (a renewed
+  certificate), and the served certificate's expiry;
 """

@@ -75,6 +75,8 @@ from trainmon.http.output import (
 if TYPE_CHECKING:
     import ssl
 
+    from trainmon.http.certificates import CertificateKeeper
+
 log = logging.getLogger(__name__)
 
 __all__ = ["MAX_DISCARDED_BODY_BYTES", "BodyState", "Connection", "Reception", "Request"]
@@ -181,7 +183,7 @@ class Reception:
         limits: ConnectionLimits,
         http: HTTPConfig,
         answer: Answer,
-        tls: ssl.SSLContext | None = None,
+        tls: CertificateKeeper | None = None,
     ) -> None:
         self._listener = listener
         self._limits = limits
@@ -371,8 +373,8 @@ class Reception:
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._tls is not None:
-                sock = self._tls.wrap_socket(sock, server_side=True,
-                                             do_handshake_on_connect=False)
+                sock = self._tls.context().wrap_socket(sock, server_side=True,
+                                                       do_handshake_on_connect=False)
         except (OSError, ValueError) as error:
             log.debug("cannot set up the connection from %s: %s", host, error)
             sock.close()

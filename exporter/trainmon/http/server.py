@@ -54,7 +54,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from http import HTTPStatus
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from trainmon import __version__
 from trainmon.core.exposition import UNDERSCORES, TextEncoder, encode_openmetrics, negotiate
@@ -72,6 +72,9 @@ from trainmon.http.limits import ConnectionLimits, connection_budget
 from trainmon.http.listen import HTTPConfig, ListenAddress
 from trainmon.http.peer import ip_address_of, loopback_peer_uid
 from trainmon.http.webconfig import BasicAuthenticator, WebConfig
+
+if TYPE_CHECKING:
+    from trainmon.http.certificates import CertificateKeeper
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +113,8 @@ class _Exposition:
         yield from self._registry.collect()
         yield from self._server.limits.collect()
         yield from self._server.reception.collect()
+        if self._server.tls is not None:
+            yield from self._server.tls.collect()
         if self._server.reloader is not None:
             yield from self._server.reloader.collect()
 
@@ -421,7 +426,11 @@ class ExporterHTTPServer(socketserver.TCPServer):
         web = web or WebConfig()
         self.extra_headers = dict(web.headers)
         self.authenticator = BasicAuthenticator(web.basic_auth_users)
-        self.tls_context = web.tls.context() if web.tls else None
+        #: The TLS context, loaded again when its files change (None: plain HTTP).
+        self.tls: CertificateKeeper | None = None
+        if web.tls is not None:  # loaded with a TLS web config only, as ssl is
+            from trainmon.http.certificates import CertificateKeeper
+            self.tls = CertificateKeeper(web.tls)
         self.limits = ConnectionLimits(
             connection_budget(http.max_connections), http.max_connections_per_client,
             max_header_bytes=http.max_header_bytes,
@@ -433,8 +442,7 @@ class ExporterHTTPServer(socketserver.TCPServer):
         # reads every request and a worker answers it (``_answer``)
         super().__init__((listen.host, listen.port), socketserver.BaseRequestHandler)
         #: The selector thread and the workers (``trainmon.http.connections``).
-        self.reception = Reception(self.socket, self.limits, http, self._answer,
-                                    self.tls_context)
+        self.reception = Reception(self.socket, self.limits, http, self._answer, self.tls)
 
     def replace_routes(self, post_routes: Mapping[str, PushHandler],
                        get_routes: Mapping[str, GetHandler]) -> None:
@@ -444,7 +452,9 @@ class ExporterHTTPServer(socketserver.TCPServer):
 
     def replace_access(self, web: WebConfig | None) -> None:
         """The web config's basic-auth users and headers from now on (a reload); its TLS
-        stays the one the server started with."""
+        settings stay the ones the server started with, their files are looked at now."""
+        if self.tls is not None:
+            self.tls.check()
         web = web or WebConfig()
         self.extra_headers = dict(web.headers)
         self.authenticator = BasicAuthenticator(web.basic_auth_users)
