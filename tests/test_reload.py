@@ -154,10 +154,10 @@ def test_a_valid_file_takes_effect_on_sighup_and_post_while_a_job_reports(
         assert first.status == 200 and first.read()
 
         # SIGHUP: disk off, network on another interface filter, a new diagnosis
-        # window (live); the training store's expiry (restart only: the store stays)
+        # window (live); the training store's rate window (restart only: the store stays)
         write_config(config, tmp_path, disk={"enabled": False},
                      network={"include": "^nothing$"}, diagnosis={"window_seconds": 30},
-                     training={"ttl_seconds": 600})
+                     training={"window_seconds": 120})
         os.kill(daemon.process.pid, signal.SIGHUP)
         after = wait_for(daemon, lambda s: reloads(s, "success") == 1)
         assert after.value("trainmon_config_last_reload_successful") == 1
@@ -167,7 +167,7 @@ def test_a_valid_file_takes_effect_on_sighup_and_post_while_a_job_reports(
         assert steps(after) >= steps(before)  # the store and its counters survived
         wait_for(daemon, lambda s: steps(s) > steps(after))  # and the job goes on
         log = daemon.log()
-        assert "collectors.training.ttl_seconds changed" in log
+        assert "collectors.training.window_seconds changed" in log
         assert "collectors started: none; rebuilt: network, diagnosis; stopped: disk" in log
         assert log.count("run ledger at") == 1  # opened once: the ledger stayed open
 
@@ -178,13 +178,13 @@ def test_a_valid_file_takes_effect_on_sighup_and_post_while_a_job_reports(
         kept_alive.close()
 
         # POST from loopback, once reload.min_interval_seconds passed: disk back on
-        write_config(config, tmp_path, training={"ttl_seconds": 600})
+        write_config(config, tmp_path, training={"window_seconds": 120})
         wait_for(daemon, lambda s: time.time() > MIN_INTERVAL_SECONDS + (s.value(
             "trainmon_config_last_reload_success_timestamp_seconds") or 0.0))
         status, _, body = post(daemon.url + "/-/reload")
         assert status == 200, body
         assert json.loads(body) == {"status": "success",
-                                    "restart_required": ["collectors.training.ttl_seconds"]}
+                                    "restart_required": ["collectors.training.window_seconds"]}
         again = metrics(daemon)
         assert reloads(again, "success") == 2
         assert again.value("trainmon_collector_success", collector="disk") is not None
@@ -374,6 +374,33 @@ def test_a_reload_reads_the_token_file_again(tmp_path: Path) -> None:
         for job in jobs:
             job.stop()
         daemon.stop()
+
+
+def test_a_reload_lowers_the_training_stores_caps_in_place(daemon: Daemon,
+                                                          tmp_path: Path) -> None:
+    """The store's caps are live keys: lowered by a reload, they hold at once for new
+    jobs, with nothing awaiting a restart and the store's counters kept."""
+    socket_endpoint = f"unix://{tmp_path / 'steps.sock'}"
+    jobs = [Job(socket_endpoint, name) for name in ("cap-a", "cap-b")]
+    try:
+        before = wait_for(daemon, lambda s: steps(s, "cap-a") > 0 and steps(s, "cap-b") > 0)
+        write_config(tmp_path / "trainmon.yml", tmp_path, training={"max_jobs": 2})
+        os.kill(daemon.process.pid, signal.SIGHUP)
+        after = wait_for(daemon, lambda s: reloads(s, "success") == 1)
+        assert after.value("trainmon_config_keys_awaiting_restart") == 0
+        assert steps(after, "cap-a") >= steps(before, "cap-a")  # the store stayed
+        # a third job of the same writer makes room at max_jobs 2: its least recently
+        # updated job is evicted (with the old cap of 64 nothing would be)
+        jobs.append(Job(socket_endpoint, "cap-c"))
+        wait_for(daemon, lambda s: steps(s, "cap-c") > 0 and (s.value(
+            "trainmon_training_evicted_ranks_total", reason="max_jobs") or 0) > 0)
+        status, body = daemon.get("/healthz")
+        assert status == 200
+        assert json.loads(body)["collectors"]["training"]["jobs"] <= 2
+        assert "collectors.training.max_jobs changed" not in daemon.log()
+    finally:
+        for job in jobs:
+            job.stop()
 
 
 def test_the_web_configs_users_change_with_a_reload(tmp_path: Path) -> None:

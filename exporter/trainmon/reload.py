@@ -22,7 +22,8 @@ every error, ``trainmon_config_last_reload_successful`` 0. A valid one is
 applied: the keys only a restart applies (``listen``, ``web_config_file``,
 ``http``, ``paths``, the web config's TLS, the sections of the collectors
 ``Assembly.pinned()`` names (the training store, but for its ``live_keys``: the
-token file, read again at every reload; the run ledger), and the
+token file, read again at every reload, the store's caps, TTL and trusted writers;
+the run ledger), and the
 coming or going of those ``Assembly.followed()`` names: the GPU collector and
 attribution the ledger books with) keep their running value, named in one log
 line and counted in ``trainmon_config_keys_awaiting_restart``; the rest takes
@@ -351,7 +352,7 @@ def _settle(
     running_assembly: Assembly, present: Callable[[Config], set[str]],
 ) -> tuple[Config, WebConfig | None, tuple[str, ...]]:
     """``loaded`` with every key that only a restart applies set back to its running
-    value, and those keys that changed (``collectors.training.ttl_seconds``): the
+    value, and those keys that changed (``collectors.training.window_seconds``): the
     top-level ones, the sections of the pinned collectors, and those of the followed
     ones that would come or go (``present``: the names a configuration builds)."""
     changed: list[str] = []

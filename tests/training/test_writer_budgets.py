@@ -104,3 +104,38 @@ def test_expired_ranks_and_descriptions_give_their_budget_back() -> None:
     training.ingest(step(rank=2, run="c"), "unix", identity=ATTACKER)
     training.ingest(step(rank=3, run="d"), "unix", identity=ATTACKER)
     assert sorted(view.rank for view in training.snapshot().ranks) == [2, 3]
+
+
+def test_a_reload_changes_the_caps_ttl_and_trusted_writers_and_keeps_what_is_held() -> None:
+    clock = FakeClock()
+    training = TrainingStore(clock=clock, max_jobs_per_writer=4)
+    for index in range(3):
+        training.ingest(step(job=f"job-{index}", rank=0, run="r"), "unix", identity=ATTACKER)
+    clock.advance(100)
+    training.ingest(step(job="job-2", rank=0, run="r", last_step_time=1_700_000_001.0),
+                    "unix", identity=ATTACKER)
+
+    def reconfigure(**changes: object) -> None:
+        limits: dict[str, object] = {
+            "ttl_seconds": 300.0, "max_jobs": 64, "max_ranks_per_job": 1024,
+            "max_jobs_per_writer": 4, "max_ranks_per_writer": 256, "max_runs_per_writer": 32,
+            "max_description_bytes_per_writer": 1 << 20, "trusted_writers": ()}
+        training.reconfigure(**{**limits, **changes})  # type: ignore[arg-type]
+
+    # a lower cap: what is held stays, what would go past it is refused
+    reconfigure(max_ranks_per_writer=2)
+    assert training.counts() == {"jobs": 3, "ranks": 3}
+    with pytest.raises(ReportError, match="max_ranks_per_writer"):
+        training.ingest(step(job="job-3", rank=0, run="r"), "unix", identity=ATTACKER)
+    training.ingest(step(job="job-0", rank=0, run="r", last_step_time=1_700_000_002.0),
+                    "unix", identity=ATTACKER)
+    # trusted now: no per-writer cap
+    reconfigure(max_ranks_per_writer=2, trusted_writers=(ATTACKER,))
+    assert ATTACKER in training.trusted_writers
+    training.ingest(step(job="job-3", rank=0, run="r"), "unix", identity=ATTACKER)
+    assert training.counts() == {"jobs": 4, "ranks": 4}
+    # a shorter TTL expires what is older than it at the next read: job-1 last
+    # reported 100 s ago, the others now
+    reconfigure(ttl_seconds=50.0)
+    assert {view.job for view in training.snapshot().ranks} == {"job-0", "job-2", "job-3"}
+    assert training.counts() == {"jobs": 3, "ranks": 3}

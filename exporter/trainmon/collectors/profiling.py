@@ -153,9 +153,9 @@ def _build(config: ProfilingConfig, wiring: Wiring) -> Collector:
                     max_uncompressed_bytes=config.max_uncompressed_trace_bytes,
                     max_traces_per_run=config.max_traces_per_run,
                     max_traces=config.max_traces, max_total_bytes=config.max_total_bytes),
-        job_of=store.job_ranks, writer=training.push_writer, trusted=store.trusted_writers,
-        note=recorder.note_profile, default_steps=config.default_steps,
-        max_steps=config.max_steps)
+        job_of=store.job_ranks, writer=training.push_writer,
+        trusted=lambda: store.trusted_writers, note=recorder.note_profile,
+        default_steps=config.default_steps, max_steps=config.max_steps)
     return ProfilingCollector(service, training)
 
 

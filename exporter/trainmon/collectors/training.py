@@ -51,6 +51,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 from trainmon.contract import STEP_SECONDS_BOUNDS
 from trainmon.core.collector import Collector
@@ -174,18 +175,8 @@ class TrainingCollector(Collector):
         self._mounts = MountResolver(proc_root, sys_root, clock=clock)
         self._mount_errors = LogThrottle()
         self.store = TrainingStore(
-            ttl_seconds=config.ttl_seconds,
-            max_jobs=config.max_jobs,
-            max_ranks_per_job=config.max_ranks_per_job,
-            max_jobs_per_writer=config.max_jobs_per_writer,
-            max_ranks_per_writer=config.max_ranks_per_writer,
-            max_runs_per_writer=config.max_runs_per_writer,
-            max_description_bytes_per_writer=config.max_description_bytes_per_writer,
-            # The daemon's own user (its demo jobs report over the socket) is trusted too.
-            trusted_writers=(*config.trusted_writers, uid_writer(os.geteuid())),
-            window_seconds=config.window_seconds,
-            clock=clock,
-            wall_clock=wall_clock,
+            **_store_limits(config), window_seconds=config.window_seconds,
+            clock=clock, wall_clock=wall_clock,
         )
         # Until start() has read the token file, only loopback clients the kernel
         # names may push, and only where the configuration lets them without a token.
@@ -238,12 +229,15 @@ class TrainingCollector(Collector):
             self._receiver = None
 
     def reconfigure(self, config: TrainingConfig) -> None:
-        """A configuration reload (``trainmon.reload``): the token file is read again
-        (its path and content may have changed) and ``loopback_without_token`` taken,
-        the keys of ``LIVE_KEYS``; the store, the socket and their caps stay as
-        started. An unreadable token file keeps the tokens read before."""
+        """A configuration reload (``trainmon.reload``), the keys of ``LIVE_KEYS``: the
+        token file is read again (its path and content may have changed),
+        ``loopback_without_token`` taken, and the store's caps, TTL and trusted writers
+        changed in place (``TrainingStore.reconfigure``: what it holds stays); the socket
+        and its settings stay as started. An unreadable token file keeps the tokens read
+        before."""
         self._config = dataclasses.replace(
             self._config, **{key: getattr(config, key) for key in LIVE_KEYS})
+        self.store.reconfigure(**_store_limits(self._config))
         self._take_tokens(self._config, "the tokens read before stay in use")
 
     def _take_tokens(self, config: TrainingConfig, otherwise: str) -> None:
@@ -719,8 +713,37 @@ def _reconfigure(collector: Collector, config: TrainingConfig) -> None:
         collector.reconfigure(config)
 
 
-#: The keys of ``collectors.training`` a reload applies in place (the rest: at a restart).
-LIVE_KEYS = ("token_file", "loopback_without_token")
+class _StoreLimits(TypedDict):
+    ttl_seconds: float
+    max_jobs: int
+    max_ranks_per_job: int
+    max_jobs_per_writer: int
+    max_ranks_per_writer: int
+    max_runs_per_writer: int
+    max_description_bytes_per_writer: int
+    trusted_writers: tuple[str, ...]
+
+
+def _store_limits(config: TrainingConfig) -> _StoreLimits:
+    """The store's caps, TTL and trusted writers in ``config``."""
+    return {
+        "ttl_seconds": config.ttl_seconds,
+        "max_jobs": config.max_jobs,
+        "max_ranks_per_job": config.max_ranks_per_job,
+        "max_jobs_per_writer": config.max_jobs_per_writer,
+        "max_ranks_per_writer": config.max_ranks_per_writer,
+        "max_runs_per_writer": config.max_runs_per_writer,
+        "max_description_bytes_per_writer": config.max_description_bytes_per_writer,
+        # The daemon's own user (its demo jobs report over the socket) is trusted too.
+        "trusted_writers": (*config.trusted_writers, uid_writer(os.geteuid())),
+    }
+
+
+#: The keys of ``collectors.training`` a reload applies in place (the rest, the socket
+#: and what its receiver was made with: at a restart).
+LIVE_KEYS = ("token_file", "loopback_without_token", "ttl_seconds", "max_jobs",
+             "max_ranks_per_job", "max_jobs_per_writer", "max_ranks_per_writer",
+             "max_runs_per_writer", "max_description_bytes_per_writer", "trusted_writers")
 
 #: Its store of reports survives a configuration reload (trainmon.reload), which reads
 #: its token file again.

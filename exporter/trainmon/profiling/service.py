@@ -76,7 +76,7 @@ class ProfileService:
         *,
         job_of: JobLookup,
         writer: Writer,
-        trusted: frozenset[str],
+        trusted: Callable[[], frozenset[str]],
         note: Note | None,
         default_steps: int,
         max_steps: int,
@@ -86,7 +86,8 @@ class ProfileService:
         self._job_of = job_of
         self._writer = writer
         #: Who may ask for and answer any job's profile: the writers the training store
-        #: trusts (root, the daemon's own user, ``trusted_writers``).
+        #: trusts (root, the daemon's own user, ``trusted_writers``), as it trusts them
+        #: now (a reload may change them).
         self._trusted = trusted
         self._note = note
         self._default_steps = default_steps
@@ -123,7 +124,7 @@ class ProfileService:
         if not reporting:
             return self._refuse("not_found", HTTPStatus.NOT_FOUND,
                                 f"no rank of job {job[:200]!r} reports to this daemon")
-        if identity != owner and identity not in self._trusted:
+        if identity != owner and identity not in self._trusted():
             if self._refusals.allow("forbidden", identity):
                 log.warning("refused a profile of job %r to %s: it belongs to %s "
                             "(rate-limited)", job[:200], identity, owner)
@@ -180,7 +181,7 @@ class ProfileService:
         if request is None:
             self._count_result("unsolicited")
             raise ReportError("invalid_field", "no open profile request asks this rank")
-        if identity != request.owner and identity not in self._trusted:
+        if identity != request.owner and identity not in self._trusted():
             self._count_result("forbidden")
             raise ReportError("forbidden", f"job {report.job!r} belongs to another writer")
         return request.owner

@@ -489,6 +489,49 @@ class TrainingStore:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
+        self._lock = threading.Lock()
+        self._window = window_seconds
+        self._clock = clock
+        self._wall_clock = wall_clock
+        #: The wall clock's steps (read under the lock: ``_now``).
+        self._wall_steps = WallSteps(clock(), wall_clock())
+        self._set_limits(ttl_seconds, max_jobs, max_ranks_per_job, max_jobs_per_writer,
+                         max_ranks_per_writer, max_runs_per_writer,
+                         max_description_bytes_per_writer, trusted_writers)
+        self._jobs: OrderedDict[str, _Job] = OrderedDict()
+        self._accepted = dict.fromkeys(TRANSPORTS, 0)
+        self._rejected = dict.fromkeys(REJECT_REASONS, 0)
+        self._evicted = dict.fromkeys(EVICTION_REASONS, 0)
+        self._next_expiry = float("-inf")
+        # (job, run) -> (owner, monotonic time) of runs announced ended, least recent first.
+        self._ended: OrderedDict[tuple[str, str], tuple[EndedRun, float]] = OrderedDict()
+
+    def reconfigure(
+        self,
+        *,
+        ttl_seconds: float,
+        max_jobs: int,
+        max_ranks_per_job: int,
+        max_jobs_per_writer: int,
+        max_ranks_per_writer: int,
+        max_runs_per_writer: int,
+        max_description_bytes_per_writer: int,
+        trusted_writers: Iterable[str],
+    ) -> None:
+        """New limits, TTL and trusted writers from now on (a configuration reload):
+        what is held stays; a lowered cap refuses what would go past it (and a job
+        over it keeps what it has until its ranks expire or leave), a shorter TTL
+        expires what is older than it at the next report or read."""
+        with self._lock:
+            self._set_limits(ttl_seconds, max_jobs, max_ranks_per_job, max_jobs_per_writer,
+                             max_ranks_per_writer, max_runs_per_writer,
+                             max_description_bytes_per_writer, trusted_writers)
+            self._next_expiry = float("-inf")
+
+    def _set_limits(self, ttl_seconds: float, max_jobs: int, max_ranks_per_job: int,
+                    max_jobs_per_writer: int, max_ranks_per_writer: int,
+                    max_runs_per_writer: int, max_description_bytes_per_writer: int,
+                    trusted_writers: Iterable[str]) -> None:
         self._ttl = ttl_seconds
         self._max_jobs = max_jobs
         self._max_ranks = max_ranks_per_job
@@ -497,19 +540,6 @@ class TrainingStore:
         self._max_runs_per_writer = max_runs_per_writer
         self._max_description_bytes = max_description_bytes_per_writer
         self._trusted = frozenset({LOCAL_WRITER, ROOT_WRITER, *trusted_writers})
-        self._window = window_seconds
-        self._clock = clock
-        self._wall_clock = wall_clock
-        #: The wall clock's steps (read under the lock: ``_now``).
-        self._wall_steps = WallSteps(clock(), wall_clock())
-        self._lock = threading.Lock()
-        self._jobs: OrderedDict[str, _Job] = OrderedDict()
-        self._accepted = dict.fromkeys(TRANSPORTS, 0)
-        self._rejected = dict.fromkeys(REJECT_REASONS, 0)
-        self._evicted = dict.fromkeys(EVICTION_REASONS, 0)
-        self._next_expiry = float("-inf")
-        # (job, run) -> (owner, monotonic time) of runs announced ended, least recent first.
-        self._ended: OrderedDict[tuple[str, str], tuple[EndedRun, float]] = OrderedDict()
 
     def describe(
         self,
