@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The checks that need a real NVIDIA GPU, in one run:
-#   1. the `gpu`-marked tests (.venv/bin/pytest -m gpu -q): NVML, GPM, doctor, instrument();
+#   1. the `gpu`-marked tests (.venv/bin/pytest -m gpu -q): NVML, GPM, doctor, instrument(),
+#      an on-demand profile of a CUDA job (its kernels, its operators by GPU time);
 #   2. world-size-1 NCCL DDP and FSDP jobs with instrument(), printing comm seconds,
 #      exposed seconds and bytes per step as measured with CUDA events;
 #   3. GPM activity of GPU 0 under a bf16 matmul load and under sleep (bench.gpm_check;

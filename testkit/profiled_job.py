@@ -1,6 +1,7 @@
-"""A small real CPU training job for the profile tests: ``python -m testkit.profiled_job``.
+"""A small real training job for the profile tests: ``python -m testkit.profiled_job``.
 
-A two-layer MLP with a convolution in front, trained with SGD on random batches,
+A two-layer MLP with a convolution in front, trained with SGD on random batches (on
+the CPU, or on ``--device cuda:0``),
 reporting every step to the daemon at ``--endpoint``, until ``--seconds`` pass or the
 file ``--stop`` appears. ``--own-profiler`` keeps a ``torch.profiler`` of its own
 running the whole time (a user's own profiling), so an on-demand profile cannot start.
@@ -26,12 +27,14 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=120.0)
     parser.add_argument("--stop", default=None)
     parser.add_argument("--own-profiler", action="store_true")
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
+    device = torch.device(args.device)
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model = torch.nn.Sequential(
         torch.nn.Conv1d(4, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
-        torch.nn.Linear(8 * 32, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+        torch.nn.Linear(8 * 32, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     own = None
     if args.own_profiler:
@@ -41,7 +44,8 @@ def main() -> None:
     end = time.monotonic() + args.seconds
     steps = 0
     while time.monotonic() < end and not (args.stop and os.path.exists(args.stop)):
-        x, y = torch.randn(16, 4, 32), torch.randint(0, 10, (16,))
+        x = torch.randn(16, 4, 32, device=device)
+        y = torch.randint(0, 10, (16,), device=device)
         loss = torch.nn.functional.cross_entropy(model(x), y)
         optimizer.zero_grad()
         loss.backward()

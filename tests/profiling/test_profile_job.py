@@ -130,6 +130,37 @@ def test_a_running_job_is_profiled_on_demand(daemon: Daemon, tmp_path: Path) -> 
     assert ended["sent"] == 2 and ended["failed"] == 0
 
 
+@pytest.mark.gpu
+def test_a_cuda_job_is_profiled_with_its_kernels_and_doctor_reads_gpu_time(
+        daemon: Daemon, tmp_path: Path) -> None:
+    """The CUDA half of a profile (``ProfilerActivity.CUDA``): the trace holds the
+    model's kernels, the summary its operators by GPU self time, and doctor says so."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    process, stop = start_job(tmp_path, "cuda-mlp", "--device", "cuda:0")
+    try:
+        wait_until(lambda: steps_of(daemon, "cuda-mlp") > 0, 120, "the job's first report")
+        done = profile(daemon, "cuda-mlp", "--steps", "3", "--json")
+        assert done.returncode == 0, done.stdout + done.stderr
+        rank = json.loads(done.stdout)["ranks_state"]["0"]
+        assert rank["state"] == "stored", rank
+        trace = json.loads(gzip.decompress(Path(rank["trace"]).read_bytes()))
+        kernels = [event for event in trace["traceEvents"] if event.get("cat") == "kernel"]
+        assert kernels, "no CUDA kernel in the trace"
+        device = [operator["name"] for operator in rank["top_device"]]
+        assert device and set(device) & MODEL_OPERATORS, rank["top_device"]
+        print(f"top by GPU self time: {rank['top_device']}")
+        doctor = subprocess.run(
+            [*trainmon_command(), "doctor", "--url", daemon.url, "--seconds", "2",
+             "--ledger", str(tmp_path / "state" / "ledger.sqlite3")],
+            capture_output=True, text=True, timeout=120)
+        assert "Top operators by GPU time: " in doctor.stdout, doctor.stdout + doctor.stderr
+    finally:
+        ended = finish(process, stop)
+    assert ended["sent"] == 1 and ended["failed"] == 0
+
+
 def test_a_profile_that_cannot_run_fails_once_and_training_goes_on(
         daemon: Daemon, tmp_path: Path) -> None:
     """The job runs a torch.profiler of its own: ours cannot start. The job says so
