@@ -19,6 +19,8 @@ from testkit.daemon import Daemon, serve, trainmon_command
 from testkit.exposition import parse
 from testkit.prometheus import wait_until
 from tests.training.training_support import line, send_datagram
+from trainmon.runs.profile import ProfileClient
+from trainmon.top.profiles import ProfileFollower
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.integration
@@ -125,9 +127,19 @@ def test_a_running_job_is_profiled_on_demand(daemon: Daemon, tmp_path: Path) -> 
         assert again.returncode == 0, again.stderr
         assert "top operators (cpu self time): " in again.stdout
         counted(daemon, "trainmon_profile_results_total", "stored", 2)
+
+        # a third, from trainmon top's p: its line names the same kind of operators
+        follower = ProfileFollower(ProfileClient(daemon.url))
+        assert follower.start("mlp")
+        wait_until(lambda: (notice := follower.notice()) is not None
+                   and notice.key not in ("asked", "running"), 90, "top's profile")
+        notice = follower.notice()
+        assert notice is not None and notice.key == "stored", notice
+        assert notice.text("en").startswith("profile of mlp rank 0 (CPU self time): aten::")
+        counted(daemon, "trainmon_profile_results_total", "stored", 3)
     finally:
         ended = finish(process, stop)
-    assert ended["sent"] == 2 and ended["failed"] == 0
+    assert ended["sent"] == 3 and ended["failed"] == 0
 
 
 @pytest.mark.gpu

@@ -1,4 +1,4 @@
-"""``trainmon top``'s own words: each in English and Chinese, with the same placeholders,
+"""``trainmon top``'s own words (and its profile notices'): each in English and Chinese, with the same placeholders,
 and the column headings of both languages within their columns."""
 
 from __future__ import annotations
@@ -8,17 +8,18 @@ from collections.abc import Iterator, Mapping
 
 import pytest
 
-from trainmon.top import words
+from trainmon.top import profiles, words
 from trainmon.top.render import COLUMNS, cells
 
 
 def pairs() -> Iterator[tuple[str, tuple[str, str]]]:
-    for name in sorted(vars(words)):
-        value = getattr(words, name)
-        if name.isupper() and isinstance(value, Mapping):
-            yield from ((f"{name}.{key}", pair) for key, pair in value.items())
-        elif name.isupper() and isinstance(value, tuple):
-            yield name, value
+    for module in (words, profiles):
+        for name in sorted(vars(module)):
+            value = getattr(module, name)
+            if name.isupper() and isinstance(value, Mapping):
+                yield from ((f"{name}.{key}", pair) for key, pair in value.items())
+            elif name.isupper() and isinstance(value, tuple):
+                yield name, value
 
 
 @pytest.mark.parametrize(("name", "pair"), list(pairs()), ids=lambda item: str(item)[:40])

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
 import requests
 
@@ -28,6 +28,59 @@ POLL_SECONDS = 0.5
 #: Seconds one HTTP exchange with the daemon may take.
 HTTP_TIMEOUT_SECONDS = 10.0
 EXIT_OK, EXIT_INCOMPLETE, EXIT_REFUSED = 0, 1, 2
+
+
+class ProfileRefused(Exception):
+    """The daemon answered the request with ``status_code`` (403, 404, 409, 429, 400 …)."""
+
+    def __init__(self, status_code: int, detail: object) -> None:
+        super().__init__(f"refused: {detail} (HTTP {status_code})")
+        self.status_code = status_code
+
+
+class ProfileUnreachable(Exception):
+    """The daemon could not be asked, or its answer read."""
+
+
+class ProfileClient:
+    """``POST`` and ``GET /api/v1/profile`` of the daemon at ``url``."""
+
+    def __init__(self, url: str, session: requests.Session | None = None) -> None:
+        self.url = url
+        self.target = url.rstrip("/") + PROFILE_PATH
+        self._http = session or requests.Session()
+
+    def ask(self, job: str, *, ranks: Sequence[int] | str | None = None,
+            steps: int | None = None) -> dict[str, Any]:
+        """The new request's status (202); raises ``ProfileRefused``,
+        ``ProfileUnreachable``."""
+        body: dict[str, object] = {"job": job, "ranks": list(ranks) if isinstance(
+            ranks, (list, tuple)) else ranks}
+        if steps is not None:
+            body["steps"] = steps
+        try:
+            answer = self._http.post(self.target, json=body, timeout=HTTP_TIMEOUT_SECONDS)
+            status = answer.json()
+        except (requests.RequestException, ValueError) as error:
+            raise ProfileUnreachable(f"cannot ask {self.url}: {error}") from error
+        if answer.status_code != 202 or not isinstance(status, dict):
+            detail = status.get("detail", status) if isinstance(status, dict) else status
+            raise ProfileRefused(answer.status_code, detail)
+        return status
+
+    def status(self, request_id: str) -> dict[str, Any]:
+        """The request's status now; raises ``ProfileUnreachable``."""
+        try:
+            followed = self._http.get(self.target, params={"id": request_id},
+                                      timeout=HTTP_TIMEOUT_SECONDS)
+            followed.raise_for_status()
+            status = followed.json()
+        except (requests.RequestException, ValueError) as error:
+            raise ProfileUnreachable(f"cannot follow request {request_id}: {error}") \
+                from error
+        if not isinstance(status, dict):
+            raise ProfileUnreachable(f"request {request_id}: not a status: {status!r}")
+        return status
 
 
 def profile_command(
@@ -47,23 +100,15 @@ def profile_command(
     """Ask for the profile, follow it, print it; the exit code (module docstring)."""
     import json
 
-    http = session or requests.Session()
-    target = url.rstrip("/") + PROFILE_PATH
-    body: dict[str, object] = {"job": job, "ranks": list(ranks) if isinstance(
-        ranks, (list, tuple)) else ranks}
-    if steps is not None:
-        body["steps"] = steps
+    client = ProfileClient(url, session)
     try:
-        answer = http.post(target, json=body, timeout=HTTP_TIMEOUT_SECONDS)
-        status = answer.json()
-    except (requests.RequestException, ValueError) as error:
-        print(f"trainmon profile: cannot ask {url}: {error}", file=err)
+        status = client.ask(job, ranks=ranks, steps=steps)
+    except ProfileUnreachable as error:
+        print(f"trainmon profile: {error}", file=err)
         return EXIT_INCOMPLETE
-    if answer.status_code != 202 or not isinstance(status, dict):
-        detail = status.get("detail", status) if isinstance(status, dict) else status
-        print(f"trainmon profile: {url} refused: {detail} (HTTP {answer.status_code})",
-              file=err)
-        return EXIT_REFUSED if answer.status_code in (403, 404, 409, 429, 400) \
+    except ProfileRefused as refused:
+        print(f"trainmon profile: {url} {refused}", file=err)
+        return EXIT_REFUSED if refused.status_code in (403, 404, 409, 429, 400) \
             else EXIT_INCOMPLETE
     request_id = str(status["id"])
     if not as_json:
@@ -74,12 +119,9 @@ def profile_command(
     while status.get("open") and clock() < give_up:
         sleep(POLL_SECONDS)
         try:
-            followed = http.get(target, params={"id": request_id},
-                                timeout=HTTP_TIMEOUT_SECONDS)
-            followed.raise_for_status()
-            status = followed.json()
-        except (requests.RequestException, ValueError) as error:
-            print(f"trainmon profile: cannot follow request {request_id}: {error}", file=err)
+            status = client.status(request_id)
+        except ProfileUnreachable as error:
+            print(f"trainmon profile: {error}", file=err)
             return EXIT_INCOMPLETE
     states = status.get("ranks_state") or {}
     if as_json:
@@ -89,7 +131,7 @@ def profile_command(
             print(rank_text(int(rank), state), file=out)
         if status.get("open"):
             print(f"still waiting after {wait_seconds:.0f} s; follow it with "
-                  f"curl '{target}?id={request_id}'", file=out)
+                  f"curl '{client.target}?id={request_id}'", file=out)
     stored = all(isinstance(state, Mapping) and state.get("state") == "stored"
                  for state in states.values())
     return EXIT_OK if stored and states and not status.get("open") else EXIT_INCOMPLETE

@@ -12,6 +12,8 @@ found, per job and rank. The parts, one concern each:
 - ``render``: a view and the keys' state as lines of styled text for a width
   and height, in English or Chinese: pure, so the tests read it as text;
 - ``keys``: what each key does to that state;
+- ``profiles``: ``p``'s on-demand profile of the job shown, asked and followed on a
+  thread, and the line it shows;
 - ``screen``: the reading thread and the curses loop (the only ``curses`` import);
 - ``command``: ``run_top``, which the CLI calls.
 """

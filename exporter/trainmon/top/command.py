@@ -22,8 +22,10 @@ from trainmon.diagnosis.thresholds import DiagnosisConfig
 from trainmon.doctor import MeasurementError, find_daemon, metrics_url
 from trainmon.local_daemon import DaemonTrust, LocalDaemon
 from trainmon.report.model import Source
+from trainmon.runs.profile import ProfileClient
 from trainmon.terminal import clean
 from trainmon.top.model import WINDOW_SECONDS, Recorder
+from trainmon.top.profiles import ProfileFollower
 from trainmon.top.render import ScreenState
 from trainmon.top.screen import Poller, TerminalError, run_screen
 from trainmon.top.source import DaemonSource, FederationSource, SnapshotSource, nodes_of_job
@@ -61,10 +63,13 @@ def run_top(options: TopOptions, config: DiagnosisConfig, *, err: TextIO = sys.s
         return EXIT_USAGE
     kind: Source = {"kind": "url", "url": source.name}
     poller = Poller(source, Recorder(config, kind, options.window_seconds))
+    # p profiles the job shown, asked of the daemon read (not through Prometheus)
+    profiles = ProfileFollower(ProfileClient(source.url)) \
+        if isinstance(source, DaemonSource) else None
     poller.start()
     try:
         run_screen(poller, ScreenState(lang=options.lang, filter=options.job or ""),
-                   colors=not environ.get("NO_COLOR"))
+                   colors=not environ.get("NO_COLOR"), profiles=profiles)
     except KeyboardInterrupt:
         pass  # Ctrl-C quits as q does
     except TerminalError as error:
@@ -72,6 +77,8 @@ def run_top(options: TopOptions, config: DiagnosisConfig, *, err: TextIO = sys.s
         return EXIT_USAGE
     finally:
         poller.stop()
+        if profiles is not None:
+            profiles.stop()
     return EXIT_OK
 
 

@@ -31,6 +31,8 @@ def apply_key(state: ScreenState, key: str, view: TopView) -> ScreenState | None
             return replace(state, scroll=max(0, state.scroll - 1))
         if key in ("down", "j"):
             return replace(state, scroll=state.scroll + 1)
+        if key == "p":  # the screen asks for the job's profile (trainmon.top.profiles)
+            return replace(state, ask_profile=True)
         return state
     if key == "s":
         return replace(state, sort=SORT_KEYS[(SORT_KEYS.index(state.sort) + 1) % len(SORT_KEYS)])

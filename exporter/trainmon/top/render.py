@@ -34,6 +34,7 @@ from trainmon.report.messages import render as render_words
 from trainmon.report.render import goodput_line, verdict_lines
 from trainmon.terminal import duration_text, one_line
 from trainmon.top.model import JobRow, Mark, RankRow, TopView
+from trainmon.top.profiles import Notice
 from trainmon.top.words import CLEARED, FOUND_HEADING, MARK_WORDS, WHERE, WORDS
 
 #: A run of text in one style; a line is a tuple of them.
@@ -122,6 +123,10 @@ class ScreenState:
     scroll: int = 0
     #: While the filter is typed: its text so far; None otherwise.
     typing: str | None = None
+    #: ``p`` was pressed on the job shown: the screen asks for its profile.
+    ask_profile: bool = False
+    #: The latest profile's line (``trainmon.top.profiles``), shown above the keys.
+    notice: Notice | None = None
 
 
 def cells(text: str) -> int:
@@ -222,22 +227,27 @@ def render(view: TopView, state: ScreenState, width: int, height: int,
     top = [_title(view, lang, width)]
     if view.problem:
         top.append(_problem(view, lang, now))
+    # the last line says the keys; the one above it, the latest profile's notice
+    notice: list[Line] = []
+    if state.notice is not None and height - 1 > len(top):
+        notice = [((state.notice.text(lang), state.notice.style),)]
+    rows = height - 1 - len(notice)
     job = selected_job(view, state)
     if state.detail and job is not None:
         body = _detail(job, view, lang, width)
         keys = pick(WORDS["detail_keys"], lang)
-        rows = height - len(top) - 1
-        start = max(0, min(state.scroll, len(body) - rows))
-        body = body[start:start + rows]
+        start = max(0, min(state.scroll, len(body) - (rows - len(top))))
+        body = body[start:start + rows - len(top)]
     else:
-        body = _table(view, state, job, width, height - len(top) - 1)
+        body = _table(view, state, job, width, rows - len(top))
         keys = _keys(state)
     if state.typing is not None:
         bottom: Line = (((pick(WORDS["filter_prompt"], lang) + state.typing), "selected"),)
     else:
         bottom = ((keys, "dim"),)
-    shown = [_fit(line, width) for line in [*top, *body][:height - 1]]
-    return [*shown, *[()] * (height - 1 - len(shown)), _fit(bottom, width)]
+    shown = [_fit(line, width) for line in [*top, *body][:rows]]
+    return [*shown, *[()] * (rows - len(shown)), *[_fit(line, width) for line in notice],
+            _fit(bottom, width)]
 
 
 def _title(view: TopView, lang: str, width: int) -> Line:

@@ -20,12 +20,14 @@ import os
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 
 from trainmon.doctor import MeasurementError
 from trainmon.local_daemon import UntrustedDaemon
 from trainmon.top.keys import apply_key
 from trainmon.top.model import Recorder, TopView
-from trainmon.top.render import Line, ScreenState, cells, render
+from trainmon.top.profiles import Notice, ProfileFollower
+from trainmon.top.render import Line, ScreenState, cells, render, selected_job
 from trainmon.top.source import SnapshotSource
 
 #: Seconds between two reads of the source.
@@ -94,8 +96,10 @@ class Poller:
             self._stopping.wait(max(0.0, self._interval - (time.monotonic() - started)))
 
 
-def run_screen(poller: Poller, state: ScreenState, *, colors: bool) -> None:
-    """The curses loop until a key quits; the terminal is restored however it ends."""
+def run_screen(poller: Poller, state: ScreenState, *, colors: bool,
+               profiles: ProfileFollower | None = None) -> None:
+    """The curses loop until a key quits; the terminal is restored however it ends.
+    ``profiles`` answers ``p`` (None: the source is no daemon; ``p`` says so)."""
     # ncurses takes $LINES and $COLUMNS, where set, for the terminal's size, at the start
     # and at every resize: the screen would keep the size they say
     for name in ("LINES", "COLUMNS"):
@@ -114,7 +118,7 @@ def run_screen(poller: Poller, state: ScreenState, *, colors: bool) -> None:
         colors = colors and curses.has_colors()
         if colors:
             curses.start_color()
-        _loop(screen, poller, state, colors)
+        _loop(screen, poller, state, colors, profiles)
     finally:
         screen.keypad(False)
         curses.echo()
@@ -122,7 +126,8 @@ def run_screen(poller: Poller, state: ScreenState, *, colors: bool) -> None:
         curses.endwin()
 
 
-def _loop(screen: curses.window, poller: Poller, state: ScreenState, colors: bool) -> None:
+def _loop(screen: curses.window, poller: Poller, state: ScreenState, colors: bool,
+          profiles: ProfileFollower | None) -> None:
     with contextlib.suppress(curses.error):  # a terminal that cannot hide the cursor
         curses.curs_set(0)
     screen.timeout(KEY_WAIT_MILLISECONDS)
@@ -131,6 +136,10 @@ def _loop(screen: curses.window, poller: Poller, state: ScreenState, colors: boo
     dirty = True
     while True:
         view, version = poller.latest()
+        if state.ask_profile or profiles is not None:
+            noticed = with_profile(state, view, profiles)
+            dirty = dirty or noticed != state
+            state = noticed
         if dirty or version != painted:
             _paint(screen, render(view, state, *_size(screen)), attributes)
             painted, dirty = version, False
@@ -148,6 +157,22 @@ def _loop(screen: curses.window, poller: Poller, state: ScreenState, colors: boo
             return
         dirty = dirty or changed != state
         state = changed
+
+
+def with_profile(state: ScreenState, view: TopView,
+                 profiles: ProfileFollower | None) -> ScreenState:
+    """``state`` with a profile asked for where ``p`` was pressed (of the job shown), and
+    with the latest profile's notice."""
+    notice = state.notice
+    if state.ask_profile:
+        job = selected_job(view, state)
+        if profiles is None:
+            notice = Notice("unavailable", {}, "warn")
+        elif job is not None:
+            profiles.start(job.job)
+    if profiles is not None:
+        notice = profiles.notice() or notice
+    return replace(state, ask_profile=False, notice=notice)
 
 
 def _size(screen: curses.window) -> tuple[int, int]:
