@@ -1,6 +1,6 @@
 """``trainmon top`` in a real terminal (tmux) against ``trainmon serve --demo``: both
 demo jobs with their verdicts, the hang and the straggler marked, colour or ``NO_COLOR``,
-sorting, a resize to 60×20, the daemon going away (top says so and keeps running) and
+sorting, a job's profile asked from its detail, a resize to 60×20, the daemon going away (top says so and keeps running) and
 ``q``; and a terminal curses cannot drive."""
 
 from __future__ import annotations
@@ -71,6 +71,16 @@ def test_top_shows_the_demo_and_survives_resize_and_the_daemon_going_away(
 
     top.keys("s")
     top.wait_for(lambda text: "sort:step" in text, "the sort key on the keys line")
+
+    # a job's detail, and p: its profile is asked (the demo's simulated ranks never
+    # answer, so the line above the keys follows the request under way)
+    top.keys("Enter")
+    top.wait_for(lambda text: "p profile" in text, "the detail view's keys")
+    top.keys("p")
+    top.wait_for(lambda text: re.search(r"profile of demo-\w+: \d+ step\(s\) of rank 0",
+                                        text) is not None, "the profile under way")
+    top.keys("Escape")
+    top.wait_for(lambda text: "sort:step" in text, "the table again")
 
     top.resize(60, 20)
     narrow = ["RANK", "STEP", "SMP/S", "WAIT", "COMM", "UTIL", "FOUND"]
