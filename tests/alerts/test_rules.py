@@ -36,6 +36,7 @@ TEST_FILES = {
     "runs.test.yml": VARIANTS,
     "goodput.test.yml": VARIANTS,
     "goodput-days.test.yml": VARIANTS,
+    "operations.test.yml": VARIANTS,
     "hang.test.yml": VARIANTS,
     "dcgm.test.yml": ("dcgm",),
     "tencent-cloud.test.yml": ("tencent-cloud",),
