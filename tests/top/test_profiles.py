@@ -95,8 +95,8 @@ def test_gpu_time_is_shown_where_the_job_has_it() -> None:
     (StandIn(refusal=ProfileUnreachable("cannot ask http://127.0.0.1:9: refused")),
      "profile of healthy: cannot ask http://127.0.0.1:9: refused"),
     (StandIn([closed({"state": "expired"})]),
-     "profile of healthy rank 0: never answered (does it report over the unix socket, "
-     "and still step?)"),
+     "profile of healthy rank 0: never answered (does the job report over the unix "
+     "socket, and does it still step?)"),
     (StandIn([closed({"state": "failed", "error": "a torch.profiler of the job's own "
                                                   "is running"})]),
      "profile of healthy rank 0: a torch.profiler of the job's own is running"),

@@ -82,6 +82,17 @@ class ProfileClient:
             raise ProfileUnreachable(f"request {request_id}: not a status: {status!r}")
         return status
 
+    def follow(self, status: dict[str, Any], *, until: float, clock: Callable[[], float],
+               wait: Callable[[float], bool], every: float = POLL_SECONDS) -> dict[str, Any]:
+        """The request of ``status`` (``ask``'s answer) looked at every ``every`` seconds
+        (``wait``, True to stop early) until it closes or ``clock()`` reaches ``until``;
+        its last status. Raises ``ProfileUnreachable``."""
+        while status.get("open") and clock() < until:
+            if wait(every):
+                break
+            status = self.status(str(status["id"]))
+        return status
+
 
 def profile_command(
     url: str,
@@ -115,14 +126,15 @@ def profile_command(
         print(f"profiling {status['steps']} step(s) of rank(s) "
               f"{', '.join(map(str, status['ranks']))} of job {job} (request {request_id})",
               file=out)
-    give_up = clock() + wait_seconds
-    while status.get("open") and clock() < give_up:
-        sleep(POLL_SECONDS)
-        try:
-            status = client.status(request_id)
-        except ProfileUnreachable as error:
-            print(f"trainmon profile: {error}", file=err)
-            return EXIT_INCOMPLETE
+    def wait(seconds: float) -> bool:
+        sleep(seconds)
+        return False  # the command stops only when the request closes or time is up
+
+    try:
+        status = client.follow(status, until=clock() + wait_seconds, clock=clock, wait=wait)
+    except ProfileUnreachable as error:
+        print(f"trainmon profile: {error}", file=err)
+        return EXIT_INCOMPLETE
     states = status.get("ranks_state") or {}
     if as_json:
         print(json.dumps(status, indent=2, sort_keys=True), file=out)
@@ -139,14 +151,8 @@ def profile_command(
 
 def rank_text(rank: int, state: Mapping[str, object]) -> str:
     """One rank's outcome: its trace and top operators, or what became of it."""
-    what = state.get("state")
-    if what != "stored":
-        error = state.get("error")
-        reason = {"pending": "no answer yet (does the job report over the unix socket?)",
-                  "receiving": "its trace is being written",
-                  "expired": "never answered (does the job report over the unix socket, "
-                             "and does it still step?)"}.get(str(what), str(error or what))
-        return f"rank {rank}: {reason}"
+    if state.get("state") != "stored":
+        return f"rank {rank}: {unstored_reason(state)}"
     lines = [f"rank {rank}: {state.get('steps')} step(s) in "
              f"{_number(state.get('seconds')):.2f} s; trace {state.get('trace')} "
              f"({_number(state.get('trace_bytes')) / 1e6:.1f} MB)"]
@@ -154,6 +160,16 @@ def rank_text(rank: int, state: Mapping[str, object]) -> str:
         if state.get(key):
             lines.append(f"  top operators ({title} self time): {operators_text(state[key])}")
     return "\n".join(lines)
+
+
+def unstored_reason(state: Mapping[str, object]) -> str:
+    """Why a rank has no trace kept (yet): its state in words, or its error."""
+    what = state.get("state")
+    return {"pending": "no answer yet (does the job report over the unix socket?)",
+            "receiving": "its trace is being written",
+            "expired": "never answered (does the job report over the unix socket, "
+                       "and does it still step?)"}.get(str(what), str(state.get("error")
+                                                              or what))
 
 
 def _number(value: object) -> float:

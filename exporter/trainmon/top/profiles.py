@@ -22,6 +22,7 @@ from trainmon.runs.profile import (
     ProfileClient,
     ProfileRefused,
     ProfileUnreachable,
+    unstored_reason,
 )
 from trainmon.runs.profiles import operators_text
 
@@ -46,8 +47,6 @@ WORDS: Mapping[str, Pair] = {
     "cpu": ("CPU", "CPU "),
     "device": ("GPU", "GPU "),
 }
-#: The rank states that end a rank's part (``trainmon.profiling.requests``).
-_ENDED = frozenset({"stored", "failed", "expired"})
 
 
 @dataclass(frozen=True)
@@ -111,11 +110,11 @@ class ProfileFollower:
             self._show(Notice("running", {
                 "job": job, "steps": status.get("steps"),
                 "ranks": ", ".join(map(str, status.get("ranks") or []))}, "dim"))
-            give_up = self._clock() + FOLLOW_SECONDS
-            while status.get("open") and self._clock() < give_up:
-                if self._stopping.wait(self._poll):
-                    return
-                status = self._client.status(str(status["id"]))
+            status = self._client.follow(status, until=self._clock() + FOLLOW_SECONDS,
+                                         clock=self._clock, wait=self._stopping.wait,
+                                         every=self._poll)
+            if self._stopping.is_set():
+                return
         except ProfileRefused as refused:
             self._show(Notice("refused", {"job": job, "reason": str(refused)}, "bad"))
             return
@@ -140,10 +139,8 @@ def _outcome(job: str, status: Mapping[str, object]) -> Notice:
                 return Notice("stored", {"job": job, "rank": rank, "where": where,
                                          "operators": operators_text(operators)}, "ok")
         return Notice("no_operators", {"job": job, "rank": rank}, "ok")
-    if what in _ENDED:
-        reason = state.get("error") or ("never answered (does it report over the unix "
-                                        "socket, and still step?)" if what == "expired"
-                                        else what)
-        return Notice("failed", {"job": job, "rank": rank, "reason": reason}, "bad")
+    if what in ("failed", "expired"):
+        return Notice("failed", {"job": job, "rank": rank,
+                                 "reason": unstored_reason(state)}, "bad")
     return Notice("failed", {"job": job, "rank": rank,
                              "reason": f"no answer after {FOLLOW_SECONDS:.0f} s"}, "bad")
